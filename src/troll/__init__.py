@@ -1,0 +1,29 @@
+"""TROLL: Trust Region Optimization for Large Language models (arXiv 2510.03817), in PyTorch.
+
+Replaces the PPO/GRPO clipped surrogate with a differentiable per-token KL trust-region projection of the
+next-token distribution over a sparse support of its most probable tokens. See SPEC and docs/.
+"""
+
+from troll.baselines import cispo_loss, clip_loss
+from troll.losses import AGGREGATIONS, LossOutput, aggregate, old_token_logp, troll_loss
+from troll.projection import Projection, project
+from troll.sparse import SparseLogProbs, sparsify
+from troll.sparse_projection import SparseProjection, project_sparse
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AGGREGATIONS",
+    "LossOutput",
+    "Projection",
+    "SparseLogProbs",
+    "SparseProjection",
+    "aggregate",
+    "cispo_loss",
+    "clip_loss",
+    "old_token_logp",
+    "project",
+    "project_sparse",
+    "sparsify",
+    "troll_loss",
+]

@@ -1,0 +1,179 @@
+"""The per-token KL trust-region projection (SPEC sections 2 and 3).
+
+For one row with new log-probs ``a`` (gradient wanted) and old log-probs ``b`` (constant)::
+
+    pi = argmin_p KL(p || softmax(a))   s.t.   KL(p || softmax(b)) <= eps
+
+If ``KL(softmax(a) || softmax(b)) <= eps`` the row is returned unchanged (eta = 0). Otherwise the solution is the
+geometric interpolation ``log pi = z - logsumexp(z)`` with ``z = (a + eta b) / (1 + eta)``. We parameterise it by
+``s = 1 / (1 + eta)`` in (0, 1], so ``z = s a + (1 - s) b``, and solve ``KL(pi_s || pi_old) = eps`` by Newton's
+method on ``v = log s`` with a bisection safeguard. ``d KL / d v = Var_pi[c]`` with ``c = log pi - b``, and
+``log KL`` is nearly linear in ``v`` once the projection is strong, so Newton on ``log KL - log eps`` converges in
+a few steps. The bracket is ``v`` in [-60, 0], i.e. eta up to ~1e26: no row is ever too peaked to reach the bound.
+
+The gradient through the projection is the closed form of SPEC section 3, O(categories) per row::
+
+    h = g - pi * sum(g);   dL/da = s * [h - (h . c) * pi * (c - KL) / Var]      (eta > 0)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+from troll._checks import check_logits, check_positive, check_shape
+
+V_MIN = -60.0  # lower end of the bracket on log s: eta = exp(60) - 1, far beyond any real projection
+MAX_ITER = 100
+NEG_INF = float("-inf")
+
+
+class Projection(NamedTuple):
+    """Result of :func:`project` (leading dims ``...`` are the caller's rows).
+
+    logp:      (..., C) projected log-probs ``log pi``; equal to ``log_softmax(new)`` where the row is inside.
+    eta:       (...)    the step size eta* >= 0 (0 where the row is inside the trust region).
+    kl_before: (...)    KL(pi~ || pi_old) before projection.
+    kl_after:  (...)    KL(pi || pi_old) after projection (<= kl_bound up to the solver tolerance).
+    """
+
+    logp: torch.Tensor
+    eta: torch.Tensor
+    kl_before: torch.Tensor
+    kl_after: torch.Tensor
+
+
+def interpolate(a: torch.Tensor, b: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """``log_softmax(s a + (1 - s) b)`` for s in (0, 1), treating -inf on either side as 'no mass'.
+
+    a, b: (N, C) log-probs; s: (N,). A category that one policy excludes stays excluded, and the
+    0 * (-inf) that plain arithmetic would give never appears.
+    """
+    valid = (a > NEG_INF) & (b > NEG_INF)
+    s = s.unsqueeze(-1)
+    z = torch.where(valid, s * a + (1 - s) * b, NEG_INF)
+    return z - torch.logsumexp(z, dim=-1, keepdim=True)
+
+
+def kl_stats(logp: torch.Tensor, b: torch.Tensor):
+    """For pi = exp(logp): ``pi``, ``c = log pi - b`` (0 where pi = 0), ``KL(pi || exp b)`` and ``Var_pi[c]``."""
+    pi = logp.exp()
+    c = torch.where(pi > 0, logp - b, 0.0)
+    kl = (pi * c).sum(-1)
+    var = (pi * (c - kl.unsqueeze(-1)).square()).sum(-1)
+    return pi, c, kl, var
+
+
+def kl_divergence(p_logp: torch.Tensor, q_logp: torch.Tensor) -> torch.Tensor:
+    """KL(p || q) over the last dim from log-probs; +inf where p has mass that q lacks, 0 * log 0 = 0."""
+    p = p_logp.exp()
+    diff = torch.where(p > 0, p_logp - q_logp, 0.0)
+    return (p * diff).sum(-1)
+
+
+@torch.no_grad()
+def solve_step(a: torch.Tensor, b: torch.Tensor, kl_bound: float, *, rtol: float | None = None) -> torch.Tensor:
+    """Solve ``KL(pi_s || pi_old) = kl_bound`` for s = 1 / (1 + eta) on rows that violate the bound.
+
+    a, b: (N, C) normalised log-probs, all rows with KL(exp a || exp b) > kl_bound. Returns s: (N,) in (0, 1).
+    The root is approached from a target ``kl_bound * (1 - rtol / 2)`` and accepted within ``rtol / 2``, so a
+    converged row ends in [kl_bound * (1 - rtol), kl_bound]: inside the region, never just outside it.
+    """
+    if rtol is None:
+        rtol = 1e-9 if a.dtype == torch.float64 else 1e-5
+    target = kl_bound * (1 - rtol / 2)
+    log_target = math.log(target)
+    n = a.shape[0]
+    lo = torch.full((n,), V_MIN, dtype=a.dtype, device=a.device)
+    hi = torch.zeros_like(lo)
+    v = torch.full_like(lo, -1.0)  # eta = e - 1: a neutral first guess; Newton takes over from there
+    for _ in range(MAX_ITER):
+        _, _, kl, var = kl_stats(interpolate(a, b, v.exp()), b)
+        above = kl > target
+        hi = torch.where(above, v, hi)
+        lo = torch.where(above, lo, v)
+        done = (kl - target).abs() <= rtol / 2 * kl_bound
+        if bool(done.all()):
+            break
+        # Newton on g(v) = log KL - log target, g' = Var / KL; bisect when it leaves the bracket.
+        step = v - (kl.log() - log_target) * kl / var
+        bad = ~torch.isfinite(step) | (step <= lo) | (step >= hi)
+        v = torch.where(done, v, torch.where(bad, (lo + hi) / 2, step))
+    # A row that did not converge keeps the feasible end of its bracket, never an infeasible point.
+    return torch.where(done, v, lo).exp()
+
+
+class _ProjectFn(torch.autograd.Function):
+    """log pi from normalised log-probs ``a`` given the solved s; closed-form backward w.r.t. ``a`` only."""
+
+    @staticmethod
+    def forward(a, b, s, active):
+        logp = a.clone()
+        if bool(active.any()):
+            logp[active] = interpolate(a[active], b[active], s[active])
+        return logp
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _, b, s, active = inputs
+        ctx.save_for_backward(output, b, s, active)
+
+    @staticmethod
+    def backward(ctx, g):
+        logp, b, s, active = ctx.saved_tensors
+        pi, c, kl, var = kl_stats(logp, b)
+        h = g - pi * g.sum(-1, keepdim=True)  # log-softmax backward
+        hc = (h * c).sum(-1)
+        # d eta/d a = pi (c - KL) / Var; Var > 0 on every active row that is not degenerate.
+        coef = torch.where(active & (var > 0), hc / var, 0.0).unsqueeze(-1)
+        grad = s.unsqueeze(-1) * (h - coef * pi * (c - kl.unsqueeze(-1)))
+        return torch.where(active.unsqueeze(-1), grad, h), None, None, None
+
+
+def project_log_probs(a: torch.Tensor, b: torch.Tensor, kl_bound: float) -> Projection:
+    """Project rows of normalised log-probs ``a`` (N, C) towards ``b`` (N, C); -inf marks excluded categories.
+
+    This is the shared core of :func:`project` and the sparse projection. Gradient flows to ``a`` only.
+    """
+    with torch.no_grad():
+        kl_before = kl_divergence(a.detach(), b)
+        active = kl_before > kl_bound
+        s = torch.ones_like(kl_before)
+        if bool(active.any()):
+            s[active] = solve_step(a.detach()[active], b[active], kl_bound)
+    logp = _ProjectFn.apply(a, b.detach(), s, active)
+    with torch.no_grad():
+        kl_after = torch.where(active, kl_divergence(logp.detach(), b), kl_before)
+        eta = torch.where(active, 1 / s - 1, 0.0)
+    return Projection(logp, eta, kl_before, kl_after)
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """bf16 / fp16 inputs are computed in fp32; fp32 and fp64 keep their precision."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def project(new_logits: torch.Tensor, old_logits: torch.Tensor, kl_bound: float) -> Projection:
+    """Dense KL trust-region projection over the last dimension, any leading dimensions.
+
+    Args:
+        new_logits: (..., V) current policy logits (divided by the temperature); gradient flows through.
+        old_logits: (..., V) old policy logits, same shape; treated as a constant.
+        kl_bound:   eps > 0, the bound on KL(pi || pi_old) per row.
+
+    Returns:
+        :class:`Projection` with ``logp`` (..., V) in fp32 (fp64 for fp64 input) and per-row ``eta``,
+        ``kl_before``, ``kl_after`` of shape (...).
+    """
+    check_positive("kl_bound", kl_bound)
+    check_logits("new_logits", new_logits)
+    check_logits("old_logits", old_logits)
+    check_shape("old_logits", old_logits, tuple(new_logits.shape), " (the shape of new_logits)")
+    dtype = compute_dtype(new_logits.dtype)
+    lead, vocab = new_logits.shape[:-1], new_logits.shape[-1]
+    a = torch.log_softmax(new_logits.to(dtype).reshape(-1, vocab), dim=-1)
+    b = torch.log_softmax(old_logits.detach().to(dtype).reshape(-1, vocab), dim=-1)
+    out = project_log_probs(a, b, kl_bound)
+    return Projection(out.logp.reshape(*lead, vocab), *(t.reshape(lead) for t in out[1:]))

@@ -1,0 +1,166 @@
+"""Sparse next-token distributions: the few most probable tokens of a large vocabulary (SPEC section 5)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from troll._checks import check_delta, check_ids, check_logits, check_shape, check_top_k
+
+
+@dataclass
+class SparseLogProbs:
+    """Exact full-vocabulary log-probs at a few ids per row; padded entries have ``mask`` False.
+
+    ids:        (..., K) long token ids (padding holds id 0).
+    logp:       (..., K) fp32 log-probs under the full vocabulary (padding holds -inf).
+    mask:       (..., K) bool, True for real entries.
+    vocab_size: V, needed to spread the unkept mass over the V - |kept| other tokens.
+    log_rest:   (...) log of the mass outside the kept ids, or None (then 1 - sum(exp(logp)), computed in fp64).
+    """
+
+    ids: torch.Tensor
+    logp: torch.Tensor
+    mask: torch.Tensor
+    vocab_size: int
+    log_rest: torch.Tensor | None = None
+
+    def __post_init__(self):
+        if not (self.ids.shape == self.logp.shape == self.mask.shape):
+            raise ValueError(
+                f"SparseLogProbs fields must share one shape, got ids {tuple(self.ids.shape)}, "
+                f"logp {tuple(self.logp.shape)}, mask {tuple(self.mask.shape)}."
+            )
+
+    def to(self, device) -> SparseLogProbs:
+        rest = None if self.log_rest is None else self.log_rest.to(device)
+        return SparseLogProbs(self.ids.to(device), self.logp.to(device), self.mask.to(device), self.vocab_size, rest)
+
+    def __getitem__(self, index) -> SparseLogProbs:
+        """Index the leading dims only (e.g. a mini-batch of sequences); the K dim is kept whole."""
+        index = index if isinstance(index, tuple) else (index,)
+        rest = None if self.log_rest is None else self.log_rest[index]
+        return SparseLogProbs(self.ids[index], self.logp[index], self.mask[index], self.vocab_size, rest)
+
+    def flatten(self) -> SparseLogProbs:
+        """The same distributions as (N, K) rows, N the product of the leading dims."""
+        k = self.ids.shape[-1]
+        rest = None if self.log_rest is None else self.log_rest.reshape(-1)
+        return SparseLogProbs(
+            self.ids.reshape(-1, k), self.logp.reshape(-1, k), self.mask.reshape(-1, k), self.vocab_size, rest
+        )
+
+    def log_rest_mass(self) -> torch.Tensor:
+        """(...) fp64 log of the mass outside the kept ids, from ``log_rest`` or from the kept mass."""
+        if self.log_rest is not None:
+            return self.log_rest.double()
+        kept = self.logp.double().exp().sum(-1)
+        return (1 - kept).clamp_min(0).log()
+
+
+def merge_ids(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-row union of candidate ids, keeping the first occurrence and the candidates' order.
+
+    ids, mask: (N, M). Returns ``(unique_ids, unique_mask, source)`` of shape (N, M') with M' the largest union
+    in the batch; ``source`` is each unique id's position among the M candidates, so callers gather values
+    with it (an earlier candidate wins a tie, e.g. the old policy's exact value over a filled-in one).
+    """
+    n, m = ids.shape
+    pos = torch.arange(m, device=ids.device).expand(n, m)
+    big = torch.iinfo(torch.int64).max
+    key = torch.where(mask, ids.long() * m + pos, big)
+    key, order = key.sort(dim=-1)
+    sid = key // m
+    first = key != big
+    first[:, 1:] &= sid[:, 1:] != sid[:, :-1]
+    # Compact: first occurrences, in candidate order, to the front; then trim the shared padding.
+    src = torch.where(first, order, m + pos)
+    src, _ = src.sort(dim=-1)
+    width = max(int(first.sum(-1).max()) if n else 0, 1)
+    src = src[:, :width]
+    keep = src < m
+    src = torch.where(keep, src, 0)
+    return torch.where(keep, ids.gather(1, src), 0), keep, src
+
+
+def sparsify(
+    logits: torch.Tensor,
+    *,
+    top_k: int = 64,
+    delta: float = 1e-5,
+    include: torch.Tensor | None = None,
+) -> SparseLogProbs:
+    """Keep per row the most probable tokens until their mass reaches ``1 - delta`` (at most ``top_k``).
+
+    Args:
+        logits:  (..., V) logits, already divided by the sampling temperature. Not differentiated.
+        top_k:   the largest number of tokens kept per row by the mass rule.
+        delta:   the mass left out, in [0, 1); 0 keeps exactly ``min(top_k, V)`` tokens.
+        include: (...) or (..., m) ids always kept (the sampled tokens), on top of the ``top_k``.
+
+    Returns:
+        :class:`SparseLogProbs` with (..., K) fields, K the largest kept count in the batch, and ``log_rest`` (...)
+        the log of the mass outside the kept ids. Values are exact full-vocabulary log-probs in fp32 (fp64 for fp64
+        logits), normalised against the row maximum so that a token at 1 - 1e-12 keeps its 1e-12 of tail.
+    """
+    check_top_k(top_k)
+    check_delta(delta)
+    check_logits("logits", logits)
+    lead, vocab = logits.shape[:-1], logits.shape[-1]
+    flat = logits.detach().reshape(-1, vocab)
+    extra = None if include is None else _include_ids(include, lead, vocab)
+    with torch.no_grad():
+        ids, mask, logp, log_rest = _sparsify_rows(flat, top_k, delta, extra)
+    k = ids.shape[-1]
+    return SparseLogProbs(
+        ids.reshape(*lead, k), logp.reshape(*lead, k), mask.reshape(*lead, k), vocab, log_rest.reshape(lead)
+    )
+
+
+def kept_ids(logits: torch.Tensor, lse: torch.Tensor, top_k: int, delta: float):
+    """Ids (N, k) of the most probable tokens until mass 1 - delta (at most ``top_k``) and their mask.
+
+    logits: (N, V); lse: (N, 1) their logsumexp. Trimmed to the largest kept count in the batch.
+    """
+    top, ids = logits.topk(min(top_k, logits.shape[-1]), dim=-1)
+    return _trim(ids, _mass_rule(top - lse, delta))
+
+
+def _mass_rule(top_logp: torch.Tensor, delta: float) -> torch.Tensor:
+    """Keep a token (sorted by probability) while the mass before it is short of 1 - delta; summed in fp64."""
+    p = top_logp.double().exp()
+    mask = (p.cumsum(-1) - p < 1 - delta) if delta > 0 else torch.ones_like(p, dtype=torch.bool)
+    return mask & (top_logp > float("-inf"))
+
+
+def _trim(ids, mask):
+    width = max(int(mask.sum(-1).max()) if mask.numel() else 0, 1)
+    return ids[:, :width], mask[:, :width]
+
+
+def _sparsify_rows(flat, top_k, delta, extra):
+    x = flat.to(torch.float64 if flat.dtype == torch.float64 else torch.float32)
+    top, ids = x.topk(min(top_k, x.shape[-1]), dim=-1)
+    first, first_id = top[:, :1], ids[:, :1]
+    # exp(x - max) is 1 at the maximum; summing the others apart keeps log1p exact for peaked rows.
+    e = (x - first).exp()
+    e.scatter_(-1, first_id, 0.0)
+    log_norm = e.sum(-1, keepdim=True).log1p()  # logsumexp(x) - max
+    ids, mask = _trim(ids, _mass_rule(top - first - log_norm, delta))
+    if extra is not None:
+        ids, mask = torch.cat([ids, extra], -1), torch.cat([mask, torch.ones_like(extra, dtype=torch.bool)], -1)
+        ids, mask, _ = merge_ids(ids, mask)
+    logp = (x.gather(-1, ids) - first - log_norm).masked_fill(~mask, float("-inf"))
+    # What is left in e after removing the kept ids (unique; padding removes nothing) is the rest's mass.
+    e.scatter_add_(-1, ids, torch.where(mask, -e.gather(-1, ids), 0.0))
+    log_rest = e.sum(-1).log() - log_norm.squeeze(-1)
+    return ids, mask, logp, log_rest
+
+
+def _include_ids(include: torch.Tensor, lead: torch.Size, vocab: int) -> torch.Tensor:
+    if include.dim() == len(lead):
+        include = include.unsqueeze(-1)
+    check_shape("include", include[..., 0], tuple(lead), " (the logits' leading dims, optionally plus one more)")
+    check_ids("include", include, vocab)
+    return include.reshape(-1, include.shape[-1]).long()
