@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 import torch
 
 from troll._checks import check_choice, check_delta, check_ids, check_logits, check_positive, check_shape, check_top_k
-from troll.projection import compute_dtype, kl_divergence, project_log_probs
+from troll.projection import kl_divergence, project_log_probs
 from troll.sparse import SparseLogProbs
-from troll.sparse_projection import coarse_support
+from troll.sparse_projection import DenseLogits, coarse_support
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 LEVELS = ("token", "sequence")
@@ -130,10 +130,31 @@ def troll_loss(
     bsz, seq, vocab = logits.shape
     _check_old(old, bsz, seq, vocab)
 
-    x = logits.reshape(-1, vocab)
-    x = x.to(compute_dtype(x.dtype))
-    lse = torch.logsumexp(x, dim=-1, keepdim=True)
-    ids, support, a, b = coarse_support(x, lse, old.flatten(), top_k=top_k, delta=delta, extra=tokens.reshape(-1, 1))
+    new = DenseLogits(logits.reshape(-1, vocab))
+    out = troll_loss_on_policy(
+        new,
+        old.flatten(),
+        tokens,
+        adv,
+        mask,
+        kl_bound=kl_bound,
+        alpha=alpha,
+        top_k=top_k,
+        delta=delta,
+        level=level,
+        agg=agg,
+        max_len=max_len,
+    )
+    return LossOutput(out.loss if logits.dtype == torch.float64 else out.loss.float(), out.metrics)
+
+
+def troll_loss_on_policy(new, old, tokens, adv, mask, *, kl_bound, alpha, top_k, delta, level, agg, max_len):
+    """The TROLL loss for a validated batch; ``new`` is a :class:`DenseLogits` or a stand-in over B*T rows.
+
+    old: flat SparseLogProbs (B*T, K); tokens, adv, mask: (B, T). Returns a fp64 :class:`LossOutput`.
+    """
+    bsz, seq = tokens.shape
+    ids, support, a, b = coarse_support(new, old, top_k=top_k, delta=delta, extra=tokens.reshape(-1, 1))
     # Positions outside the response get old = new: inactive, finite, and no solver work.
     rows = mask.reshape(-1, 1)
     b = torch.where(rows, b, a.detach())
@@ -167,7 +188,7 @@ def troll_loss(
             "loss/pg": pg_loss.detach(),
             "loss/reg": reg_loss.detach(),
         }
-    return LossOutput(loss.to(logits.dtype) if logits.dtype == torch.float64 else loss.float(), metrics)
+    return LossOutput(loss, metrics)
 
 
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

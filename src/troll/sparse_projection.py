@@ -71,15 +71,14 @@ def project_sparse(
     check_shape("old.ids", old.ids[..., 0], tuple(lead), " (old must cover the same rows as logits)")
     if old.vocab_size != vocab:
         raise ValueError(f"old.vocab_size is {old.vocab_size} but logits have V = {vocab}; use one vocabulary.")
-    x = logits.reshape(-1, vocab)
-    x = x.to(compute_dtype(x.dtype))
-    lse = torch.logsumexp(x, dim=-1, keepdim=True)
     extra = None
     if include is not None:
         check_shape("include", include, tuple(lead), " (one sampled id per row)")
         check_ids("include", include, vocab)
         extra = include.reshape(-1, 1).long()
-    ids, mask, a, b = coarse_support(x, lse, old.flatten(), top_k=top_k, delta=delta, extra=extra)
+    ids, mask, a, b = coarse_support(
+        DenseLogits(logits.reshape(-1, vocab)), old.flatten(), top_k=top_k, delta=delta, extra=extra
+    )
     out = project_log_probs(a, b, kl_bound)
     width = ids.shape[-1]
     return SparseProjection(
@@ -92,23 +91,45 @@ def project_sparse(
     )
 
 
-def coarse_support(x, lse, old: SparseLogProbs, *, top_k, delta, extra=None):
+class DenseLogits:
+    """The current policy as dense (N, V) logits: the plain path.
+
+    Anything with the same three members can stand in for it (the chunked LM-head path does), so the
+    support, the projection and the loss are written once:
+        vocab_size: V;  lse: (N, 1) logsumexp with gradient;
+        kept(top_k, delta) -> (ids, mask) (N, k) of the most probable tokens, no gradient;
+        at(ids) -> (N, U) logits at ``ids`` with gradient.
+    """
+
+    def __init__(self, logits: torch.Tensor):
+        self.x = logits.to(compute_dtype(logits.dtype))
+        self.vocab_size = logits.shape[-1]
+        self.lse = torch.logsumexp(self.x, dim=-1, keepdim=True)
+
+    def kept(self, top_k: int, delta: float):
+        return kept_ids(self.x.detach(), self.lse.detach(), top_k, delta)
+
+    def at(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.x.gather(-1, ids)
+
+
+def coarse_support(new, old: SparseLogProbs, *, top_k, delta, extra=None):
     """Build the (|U| + 1)-category new and old log-probs over flat rows.
 
-    x: (N, V) logits in the compute dtype (with gradient); lse: (N, 1) their logsumexp; old: flat (N, K).
+    new: a :class:`DenseLogits` (or a stand-in) over N rows; old: flat (N, K); extra: (N, m) ids to add.
     Returns ``ids`` (N, U), ``mask`` (N, U + 1), ``a`` and ``b`` (N, U + 1) fp64 normalised log-probs with
     -inf on padding (and on the rest when U is the whole vocabulary).
     """
-    vocab = x.shape[-1]
+    vocab = new.vocab_size
     with torch.no_grad():
-        new_ids, new_mask = kept_ids(x.detach(), lse.detach(), top_k, delta)
+        new_ids, new_mask = new.kept(top_k, delta)
         cand = [old.ids.long(), new_ids] + ([] if extra is None else [extra])
         cand_mask = [old.mask, new_mask] + ([] if extra is None else [torch.ones_like(extra, dtype=torch.bool)])
         ids, mask, src = merge_ids(torch.cat(cand, -1), torch.cat(cand_mask, -1))
         n_out = vocab - mask.sum(-1, keepdim=True)  # ids outside U
         has_rest = n_out > 0
         b, b_rest = _old_on_support(old, src, mask, n_out)
-    a = torch.where(mask, (x.gather(-1, ids) - lse).double(), NEG_INF)
+    a = torch.where(mask, (new.at(ids) - new.lse).double(), NEG_INF)
     # The new rest is 1 - sum over U in fp64; rounding may push it to <= 0, hence the floor.
     a_rest = (1 - a.exp().sum(-1, keepdim=True)).clamp_min(MASS_FLOOR).log()
     a = torch.log_softmax(torch.cat([a, torch.where(has_rest, a_rest, NEG_INF)], -1), dim=-1)
