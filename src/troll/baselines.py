@@ -25,7 +25,7 @@ from troll.losses import (
 )
 from troll.projection import compute_dtype, kl_divergence
 from troll.sparse import SparseLogProbs
-from troll.sparse_projection import coarse_support
+from troll.sparse_projection import DenseLogits, coarse_support
 
 
 def _policy_terms(logits, old, tokens, advantages, mask):
@@ -52,14 +52,8 @@ def _kl_metrics(x, lse, old, tokens, mask, logp, old_tok) -> dict[str, torch.Ten
     with torch.no_grad():
         if isinstance(old, SparseLogProbs):
             bsz, seq, vocab = x.shape
-            _, _, a, b = coarse_support(
-                x.reshape(-1, vocab).detach(),
-                lse.reshape(-1, 1),
-                old.flatten(),
-                top_k=64,
-                delta=1e-5,
-                extra=tokens.reshape(-1, 1),
-            )
+            new = DenseLogits(x.reshape(-1, vocab).detach())
+            _, _, a, b = coarse_support(new, old.flatten(), top_k=64, delta=1e-5, extra=tokens.reshape(-1, 1))
             kl = kl_divergence(a, b).reshape(bsz, seq)
         else:
             log_r = (old_tok - logp).double()
