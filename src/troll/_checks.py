@@ -20,17 +20,35 @@ def check_delta(delta: float) -> None:
         raise ValueError(f"delta must lie in [0, 1), got {delta!r}; the paper uses delta=1e-5 (0 keeps top_k tokens).")
 
 
-def check_logits(name: str, logits: torch.Tensor) -> None:
-    """Finite or -inf (a masked vocabulary entry) is legal; NaN and +inf are not."""
+def check_logits(name: str, logits: torch.Tensor, *, scan: bool = True) -> None:
+    """Finite or -inf (a masked vocabulary entry) is legal; NaN and +inf are not.
+
+    ``scan=False`` checks type and shape only: callers that compute the rows' logsumexp anyway check the values
+    through :func:`check_lse`, which costs nothing extra (NaN and +inf both propagate into it).
+    """
     if not torch.is_tensor(logits) or not logits.is_floating_point():
         raise ValueError(f"{name} must be a floating-point tensor, got {type(logits).__name__}.")
     if logits.dim() < 1 or logits.shape[-1] < 2:
         raise ValueError(f"{name} must have a vocabulary dimension of size >= 2 last, got shape {tuple(logits.shape)}.")
-    if torch.isnan(logits).any() or torch.isposinf(logits).any():
-        raise ValueError(
-            f"{name} contains NaN or +inf; only finite values and -inf (masked tokens) are allowed. "
-            "Check the model output and the temperature you divided by."
-        )
+    if scan and (torch.isnan(logits).any() or torch.isposinf(logits).any()):
+        raise ValueError(_BAD_VALUES.format(name=name))
+    if scan and (logits == float("-inf")).all(-1).any():
+        raise ValueError(_ALL_MASKED.format(name=name))
+
+
+_BAD_VALUES = (
+    "{name} contains NaN or +inf; only finite values and -inf (masked tokens) are allowed. "
+    "Check the model output and the temperature you divided by."
+)
+_ALL_MASKED = "{name} has a row whose every entry is -inf; at least one token per position must stay allowed."
+
+
+def check_lse(name: str, lse: torch.Tensor) -> None:
+    """Value check of logits through their rows' logsumexp: NaN / +inf in a row make it NaN / +inf."""
+    if torch.isnan(lse).any() or torch.isposinf(lse).any():
+        raise ValueError(_BAD_VALUES.format(name=name))
+    if torch.isneginf(lse).any():
+        raise ValueError(_ALL_MASKED.format(name=name))
 
 
 def check_ids(name: str, ids: torch.Tensor, vocab_size: int) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from troll._checks import check_choice, check_positive
+from troll._checks import check_choice, check_lse, check_positive
 from troll.losses import (
     AGGREGATIONS,
     LEVELS,
@@ -41,6 +41,7 @@ def _policy_terms(logits, old, tokens, advantages, mask):
         )
     x = logits.to(compute_dtype(logits.dtype))
     lse = torch.logsumexp(x, dim=-1)
+    check_lse("logits", lse)
     logp = x.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - lse
     old_tok = old_token_logp(old, tokens).to(logp.dtype)
     old_tok = torch.where(mask, old_tok, logp.detach())  # padding: ratio 1, finite

@@ -15,7 +15,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from troll._checks import check_choice, check_delta, check_ids, check_logits, check_positive, check_shape, check_top_k
+from troll._checks import (
+    check_choice,
+    check_delta,
+    check_ids,
+    check_logits,
+    check_lse,
+    check_positive,
+    check_shape,
+    check_top_k,
+)
 from troll.projection import kl_divergence, project_log_probs
 from troll.sparse import SparseLogProbs
 from troll.sparse_projection import DenseLogits, coarse_support
@@ -58,7 +67,7 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, agg: str, *, max_len: in
 
 
 def _check_batch(logits, tokens, advantages, mask):
-    check_logits("logits", logits)
+    check_logits("logits", logits, scan=False)  # values: check_lse on the logsumexp the loss computes anyway
     if logits.dim() != 3:
         raise ValueError(f"logits must be (B, T, V), got shape {tuple(logits.shape)}.")
     b, t, v = logits.shape
@@ -131,6 +140,7 @@ def troll_loss(
     _check_old(old, bsz, seq, vocab)
 
     new = DenseLogits(logits.reshape(-1, vocab))
+    check_lse("logits", new.lse)
     out = troll_loss_on_policy(
         new,
         old.flatten(),

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from troll._checks import check_delta, check_ids, check_logits, check_shape, check_top_k
+from troll._checks import check_delta, check_ids, check_logits, check_lse, check_shape, check_top_k
 
 
 @dataclass
@@ -106,7 +106,7 @@ def sparsify(
     """
     check_top_k(top_k)
     check_delta(delta)
-    check_logits("logits", logits)
+    check_logits("logits", logits, scan=False)  # values are checked through the logsumexp below
     lead, vocab = logits.shape[:-1], logits.shape[-1]
     flat = logits.detach().reshape(-1, vocab)
     extra = None if include is None else _include_ids(include, lead, vocab)
@@ -118,13 +118,26 @@ def sparsify(
     )
 
 
-def kept_ids(logits: torch.Tensor, lse: torch.Tensor, top_k: int, delta: float):
+def kept_ids(logits: torch.Tensor, lse: torch.Tensor, top_k: int, delta: float, *, first_k: int = 16):
     """Ids (N, k) of the most probable tokens until mass 1 - delta (at most ``top_k``) and their mask.
 
     logits: (N, V); lse: (N, 1) their logsumexp. Trimmed to the largest kept count in the batch.
+    A top-``first_k`` pass settles the rows that reach 1 - delta within it (most rows of a trained model);
+    only the others pay for the full top-``top_k`` (topk's cost grows with k).
     """
-    top, ids = logits.topk(min(top_k, logits.shape[-1]), dim=-1)
-    return _trim(ids, _mass_rule(top - lse, delta))
+    k = min(top_k, logits.shape[-1])
+    k0 = k if delta == 0 else min(k, first_k)
+    top, ids = logits.topk(k0, dim=-1)
+    mask = _mass_rule(top - lse, delta)
+    if k0 < k:
+        short = (top.double() - lse.double()).exp().sum(-1) < 1 - delta
+        if bool(short.any()):
+            rows = short.nonzero().squeeze(-1)
+            top_r, ids_r = logits[rows].topk(k, dim=-1)
+            ids = torch.cat([ids, ids.new_zeros(ids.shape[0], k - k0)], -1).index_copy(0, rows, ids_r)
+            mask = torch.cat([mask, mask.new_zeros(mask.shape[0], k - k0)], -1)
+            mask = mask.index_copy(0, rows, _mass_rule(top_r - lse[rows], delta))
+    return _trim(ids, mask)
 
 
 def _mass_rule(top_logp: torch.Tensor, delta: float) -> torch.Tensor:
@@ -141,19 +154,22 @@ def _trim(ids, mask):
 
 def _sparsify_rows(flat, top_k, delta, extra):
     x = flat.to(torch.float64 if flat.dtype == torch.float64 else torch.float32)
-    top, ids = x.topk(min(top_k, x.shape[-1]), dim=-1)
-    first, first_id = top[:, :1], ids[:, :1]
+    first, first_id = x.max(dim=-1, keepdim=True)
     # exp(x - max) is 1 at the maximum; summing the others apart keeps log1p exact for peaked rows.
     e = (x - first).exp()
     e.scatter_(-1, first_id, 0.0)
     log_norm = e.sum(-1, keepdim=True).log1p()  # logsumexp(x) - max
-    ids, mask = _trim(ids, _mass_rule(top - first - log_norm, delta))
+    check_lse("logits", first + log_norm)
+    ids, mask = kept_ids(x, first + log_norm, top_k, delta)
     if extra is not None:
         ids, mask = torch.cat([ids, extra], -1), torch.cat([mask, torch.ones_like(extra, dtype=torch.bool)], -1)
         ids, mask, _ = merge_ids(ids, mask)
     logp = (x.gather(-1, ids) - first - log_norm).masked_fill(~mask, float("-inf"))
-    # What is left in e after removing the kept ids (unique; padding removes nothing) is the rest's mass.
+    # What is left in e after removing the kept ids (unique; padding removes nothing) is the rest's mass;
+    # the maximum's 1 comes back if a tie left it out of the kept ids.
     e.scatter_add_(-1, ids, torch.where(mask, -e.gather(-1, ids), 0.0))
+    max_kept = ((ids == first_id) & mask).any(-1, keepdim=True)
+    e.scatter_add_(-1, first_id, (~max_kept).to(e.dtype))
     log_rest = e.sum(-1).log() - log_norm.squeeze(-1)
     return ids, mask, logp, log_rest
 

@@ -66,7 +66,7 @@ def project_sparse(
     check_positive("kl_bound", kl_bound)
     check_top_k(top_k)
     check_delta(delta)
-    check_logits("logits", logits)
+    check_logits("logits", logits, scan=False)
     lead, vocab = logits.shape[:-1], logits.shape[-1]
     check_shape("old.ids", old.ids[..., 0], tuple(lead), " (old must cover the same rows as logits)")
     if old.vocab_size != vocab:
