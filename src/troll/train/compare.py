@@ -1,0 +1,132 @@
+"""``troll compare``: the same run (task, seeds, batch shape, steps) once per loss, then one plot and one table.
+
+Each loss runs into ``<out>/<loss>/`` exactly as ``troll train`` would; ``<out>`` gets config.json, compare.png and
+compare.md. With --resume, finished runs (summary.json present) are kept and interrupted ones resumed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+from troll.train import options
+from troll.train.options import LOSSES, TROLL_LOSSES, RunOptions, UsageError
+
+PLOT_FILE = "compare.png"
+TABLE_FILE = "compare.md"
+
+
+def plan(base: RunOptions, losses: list[str], *, troll_eps: float | None, clip_eps: float | None) -> list[RunOptions]:
+    """One resolved, value-checked RunOptions per loss, in ``<out>/<loss>``."""
+    if not losses:
+        raise UsageError("--losses is empty; give e.g. --losses troll,grpo.")
+    unknown = [loss for loss in losses if loss not in LOSSES]
+    if unknown:
+        raise UsageError(f"unknown loss {unknown[0]!r} in --losses; choose from: {', '.join(LOSSES)}.")
+    if len(set(losses)) != len(losses):
+        raise UsageError(f"--losses names a loss twice: {','.join(losses)}.")
+    out = Path(base.out or f"runs/compare-{base.task}-seed{base.seed}")
+    runs = []
+    for loss in losses:
+        eps = troll_eps if loss in TROLL_LOSSES else clip_eps
+        opts = dataclasses.replace(base, loss=loss, eps=eps, out=str(out / loss))
+        options.check_values(opts)
+        runs.append(opts.resolved())
+    return runs
+
+
+def check_folder(out: Path, *, overwrite: bool, resume: bool) -> bool:
+    """As :func:`troll.train.options.check_folder`, for a compare folder (whose checkpoints are per loss)."""
+    if overwrite and resume:
+        raise UsageError(
+            "--overwrite and --resume exclude each other: one discards the runs, the other continues them."
+        )
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"compare folder {out} exists and is not a folder.")
+    if not (out.is_dir() and any(out.iterdir())):
+        if resume:
+            raise UsageError(f"--resume: {out} holds no earlier comparison; start it without --resume.")
+        return False
+    if not (out / options.CONFIG_FILE).is_file():
+        raise UsageError(
+            f"{out} is not empty and holds no {options.CONFIG_FILE}: not a troll folder; choose another --out."
+        )
+    if resume:
+        return False
+    if not overwrite:
+        raise UsageError(f"compare folder {out} is not empty; pass --overwrite to replace it, --resume to continue it.")
+    return True
+
+
+def run(out: Path, runs: list[RunOptions], *, clear: bool, resume: bool) -> str:
+    """Train every run (skipping finished ones when resuming), then write the plot and the table; returns the table."""
+    from troll.train import plots
+    from troll.train.run import SUMMARY_FILE, read_metrics, train
+
+    if clear:
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    config = {"command": "compare", "runs": [r.to_json() for r in runs]}
+    (out / options.CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    summaries = {}
+    for opts in runs:
+        folder = Path(opts.out)
+        if resume and (folder / SUMMARY_FILE).is_file():
+            summaries[opts.loss] = json.loads((folder / SUMMARY_FILE).read_text())
+            continue
+        again = resume and options.last_checkpoint(folder) is not None
+        if folder.exists() and not again:
+            shutil.rmtree(folder)  # an unfinished run of ours without a checkpoint: start it over
+        summaries[opts.loss] = train(opts, resume=again)
+    metrics = {opts.loss: read_metrics(Path(opts.out)) for opts in runs}
+    plots.plot_compare(metrics, out / PLOT_FILE, title=f"{runs[0].task}, seed {runs[0].seed}, {runs[0].steps} steps")
+    table = markdown(runs, summaries, metrics)
+    (out / TABLE_FILE).write_text(table)
+    return table
+
+
+def markdown(runs: list[RunOptions], summaries: dict[str, dict], metrics: dict[str, list[dict]]) -> str:
+    """A markdown table: one row per loss with held-out accuracy, reward, KL, projected/clipped share and time."""
+    head = "| loss | eps | held-out acc. before | after | reward first -> last quarter | max KL after | "
+    head += "projected / clipped | entropy (last) | train s |\n"
+    head += "|---|---|---|---|---|---|---|---|---|\n"
+    lines = []
+    for opts in runs:
+        s, rows = summaries[opts.loss], metrics[opts.loss]
+        kl = _agg(rows, "troll/kl_after/max", max)
+        frac = _agg(rows, "troll/projected_frac", _mean) or _agg(rows, "clip_ratio/region_mean", _mean)
+        cells = [
+            opts.loss,
+            f"{opts.eps:g}",
+            _fmt(s.get("heldout_accuracy_before")),
+            _fmt(s.get("heldout_accuracy_after")),
+            f"{_fmt(s.get('reward_first'))} -> {_fmt(s.get('reward_last_quarter_mean'))}",
+            _fmt(kl),
+            _fmt(frac),
+            _fmt(_agg(rows, "entropy", lambda v: v[-1])),
+            _fmt(s.get("train_time_s"), ".0f"),
+        ]
+        lines.append("| " + " | ".join(cells) + " |\n")
+    r = runs[0]
+    note = (
+        f"\nTask {r.task}, model {r.model}, seed {r.seed}, {r.steps} optimiser steps, rollouts of "
+        f"{r.prompts_per_step} prompts x {r.generations} samples split into {r.steps_per_rollout} steps, "
+        f"{r.heldout} held-out items (greedy). KL after projection and the projected share are TROLL's; the clip "
+        "losses log the clipped share instead. Entropy is per token, at the last logged step.\n"
+    )
+    return head + "".join(lines) + note
+
+
+def _agg(rows: list[dict], key: str, fn):
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return fn(values) if values else None
+
+
+def _mean(values):
+    return sum(values) / len(values)
+
+
+def _fmt(value, spec: str = ".3f") -> str:
+    return "-" if value is None else format(value, spec)

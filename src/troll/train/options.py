@@ -1,0 +1,167 @@
+"""The settings of one training run, their defaults, and every check that must pass before a model is loaded.
+
+Nothing here imports torch, transformers or TRL: ``troll train`` validates its input in well under a second of
+its own work (reasoning_gym's registry, imported to check the task name, is the slowest part) and writes nothing
+when a check fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+CONFIG_FILE = "config.json"
+
+# loss -> (TRL loss_type, importance_sampling_level, default eps, what eps means)
+LOSSES: dict[str, tuple[str, str, float, str]] = {
+    "troll": ("troll", "token", 0.05, "per-token KL bound of the trust region"),
+    "troll_seq": ("troll_seq", "token", 0.05, "per-token KL bound of the trust region"),
+    "grpo": ("grpo", "token", 0.2, "clip range of the ratio"),
+    "dapo": ("dapo", "token", 0.2, "clip range of the ratio"),
+    "dr_grpo": ("dr_grpo", "token", 0.2, "clip range of the ratio"),
+    "bnpo": ("bnpo", "token", 0.2, "clip range of the ratio"),
+    "cispo": ("cispo", "token", 5.0, "upper cap of the detached ratio"),
+    # GSPO: sequence-level ratio with TRL's "grpo" normalisation; the GSPO paper clips at 3e-4 / 4e-4.
+    "gspo": ("grpo", "sequence", 3e-4, "clip range of the sequence-level ratio"),
+}
+TROLL_LOSSES = ("troll", "troll_seq")
+
+
+class UsageError(ValueError):
+    """Bad command-line input; the message says how to fix it. Raised before anything is written."""
+
+
+@dataclass
+class RunOptions:
+    """Everything that defines a ``troll train`` run; written to the run folder as config.json.
+
+    One rollout batch holds ``prompts_per_step * generations`` completions and feeds ``steps_per_rollout``
+    optimiser steps (TRL's steps_per_generation, gradient accumulation 1), each on an equal share of it. With one
+    step per rollout the old and new policies coincide and TROLL's projection (like clipping) never acts.
+    """
+
+    model: str = "smollm2"
+    task: str = "chain_sum"
+    loss: str = "troll"
+    eps: float | None = None  # None: the loss's default (LOSSES)
+    alpha: float = 1.0
+    top_k: int = 64
+    delta: float = 1e-5
+    steps: int = 16
+    lr: float = 1e-5
+    prompts_per_step: int = 4
+    generations: int = 4
+    max_completion_length: int = 16
+    steps_per_rollout: int = 2
+    temperature: float = 1.0
+    heldout: int = 32
+    eval_every: int = 8
+    save_every: int | None = None  # None: half the run
+    seed: int = 0
+    out: str = ""  # "": runs/<loss>-<task>-seed<seed>
+
+    def resolved(self) -> RunOptions:
+        """A copy with the defaults that depend on other fields filled in."""
+        eps = LOSSES[self.loss][2] if self.eps is None else self.eps
+        save_every = max(1, self.steps // 2) if self.save_every is None else self.save_every
+        out = self.out or f"runs/{self.loss}-{self.task}-seed{self.seed}"
+        return dataclasses.replace(self, eps=eps, save_every=save_every, out=out)
+
+    @property
+    def rollout_size(self) -> int:
+        return self.prompts_per_step * self.generations
+
+    @property
+    def batch_size(self) -> int:
+        """Completions per optimiser step (TRL's per_device_train_batch_size on one CPU process)."""
+        return self.rollout_size // self.steps_per_rollout
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> RunOptions:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def check_values(opts: RunOptions) -> None:
+    """Raise :class:`UsageError` for any value TRL or TROLL would reject later (or silently misuse)."""
+    if opts.loss not in LOSSES:
+        raise UsageError(f"unknown loss {opts.loss!r}; choose one of: {', '.join(LOSSES)}.")
+    if opts.eps is not None and not (math.isfinite(opts.eps) and opts.eps > 0):
+        meaning = LOSSES[opts.loss][3]
+        raise UsageError(f"--eps must be > 0 (for {opts.loss} it is the {meaning}), got {opts.eps}.")
+    _check_positive(steps=opts.steps, lr=opts.lr, temperature=opts.temperature, heldout=opts.heldout)
+    _check_positive(prompts_per_step=opts.prompts_per_step, max_completion_length=opts.max_completion_length)
+    _check_positive(top_k=opts.top_k, steps_per_rollout=opts.steps_per_rollout)
+    if opts.alpha < 0:
+        raise UsageError(f"--alpha must be >= 0 (weight of the regression to the projection), got {opts.alpha}.")
+    if not 0 <= opts.delta < 1:
+        raise UsageError(f"--delta must lie in [0, 1) (mass left out when sparsifying), got {opts.delta}.")
+    if opts.eval_every < 0 or (opts.save_every is not None and opts.save_every < 0):
+        raise UsageError("--eval-every and --save-every must be >= 0 (0: only at the end).")
+    check_batch_shape(opts)
+
+
+def _check_positive(**values: float) -> None:
+    for name, value in values.items():
+        if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+            raise UsageError(f"--{name.replace('_', '-')} must be > 0, got {value}.")
+
+
+def check_batch_shape(opts: RunOptions) -> None:
+    """The rollout batch must split into whole optimiser batches, and GRPO needs at least two samples a prompt."""
+    if opts.generations < 2:
+        raise UsageError(
+            f"--generations must be >= 2: GRPO's advantage compares the samples of one prompt, got {opts.generations}."
+        )
+    if opts.rollout_size % opts.steps_per_rollout:
+        raise UsageError(
+            f"a rollout batch of --prompts-per-step {opts.prompts_per_step} x --generations {opts.generations} = "
+            f"{opts.rollout_size} completions cannot be split into --steps-per-rollout {opts.steps_per_rollout} "
+            "equal optimiser batches; pick values whose product is a multiple of --steps-per-rollout."
+        )
+
+
+def check_folder(out: Path, *, overwrite: bool, resume: bool) -> bool:
+    """Check the run folder; True when it holds an earlier run that ``overwrite`` allows to delete.
+
+    A non-empty folder is refused unless ``overwrite`` (only a folder this tool wrote, i.e. holding config.json,
+    is ever deleted) or ``resume`` (which needs config.json and a checkpoint in it). Touches nothing.
+    """
+    if overwrite and resume:
+        raise UsageError("--overwrite and --resume exclude each other: one discards the run, the other continues it.")
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"run folder {out} exists and is not a folder.")
+    used = out.is_dir() and any(out.iterdir())
+    if resume:
+        if not (out / CONFIG_FILE).is_file():
+            raise UsageError(f"--resume: {out} holds no {CONFIG_FILE}; start the run without --resume.")
+        if last_checkpoint(out) is None:
+            raise UsageError(f"--resume: {out} holds no checkpoint-* folder to continue from.")
+        return False
+    if not used:
+        return False
+    if not overwrite:
+        raise UsageError(
+            f"run folder {out} is not empty; pass --overwrite to replace it, --resume to continue it, or another --out."
+        )
+    if not (out / CONFIG_FILE).is_file():
+        raise UsageError(
+            f"--overwrite: {out} has no {CONFIG_FILE}, so it is not a troll run folder; refusing to delete."
+        )
+    return True
+
+
+def last_checkpoint(out: Path) -> Path | None:
+    """The checkpoint-N folder with the largest N, or None."""
+    found = [p for p in out.glob("checkpoint-*") if p.is_dir() and p.name.split("-")[-1].isdigit()]
+    return max(found, key=lambda p: int(p.name.split("-")[-1]), default=None)
+
+
+def load_config(out: Path) -> dict:
+    return json.loads((out / CONFIG_FILE).read_text())

@@ -1,0 +1,238 @@
+"""``troll train`` / ``troll compare``: input checks (nothing written), the reward, the run folder, end to end.
+
+End-to-end runs use a random 2-layer Llama (hidden 32) and an offline tokenizer from tests/tiny.py, saved to a
+temporary folder; no hub, CPU, seconds each.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("trl")
+pytest.importorskip("reasoning_gym")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from troll.cli import main  # noqa: E402
+from troll.train import options  # noqa: E402
+from troll.train.options import RunOptions, UsageError  # noqa: E402
+from troll.train.tasks import TaskReward, build_task, extract_answer  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+SRC = Path(__file__).parent.parent / "src"
+
+TINY_RUN = ["--steps", "2", "--heldout", "4", "--max-completion-length", "6", "--eval-every", "1", "--save-every", "2"]
+
+
+@pytest.fixture(autouse=True)
+def isolated_cache(tmp_path, monkeypatch):
+    """Every test gets its own (empty) model cache, so a test can check that nothing was written there."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("TROLL_CACHE", str(cache))
+    return cache
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    from tiny import tiny_model, tiny_tokenizer
+
+    folder = tmp_path_factory.mktemp("tiny-model")
+    tokenizer = tiny_tokenizer()
+    tiny_model(tokenizer).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str]:
+    code = main(list(argv))
+    return code, capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- bad input: exit 2, a message, nothing written
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--loss", "ppo"], "unknown loss 'ppo'; choose one of: troll, troll_seq, grpo"),
+        (["--task", "chain_summ"], "Did you mean: chain_sum"),
+        (["--task", "no_such_task"], "e.g. chain_sum, basic_arithmetic"),
+        (["--eps", "0"], "--eps must be > 0"),
+        (["--eps", "-0.1", "--loss", "grpo"], "clip range"),
+        (["--model", "/nonexistent/model"], "no such file or folder"),
+        (["--model", "./missing-folder"], "no such file or folder"),
+        (["--prompts-per-step", "3", "--generations", "3", "--steps-per-rollout", "2"], "cannot be split"),
+        (["--generations", "1"], "--generations must be >= 2"),
+        (["--steps", "0"], "--steps must be > 0"),
+        (["--lr", "-1"], "--lr must be > 0"),
+        (["--delta", "1.5"], "--delta must lie in [0, 1)"),
+        (["--overwrite", "--resume"], "exclude each other"),
+    ],
+)
+def test_bad_input_writes_nothing(tmp_path, capsys, isolated_cache, argv, message):
+    out = tmp_path / "run"
+    code, err = run_cli(capsys, "train", "--out", str(out), *argv)
+    assert code == 2
+    assert message in err
+    assert not out.exists()
+    assert not isolated_cache.exists()
+
+
+def test_hub_id_not_cached_offline(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    code, err = run_cli(capsys, "train", "--model", "nobody/no-such-model", "--out", str(tmp_path / "run"))
+    assert code == 2 and "not in the Hugging Face cache" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_compare_bad_input(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    assert run_cli(capsys, "compare", "--losses", "troll,clipz", "--out", str(out))[0] == 2
+    assert run_cli(capsys, "compare", "--losses", "troll,troll", "--out", str(out))[0] == 2
+    code, err = run_cli(capsys, "compare", "--clip-eps", "0", "--out", str(out))
+    assert code == 2 and "--eps must be > 0" in err
+    assert not out.exists()
+
+
+def test_console_entry_point(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "troll.cli", "train", "--loss", "nope", "--out", str(tmp_path / "r")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "troll train: error: unknown loss 'nope'" in proc.stderr
+    assert not (tmp_path / "r").exists()
+
+
+# ---------------------------------------------------------------- run folder
+
+
+def test_run_folder_refusal(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    code, err = run_cli(capsys, "train", "--out", str(out))
+    assert code == 2 and "not empty" in err
+    # --overwrite never deletes a folder this tool did not write
+    code, err = run_cli(capsys, "train", "--out", str(out), "--overwrite")
+    assert code == 2 and "refusing to delete" in err
+    assert (out / "notes.txt").read_text() == "mine"
+    # an earlier run (config.json) may be replaced, but only with --overwrite; --resume needs a checkpoint
+    (out / options.CONFIG_FILE).write_text(json.dumps({"options": RunOptions().to_json()}))
+    assert options.check_folder(out, overwrite=True, resume=False) is True
+    with pytest.raises(UsageError, match="no checkpoint"):
+        options.check_folder(out, overwrite=False, resume=True)
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "notes.txt"]
+    assert options.check_folder(tmp_path / "fresh", overwrite=False, resume=False) is False
+
+
+def test_resume_refuses_changed_options(tmp_path, capsys):
+    out = tmp_path / "run"
+    (out / "checkpoint-2").mkdir(parents=True)
+    saved = RunOptions(steps=2, out=str(out)).resolved()
+    (out / options.CONFIG_FILE).write_text(json.dumps({"options": saved.to_json()}))
+    code, err = run_cli(capsys, "train", "--out", str(out), "--resume", "--loss", "grpo")
+    assert code == 2 and "--loss differ" in err
+
+
+# ---------------------------------------------------------------- answers and reward
+
+
+@pytest.mark.parametrize(
+    "text, numeric, expected",
+    [
+        ("The answer to this arithmetic problem is 1.", True, "1"),
+        ("The answer to 6 - 2 is 4.", True, "4"),
+        ("The answer is -4. Note that 4 and 8 differ.", True, "-4"),
+        ("6 - 2 = 4", True, "4"),
+        ("so \\boxed{12} it is, 13", True, "12"),
+        ("<answer>7</answer> and 9", True, "7"),
+        ("The answer is 1,200.0 dollars", True, "1200"),
+        ("answer: 12.5.", True, "12.5"),
+        ("The final answer to this problem is", True, None),
+        ("no digits here", True, None),
+        ("The answer is: scissors. Because", False, "scissors"),
+        ("first line\nlast line", False, "last line"),
+    ],
+)
+def test_extract_answer(text, numeric, expected):
+    assert extract_answer(text, numeric=numeric) == expected
+
+
+def test_reward_scores_hand_made_completions():
+    task = build_task("chain_sum", seed=0, n_train=8, n_heldout=4)
+    reward = TaskReward(task.train)
+    idx = task.train_indices[:2]
+    right = [task.train[i]["answer"] for i in idx]
+    completions = [
+        [{"role": "assistant", "content": f"The answer is {right[0]}."}],  # conversational
+        f"{task.train[idx[1]]['question']} The answer is {int(right[1]) + 1}",  # plain, wrong
+        [{"role": "assistant", "content": "I do not know."}],
+        f"It is {right[1]}",  # plain, right (last number)
+    ]
+    scores = reward(prompts=["p"] * 4, completions=completions, rg_index=[idx[0], idx[1], idx[0], idx[1]])
+    assert scores == [1.0, 0.0, 0.0, 1.0]
+    assert reward.__name__ == "correct"
+
+
+def test_heldout_split_is_disjoint():
+    task = build_task("chain_sum", seed=3, n_train=200, n_heldout=32)
+    held = {e["question"] for e in task.heldout}
+    assert len(task.heldout) == 32
+    assert all(task.train[i]["question"] not in held for i in task.train_indices)
+    assert 0 < len(task.train_indices) < 200  # one-digit sums repeat, so some were dropped
+
+
+# ---------------------------------------------------------------- end to end on a tiny random model
+
+
+def test_train_end_to_end_and_resume(tmp_path, capsys, tiny_model_dir, isolated_cache):
+    out = tmp_path / "run"
+    code = main(["train", "--model", str(tiny_model_dir), "--out", str(out), *TINY_RUN])
+    assert code == 0, capsys.readouterr().err
+    names = {p.name for p in out.iterdir()}
+    assert {"config.json", "metrics.jsonl", "plots.png", "summary.json", "model", "checkpoint-2"} <= names
+    assert (out / "model" / "config.json").is_file()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["heldout_n"] == 4 and summary["loss"] == "troll" and summary["wall_time_s"] > 0
+    assert 0 <= summary["heldout_accuracy_before"] <= 1 and 0 <= summary["heldout_accuracy_after"] <= 1
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "heldout/accuracy" in r] == [0, 1, 2]
+    train_rows = [r for r in rows if "troll/kl_after/max" in r]
+    assert [r["step"] for r in train_rows] == [1, 2]
+    assert "reward" in train_rows[0]  # logged where a rollout is generated: one rollout feeds steps 1 and 2
+    assert json.loads((out / "config.json").read_text())["options"]["steps"] == 2
+    assert not isolated_cache.exists()  # a local model never touches the cache
+
+    # a second run into the same folder is refused; --resume continues from checkpoint-2 to step 4
+    code, err = run_cli(capsys, "train", "--model", str(tiny_model_dir), "--out", str(out), *TINY_RUN)
+    assert code == 2 and "not empty" in err
+    code = main(["train", "--out", str(out), "--resume", "--steps", "4"])
+    assert code == 0, capsys.readouterr().err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["resumed"] is True and summary["steps"] == 4
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "troll/kl_after/max" in r] == [1, 2, 3, 4]
+    assert (out / "checkpoint-4").is_dir() and not (out / "checkpoint-2").exists()  # save_total_limit=1
+
+
+def test_compare_end_to_end(tmp_path, capsys, tiny_model_dir):
+    out = tmp_path / "cmp"
+    argv = ["compare", "--model", str(tiny_model_dir), "--out", str(out), "--losses", "troll,grpo"]
+    argv += ["--steps", "1", "--heldout", "2", "--max-completion-length", "4", "--eval-every", "0"]
+    code = main(argv)
+    assert code == 0, capsys.readouterr().err
+    assert {"compare.png", "compare.md", "config.json", "troll", "grpo"} <= {p.name for p in out.iterdir()}
+    table = (out / "compare.md").read_text()
+    assert "| troll | 0.05 |" in table and "| grpo | 0.2 |" in table
+    assert (out / "grpo" / "summary.json").is_file()
