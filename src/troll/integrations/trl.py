@@ -1,0 +1,370 @@
+"""TROLL in TRL's GRPOTrainer: ``loss_type="troll"`` and ``"troll_seq"`` next to TRL's own loss types.
+
+Generation, rewards, advantages, buffering, checkpointing and logging are TRL's; every TRL loss type ("dapo", "grpo",
+"dr_grpo", "bnpo", "cispo", ..., with either importance-sampling level) runs through TRL's own ``_compute_loss``, so
+TROLL and clipping share one code path. How the TROLL loss types depart from TRL's clipped objective:
+
+- Old policy (SPEC section 6). When a rollout batch feeds more than one optimiser step (steps_per_generation >
+  gradient_accumulation_steps, or num_iterations > 1; TRL's own criterion for computing old log-probs), the batch's
+  old policy is captured right after scoring: the pre-update weights at the sampling temperature, sparsified to the
+  top tokens of each completion position plus the sampled one, stored in the batch as ``troll_old_*`` tensors with the
+  batch dim first, so that TRL's shuffling and splitting slice them along with the rest. Otherwise old = current, and
+  the loss sparsifies its own (detached) logits: the projection is then the identity, as it should be.
+- Current policy. The plain LM-head path: full (B, T, V) logits of the completion positions divided by the
+  temperature (TRL's fused LM head returns only the sampled tokens' log-probs, not enough for a projection).
+- No clipping: TRL's ``epsilon``, ``epsilon_high`` and ``delta`` do not apply.
+- Normalisation. "troll" aggregates token-mean, the normalisation of TRL's default "dapo" (token sum over the number
+  of loss tokens in the global accumulated batch); "troll_seq" seq-mean-token-mean, as TRL's "grpo" (the GSPO setup).
+  Each is scaled for gradient accumulation and processes exactly as TRL scales that loss type, so at ratio 1 "troll"
+  equals "dapo" and "troll_seq" equals "grpo" with importance_sampling_level="sequence", in value and gradient.
+  ``troll_agg`` picks another aggregation (seq-mean-token-sum-norm uses max_completion_length, as "dr_grpo").
+- Metrics go to TRL's ``_metrics`` (hence to any ``report_to``) under ``troll/``, e.g. ``troll/kl_after/max``,
+  reduced over processes (max/min as such, the rest weighted by loss tokens) and over the logging window; TRL's
+  ``entropy`` is logged too.
+
+Not supported with the TROLL loss types (rejected by the config): beta != 0, the entropy bonus, top-entropy and
+off-policy masking, the vLLM importance-sampling correction; at construction: MoE auxiliary losses.
+Multimodal inputs are rejected at the first forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+try:
+    import trl
+    from trl import GRPOConfig, GRPOTrainer
+except ImportError as err:  # pragma: no cover - only without TRL
+    raise ImportError(
+        "troll.integrations.trl needs TRL >=1.16,<1.17 (with transformers, accelerate and datasets): "
+        "install them with `pip install troll[trl]`."
+    ) from err
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from troll.losses import AGGREGATIONS, LossOutput, troll_loss
+from troll.sparse import SparseLogProbs, sparsify
+
+__all__ = ["SUPPORTED_TRL", "TROLL_LOSS_TYPES", "TrollGRPOConfig", "TrollGRPOTrainer", "check_trl_version"]
+
+SUPPORTED_TRL = ">=1.16,<1.17"
+TROLL_LOSS_TYPES = ("troll", "troll_seq")
+OLD_KEYS = ("troll_old_ids", "troll_old_logp", "troll_old_mask", "troll_old_log_rest")
+_FORWARD_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
+_MULTIMODAL_KEYS = ("pixel_values", "image_grid_thw", "pixel_attention_mask", "image_sizes", "token_type_ids")
+
+
+def check_trl_version(version: str | None = None) -> None:
+    """Raise if ``version`` (default: the installed TRL) is outside :data:`SUPPORTED_TRL`."""
+    version = trl.__version__ if version is None else version
+    if not SpecifierSet(SUPPORTED_TRL).contains(Version(version), prereleases=True):
+        raise RuntimeError(
+            f"TrollGRPOTrainer supports TRL {SUPPORTED_TRL}, but TRL {version} is installed. It overrides "
+            "GRPOTrainer internals that change between TRL minor releases. Install a supported TRL: "
+            f"pip install 'trl{SUPPORTED_TRL}' (or pip install troll[trl])."
+        )
+
+
+@dataclass
+class TrollGRPOConfig(GRPOConfig):
+    """:class:`trl.GRPOConfig` plus TROLL's hyper-parameters (SPEC section 7 has the paper's values).
+
+    Args:
+        loss_type: TRL's loss types plus "troll" (token level, the default here) and "troll_seq" (sequence level,
+            GSPO-style importance weight from the projected policy).
+        troll_kl_bound: eps, the per-token bound KL(pi || pi_old) <= eps of the projection (paper: 0.05).
+        troll_alpha: weight of the regression KL(pi~ || sg(pi)) of the current policy to its projection (paper: 1.0).
+        troll_top_k: most tokens kept per position of the old and new policies (paper: 64).
+        troll_delta: mass left out when sparsifying: keep tokens until mass 1 - delta (paper: 1e-5).
+        troll_agg: aggregation over tokens, one of ``troll.AGGREGATIONS``; None picks "token-mean" (as TRL's "dapo")
+            for "troll" and "seq-mean-token-mean" (as TRL's "grpo") for "troll_seq".
+
+    TRL 1.16 checks ``loss_type`` only inside ``GRPOTrainer._compute_loss``, which the trainer overrides for the
+    TROLL types, so the new values pass GRPOConfig unchanged. The TROLL values are checked here, with the options
+    TROLL does not support; TRL's clip options (epsilon, epsilon_high, delta) are unused by the TROLL types.
+    """
+
+    loss_type: str = field(
+        default="troll",
+        metadata={
+            "help": "Loss: 'troll' (KL trust-region projection, token level), 'troll_seq' (sequence level, "
+            "GSPO-style), or any TRL loss type ('dapo', 'grpo', 'dr_grpo', 'bnpo', 'cispo', 'sapo', ...)."
+        },
+    )
+    troll_kl_bound: float = field(
+        default=0.05, metadata={"help": "TROLL: per-token KL bound eps of the trust-region projection (paper 0.05)."}
+    )
+    troll_alpha: float = field(
+        default=1.0, metadata={"help": "TROLL: weight of the regression to the projected policy (paper 1.0)."}
+    )
+    troll_top_k: int = field(
+        default=64, metadata={"help": "TROLL: at most this many tokens kept per position when sparsifying (paper 64)."}
+    )
+    troll_delta: float = field(
+        default=1e-5, metadata={"help": "TROLL: keep tokens until their mass reaches 1 - delta (paper 1e-5)."}
+    )
+    troll_agg: str | None = field(
+        default=None,
+        metadata={
+            "help": "TROLL: token aggregation, one of " + ", ".join(AGGREGATIONS) + "; default token-mean for "
+            "'troll' (as 'dapo'), seq-mean-token-mean for 'troll_seq' (as 'grpo')."
+        },
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        self._check_troll_values()
+        if self.loss_type in TROLL_LOSS_TYPES:
+            self._check_troll_compatible()
+
+    def _check_troll_values(self) -> None:
+        if isinstance(self.troll_kl_bound, bool) or not self.troll_kl_bound > 0:
+            raise ValueError(
+                f"troll_kl_bound must be > 0, got {self.troll_kl_bound!r}: it is the per-token KL bound eps of the "
+                "trust region. Set a positive value, e.g. troll_kl_bound=0.05 (the paper's)."
+            )
+        if isinstance(self.troll_alpha, bool) or not self.troll_alpha >= 0:
+            raise ValueError(
+                f"troll_alpha must be >= 0, got {self.troll_alpha!r}: it weights the regression to the projected "
+                "policy. Set e.g. troll_alpha=1.0 (the paper's)."
+            )
+        if isinstance(self.troll_top_k, bool) or not isinstance(self.troll_top_k, int) or self.troll_top_k < 1:
+            raise ValueError(
+                f"troll_top_k must be an integer >= 1, got {self.troll_top_k!r}. Set e.g. troll_top_k=64 (the paper's)."
+            )
+        if isinstance(self.troll_delta, bool) or not 0 <= self.troll_delta < 1:
+            raise ValueError(
+                f"troll_delta must lie in [0, 1), got {self.troll_delta!r}: it is the probability mass left out when "
+                "sparsifying. Set e.g. troll_delta=1e-5 (the paper's), or 0 to keep exactly troll_top_k tokens."
+            )
+        if self.troll_agg is not None and self.troll_agg not in AGGREGATIONS:
+            raise ValueError(
+                f"troll_agg={self.troll_agg!r} is not supported; choose one of {', '.join(map(repr, AGGREGATIONS))}, "
+                "or None for the loss type's default."
+            )
+
+    def _check_troll_compatible(self) -> None:
+        fixes = []
+        if self.loss_type == "troll" and self.importance_sampling_level != "token":
+            fixes.append(
+                "importance_sampling_level='sequence' (use loss_type='troll_seq' for sequence-level TROLL and leave "
+                "importance_sampling_level='token')"
+            )
+        if self.beta != 0.0:
+            fixes.append(f"beta={self.beta} (KL to a reference model: set beta=0.0; the trust region bounds the step)")
+        if self.entropy_coef != 0.0 or self.use_adaptive_entropy:
+            fixes.append("an entropy bonus (set entropy_coef=0.0 and use_adaptive_entropy=False)")
+        if self.top_entropy_quantile < 1.0:
+            fixes.append(f"top_entropy_quantile={self.top_entropy_quantile} (set top_entropy_quantile=1.0)")
+        if self.off_policy_mask_threshold is not None:
+            fixes.append("off-policy sequence masking (set off_policy_mask_threshold=None)")
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            fixes.append("the vLLM importance-sampling correction (set vllm_importance_sampling_correction=False)")
+        if fixes:
+            raise ValueError(f"loss_type={self.loss_type!r} does not support " + "; ".join(fixes) + ".")
+
+
+class TrollGRPOTrainer(GRPOTrainer):
+    """:class:`trl.GRPOTrainer` with the TROLL loss types; a drop-in replacement taking the same arguments.
+
+    Overrides: ``_generate_and_score_completions`` (captures the old policy with the batch), ``_compute_loss``
+    (TROLL loss types; anything else goes to TRL) and ``log`` (window max/min of TROLL's max/min metrics).
+    Extension points: :meth:`_troll_capture_old` (where the old policy comes from), :meth:`_troll_compute_loss`
+    (how the current policy's loss is computed, e.g. a chunked LM head) and :meth:`_troll_logits`.
+    """
+
+    _tag_names = ["trl", "grpo", "troll"]
+
+    def __init__(self, model, reward_funcs=None, args: GRPOConfig | None = None, *pargs, **kwargs):
+        check_trl_version()
+        if args is None:
+            name = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "") or "model"
+            args = TrollGRPOConfig(output_dir=f"{name.split('/')[-1]}-TROLL")
+        if args.loss_type in TROLL_LOSS_TYPES and not isinstance(args, TrollGRPOConfig):
+            raise TypeError(
+                f"loss_type={args.loss_type!r} needs a TrollGRPOConfig (it carries TROLL's hyper-parameters), got "
+                f"{type(args).__name__}. Build the config with troll.integrations.trl.TrollGRPOConfig(...)."
+            )
+        super().__init__(model, reward_funcs, args, *pargs, **kwargs)
+        if self._troll_enabled and self.aux_loss_enabled:
+            raise ValueError(
+                f"loss_type={self.loss_type!r} does not support the MoE load-balancing auxiliary loss yet; set "
+                "router_aux_loss_coef=0.0 in the config."
+            )
+
+    @property
+    def _troll_enabled(self) -> bool:
+        return self.loss_type in TROLL_LOSS_TYPES
+
+    def _troll_agg(self) -> str:
+        """The token aggregation: troll_agg, else token-mean for "troll" (as "dapo"), seq-mean-token-mean for
+        "troll_seq" (as "grpo", the GSPO setup)."""
+        if self.args.troll_agg is not None:
+            return self.args.troll_agg
+        return "seq-mean-token-mean" if self.loss_type == "troll_seq" else "token-mean"
+
+    def _troll_needs_old(self) -> bool:
+        """Whether a rollout batch feeds more than one optimiser step (TRL's criterion for old log-probs)."""
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        return self.args.gradient_accumulation_steps % generate_every != 0
+
+    def _generate_and_score_completions(self, inputs):
+        batch = super()._generate_and_score_completions(inputs)
+        if self._troll_enabled and self.model.training and self._troll_needs_old():
+            batch.update(self._troll_capture_old(batch))
+        return batch
+
+    @torch.no_grad()
+    def _troll_capture_old(self, batch: dict) -> dict[str, torch.Tensor]:
+        """The old policy of a scored rollout batch, before any update on it (SPEC section 6).
+
+        Runs the current weights at the sampling temperature in chunks of per_device_train_batch_size sequences and
+        keeps, per completion position, the top tokens (mass 1 - troll_delta, at most troll_top_k) plus the sampled
+        one. Returns the :data:`OLD_KEYS` tensors, batch dim first: ids (B, T, K) int32, logp (B, T, K) fp32,
+        mask (B, T, K) bool and log_rest (B, T) fp32, K the largest kept count in the batch.
+        """
+        args = self.args
+        size = args.per_device_train_batch_size
+        parts = []
+        for start in range(0, batch["completion_ids"].size(0), size):
+            chunk = {key: batch[key][start : start + size] for key in _FORWARD_KEYS}
+            logits = self._troll_logits(self.model, chunk)
+            parts.append(
+                sparsify(logits, top_k=args.troll_top_k, delta=args.troll_delta, include=chunk["completion_ids"])
+            )
+            del logits
+        width = max(part.ids.shape[-1] for part in parts)
+        return {
+            "troll_old_ids": torch.cat([_pad_last(p.ids, width, 0) for p in parts]).to(torch.int32),
+            "troll_old_logp": torch.cat([_pad_last(p.logp, width, float("-inf")) for p in parts]),
+            "troll_old_mask": torch.cat([_pad_last(p.mask, width, False) for p in parts]),
+            "troll_old_log_rest": torch.cat([p.log_rest for p in parts]),
+        }
+
+    def _troll_logits(self, model, inputs: dict) -> torch.Tensor:
+        """(B, T, V) fp32 logits at the completion positions, divided by the sampling temperature.
+
+        The model's plain forward (not TRL's fused LM head, which returns only the sampled tokens' log-probs).
+        """
+        if any(inputs.get(key) is not None for key in _MULTIMODAL_KEYS):
+            raise NotImplementedError("The TROLL loss types support text-only models and datasets for now.")
+        completion_ids = inputs["completion_ids"]
+        t = completion_ids.size(1)
+        input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
+        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        with self.accelerator.autocast():
+            out = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=t + 1, use_cache=False)
+        # Position i predicts token i + 1: the last t + 1 positions minus the final one score the completion.
+        return out.logits[:, -(t + 1) : -1].float() / self.temperature
+
+    def _troll_old(self, inputs: dict, logits: torch.Tensor, tokens: torch.Tensor) -> SparseLogProbs:
+        """The stored old policy, or the current one (detached) when the batch feeds a single optimiser step."""
+        if "troll_old_ids" in inputs:
+            ids, logp, mask, log_rest = (inputs[key] for key in OLD_KEYS)
+            return SparseLogProbs(ids, logp, mask, logits.shape[-1], log_rest)
+        return sparsify(logits.detach(), top_k=self.args.troll_top_k, delta=self.args.troll_delta, include=tokens)
+
+    def _troll_compute_loss(self, model, inputs: dict) -> LossOutput:
+        """The TROLL loss of one micro-batch, aggregated over that micro-batch alone.
+
+        :meth:`_compute_loss` scales it as TRL scales the matching loss type and logs the metrics, which are keyed as
+        logged: ``troll/...`` plus TRL's ``entropy``. Override this method for another way of evaluating the current
+        policy (e.g. a chunked LM head); keep the signature and the metric keys.
+        """
+        args = self.args
+        logits = self._troll_logits(model, inputs)
+        tokens, mask = inputs["completion_ids"], _loss_mask(inputs)
+        out = troll_loss(
+            logits,
+            self._troll_old(inputs, logits, tokens),
+            tokens,
+            inputs["advantages"],
+            mask,
+            kl_bound=args.troll_kl_bound,
+            alpha=args.troll_alpha,
+            top_k=args.troll_top_k,
+            delta=args.troll_delta,
+            level="sequence" if self.loss_type == "troll_seq" else "token",
+            agg=self._troll_agg(),
+            max_len=self.max_completion_length,
+        )
+        metrics = {f"troll/{key}": value for key, value in out.metrics.items()}
+        with torch.no_grad():
+            entropy = torch.special.entr(torch.softmax(logits.detach(), dim=-1)).sum(-1)
+            m = mask.to(entropy.dtype)
+            metrics["entropy"] = (entropy * m).sum() / m.sum().clamp_min(1)
+        return LossOutput(out.loss, metrics)
+
+    def _compute_loss(self, model, inputs):
+        if not self._troll_enabled:
+            return super()._compute_loss(model, inputs)
+        out = self._troll_compute_loss(model, inputs)
+        mask = _loss_mask(inputs)
+        self._troll_log(out.metrics, mask)
+        return out.loss * self._troll_loss_scale(inputs, mask)
+
+    def _troll_loss_scale(self, inputs: dict, mask: torch.Tensor):
+        """Factor turning the micro-batch aggregate into the loss TRL would return for the same normalisation.
+
+        token-mean is TRL's "dapo": the token sum over the loss tokens of one accumulation window of the global batch
+        (``num_items_in_batch`` counts the whole generation batch on all processes; DDP averages over processes).
+        The per-sequence aggregations are TRL's "grpo" / "dr_grpo": a local mean divided by the accumulation steps.
+        """
+        train = self.model.training  # eval batches are neither split nor accumulated
+        accumulation = self.current_gradient_accumulation_steps if train else 1
+        if self._troll_agg() != "token-mean":
+            return 1.0 / accumulation
+        normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+        if train:
+            normalizer = normalizer * accumulation / self.args.steps_per_generation
+        return mask.sum() / normalizer
+
+    def _troll_log(self, metrics: dict[str, torch.Tensor], mask: torch.Tensor) -> None:
+        """Append the metrics to TRL's, reduced over processes so that they equal the one-process values.
+
+        */max and */min are reduced as such; per-token means are weighted by loss tokens; ``troll/loss/*`` are
+        weighted like the aggregation (by tokens for token-mean, evenly for the per-sequence ones: every process
+        holds the same number of sequences).
+        """
+        mode = "train" if self.model.training else "eval"
+        keys = sorted(metrics)
+        local = torch.stack([metrics[key].detach().double() for key in keys] + [mask.sum().double()])
+        rows = self.accelerator.gather(local.unsqueeze(0)).reshape(-1, len(keys) + 1)
+        tokens = rows[:, -1]
+        nonempty = rows[tokens > 0] if bool((tokens > 0).any()) else rows
+        even = self._troll_agg() != "token-mean"
+        for i, key in enumerate(keys):
+            if key.endswith("/max"):
+                value = nonempty[:, i].max()
+            elif key.endswith("/min"):
+                value = nonempty[:, i].min()
+            else:
+                weight = torch.ones_like(tokens) if even and key.startswith("troll/loss/") else tokens
+                value = (rows[:, i] * weight).sum() / weight.sum().clamp_min(1)
+            self._metrics[mode][key].append(float(value))
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        # TRL averages each metric over the logging window; a bound is only checked by the window's max (min).
+        mode = "train" if self.model.training else "eval"
+        for key, values in self._metrics[mode].items():
+            if key.startswith("troll/") and values and key.endswith(("/max", "/min")):
+                values[:] = [max(values) if key.endswith("/max") else min(values)]
+        super().log(logs, start_time)
+
+
+def _loss_mask(inputs: dict) -> torch.Tensor:
+    """(B, T) bool: completion tokens that enter the loss (tool-output tokens excluded, as in TRL)."""
+    mask = inputs["completion_mask"]
+    if inputs.get("tool_mask") is not None:
+        mask = mask * inputs["tool_mask"]
+    return mask.bool()
+
+
+def _pad_last(t: torch.Tensor, width: int, value) -> torch.Tensor:
+    """Right-pad the last dim of ``t`` to ``width`` with ``value``."""
+    if t.shape[-1] == width:
+        return t
+    return torch.cat([t, t.new_full((*t.shape[:-1], width - t.shape[-1]), value)], dim=-1)

@@ -1,0 +1,305 @@
+"""TROLL in TRL's GRPOTrainer, on a tiny random Llama and an offline tokenizer (CPU, no hub)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("trl")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import trl  # noqa: E402
+from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+from trl.trainer.utils import split_tensor_dict  # noqa: E402
+
+from troll import SparseLogProbs, old_token_logp  # noqa: E402
+from troll.integrations.trl import OLD_KEYS, TrollGRPOConfig, TrollGRPOTrainer, check_trl_version  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tiny import PROMPTS, reward_letter_a, tiny_dataset, tiny_model, tiny_tokenizer  # noqa: E402
+
+HERE = Path(__file__).parent
+SRC = HERE.parent / "src"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # Two shared cores: intra-op threads only add contention on these tiny shapes (10x slower measured).
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def config(tmp_path, cls=TrollGRPOConfig, **overrides):
+    args = dict(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=8,
+        max_steps=2,
+        learning_rate=1e-2,
+        bf16=False,
+        gradient_checkpointing=False,
+        use_cpu=True,
+        report_to="none",
+        logging_steps=1,
+        save_strategy="no",
+        seed=0,
+        disable_tqdm=True,
+    )
+    args.update(overrides)
+    return cls(**args)
+
+
+def trainer(args, cls=TrollGRPOTrainer, seed=0):
+    tok = tiny_tokenizer()
+    return cls(
+        model=tiny_model(tok, seed=seed),
+        reward_funcs=reward_letter_a,
+        args=args,
+        train_dataset=tiny_dataset(),
+        processing_class=tok,
+    )
+
+
+def params(model):
+    return {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+
+
+def logged(tr, key):
+    return [entry[key] for entry in tr.state.log_history if key in entry]
+
+
+# ----------------------------------------------------------------------------------------------- training runs
+
+
+@pytest.mark.parametrize("loss_type", ["troll", "troll_seq"])
+def test_troll_steps_update_every_parameter(tmp_path, loss_type):
+    tr = trainer(config(tmp_path, loss_type=loss_type, steps_per_generation=2, max_steps=3))
+    before = params(tr.model)
+    tr.train()
+    after = params(tr.model)
+    unchanged = [name for name in before if torch.equal(before[name], after[name])]
+    assert not unchanged, f"parameters not updated: {unchanged}"
+    assert all(torch.isfinite(torch.tensor(logged(tr, "loss"))))
+    for key in ("troll/kl_after/max", "troll/projected_frac", "troll/ratio/mean", "troll/loss/reg", "entropy"):
+        assert len(logged(tr, key)) == 3, key
+
+
+@pytest.mark.parametrize("reuse", [dict(steps_per_generation=4), dict(steps_per_generation=1, num_iterations=4)])
+def test_projection_engages_and_bounds_every_token(tmp_path, reuse):
+    eps = 0.01
+    tr = trainer(config(tmp_path, max_steps=4, learning_rate=0.1, troll_kl_bound=eps, **reuse))
+    tr.train()
+    # The old policy was captured with the rollout batch and survived TRL's shuffle and split.
+    assert all(key in tr._buffered_inputs[0] for key in OLD_KEYS)
+    assert max(logged(tr, "troll/projected_frac")) > 0
+    assert max(logged(tr, "troll/kl_before/max")) > eps
+    assert max(logged(tr, "troll/kl_after/max")) <= eps * (1 + 1e-4)
+
+
+def test_one_step_per_rollout_batch_is_on_policy(tmp_path):
+    # Each batch feeds one optimiser step: no old policy is stored and the projection is the identity.
+    tr = trainer(config(tmp_path, gradient_accumulation_steps=2, steps_per_generation=2, learning_rate=0.1))
+    tr.train()
+    assert not any(key in tr._buffered_inputs[0] for key in OLD_KEYS)
+    assert logged(tr, "troll/projected_frac") == [0.0, 0.0]
+    assert max(logged(tr, "troll/kl_after/max")) < 1e-8
+
+
+@pytest.mark.parametrize("overrides", [dict(loss_type="grpo"), dict(loss_type="cispo", steps_per_generation=4)])
+def test_trl_loss_types_unchanged(tmp_path, overrides):
+    """A TRL loss type on TrollGRPOTrainer is TRL's: same losses and weights as GRPOTrainer, same seed."""
+    ours = trainer(config(tmp_path / "ours", max_steps=3, **overrides))
+    ours.train()  # construct, then train: construction seeds the RNG that sampling uses
+    theirs = trainer(config(tmp_path / "theirs", cls=GRPOConfig, max_steps=3, **overrides), cls=GRPOTrainer)
+    theirs.train()
+    assert logged(ours, "loss") == logged(theirs, "loss")
+    assert not any(key.startswith("troll/") for entry in ours.state.log_history for key in entry)
+    for name, value in params(theirs.model).items():
+        torch.testing.assert_close(params(ours.model)[name], value, rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------------------- one batch, TROLL vs TRL's losses
+
+
+def first_micro_batch(tr):
+    """The first micro-batch TRL's _prepare_inputs hands to the loss: generated, scored, shuffled and split."""
+    tr.model.train()
+    tr._step = 0
+    rows = [{"prompt": p} for p in PROMPTS[:2] for _ in range(tr.num_generations)]
+    return tr._prepare_inputs(rows * tr.args.steps_per_generation)
+
+
+def loss_and_grads(tr, inputs, loss_type, level="token"):
+    tr.loss_type, tr.importance_sampling_level = loss_type, level
+    tr.model.zero_grad()
+    loss = tr.compute_loss(tr.model, inputs)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in tr.model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize(
+    ("troll", "trl_loss", "level"), [("troll", "dapo", "token"), ("troll_seq", "grpo", "sequence")]
+)
+@pytest.mark.parametrize("steps", [dict(gradient_accumulation_steps=2), dict(steps_per_generation=2)])
+def test_ratio_one_matches_trl_normalisation(tmp_path, troll, trl_loss, level, steps):
+    """Before any update the ratio is 1 and nothing is clipped or projected: TROLL's loss and gradient must equal
+    TRL's "dapo" ("troll") and GSPO-"grpo" ("troll_seq"), which checks the aggregation and the scaling for
+    gradient accumulation, steps_per_generation and num_items_in_batch. The steps_per_generation=2 case uses the
+    stored old policy (TRL's old log-probs for the clip loss)."""
+    tr = trainer(config(tmp_path, loss_type=troll, **steps))
+    tr.current_gradient_accumulation_steps = tr.args.gradient_accumulation_steps
+    inputs = first_micro_batch(tr)
+    assert ("troll_old_ids" in inputs) == (tr.args.steps_per_generation > tr.args.gradient_accumulation_steps)
+    ours, our_grads = loss_and_grads(tr, inputs, troll)
+    theirs, their_grads = loss_and_grads(tr, inputs, trl_loss, level)
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-7)
+    assert our_grads.keys() == their_grads.keys()
+    for name, grad in their_grads.items():
+        torch.testing.assert_close(our_grads[name], grad, rtol=1e-4, atol=1e-7)
+    metrics = tr._metrics["train"]
+    assert metrics["troll/ratio/max"][-1] == pytest.approx(1, abs=1e-5)
+    assert metrics["troll/projected_frac"][-1] == 0
+
+
+def stored_old(inputs, vocab_size):
+    ids, logp, mask, log_rest = (inputs[key] for key in OLD_KEYS)
+    return SparseLogProbs(ids, logp, mask, vocab_size, log_rest)
+
+
+def test_stored_old_policy_is_aligned_after_shuffle_and_split(tmp_path):
+    tr = trainer(config(tmp_path, steps_per_generation=2))
+    inputs = first_micro_batch(tr)
+    for chunk in [inputs, *split_tensor_dict(inputs, 2)]:
+        fresh = tr._troll_capture_old(chunk)
+        # Compared where a near-tie swapping two kept ids under rounding cannot matter: at the sampled tokens
+        # (always kept) and the mass outside the kept ids.
+        stored, recomputed = (stored_old(old, tr.model.config.vocab_size) for old in (chunk, fresh))
+        tokens = chunk["completion_ids"]
+        torch.testing.assert_close(old_token_logp(stored, tokens), old_token_logp(recomputed, tokens))
+        torch.testing.assert_close(stored.log_rest, recomputed.log_rest)
+
+
+# ---------------------------------------------------------------------------------------------- checkpoints
+
+
+def test_resume_from_checkpoint_continues(tmp_path):
+    straight = trainer(config(tmp_path / "a", loss_type="troll", steps_per_generation=2, max_steps=4))
+    straight.train()
+    first = trainer(config(tmp_path / "b", steps_per_generation=2, max_steps=4, save_strategy="steps", save_steps=2))
+    first.train()
+    resumed = trainer(config(tmp_path / "b", steps_per_generation=2, max_steps=4), seed=1)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "b" / "checkpoint-2"))
+    assert resumed.state.global_step == 4
+    # The history up to the checkpoint is restored; the steps after it repeat the uninterrupted run's.
+    assert [e["step"] for e in resumed.state.log_history if "loss" in e] == [1, 2, 3, 4]
+    assert logged(resumed, "loss") == pytest.approx(logged(straight, "loss"), rel=1e-5)
+    for name, value in params(straight.model).items():
+        torch.testing.assert_close(params(resumed.model)[name], value, rtol=1e-5, atol=1e-6)
+
+
+# --------------------------------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (dict(troll_kl_bound=0.0), "troll_kl_bound=0.05"),
+        (dict(troll_kl_bound=-0.1), "troll_kl_bound must be > 0"),
+        (dict(troll_alpha=-1.0), "troll_alpha=1.0"),
+        (dict(troll_top_k=0), "troll_top_k=64"),
+        (dict(troll_top_k=2.5), "integer"),
+        (dict(troll_delta=1.0), r"\[0, 1\)"),
+        (dict(troll_agg="mean"), "token-mean"),
+        (dict(beta=0.04), "set beta=0.0"),
+        (dict(importance_sampling_level="sequence"), "loss_type='troll_seq'"),
+        (dict(entropy_coef=0.01), "entropy_coef=0.0"),
+        (dict(top_entropy_quantile=0.2), "top_entropy_quantile=1.0"),
+        (dict(off_policy_mask_threshold=0.5), "off_policy_mask_threshold=None"),
+    ],
+)
+def test_bad_config_says_how_to_fix(tmp_path, overrides, match):
+    with pytest.raises(ValueError, match=match):
+        config(tmp_path, **overrides)
+
+
+def test_trl_loss_types_ignore_troll_only_restrictions(tmp_path):
+    args = config(tmp_path, loss_type="grpo", beta=0.04, importance_sampling_level="sequence")
+    assert args.loss_type == "grpo"
+
+
+def test_troll_loss_type_needs_troll_config(tmp_path):
+    with pytest.raises(TypeError, match="TrollGRPOConfig"):
+        trainer(config(tmp_path, cls=GRPOConfig, loss_type="troll"))
+
+
+def test_unsupported_trl_version_fails_at_construction(tmp_path, monkeypatch):
+    check_trl_version("1.16.3")
+    for bad in ("1.15.2", "1.17.0", "2.0.0"):
+        with pytest.raises(RuntimeError, match="pip install"):
+            check_trl_version(bad)
+    monkeypatch.setattr(trl, "__version__", "1.17.0")
+    with pytest.raises(RuntimeError, match=r"TRL >=1.16,<1.17, but TRL 1.17.0 is installed"):
+        trainer(config(tmp_path))
+
+
+def test_import_without_trl_is_guarded():
+    code = (
+        "import sys; sys.modules['trl'] = None\n"
+        "import troll, troll.integrations\n"
+        "try:\n"
+        "    import troll.integrations.trl\n"
+        "except ImportError as e:\n"
+        "    assert 'pip install troll[trl]' in str(e), e\n"
+        "else:\n"
+        "    raise AssertionError('no ImportError')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+# ------------------------------------------------------------------------------------------- two processes
+
+
+def run_script(cmd, env, timeout=300):
+    """Run ``cmd`` in its own session; on timeout kill the whole group (torchrun's workers included)."""
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate()
+    return proc.returncode, err
+
+
+def test_two_processes_match_one(tmp_path):
+    """torchrun, 2 CPU processes (gloo): loss, gradient and metrics of a fixed batch split over the processes
+    equal those of this process on the whole batch; then one real DDP training step runs. (First-step losses of
+    real runs cannot agree: each process samples its completions with its own seed.)"""
+    script = str(HERE / "_torchrun_trl.py")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
+    env.update(OMP_NUM_THREADS="1", TROLL_TORCHRUN_TIMEOUT="240")
+    import _torchrun_trl
+
+    _torchrun_trl.main(tmp_path / "one")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    code, err = run_script([*torchrun, script, str(tmp_path / "two")], env)
+    if not (tmp_path / "two" / "ready").exists():
+        pytest.skip(f"torchrun with gloo could not start here: {err[-500:]}")
+    assert code == 0, err[-3000:]
+    one, two = torch.load(tmp_path / "one" / "result.pt"), torch.load(tmp_path / "two" / "result.pt")
+    assert one["troll/metric/troll/projected_frac"] > 0  # the projection engaged on the fixed batch
+    assert one.keys() == two.keys()
+    for key in one:
+        torch.testing.assert_close(two[key], one[key], rtol=1e-4, atol=1e-6, msg=key)
