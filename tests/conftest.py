@@ -1,0 +1,77 @@
+"""Shared fixtures and generators for the troll test suite.
+
+Every generator takes an explicit ``torch.Generator`` so each test is reproducible on its own; the float64
+reference (``troll.reference``) is what the fast paths are compared against.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+
+def gen(seed: int) -> torch.Generator:
+    """A CPU generator seeded with ``seed``."""
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.fixture(autouse=True)
+def _seed_global_rng():
+    """Tests draw from explicit generators; the global RNG is seeded too, for anything that uses it implicitly."""
+    torch.manual_seed(0)
+
+
+def peaked_logits(
+    *lead: int,
+    vocab: int,
+    g: torch.Generator,
+    head_max: int = 8,
+    tail_log10: tuple[float, float] = (-9.0, -6.0),
+    head_scale: float = 1.5,
+    dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
+    """Logits (*lead, V) shaped like an LLM's next-token distribution after a temperature of ~1.
+
+    Each row has a head of ``n = 1 + floor(head_max u^2)`` tokens (u ~ U(0, 1), at random ids, logits
+    ~ N(0, head_scale^2)) that holds all but ``10^U(tail_log10)`` of the mass; the other V - n tokens share that
+    tail with N(0, 1) logits. So a row needs at most ``head_max`` tokens to reach 1 - 1e-5 of its mass; with the
+    default head_max = 8, 79% of the rows need 1-5.
+    """
+    rows = 1
+    for d in lead:
+        rows *= d
+    head_max = min(head_max, vocab - 1)
+    u = torch.rand(rows, 1, generator=g, dtype=torch.float64)
+    n_head = 1 + (u.square() * head_max).long().clamp_max(head_max - 1)  # skewed towards a short head
+    rank = torch.rand(rows, vocab, generator=g, dtype=torch.float64).argsort(-1).argsort(-1)  # random permutation
+    is_head = rank < n_head
+    head = torch.randn(rows, vocab, generator=g, dtype=torch.float64) * head_scale
+    tail = torch.randn(rows, vocab, generator=g, dtype=torch.float64)
+    lo, hi = tail_log10
+    log_tail_mass = (lo + (hi - lo) * torch.rand(rows, 1, generator=g, dtype=torch.float64)) * torch.log(
+        torch.tensor(10.0, dtype=torch.float64)
+    )
+    lse_head = torch.where(is_head, head, float("-inf")).logsumexp(-1, keepdim=True)
+    lse_tail = torch.where(is_head, float("-inf"), tail).logsumexp(-1, keepdim=True)
+    # tail mass / head mass = exp(log_tail_mass), i.e. a share of 10^U(lo, hi) of the total up to O(1e-6)
+    tail = tail - lse_tail + lse_head + log_tail_mass
+    return torch.where(is_head, head, tail).reshape(*lead, vocab).to(dtype)
+
+
+def drift(logits: torch.Tensor, g: torch.Generator, scale: float = 0.5) -> torch.Tensor:
+    """A policy after a few optimiser steps: the logits plus N(0, sigma^2) noise, sigma = scale * 10^U(-1, 0.5) per
+    row, so that a batch mixes rows inside and outside the trust region."""
+    noise = torch.randn(logits.shape, generator=g, dtype=torch.float64)
+    sigma = scale * 10 ** (1.5 * torch.rand(*logits.shape[:-1], 1, generator=g, dtype=torch.float64) - 1)
+    return logits + (sigma * noise).to(logits.dtype)
+
+
+def mass_needed(logits: torch.Tensor, delta: float = 1e-5) -> torch.Tensor:
+    """(...) the number of most probable tokens a row needs to reach 1 - delta of its mass."""
+    p = torch.softmax(logits.double(), -1).sort(-1, descending=True).values
+    before = p.cumsum(-1) - p
+    return (before < 1 - delta).sum(-1)

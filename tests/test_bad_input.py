@@ -1,0 +1,286 @@
+"""Bad input raises a ValueError whose message names the offending argument."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import gen
+
+import troll
+
+B, T, V = 2, 3, 7
+
+
+def batch():
+    g = gen(0)
+    old_logits = torch.randn(B, T, V, generator=g)
+    logits = old_logits + torch.randn(B, T, V, generator=g)
+    tokens = torch.randint(0, V, (B, T), generator=g)
+    adv = torch.tensor([1.0, -1.0])
+    mask = torch.ones(B, T, dtype=torch.bool)
+    return logits, troll.sparsify(old_logits, include=tokens), tokens, adv, mask
+
+
+LOSSES = [troll.troll_loss, troll.clip_loss, troll.cispo_loss]
+
+
+def with_value(t: torch.Tensor, value: float) -> torch.Tensor:
+    t = t.clone()
+    t[1, 2, 3] = value
+    return t
+
+
+# ---------------------------------------------------------------------------------------------- shapes
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+@pytest.mark.parametrize(
+    ("field", "bad", "match"),
+    [
+        ("tokens", torch.zeros(B, T + 1, dtype=torch.long), "tokens"),
+        ("tokens", torch.zeros(B * T, dtype=torch.long), "tokens"),
+        ("mask", torch.ones(B + 1, T, dtype=torch.bool), "mask"),
+        ("mask", torch.ones(B, dtype=torch.bool), "mask"),
+        ("advantages", torch.ones(B + 1), "advantages"),
+        ("advantages", torch.ones(B, T + 1), "advantages"),
+        ("advantages", torch.ones(B, T, 1), "advantages"),
+    ],
+)
+def test_loss_shape_mismatch(loss, field, bad, match):
+    logits, old, tokens, adv, mask = batch()
+    args = {"tokens": tokens, "advantages": adv, "mask": mask, field: bad}
+    with pytest.raises(ValueError, match=match):
+        loss(logits, old, args["tokens"], args["advantages"], args["mask"])
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+def test_logits_must_be_three_dimensional(loss):
+    logits, old, tokens, adv, mask = batch()
+    with pytest.raises(ValueError, match=r"logits must be \(B, T, V\)"):
+        loss(logits.reshape(B * T, V), old, tokens, adv, mask)
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+def test_old_sparse_rows_mismatch(loss):
+    logits, old, tokens, adv, mask = batch()
+    with pytest.raises(ValueError, match=r"old\.ids"):
+        loss(logits, old[:1], tokens, adv, mask)
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+def test_old_vocab_mismatch(loss):
+    logits, _, tokens, adv, mask = batch()
+    old = troll.sparsify(torch.randn(B, T, V + 2))
+    with pytest.raises(ValueError, match=r"old\.vocab_size"):
+        loss(logits, old, tokens, adv, mask)
+
+
+def test_troll_loss_needs_sparse_old():
+    logits, _, tokens, adv, mask = batch()
+    with pytest.raises(ValueError, match="old must be a SparseLogProbs"):
+        troll.troll_loss(logits, torch.zeros(B, T), tokens, adv, mask)
+
+
+@pytest.mark.parametrize("loss", [troll.clip_loss, troll.cispo_loss])
+def test_per_token_old_shape_mismatch(loss):
+    logits, _, tokens, adv, mask = batch()
+    with pytest.raises(ValueError, match="old"):
+        loss(logits, torch.zeros(B, T + 1), tokens, adv, mask)
+
+
+def test_project_shape_mismatch():
+    with pytest.raises(ValueError, match="old_logits"):
+        troll.project(torch.randn(3, V), torch.randn(3, V + 1), 0.05)
+    with pytest.raises(ValueError, match="old_logits"):
+        troll.project(torch.randn(3, V), torch.randn(2, 3, V), 0.05)
+    with pytest.raises(ValueError, match="new_logits.*vocabulary"):
+        troll.project(torch.randn(3, 1), torch.randn(3, 1), 0.05)
+
+
+def test_project_sparse_shape_mismatch():
+    logits = torch.randn(B, T, V)
+    old = troll.sparsify(logits)
+    with pytest.raises(ValueError, match=r"old\.ids"):
+        troll.project_sparse(logits, old[:1], 0.05)
+    with pytest.raises(ValueError, match=r"old\.vocab_size"):
+        troll.project_sparse(logits, troll.sparsify(torch.randn(B, T, V + 1)), 0.05)
+    with pytest.raises(ValueError, match="include"):
+        troll.project_sparse(logits, old, 0.05, include=torch.zeros(B, T + 1, dtype=torch.long))
+
+
+def test_sparsify_include_shape_mismatch():
+    with pytest.raises(ValueError, match="include"):
+        troll.sparsify(torch.randn(B, T, V), include=torch.zeros(B, T + 1, dtype=torch.long))
+
+
+def test_sparse_log_probs_fields_mismatch():
+    with pytest.raises(ValueError, match="SparseLogProbs"):
+        troll.SparseLogProbs(torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, 4), torch.ones(2, 3, dtype=bool), V)
+
+
+# ---------------------------------------------------------------------------------------------- hyper-parameters
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.05, float("nan")])
+def test_kl_bound_must_be_positive(bad):
+    logits, old, tokens, adv, mask = batch()
+    with pytest.raises(ValueError, match="kl_bound"):
+        troll.troll_loss(logits, old, tokens, adv, mask, kl_bound=bad)
+    with pytest.raises(ValueError, match="kl_bound"):
+        troll.project(logits, logits, bad)
+    with pytest.raises(ValueError, match="kl_bound"):
+        troll.project_sparse(logits, old, bad)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5])
+def test_top_k(bad):
+    logits, old, tokens, adv, mask = batch()
+    with pytest.raises(ValueError, match="top_k"):
+        troll.sparsify(logits, top_k=bad)
+    with pytest.raises(ValueError, match="top_k"):
+        troll.troll_loss(logits, old, tokens, adv, mask, top_k=bad)
+    with pytest.raises(ValueError, match="top_k"):
+        troll.project_sparse(logits, old, 0.05, top_k=bad)
+
+
+@pytest.mark.parametrize("bad", [-1e-5, 1.0, 1.5, float("nan")])
+def test_delta(bad):
+    logits, old, tokens, adv, mask = batch()
+    with pytest.raises(ValueError, match="delta"):
+        troll.sparsify(logits, delta=bad)
+    with pytest.raises(ValueError, match="delta"):
+        troll.troll_loss(logits, old, tokens, adv, mask, delta=bad)
+    with pytest.raises(ValueError, match="delta"):
+        troll.project_sparse(logits, old, 0.05, delta=bad)
+
+
+@pytest.mark.parametrize("bad", [-0.1, float("nan")])
+def test_alpha(bad):
+    logits, old, tokens, adv, mask = batch()
+    with pytest.raises(ValueError, match="alpha"):
+        troll.troll_loss(logits, old, tokens, adv, mask, alpha=bad)
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+def test_agg_name(loss):
+    logits, old, tokens, adv, mask = batch()
+    with pytest.raises(ValueError, match="agg"):
+        loss(logits, old, tokens, adv, mask, agg="token_mean")
+    with pytest.raises(ValueError, match="agg"):
+        troll.aggregate(torch.ones(B, T), mask, "mean")
+
+
+@pytest.mark.parametrize("loss", [troll.troll_loss, troll.clip_loss])
+def test_level_name(loss):
+    logits, old, tokens, adv, mask = batch()
+    with pytest.raises(ValueError, match="level"):
+        loss(logits, old, tokens, adv, mask, level="seq")
+
+
+def test_clip_hyper_parameters():
+    logits, old, tokens, adv, mask = batch()
+    with pytest.raises(ValueError, match="eps_low"):
+        troll.clip_loss(logits, old, tokens, adv, mask, eps_low=0.0)
+    with pytest.raises(ValueError, match="eps_high"):
+        troll.clip_loss(logits, old, tokens, adv, mask, eps_high=-0.2)
+    with pytest.raises(ValueError, match="dual_clip"):
+        troll.clip_loss(logits, old, tokens, adv, mask, dual_clip=1.0)
+    with pytest.raises(ValueError, match="eps_high"):
+        troll.cispo_loss(logits, old, tokens, adv, mask, eps_high=0.0)
+
+
+def test_max_len():
+    with pytest.raises(ValueError, match="max_len"):
+        troll.aggregate(torch.ones(B, T), torch.ones(B, T, dtype=torch.bool), "seq-mean-token-sum-norm", max_len=0)
+
+
+# ---------------------------------------------------------------------------------------------- values
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+@pytest.mark.parametrize("loss", LOSSES)
+def test_nan_or_posinf_logits(loss, value):
+    logits, old, tokens, adv, mask = batch()
+    with pytest.raises(ValueError, match="logits contains NaN or \\+inf"):
+        loss(with_value(logits, value), old, tokens, adv, mask)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_nan_or_posinf_in_project_and_sparsify(value):
+    logits = torch.randn(B, T, V)
+    with pytest.raises(ValueError, match="new_logits"):
+        troll.project(with_value(logits, value), logits, 0.05)
+    with pytest.raises(ValueError, match="old_logits"):
+        troll.project(logits, with_value(logits, value), 0.05)
+    with pytest.raises(ValueError, match="logits"):
+        troll.sparsify(with_value(logits, value))
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_nan_or_posinf_in_project_sparse(value):
+    logits = torch.randn(B, T, V)
+    with pytest.raises(ValueError, match="logits"):
+        troll.project_sparse(with_value(logits, value), troll.sparsify(logits), 0.05)
+
+
+def test_fully_masked_row():
+    logits = torch.randn(B, T, V)
+    logits[0, 1] = float("-inf")
+    with pytest.raises(ValueError, match="new_logits"):
+        troll.project(logits, torch.randn(B, T, V), 0.05)
+    with pytest.raises(ValueError, match="logits"):
+        troll.sparsify(logits)
+    _, old, tokens, adv, mask = batch()
+    for loss in LOSSES:
+        with pytest.raises(ValueError, match="logits"):
+            loss(logits, old, tokens, adv, mask)
+
+
+def test_neg_inf_logits_are_allowed():
+    logits, old, tokens, adv, mask = batch()
+    logits = logits.clone()
+    logits[..., 0] = float("-inf")
+    tokens = tokens.clamp_min(1)
+    out = troll.troll_loss(logits, old, tokens, adv, mask)
+    assert torch.isfinite(out.loss)
+
+
+def test_nan_advantages():
+    logits, old, tokens, adv, mask = batch()
+    with pytest.raises(ValueError, match="advantages"):
+        troll.troll_loss(logits, old, tokens, torch.tensor([1.0, float("nan")]), mask)
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+@pytest.mark.parametrize("bad_id", [V, -1, 10**6])
+def test_token_ids_outside_vocabulary(loss, bad_id):
+    logits, old, tokens, adv, mask = batch()
+    tokens = tokens.clone()
+    tokens[0, 1] = bad_id
+    with pytest.raises(ValueError, match="tokens"):
+        loss(logits, old, tokens, adv, mask)
+    # the same id under mask == False (padding) is never looked at
+    mask = mask.clone()
+    mask[0, 1] = False
+    out = loss(logits, old, tokens, adv, mask)
+    assert torch.isfinite(out.loss)
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+def test_token_ids_must_be_integers(loss):
+    logits, old, tokens, adv, mask = batch()
+    with pytest.raises(ValueError, match="tokens"):
+        loss(logits, old, tokens.float(), adv, mask)
+
+
+def test_include_ids_outside_vocabulary():
+    logits = torch.randn(B, T, V)
+    with pytest.raises(ValueError, match="include"):
+        troll.sparsify(logits, include=torch.full((B, T), V))
+    with pytest.raises(ValueError, match="include"):
+        troll.project_sparse(logits, troll.sparsify(logits), 0.05, include=torch.full((B, T), -1))
+
+
+def test_integer_logits():
+    with pytest.raises(ValueError, match="floating-point"):
+        troll.sparsify(torch.zeros(B, T, V, dtype=torch.long))

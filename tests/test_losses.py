@@ -1,0 +1,318 @@
+"""The TROLL loss (SPEC section 4) against the float64 dense reference, hand-written aggregations and its limits."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import drift, gen, peaked_logits
+
+import troll
+from troll import reference
+
+EPS = 0.05
+METRIC_KEYS = {
+    "kl_before/mean",
+    "kl_before/max",
+    "kl_after/mean",
+    "kl_after/max",
+    "projected_frac",
+    "eta/mean",
+    "eta/max",
+    "support/mean",
+    "ratio/mean",
+    "ratio/min",
+    "ratio/max",
+    "loss/pg",
+    "loss/reg",
+}
+
+
+def make_batch(bsz=3, seq=4, vocab=6, *, seed=0, scale=1.5, adv_2d=False, dtype=torch.float64):
+    """Logits, old logits, sampled tokens, advantages and a mask with holes (the 2nd sequence is empty)."""
+    g = gen(seed)
+    old = torch.randn(bsz, seq, vocab, generator=g, dtype=torch.float64)
+    new = drift(old, g, scale)
+    tokens = torch.multinomial(torch.softmax(old, -1).reshape(-1, vocab), 1, generator=g).reshape(bsz, seq)
+    shape = (bsz, seq) if adv_2d else (bsz,)
+    adv = torch.randn(shape, generator=g, dtype=torch.float64)
+    mask = torch.ones(bsz, seq, dtype=torch.bool)
+    mask[0, -1] = False
+    if bsz > 1:
+        mask[1] = False
+    if bsz > 2:
+        mask[2, 1] = False
+    return new.to(dtype), old, tokens, adv, mask
+
+
+def full(logits, old_logits, tokens, adv, mask, **kw):
+    """troll_loss over the whole vocabulary (top_k = V, delta = 0 on both sides): no sparsity approximation."""
+    vocab = logits.shape[-1]
+    old = troll.sparsify(old_logits, top_k=vocab, delta=0.0)
+    return troll.troll_loss(logits, old, tokens, adv, mask, top_k=vocab, delta=0.0, kl_bound=EPS, **kw)
+
+
+# ------------------------------------------------------------------------------------------ vs reference
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("agg", troll.AGGREGATIONS)
+@pytest.mark.parametrize("adv_2d", [False, True])
+def test_full_support_matches_reference(level, agg, adv_2d):
+    new, old, tokens, adv, mask = make_batch(adv_2d=adv_2d, seed=1)
+    out = full(new, old, tokens, adv, mask, level=level, agg=agg, alpha=0.7)
+    ref = reference.troll_loss(new, old, tokens, adv, mask, kl_bound=EPS, alpha=0.7, level=level, agg=agg)
+    assert out.loss.dtype == torch.float64 and out.loss.dim() == 0
+    assert 0 < float(out.metrics["projected_frac"]) < 1  # the batch mixes projected and untouched tokens
+    torch.testing.assert_close(out.loss, ref, rtol=0, atol=1e-8)
+
+
+def test_full_support_matches_reference_max_len():
+    new, old, tokens, adv, mask = make_batch(seed=2)
+    out = full(new, old, tokens, adv, mask, agg="seq-mean-token-sum-norm", max_len=11)
+    ref = reference.troll_loss(new, old, tokens, adv, mask, kl_bound=EPS, agg="seq-mean-token-sum-norm", max_len=11)
+    torch.testing.assert_close(out.loss, ref, rtol=0, atol=1e-8)
+
+
+def test_sparse_loss_close_to_reference_on_peaked_rows():
+    """Default K = 64, delta = 1e-5 on realistically peaked rows of V = 2000 against the dense fp64 reference.
+    Measured |difference| 7.5e-8 (fp64) and 1.2e-7 (fp32 logits); the tolerance is 2e-6."""
+    g = gen(3)
+    old = peaked_logits(2, 4, vocab=2000, g=g, head_max=20)
+    new = drift(old, g, 1.5)
+    tokens = torch.multinomial(torch.softmax(old, -1).reshape(-1, 2000), 1, generator=g).reshape(2, 4)
+    adv = torch.tensor([1.0, -0.5], dtype=torch.float64)
+    mask = torch.ones(2, 4, dtype=torch.bool)
+    ref = reference.troll_loss(new, old, tokens, adv, mask, kl_bound=EPS)
+    for dtype in (torch.float64, torch.float32):
+        sp_old = troll.sparsify(old.to(dtype), include=tokens)
+        out = troll.troll_loss(new.to(dtype), sp_old, tokens, adv, mask, kl_bound=EPS)
+        assert 0 < float(out.metrics["projected_frac"])
+        assert abs(out.loss.item() - ref.item()) < 2e-6
+
+
+def central_diff(fn, x: torch.Tensor, h: float = 1e-6, where: torch.Tensor | None = None) -> torch.Tensor:
+    """Central finite differences of the scalar ``fn`` at the entries of ``x`` selected by ``where`` (else 0)."""
+    grad = torch.zeros_like(x)
+    flat, out = x.reshape(-1), grad.reshape(-1)
+    sel = range(flat.numel()) if where is None else where.reshape(-1).nonzero().flatten().tolist()
+    for i in sel:
+        step = torch.zeros_like(flat)
+        step[i] = h
+        out[i] = (fn((flat + step).reshape(x.shape)) - fn((flat - step).reshape(x.shape))) / (2 * h)
+    return grad
+
+
+@pytest.mark.parametrize(
+    ("level", "agg", "adv_2d", "alpha"),
+    [
+        ("token", "token-mean", True, 1.0),
+        ("token", "seq-mean-token-mean", False, 0.0),
+        # GSPO-token with per-sequence advantages has exactly the GSPO gradient, i.e. the reference's
+        ("sequence", "seq-mean-token-mean", False, 1.0),
+        ("sequence", "token-mean", False, 0.0),
+    ],
+)
+def test_gradient_matches_finite_differences_of_reference(level, agg, adv_2d, alpha):
+    new, old, tokens, adv, mask = make_batch(3, 3, 4, seed=4, scale=2.0, adv_2d=adv_2d)
+    kw = dict(level=level, agg=agg, alpha=alpha)
+    x = new.clone().requires_grad_()
+    out = full(x, old, tokens, adv, mask, **kw)
+    frac = float(out.metrics["projected_frac"])
+    assert 0 < frac < 1, frac
+    (grad,) = torch.autograd.grad(out.loss, x)
+    # The regression term is KL(pi~ || sg(pi)): differentiate the reference with pi frozen at the current point.
+    frozen = reference.project(new, old, EPS)[0]
+
+    def ref_loss(y):
+        pg = reference.troll_loss(y, old, tokens, adv, mask, kl_bound=EPS, level=level, agg=agg, alpha=0.0)
+        a = torch.log_softmax(y, -1)
+        reg = (a.exp() * (a - frozen)).sum(-1)
+        return pg + alpha * reference.aggregate(reg, mask, agg)
+
+    assert ref_loss(new).item() == pytest.approx(
+        reference.troll_loss(new, old, tokens, adv, mask, kl_bound=EPS, level=level, agg=agg, alpha=alpha).item()
+    )
+    # padding positions get exactly zero gradient; differentiate the reference at the response positions only
+    assert (grad[~mask] == 0).all()
+    fd = central_diff(ref_loss, new, where=mask.unsqueeze(-1).expand_as(new))
+    assert fd.abs().max() > 1e-2
+    torch.testing.assert_close(grad, fd, rtol=1e-5, atol=1e-7)
+
+
+# ------------------------------------------------------------------------------------------ aggregation
+
+
+VALUES = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]], dtype=torch.float64)
+MASK = torch.tensor([[1, 1, 0], [0, 0, 0], [1, 1, 1]], dtype=torch.bool)
+
+
+@pytest.mark.parametrize(
+    ("agg", "max_len", "expected"),
+    [
+        ("token-mean", None, (1 + 2 + 7 + 8 + 9) / 5),
+        ("seq-mean-token-mean", None, ((1 + 2) / 2 + (7 + 8 + 9) / 3) / 2),  # the empty sequence is skipped
+        ("seq-mean-token-sum", None, ((1 + 2) + (7 + 8 + 9)) / 2),
+        ("seq-mean-token-sum-norm", None, 27 / (3 * 3)),  # B * T
+        ("seq-mean-token-sum-norm", 10, 27 / (3 * 10)),  # B * max_len
+    ],
+)
+def test_aggregate_by_hand(agg, max_len, expected):
+    out = troll.aggregate(VALUES, MASK, agg, max_len=max_len)
+    assert out.item() == pytest.approx(expected, rel=1e-15)
+    assert reference.aggregate(VALUES, MASK, agg, max_len).item() == pytest.approx(expected, rel=1e-15)
+
+
+@pytest.mark.parametrize("agg", troll.AGGREGATIONS)
+def test_aggregate_gradient_by_hand(agg):
+    """d agg / d v: the weight each token gets, written out per mode."""
+    v = VALUES.clone().requires_grad_()
+    (grad,) = torch.autograd.grad(troll.aggregate(v, MASK, agg), v)
+    m = MASK.double()
+    counts = m.sum(-1, keepdim=True)
+    expected = {
+        "token-mean": m / 5,
+        "seq-mean-token-mean": m / counts.clamp_min(1) / 2,
+        "seq-mean-token-sum": m / 2,
+        "seq-mean-token-sum-norm": m / 9,
+    }[agg]
+    torch.testing.assert_close(grad, expected, rtol=0, atol=1e-15)
+
+
+@pytest.mark.parametrize("agg", troll.AGGREGATIONS)
+def test_loss_is_pg_plus_alpha_reg_with_one_aggregation(agg):
+    """loss = agg(pg) + alpha agg(reg), both terms per token computed here from the dense projection by hand."""
+    new, old, tokens, adv, mask = make_batch(seed=5, adv_2d=True)
+    out = full(new, old, tokens, adv, mask, agg=agg, alpha=2.5)
+    proj = troll.project(new, old, EPS)
+    a, b = torch.log_softmax(new, -1), torch.log_softmax(old, -1)
+    tok = tokens.unsqueeze(-1)
+    pg = -adv * (proj.logp.gather(-1, tok) - b.gather(-1, tok)).squeeze(-1).exp()
+    reg = (a.exp() * (a - proj.logp)).sum(-1)
+    m = mask.double()
+    bsz, seq = mask.shape
+
+    def agg_by_hand(v):
+        if agg == "token-mean":
+            return (v * m).sum() / m.sum()
+        if agg == "seq-mean-token-sum-norm":
+            return (v * m).sum() / (bsz * seq)
+        per_seq = [(v[i] * m[i]).sum() / (m[i].sum() if agg == "seq-mean-token-mean" else 1) for i in range(bsz)]
+        kept = [s for s, row in zip(per_seq, mask) if row.any()]
+        return sum(kept) / len(kept)
+
+    torch.testing.assert_close(out.metrics["loss/pg"], agg_by_hand(pg), rtol=0, atol=1e-9)
+    torch.testing.assert_close(out.metrics["loss/reg"], agg_by_hand(reg), rtol=0, atol=1e-9)
+    assert float(out.metrics["loss/reg"]) > 1e-4
+    torch.testing.assert_close(out.loss, agg_by_hand(pg) + 2.5 * agg_by_hand(reg), rtol=0, atol=1e-9)
+
+
+# ------------------------------------------------------------------------------------------ limits
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("agg", troll.AGGREGATIONS)
+def test_all_masked_batch(level, agg):
+    new, old, tokens, adv, _ = make_batch(seed=6)
+    mask = torch.zeros_like(tokens, dtype=torch.bool)
+    tokens = tokens.clone()
+    tokens[0, 0] = 10**6  # ids under mask == False are never looked at
+    x = new.float().clone().requires_grad_()
+    out = troll.troll_loss(x, troll.sparsify(old), tokens, adv, mask, level=level, agg=agg)
+    assert out.loss.item() == 0.0
+    (grad,) = torch.autograd.grad(out.loss, x)
+    assert torch.isfinite(grad).all() and (grad == 0).all()
+    assert all(torch.isfinite(v).all() for v in out.metrics.values())
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_inactive_trust_region_is_the_plain_policy_gradient(dtype):
+    """old == new (one optimiser step per batch): reg = 0, ratio = 1, loss = -mean(A) and the gradient is
+    -A grad log pi(o_t) / N, on the default sparse support."""
+    g = gen(7)
+    logits = peaked_logits(3, 5, vocab=300, g=g, head_max=10, dtype=dtype)
+    tokens = torch.multinomial(torch.softmax(logits.double(), -1).reshape(-1, 300), 1, generator=g).reshape(3, 5)
+    adv = torch.randn(3, 5, generator=g, dtype=torch.float64)
+    mask = torch.rand(3, 5, generator=g) > 0.3
+    old = troll.sparsify(logits, include=tokens)
+    x = logits.clone().requires_grad_()
+    out = troll.troll_loss(x, old, tokens, adv, mask)
+    tol = 1e-10 if dtype == torch.float64 else 1e-5
+    assert float(out.metrics["loss/reg"]) == 0.0 and float(out.metrics["projected_frac"]) == 0.0
+    assert float(out.metrics["eta/max"]) == 0.0
+    expected = -(adv * mask).sum() / mask.sum()
+    assert abs(out.loss.item() - expected.item()) < tol
+    assert abs(float(out.metrics["ratio/min"]) - 1) < tol and abs(float(out.metrics["ratio/max"]) - 1) < tol
+    (grad,) = torch.autograd.grad(out.loss, x)
+    y = logits.double().clone().requires_grad_()
+    logp = torch.log_softmax(y, -1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    (expected_grad,) = torch.autograd.grad(-(adv * logp * mask).sum() / mask.sum(), y)
+    torch.testing.assert_close(grad.double(), expected_grad, rtol=0, atol=tol)
+
+
+def test_metrics_present_and_sane():
+    new, old, tokens, adv, mask = make_batch(4, 6, 40, seed=8, scale=1.0)
+    out = troll.troll_loss(new, troll.sparsify(old, top_k=8, include=tokens), tokens, adv, mask, top_k=8)
+    m = out.metrics
+    assert set(m) == METRIC_KEYS
+    assert all(v.dim() == 0 and not v.requires_grad and torch.isfinite(v) for v in m.values())
+    assert 0 < float(m["projected_frac"]) < 1
+    assert float(m["kl_after/max"]) <= EPS * (1 + 1e-6)
+    assert float(m["kl_before/max"]) > EPS  # some tokens were projected ...
+    assert float(m["kl_after/mean"]) <= float(m["kl_before/mean"])  # ... and the projection only lowers KL
+    assert float(m["eta/max"]) > 0 and 0 <= float(m["eta/mean"]) <= float(m["eta/max"])
+    assert 1 <= float(m["support/mean"]) <= 2 * 8 + 1
+    assert float(m["ratio/min"]) <= float(m["ratio/mean"]) <= float(m["ratio/max"])
+    # with the whole vocabulary as support, projected_frac is the share of response tokens the reference projects
+    m = full(new, old, tokens, adv, mask).metrics
+    ref_eta = reference.project(new, old, EPS)[1]
+    assert float(m["projected_frac"]) == pytest.approx(float(((ref_eta > 0) & mask).sum() / mask.sum()), abs=1e-12)
+    assert float(m["eta/max"]) == pytest.approx(float(ref_eta[mask].max()), rel=1e-7)
+    assert float(m["kl_before/max"]) == pytest.approx(float(reference.project(new, old, EPS)[2][mask].max()), rel=1e-9)
+
+
+def test_alpha_zero_drops_the_regression():
+    new, old, tokens, adv, mask = make_batch(seed=9)
+    out0 = full(new, old, tokens, adv, mask, alpha=0.0)
+    out1 = full(new, old, tokens, adv, mask, alpha=1.0)
+    assert float(out1.metrics["loss/reg"]) > 0
+    torch.testing.assert_close(out0.loss, out0.metrics["loss/pg"], rtol=0, atol=0)
+    torch.testing.assert_close(out1.loss - out0.loss, out1.metrics["loss/reg"], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_logits(dtype):
+    """bf16/fp16 logits are computed in fp32; against fp64 on the same rounded logits the loss agrees to 1e-6
+    (measured 4e-8 bf16, 2e-8 fp16) and the gradient to 1e-2 of its largest entry (measured 1.7e-3 bf16, whose
+    8-bit mantissa rounds the gradient itself, and 2.7e-4 fp16)."""
+    g = gen(10)
+    old = peaked_logits(2, 5, vocab=500, g=g, head_max=10)
+    new = drift(old, g, 1.0).to(dtype)
+    tokens = torch.multinomial(torch.softmax(old, -1).reshape(-1, 500), 1, generator=g).reshape(2, 5)
+    adv = torch.tensor([1.0, -1.0])
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    sp_old = troll.sparsify(old.to(dtype), include=tokens)
+    x = new.clone().requires_grad_()
+    out = troll.troll_loss(x, sp_old, tokens, adv, mask)
+    assert out.loss.dtype == torch.float32 and torch.isfinite(out.loss)
+    (grad,) = torch.autograd.grad(out.loss, x)
+    assert grad.dtype == dtype and torch.isfinite(grad.float()).all()
+    y = new.double().clone().requires_grad_()
+    ref = troll.troll_loss(y, troll.sparsify(old.to(dtype).double(), include=tokens), tokens, adv, mask)
+    assert float(ref.metrics["projected_frac"]) > 0
+    assert abs(out.loss.item() - ref.loss.item()) < 1e-6
+    (ref_grad,) = torch.autograd.grad(ref.loss, y)
+    assert (grad.double() - ref_grad).abs().max() <= 1e-2 * ref_grad.abs().max()
+
+
+def test_old_token_logp():
+    """Stored value where the old policy kept the sampled id, else its share of the unkept mass."""
+    probs = torch.tensor([0.5, 0.3, 0.1, 0.06, 0.04], dtype=torch.float64)
+    old = troll.sparsify(probs.log().reshape(1, 1, 5), top_k=2, delta=0.0)  # keeps 0, 1; 0.2 left for 3 tokens
+    for tok, expected in [(0, 0.5), (1, 0.3), (2, 0.2 / 3), (4, 0.2 / 3)]:
+        out = troll.old_token_logp(old, torch.tensor([[tok]]))
+        assert out.dtype == torch.float64
+        assert out.item() == pytest.approx(math.log(expected), abs=1e-12)
+    per_token = torch.tensor([[-0.25]], dtype=torch.float32)
+    assert troll.old_token_logp(per_token, torch.tensor([[3]])).dtype == torch.float64
