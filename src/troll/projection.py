@@ -127,9 +127,12 @@ class _ProjectFn(torch.autograd.Function):
         h = g - pi * g.sum(-1, keepdim=True)  # log-softmax backward
         hc = (h * c).sum(-1)
         # d eta/d a = pi (c - KL) / Var; Var > 0 on every active row that is not degenerate.
-        coef = torch.where(active & (var > 0), hc / var, 0.0).unsqueeze(-1)
+        # Rows with s = 1 are not on the bound (inactive, or only restricted to the old support): no eta term.
+        bound = active & (s < 1)
+        coef = torch.where(bound & (var > 0), hc / var, 0.0).unsqueeze(-1)
         grad = s.unsqueeze(-1) * (h - coef * pi * (c - kl.unsqueeze(-1)))
-        return torch.where(active.unsqueeze(-1), grad, h), None, None, None
+        # Where pi = 0 (a token either policy excludes) log pi does not depend on a.
+        return torch.where(pi > 0, grad, 0.0), None, None, None
 
 
 def project_log_probs(a: torch.Tensor, b: torch.Tensor, kl_bound: float) -> Projection:
@@ -142,12 +145,23 @@ def project_log_probs(a: torch.Tensor, b: torch.Tensor, kl_bound: float) -> Proj
         active = kl_before > kl_bound
         s = torch.ones_like(kl_before)
         if bool(active.any()):
-            s[active] = solve_step(a.detach()[active], b[active], kl_bound)
+            s[active] = _solve_active(a.detach()[active], b[active], kl_bound)
     logp = _ProjectFn.apply(a, b.detach(), s, active)
     with torch.no_grad():
         kl_after = torch.where(active, kl_divergence(logp.detach(), b), kl_before)
-        eta = torch.where(active, 1 / s - 1, 0.0)
+        eta = torch.where(s < 1, 1 / s - 1, 0.0)
     return Projection(logp, eta, kl_before, kl_after)
+
+
+def _solve_active(a: torch.Tensor, b: torch.Tensor, kl_bound: float) -> torch.Tensor:
+    """s for rows outside the region. Where the new policy has mass that the old one lacks, KL jumps from inf at
+    s = 1 to its value on the old support just below: if that already meets the bound, the projection is the new
+    policy restricted to the old support (s = 1, eta = 0) and no root exists to solve for."""
+    s = torch.ones(a.shape[0], dtype=a.dtype, device=a.device)
+    need = kl_divergence(interpolate(a, b, s), b) > kl_bound
+    if bool(need.any()):
+        s[need] = solve_step(a[need], b[need], kl_bound)
+    return s
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -148,8 +148,10 @@ def _mass_rule(top_logp: torch.Tensor, delta: float) -> torch.Tensor:
 
 
 def _trim(ids, mask):
+    """Trim to the largest kept count; padding holds id 0."""
     width = max(int(mask.sum(-1).max()) if mask.numel() else 0, 1)
-    return ids[:, :width], mask[:, :width]
+    ids, mask = ids[:, :width], mask[:, :width]
+    return torch.where(mask, ids, 0), mask
 
 
 def _sparsify_rows(flat, top_k, delta, extra):

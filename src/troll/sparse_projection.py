@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import torch
 
-from troll._checks import check_delta, check_ids, check_logits, check_positive, check_shape, check_top_k
+from troll._checks import check_delta, check_ids, check_logits, check_lse, check_positive, check_shape, check_top_k
 from troll.projection import compute_dtype, project_log_probs
 from troll.sparse import SparseLogProbs, kept_ids, merge_ids
 
@@ -76,9 +76,9 @@ def project_sparse(
         check_shape("include", include, tuple(lead), " (one sampled id per row)")
         check_ids("include", include, vocab)
         extra = include.reshape(-1, 1).long()
-    ids, mask, a, b = coarse_support(
-        DenseLogits(logits.reshape(-1, vocab)), old.flatten(), top_k=top_k, delta=delta, extra=extra
-    )
+    new = DenseLogits(logits.reshape(-1, vocab))
+    check_lse("logits", new.lse)
+    ids, mask, a, b = coarse_support(new, old.flatten(), top_k=top_k, delta=delta, extra=extra)
     out = project_log_probs(a, b, kl_bound)
     width = ids.shape[-1]
     return SparseProjection(
