@@ -5,6 +5,7 @@ next-token distribution over a sparse support of its most probable tokens. See S
 """
 
 from troll.baselines import cispo_loss, clip_loss
+from troll.chunked import ChunkedLMHead, sparsify_from_hidden, troll_loss_from_hidden
 from troll.losses import AGGREGATIONS, LossOutput, aggregate, old_token_logp, troll_loss
 from troll.projection import Projection, project
 from troll.sparse import SparseLogProbs, sparsify
@@ -14,6 +15,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AGGREGATIONS",
+    "ChunkedLMHead",
     "LossOutput",
     "Projection",
     "SparseLogProbs",
@@ -25,5 +27,7 @@ __all__ = [
     "project",
     "project_sparse",
     "sparsify",
+    "sparsify_from_hidden",
     "troll_loss",
+    "troll_loss_from_hidden",
 ]

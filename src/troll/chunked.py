@@ -1,0 +1,377 @@
+"""TROLL from the LM head's input: hidden states and the output weight, never the (N, V) logits.
+
+The dense path builds logits = hidden @ W.T / temperature, (N, V): 2.5 GB in fp32 for N = 4096 tokens of a
+152k vocabulary, and as much again for their gradient. TROLL needs far less of them (SPEC section 5): per row the
+logsumexp, the few most probable ids, and the logits at the support U (old kept | new kept | sampled). Here they
+come from passes over vocabulary chunks of C columns, so memory is O(N x C) + O(N x U) besides the weight's own
+gradient:
+
+    scan    (no grad)  one pass: the row maximum, the log-normaliser and the running top-k        -> kept(), lse
+    forward            logits at U by dot products with the gathered weight rows (no vocabulary pass)
+    backward           one pass that recomputes each chunk's logits: d lse / d logits = softmax, d at / d logits =
+                       a scatter onto U; then grad_hidden += dz @ W_c and grad_W_c = dz.T @ hidden
+
+That is the same matmul count as a fused log-prob kernel (TRL's ChunkedLogProbFunction): one forward pass, one
+recomputation and two gradient products. :class:`ChunkedLMHead` is a drop-in for
+:class:`troll.sparse_projection.DenseLogits`, so the support, the projection and the loss are the dense path's code.
+:func:`sparsify_from_hidden` captures the old policy the same way, matching :func:`troll.sparsify`.
+
+Shapes: B sequences, T positions, N = B*T rows, H hidden size, V vocabulary, C chunk columns, U support ids.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from troll._checks import check_choice, check_delta, check_ids, check_positive, check_shape, check_top_k
+from troll.losses import AGGREGATIONS, LEVELS, LossOutput, _check_old, troll_loss_on_policy
+from troll.sparse import SparseLogProbs, _include_ids, _mass_rule, _trim, merge_ids
+
+# A chunk's logits take about this many elements (64 MB in fp32): C = CHUNK_ELEMENTS // N, at least MIN_CHUNK.
+CHUNK_ELEMENTS = 2**24
+MIN_CHUNK = 256
+# The weight rows gathered for the logits at U are processed in row blocks of about this many elements.
+GATHER_ELEMENTS = 2**24
+NEG_INF = float("-inf")
+
+
+def default_chunk_size(rows: int, vocab: int) -> int:
+    """Vocabulary columns per chunk so that one chunk's (N, C) logits hold about CHUNK_ELEMENTS values."""
+    return max(1, min(vocab, max(MIN_CHUNK, CHUNK_ELEMENTS // max(rows, 1))))
+
+
+def _compute_dtype(*tensors) -> torch.dtype:
+    """fp64 if any input is fp64, else fp32 (bf16 / fp16 inputs are computed in fp32, as in the dense path)."""
+    return torch.float64 if any(t is not None and t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+def _chunk_logits(hidden, weight, bias, temperature, start, end):
+    """(N, C) logits of vocabulary columns [start, end): (hidden @ W_c.T + b_c) / temperature, in hidden's dtype."""
+    w = weight[start:end].to(hidden.dtype)
+    z = hidden @ w.T if bias is None else torch.addmm(bias[start:end].to(hidden.dtype), hidden, w.T)
+    return z.div_(temperature)
+
+
+def _chunks(vocab: int, chunk_size: int):
+    return ((s, min(s + chunk_size, vocab)) for s in range(0, vocab, chunk_size))
+
+
+@torch.no_grad()
+def _scan(hidden, weight, bias, temperature, chunk_size, top_k):
+    """One pass: row maximum m (N, 1), log_norm = logsumexp - m (N, 1), and the top-k logits and ids (N, k).
+
+    The sum of exp(z - m) is kept *without* the maximum's own 1, so log_norm = log1p(S) stays exact for a row at
+    1 - 1e-12 (as in :func:`troll.sparsify`): when a chunk raises the maximum, the old maximum joins S as one more
+    term. The top-k is sorted by logit, merged chunk by chunk.
+    """
+    n = hidden.shape[0]
+    m = hidden.new_full((n, 1), NEG_INF)
+    s = hidden.new_zeros((n, 1))
+    top = hidden.new_empty((n, 0))
+    top_ids = torch.zeros((n, 0), dtype=torch.long, device=hidden.device)
+    for start, end in _chunks(weight.shape[0], chunk_size):
+        z = _chunk_logits(hidden, weight, bias, temperature, start, end)
+        cm, ca = z.max(-1, keepdim=True)
+        finite = cm > NEG_INF
+        e = (z - torch.where(finite, cm, 0.0)).exp_()
+        cs = e.scatter_(-1, ca, 0.0).sum(-1, keepdim=True)  # the chunk's terms other than its maximum
+        del e
+        up = cm > m
+        s_up = (s + 1) * (m - cm).exp() + cs
+        s_keep = torch.where(finite, s + (cm - torch.where(finite, m, 0.0)).exp() * (1 + cs), s)
+        s = torch.where(up, s_up, s_keep)
+        m = torch.maximum(m, cm)
+        if top_k > 0:
+            ct, ci = z.topk(min(top_k, end - start), dim=-1)
+            top, order = torch.cat([top, ct], -1).topk(min(top_k, top.shape[-1] + ct.shape[-1]), dim=-1)
+            top_ids = torch.cat([top_ids, ci + start], -1).gather(-1, order)
+    return m, s.log1p(), top, top_ids
+
+
+def _gather_logits(hidden, weight, bias, ids, temperature):
+    """(N, U) logits at ``ids`` (N, U) from the gathered weight rows, in row blocks: O(N U H) work, no V pass."""
+    n, u = ids.shape
+    out = hidden.new_empty((n, u))
+    rows = max(1, GATHER_ELEMENTS // max(u * hidden.shape[1], 1))
+    for r in range(0, n, rows):
+        blk = ids[r : r + rows]
+        w = weight[blk].to(hidden.dtype)  # (r, U, H)
+        z = torch.bmm(w, hidden[r : r + rows].unsqueeze(-1)).squeeze(-1)
+        if bias is not None:
+            z += bias[blk].to(hidden.dtype)
+        out[r : r + rows] = z / temperature
+    return out
+
+
+class _LMHeadFn(torch.autograd.Function):
+    """(lse (N, 1), logits at ids (N, U)) of hidden @ W.T / temperature, with a chunked, recomputing backward.
+
+    Inputs: hidden (N, H), weight (V, H), bias (V,) or None, ids (N, U) long, temperature, chunk_size, and
+    optionally the lse (N, 1) of the same inputs already computed by :func:`_scan` (then it is reused, not redone).
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, ids, temperature, chunk_size, lse=None):
+        h = hidden.to(_compute_dtype(hidden, weight))
+        if lse is None:
+            m, log_norm, _, _ = _scan(h, weight, bias, temperature, chunk_size, 0)
+            lse = m + log_norm
+        lse = lse.to(h.dtype)
+        at = _gather_logits(h, weight, bias, ids, temperature)
+        ctx.save_for_backward(hidden, weight, bias, ids, lse)
+        ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None: its work is skipped
+        return lse.clone(), at
+
+    @staticmethod
+    def backward(ctx, g_lse, g_at):
+        hidden, weight, bias, ids, lse = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        if g_lse is None and g_at is None:
+            return (None,) * 7
+        t = ctx.temperature
+        h = hidden.to(lse.dtype)
+        grad_h = torch.zeros_like(h) if need_h else None
+        grad_w = weight.new_empty(weight.shape, dtype=h.dtype) if need_w else None  # every chunk writes its rows
+        grad_b = bias.new_empty(bias.shape, dtype=h.dtype) if need_b else None
+        for start, end in _chunks(weight.shape[0], ctx.chunk_size):
+            if g_lse is not None:  # d lse / d z = softmax(z)
+                dz = _chunk_logits(h, weight, bias, t, start, end).sub_(lse).exp_().mul_(g_lse)
+            else:
+                dz = h.new_zeros((h.shape[0], end - start))
+            if g_at is not None:  # d at / d z: a scatter onto the ids that fall in this chunk (others add 0)
+                local = ids - start
+                inside = (local >= 0) & (local < end - start)
+                dz.scatter_add_(-1, local.clamp(0, end - start - 1), torch.where(inside, g_at, 0.0))
+            dz.div_(t)
+            w = weight[start:end].to(h.dtype)
+            if need_h:
+                grad_h.addmm_(dz, w)
+            if need_w:
+                torch.mm(dz.T, h, out=grad_w[start:end])
+            if need_b:
+                grad_b[start:end] = dz.sum(0)
+        return (
+            None if grad_h is None else grad_h.to(hidden.dtype),
+            None if grad_w is None else grad_w.to(weight.dtype),
+            None if grad_b is None else grad_b.to(bias.dtype),
+            None,
+            None,
+            None,
+            None,
+        )
+
+
+class ChunkedLMHead:
+    """The current policy as ``hidden @ weight.T (+ bias) / temperature`` without the (N, V) logits.
+
+    A stand-in for :class:`troll.sparse_projection.DenseLogits` (``vocab_size``, ``lse``, ``kept``, ``at``):
+
+        hidden: (N, H); weight: (V, H); bias: (V,) or None; chunk_size: C vocabulary columns a pass
+        (default: about 2**24 / N).
+
+    ``kept`` runs the no-grad scan once; the first ``at(ids)`` makes the one autograd call that returns both the
+    logits at ``ids`` and ``lse`` (reusing the scan's logsumexp), so its backward is a single chunked pass.
+    """
+
+    def __init__(self, hidden, weight, bias=None, temperature=1.0, chunk_size=None):
+        self.hidden, self.weight, self.bias, self.temperature = hidden, weight, bias, float(temperature)
+        self.vocab_size = weight.shape[0]
+        self.chunk_size = chunk_size or default_chunk_size(hidden.shape[0], self.vocab_size)
+        self._scanned = None  # (lse, top logits, top ids) of the no-grad scan, and its k
+        self._lse = None
+
+    def _stats(self, top_k: int):
+        if self._scanned is None or self._scanned[-1] < top_k:
+            h = self.hidden.detach().to(_compute_dtype(self.hidden, self.weight))
+            bias = None if self.bias is None else self.bias.detach()
+            m, log_norm, top, ids = _scan(h, self.weight.detach(), bias, self.temperature, self.chunk_size, top_k)
+            self._scanned = (m + log_norm, top, ids, top_k)
+        return self._scanned
+
+    @property
+    def lse(self) -> torch.Tensor:
+        """(N, 1) logsumexp with gradient (from the same autograd call as the first :meth:`at`)."""
+        if self._lse is None:
+            self.at(torch.zeros((self.hidden.shape[0], 0), dtype=torch.long, device=self.hidden.device))
+        return self._lse
+
+    def kept(self, top_k: int, delta: float):
+        """(ids, mask) (N, k) of the most probable tokens until mass 1 - delta, the rule of ``troll.sparse``."""
+        k = min(top_k, self.vocab_size)
+        lse, top, ids, _ = self._stats(k)
+        return _trim(ids[:, :k], _mass_rule(top[:, :k] - lse, delta))
+
+    def at(self, ids: torch.Tensor) -> torch.Tensor:
+        """(N, U) logits at ``ids`` with gradient to hidden, weight and bias."""
+        lse0 = self._stats(0)[0]
+        lse, vals = _LMHeadFn.apply(
+            self.hidden, self.weight, self.bias, ids.long(), self.temperature, self.chunk_size, lse0
+        )
+        if self._lse is None:
+            self._lse = lse
+        return vals
+
+
+def _check_head(hidden, weight, bias, temperature, lead_dims=None):
+    """Validate hidden (..., H), weight (V, H), bias (V,) and the temperature; returns V."""
+    for name, t in (("hidden", hidden), ("weight", weight)):
+        if not torch.is_tensor(t) or not t.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point tensor, got {type(t).__name__}.")
+    if lead_dims is not None and hidden.dim() != lead_dims + 1:
+        raise ValueError(f"hidden must be (B, T, H), got shape {tuple(hidden.shape)}.")
+    if weight.dim() != 2 or weight.shape[0] < 2 or weight.shape[1] != hidden.shape[-1]:
+        raise ValueError(
+            f"weight must be (V, H) with V >= 2 and H = {hidden.shape[-1]} (hidden's last dim), got shape "
+            f"{tuple(weight.shape)}; pass lm_head.weight, not its transpose."
+        )
+    vocab = weight.shape[0]
+    if bias is not None:
+        check_shape("bias", bias, (vocab,), " (V,) from weight")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature!r}; use the sampling temperature (1.0 if none).")
+    if not torch.isfinite(hidden).all() or (bias is not None and torch.isnan(bias).any()):
+        raise ValueError("hidden or bias contains NaN or inf; check the model output.")
+    return vocab
+
+
+def _check_tokens(tokens, advantages, mask, b, t, vocab):
+    """The token-side checks of ``troll.losses._check_batch`` for (B, T) inputs."""
+    check_shape("tokens", tokens, (b, t), " (B, T) from hidden")
+    check_shape("mask", mask, (b, t), " (B, T) from hidden")
+    if advantages.shape not in ((b,), (b, t)):
+        raise ValueError(f"advantages has shape {tuple(advantages.shape)}; expected ({b},) or ({b}, {t}).")
+    mask = mask.bool()
+    check_ids("tokens (at mask == True)", tokens[mask], vocab)
+    tokens = torch.where(mask, tokens, 0).long()
+    adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
+    if not torch.isfinite(adv).all():
+        raise ValueError("advantages contain NaN or inf; check the reward function and its normalisation.")
+    return tokens, adv.expand(b, t), mask
+
+
+def troll_loss_from_hidden(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    old: SparseLogProbs,
+    tokens: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    kl_bound: float = 0.05,
+    alpha: float = 1.0,
+    top_k: int = 64,
+    delta: float = 1e-5,
+    level: str = "token",
+    agg: str = "token-mean",
+    max_len: int | None = None,
+    chunk_size: int | None = None,
+) -> LossOutput:
+    """:func:`troll.troll_loss` of ``logits = (hidden @ weight.T + bias) / temperature``, without the logits.
+
+    Args:
+        hidden:  (B, T, H) the LM head's input at the response positions (gradient flows to it).
+        weight:  (V, H) the LM head's weight (``lm_head.weight``); bias: (V,) or None.
+        old, tokens, advantages, mask, and the keywords: as in :func:`troll.troll_loss`.
+        chunk_size: vocabulary columns per pass (default about 2**24 / (B T)); a speed / memory trade-off only.
+
+    Memory: O(B T x chunk_size) + O(B T x U) plus weight's gradient, instead of O(B T x V). Same value, gradients
+    (to hidden, weight, bias) and metrics as the dense path up to float rounding.
+    """
+    check_positive("kl_bound", kl_bound)
+    if not alpha >= 0:
+        raise ValueError(f"alpha must be >= 0, got {alpha!r}; the paper uses alpha=1.0.")
+    check_top_k(top_k)
+    check_delta(delta)
+    check_choice("level", level, LEVELS)
+    check_choice("agg", agg, AGGREGATIONS)
+    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError(f"chunk_size must be a positive integer or None, got {chunk_size!r}.")
+    vocab = _check_head(hidden, weight, bias, temperature, lead_dims=2)
+    bsz, seq, _ = hidden.shape
+    tokens, adv, mask = _check_tokens(tokens, advantages, mask, bsz, seq, vocab)
+    _check_old(old, bsz, seq, vocab)
+
+    new = ChunkedLMHead(hidden.reshape(bsz * seq, -1), weight, bias, temperature, chunk_size)
+    out = troll_loss_on_policy(
+        new,
+        old.flatten(),
+        tokens,
+        adv,
+        mask,
+        kl_bound=kl_bound,
+        alpha=alpha,
+        top_k=top_k,
+        delta=delta,
+        level=level,
+        agg=agg,
+        max_len=max_len,
+    )
+    fp64 = _compute_dtype(hidden, weight) == torch.float64
+    return LossOutput(out.loss if fp64 else out.loss.float(), out.metrics)
+
+
+@torch.no_grad()
+def sparsify_from_hidden(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    top_k: int = 64,
+    delta: float = 1e-5,
+    include: torch.Tensor | None = None,
+    chunk_size: int | None = None,
+) -> SparseLogProbs:
+    """:func:`troll.sparsify` of ``(hidden @ weight.T + bias) / temperature`` in two chunked no-grad passes.
+
+    Args:
+        hidden: (..., H); weight: (V, H); bias: (V,) or None. ``top_k``, ``delta``, ``include``: as in sparsify.
+
+    Pass 1 (:func:`_scan`) finds each row's maximum, log-normaliser and top-k, hence the kept ids; pass 2 gathers
+    the logits at the kept ids and sums exp(z - max) over the *unkept* ids directly, so ``log_rest`` is exact for a
+    row at 1 - 1e-12 instead of 1 minus the kept mass. Returns (..., K) fields in fp32 (fp64 for fp64 inputs).
+    """
+    check_top_k(top_k)
+    check_delta(delta)
+    vocab = _check_head(hidden, weight, bias, temperature)
+    lead = hidden.shape[:-1]
+    extra = None if include is None else _include_ids(include, lead, vocab)
+    h = hidden.detach().reshape(-1, hidden.shape[-1]).to(_compute_dtype(hidden, weight))
+    chunk = chunk_size or default_chunk_size(h.shape[0], vocab)
+    w, b = weight.detach(), None if bias is None else bias.detach()
+
+    m, log_norm, top, ids = _scan(h, w, b, temperature, chunk, min(top_k, vocab))
+    ids, mask = _trim(ids, _mass_rule(top - m - log_norm, delta))
+    if extra is not None:
+        ids, mask = torch.cat([ids, extra], -1), torch.cat([mask, torch.ones_like(extra, dtype=torch.bool)], -1)
+        ids, mask, _ = merge_ids(ids, mask)
+    x, rest = _kept_and_rest(h, w, b, temperature, chunk, ids, mask, m)
+    logp = (x - m - log_norm).masked_fill(~mask, NEG_INF)
+    log_rest = rest.log() - log_norm.squeeze(-1)
+    k = ids.shape[-1]
+    return SparseLogProbs(
+        ids.reshape(*lead, k), logp.reshape(*lead, k), mask.reshape(*lead, k), vocab, log_rest.reshape(lead)
+    )
+
+
+def _kept_and_rest(h, w, b, temperature, chunk, ids, mask, m):
+    """Pass 2: logits at the kept ``ids`` (N, K) and sum over the other ids of exp(z - m) (N,)."""
+    n = h.shape[0]
+    x = h.new_zeros(ids.shape)
+    rest = h.new_zeros(n)
+    for start, end in _chunks(w.shape[0], chunk):
+        c = end - start
+        z = _chunk_logits(h, w, b, temperature, start, end)
+        local = ids - start
+        inside = (local >= 0) & (local < c)
+        x = torch.where(inside, z.gather(-1, local.clamp(0, c - 1)), x)
+        # exp(z - m) with a spare zero column: kept ids outside this chunk (or padding) are zeroed there.
+        e = h.new_empty((n, c + 1))
+        torch.sub(z, m, out=e[:, :c]).exp_()
+        e[:, c] = 0.0
+        e.scatter_(-1, torch.where(inside & mask, local, c), 0.0)
+        rest += e.sum(-1)
+    return x, rest
