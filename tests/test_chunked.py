@@ -274,3 +274,15 @@ def test_validation(change, match):
             temperature=kw["temperature"],
             chunk_size=kw["chunk_size"],
         )
+
+
+@pytest.mark.parametrize("where", ["hidden", "weight", "bias"])
+def test_nan_is_reported(where):
+    """NaN anywhere in the LM head reaches the scan's logsumexp and is reported, by both entry points."""
+    hidden, weight, b, old_hidden, tokens, adv, mask = make_inputs()
+    old = troll.sparsify(logits_of(old_hidden, weight, b, 1.0), top_k=4, include=tokens)
+    {"hidden": hidden[1, 2], "weight": weight[7], "bias": b[7:8]}[where][0] = float("nan")
+    with pytest.raises(ValueError, match="NaN or \\+inf"):
+        troll.troll_loss_from_hidden(hidden, weight, old, tokens, adv, mask, bias=b, top_k=4)
+    with pytest.raises(ValueError, match="NaN or \\+inf"):
+        troll.sparsify_from_hidden(hidden, weight, bias=b, top_k=4)

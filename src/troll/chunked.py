@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from troll._checks import check_choice, check_delta, check_ids, check_positive, check_shape, check_top_k
+from troll._checks import check_choice, check_delta, check_ids, check_lse, check_positive, check_shape, check_top_k
 from troll.losses import AGGREGATIONS, LEVELS, LossOutput, _check_old, troll_loss_on_policy
 from troll.sparse import SparseLogProbs, _include_ids, _mass_rule, _trim, merge_ids
 
@@ -33,6 +33,8 @@ MIN_CHUNK = 256
 # The weight rows gathered for the logits at U are processed in row blocks of about this many elements.
 GATHER_ELEMENTS = 2**24
 NEG_INF = float("-inf")
+# Values are checked through the scan's logsumexp (NaN / inf in hidden, weight or bias reach it): no extra pass.
+LOGITS = "logits (hidden @ weight.T + bias) / temperature"
 
 
 def default_chunk_size(rows: int, vocab: int) -> int:
@@ -186,6 +188,7 @@ class ChunkedLMHead:
             h = self.hidden.detach().to(_compute_dtype(self.hidden, self.weight))
             bias = None if self.bias is None else self.bias.detach()
             m, log_norm, top, ids = _scan(h, self.weight.detach(), bias, self.temperature, self.chunk_size, top_k)
+            check_lse(LOGITS, m + log_norm)
             self._scanned = (m + log_norm, top, ids, top_k)
         return self._scanned
 
@@ -214,7 +217,7 @@ class ChunkedLMHead:
 
 
 def _check_head(hidden, weight, bias, temperature, lead_dims=None):
-    """Validate hidden (..., H), weight (V, H), bias (V,) and the temperature; returns V."""
+    """Validate hidden (..., H), weight (V, H), bias (V,) and the temperature (shapes; values: ``check_lse``)."""
     for name, t in (("hidden", hidden), ("weight", weight)):
         if not torch.is_tensor(t) or not t.is_floating_point():
             raise ValueError(f"{name} must be a floating-point tensor, got {type(t).__name__}.")
@@ -230,8 +233,6 @@ def _check_head(hidden, weight, bias, temperature, lead_dims=None):
         check_shape("bias", bias, (vocab,), " (V,) from weight")
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature!r}; use the sampling temperature (1.0 if none).")
-    if not torch.isfinite(hidden).all() or (bias is not None and torch.isnan(bias).any()):
-        raise ValueError("hidden or bias contains NaN or inf; check the model output.")
     return vocab
 
 
@@ -344,6 +345,7 @@ def sparsify_from_hidden(
     w, b = weight.detach(), None if bias is None else bias.detach()
 
     m, log_norm, top, ids = _scan(h, w, b, temperature, chunk, min(top_k, vocab))
+    check_lse(LOGITS, m + log_norm)
     ids, mask = _trim(ids, _mass_rule(top - m - log_norm, delta))
     if extra is not None:
         ids, mask = torch.cat([ids, extra], -1), torch.cat([mask, torch.ones_like(extra, dtype=torch.bool)], -1)
