@@ -94,11 +94,15 @@ def markdown(runs: list[RunOptions], summaries: dict[str, dict], metrics: dict[s
     head = "| loss | eps | held-out acc. before | after | reward first -> last quarter | max KL after | "
     head += "projected / clipped | entropy (last) | train s |\n"
     head += "|---|---|---|---|---|---|---|---|---|\n"
+    from troll.train.plots import off_policy_rows
+
     lines = []
     for opts in runs:
         s, rows = summaries[opts.loss], metrics[opts.loss]
-        kl = _agg(rows, "troll/kl_after/max", max)
-        frac = _agg(rows, "troll/projected_frac", _mean) or _agg(rows, "clip_ratio/region_mean", _mean)
+        off = off_policy_rows(rows, opts.steps_per_rollout)
+        kl = _agg(off, "troll/kl_after/max", max)
+        frac = _agg(off, "troll/projected_frac", _mean)
+        frac = _agg(off, "clip_ratio/region_mean", _mean) if frac is None else frac
         cells = [
             opts.loss,
             f"{opts.eps:g}",
@@ -115,8 +119,10 @@ def markdown(runs: list[RunOptions], summaries: dict[str, dict], metrics: dict[s
     note = (
         f"\nTask {r.task}, model {r.model}, seed {r.seed}, {r.steps} optimiser steps, rollouts of "
         f"{r.prompts_per_step} prompts x {r.generations} samples split into {r.steps_per_rollout} steps, "
-        f"{r.heldout} held-out items (greedy). KL after projection and the projected share are TROLL's; the clip "
-        "losses log the clipped share instead. Entropy is per token, at the last logged step.\n"
+        f"{r.heldout} held-out items (greedy; one item is {1 / r.heldout:.3f}, and the standard error of an accuracy "
+        f"near 0.5 is {0.5 / r.heldout**0.5:.3f}). Max KL after projection and the projected share are TROLL's, "
+        "over the off-policy steps (the 2nd to last of each rollout); the clip losses log the clipped share there "
+        "instead. Entropy is per token, at the last logged step.\n"
     )
     return head + "".join(lines) + note
 
