@@ -16,11 +16,11 @@ from troll.losses import (
     LEVELS,
     LossOutput,
     _check_batch,
-    _check_old,
     _masked_mean,
     _sequence_weight,
     _stats,
     aggregate,
+    check_old,
     old_token_logp,
 )
 from troll.projection import compute_dtype, kl_divergence
@@ -33,7 +33,7 @@ def _policy_terms(logits, old, tokens, advantages, mask):
     tokens, adv, mask = _check_batch(logits, tokens, advantages, mask)
     bsz, seq, vocab = logits.shape
     if isinstance(old, SparseLogProbs):
-        _check_old(old, bsz, seq, vocab)
+        check_old(old, bsz, seq, vocab)
     elif not torch.is_tensor(old) or tuple(old.shape) != (bsz, seq):
         raise ValueError(
             f"old must be a SparseLogProbs (B, T, K) or old per-token log-probs of shape ({bsz}, {seq}); "

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import torch
 
-from troll._checks import check_choice, check_delta, check_ids, check_lse, check_positive, check_shape, check_top_k
-from troll.losses import AGGREGATIONS, LEVELS, LossOutput, _check_old, troll_loss_on_policy
-from troll.sparse import SparseLogProbs, _include_ids, _mass_rule, _trim, merge_ids
+from troll._checks import check_delta, check_lse, check_shape, check_top_k
+from troll.losses import LossOutput, check_batch, check_old, check_troll_args, troll_loss_on_policy
+from troll.sparse import SparseLogProbs, include_ids, mass_rule, merge_ids, trim_kept
 
 # A chunk's logits take about this many elements (64 MB in fp32): C = CHUNK_ELEMENTS // N, at least MIN_CHUNK.
 CHUNK_ELEMENTS = 2**24
@@ -203,7 +203,7 @@ class ChunkedLMHead:
         """(ids, mask) (N, k) of the most probable tokens until mass 1 - delta, the rule of ``troll.sparse``."""
         k = min(top_k, self.vocab_size)
         lse, top, ids, _ = self._stats(k)
-        return _trim(ids[:, :k], _mass_rule(top[:, :k] - lse, delta))
+        return trim_kept(ids[:, :k], mass_rule(top[:, :k] - lse, delta))
 
     def at(self, ids: torch.Tensor) -> torch.Tensor:
         """(N, U) logits at ``ids`` with gradient to hidden, weight and bias."""
@@ -236,21 +236,6 @@ def _check_head(hidden, weight, bias, temperature, lead_dims=None):
     return vocab
 
 
-def _check_tokens(tokens, advantages, mask, b, t, vocab):
-    """The token-side checks of ``troll.losses._check_batch`` for (B, T) inputs."""
-    check_shape("tokens", tokens, (b, t), " (B, T) from hidden")
-    check_shape("mask", mask, (b, t), " (B, T) from hidden")
-    if advantages.shape not in ((b,), (b, t)):
-        raise ValueError(f"advantages has shape {tuple(advantages.shape)}; expected ({b},) or ({b}, {t}).")
-    mask = mask.bool()
-    check_ids("tokens (at mask == True)", tokens[mask], vocab)
-    tokens = torch.where(mask, tokens, 0).long()
-    adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
-    if not torch.isfinite(adv).all():
-        raise ValueError("advantages contain NaN or inf; check the reward function and its normalisation.")
-    return tokens, adv.expand(b, t), mask
-
-
 def troll_loss_from_hidden(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -281,19 +266,13 @@ def troll_loss_from_hidden(
     Memory: O(B T x chunk_size) + O(B T x U) plus weight's gradient, instead of O(B T x V). Same value, gradients
     (to hidden, weight, bias) and metrics as the dense path up to float rounding.
     """
-    check_positive("kl_bound", kl_bound)
-    if not alpha >= 0:
-        raise ValueError(f"alpha must be >= 0, got {alpha!r}; the paper uses alpha=1.0.")
-    check_top_k(top_k)
-    check_delta(delta)
-    check_choice("level", level, LEVELS)
-    check_choice("agg", agg, AGGREGATIONS)
+    check_troll_args(kl_bound=kl_bound, alpha=alpha, top_k=top_k, delta=delta, level=level, agg=agg)
     if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
         raise ValueError(f"chunk_size must be a positive integer or None, got {chunk_size!r}.")
     vocab = _check_head(hidden, weight, bias, temperature, lead_dims=2)
     bsz, seq, _ = hidden.shape
-    tokens, adv, mask = _check_tokens(tokens, advantages, mask, bsz, seq, vocab)
-    _check_old(old, bsz, seq, vocab)
+    tokens, adv, mask = check_batch(tokens, advantages, mask, bsz, seq, vocab, source="hidden")
+    check_old(old, bsz, seq, vocab)
 
     new = ChunkedLMHead(hidden.reshape(bsz * seq, -1), weight, bias, temperature, chunk_size)
     out = troll_loss_on_policy(
@@ -339,14 +318,14 @@ def sparsify_from_hidden(
     check_delta(delta)
     vocab = _check_head(hidden, weight, bias, temperature)
     lead = hidden.shape[:-1]
-    extra = None if include is None else _include_ids(include, lead, vocab)
+    extra = None if include is None else include_ids(include, lead, vocab)
     h = hidden.detach().reshape(-1, hidden.shape[-1]).to(_compute_dtype(hidden, weight))
     chunk = chunk_size or default_chunk_size(h.shape[0], vocab)
     w, b = weight.detach(), None if bias is None else bias.detach()
 
     m, log_norm, top, ids = _scan(h, w, b, temperature, chunk, min(top_k, vocab))
     check_lse(LOGITS, m + log_norm)
-    ids, mask = _trim(ids, _mass_rule(top - m - log_norm, delta))
+    ids, mask = trim_kept(ids, mass_rule(top - m - log_norm, delta))
     if extra is not None:
         ids, mask = torch.cat([ids, extra], -1), torch.cat([mask, torch.ones_like(extra, dtype=torch.bool)], -1)
         ids, mask, _ = merge_ids(ids, mask)

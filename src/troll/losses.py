@@ -66,17 +66,32 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, agg: str, *, max_len: in
     return per_seq.sum() / nonempty.sum().clamp_min(1)
 
 
+def check_troll_args(*, kl_bound, alpha, top_k, delta, level, agg) -> None:
+    """The hyper-parameter checks shared by every TROLL loss entry point."""
+    check_positive("kl_bound", kl_bound)
+    if not alpha >= 0:
+        raise ValueError(f"alpha must be >= 0, got {alpha!r}; the paper uses alpha=1.0.")
+    check_top_k(top_k)
+    check_delta(delta)
+    check_choice("level", level, LEVELS)
+    check_choice("agg", agg, AGGREGATIONS)
+
+
 def _check_batch(logits, tokens, advantages, mask):
     check_logits("logits", logits, scan=False)  # values: check_lse on the logsumexp the loss computes anyway
     if logits.dim() != 3:
         raise ValueError(f"logits must be (B, T, V), got shape {tuple(logits.shape)}.")
-    b, t, v = logits.shape
-    check_shape("tokens", tokens, (b, t), " (B, T) from logits")
-    check_shape("mask", mask, (b, t), " (B, T) from logits")
+    return check_batch(tokens, advantages, mask, *logits.shape, source="logits")
+
+
+def check_batch(tokens, advantages, mask, b: int, t: int, vocab: int, *, source: str = "logits"):
+    """Validate the (B, T) side of a batch; returns long tokens (0 off the mask), (B, T) advantages, bool mask."""
+    check_shape("tokens", tokens, (b, t), f" (B, T) from {source}")
+    check_shape("mask", mask, (b, t), f" (B, T) from {source}")
     if advantages.shape not in ((b,), (b, t)):
         raise ValueError(f"advantages has shape {tuple(advantages.shape)}; expected ({b},) or ({b}, {t}).")
     mask = mask.bool()
-    check_ids("tokens (at mask == True)", tokens[mask], v)
+    check_ids("tokens (at mask == True)", tokens[mask], vocab)
     tokens = torch.where(mask, tokens, 0).long()
     adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
     if not torch.isfinite(adv).all():
@@ -84,7 +99,7 @@ def _check_batch(logits, tokens, advantages, mask):
     return tokens, adv.expand(b, t), mask
 
 
-def _check_old(old: SparseLogProbs, b: int, t: int, v: int) -> None:
+def check_old(old: SparseLogProbs, b: int, t: int, v: int) -> None:
     if not isinstance(old, SparseLogProbs):
         raise ValueError(f"old must be a SparseLogProbs (from troll.sparsify), got {type(old).__name__}.")
     if old.ids.dim() != 3:
@@ -128,16 +143,10 @@ def troll_loss(
     Metrics: kl_before/kl_after (mean, max), projected_frac, eta (mean, max), support (mean), ratio (mean, min,
     max), loss/pg and loss/reg, all over response tokens.
     """
-    check_positive("kl_bound", kl_bound)
-    if not alpha >= 0:
-        raise ValueError(f"alpha must be >= 0, got {alpha!r}; the paper uses alpha=1.0.")
-    check_top_k(top_k)
-    check_delta(delta)
-    check_choice("level", level, LEVELS)
-    check_choice("agg", agg, AGGREGATIONS)
+    check_troll_args(kl_bound=kl_bound, alpha=alpha, top_k=top_k, delta=delta, level=level, agg=agg)
     tokens, adv, mask = _check_batch(logits, tokens, advantages, mask)
     bsz, seq, vocab = logits.shape
-    _check_old(old, bsz, seq, vocab)
+    check_old(old, bsz, seq, vocab)
 
     new = DenseLogits(logits.reshape(-1, vocab))
     check_lse("logits", new.lse)

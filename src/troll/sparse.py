@@ -109,7 +109,7 @@ def sparsify(
     check_logits("logits", logits, scan=False)  # values are checked through the logsumexp below
     lead, vocab = logits.shape[:-1], logits.shape[-1]
     flat = logits.detach().reshape(-1, vocab)
-    extra = None if include is None else _include_ids(include, lead, vocab)
+    extra = None if include is None else include_ids(include, lead, vocab)
     with torch.no_grad():
         ids, mask, logp, log_rest = _sparsify_rows(flat, top_k, delta, extra)
     k = ids.shape[-1]
@@ -128,7 +128,7 @@ def kept_ids(logits: torch.Tensor, lse: torch.Tensor, top_k: int, delta: float, 
     k = min(top_k, logits.shape[-1])
     k0 = k if delta == 0 else min(k, first_k)
     top, ids = logits.topk(k0, dim=-1)
-    mask = _mass_rule(top - lse, delta)
+    mask = mass_rule(top - lse, delta)
     if k0 < k:
         short = (top.double() - lse.double()).exp().sum(-1) < 1 - delta
         if bool(short.any()):
@@ -136,18 +136,18 @@ def kept_ids(logits: torch.Tensor, lse: torch.Tensor, top_k: int, delta: float, 
             top_r, ids_r = logits[rows].topk(k, dim=-1)
             ids = torch.cat([ids, ids.new_zeros(ids.shape[0], k - k0)], -1).index_copy(0, rows, ids_r)
             mask = torch.cat([mask, mask.new_zeros(mask.shape[0], k - k0)], -1)
-            mask = mask.index_copy(0, rows, _mass_rule(top_r - lse[rows], delta))
-    return _trim(ids, mask)
+            mask = mask.index_copy(0, rows, mass_rule(top_r - lse[rows], delta))
+    return trim_kept(ids, mask)
 
 
-def _mass_rule(top_logp: torch.Tensor, delta: float) -> torch.Tensor:
+def mass_rule(top_logp: torch.Tensor, delta: float) -> torch.Tensor:
     """Keep a token (sorted by probability) while the mass before it is short of 1 - delta; summed in fp64."""
     p = top_logp.double().exp()
     mask = (p.cumsum(-1) - p < 1 - delta) if delta > 0 else torch.ones_like(p, dtype=torch.bool)
     return mask & (top_logp > float("-inf"))
 
 
-def _trim(ids, mask):
+def trim_kept(ids, mask):
     """Trim to the largest kept count; padding holds id 0."""
     width = max(int(mask.sum(-1).max()) if mask.numel() else 0, 1)
     ids, mask = ids[:, :width], mask[:, :width]
@@ -176,7 +176,7 @@ def _sparsify_rows(flat, top_k, delta, extra):
     return ids, mask, logp, log_rest
 
 
-def _include_ids(include: torch.Tensor, lead: torch.Size, vocab: int) -> torch.Tensor:
+def include_ids(include: torch.Tensor, lead: torch.Size, vocab: int) -> torch.Tensor:
     if include.dim() == len(lead):
         include = include.unsqueeze(-1)
     check_shape("include", include[..., 0], tuple(lead), " (the logits' leading dims, optionally plus one more)")
