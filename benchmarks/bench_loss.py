@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -51,14 +50,17 @@ def make_batch(n: int, vocab: int, *, seed: int = 0, spread: float = 1.5):
         o, w = old[0, rows], new[0, rows]
         o.normal_(generator=g)
         w.normal_(generator=g).mul_(0.05).add_(o)
-        for r in range(o.shape[0]):
-            m = int(live[start + r])
-            ids = torch.randperm(vocab, generator=g)[:m]
-            lift = 28 + 2 * torch.randn(m, generator=g)
-            o[r, ids] = lift
-            w[r, ids] = lift + spread / m**0.5 * torch.randn(m, generator=g)
-    tokens = torch.distributions.Categorical(logits=old[0, :, :]).sample().unsqueeze(0) if n * vocab < 2**28 else (
-        _sample_chunked(old[0], g).unsqueeze(0)
+        m = live[rows].unsqueeze(-1)
+        ids = torch.randint(0, vocab, (o.shape[0], 20), generator=g)
+        keep = torch.arange(20) < m
+        lift = 28 + 2 * torch.randn(o.shape[0], 20, generator=g)
+        moved = lift + spread / m.sqrt() * torch.randn(o.shape[0], 20, generator=g)
+        o.scatter_(1, ids, torch.where(keep, lift, o.gather(1, ids)))
+        w.scatter_(1, ids, torch.where(keep, moved, w.gather(1, ids)))
+    tokens = (
+        torch.distributions.Categorical(logits=old[0, :, :]).sample().unsqueeze(0)
+        if n * vocab < 2**28
+        else (_sample_chunked(old[0], g).unsqueeze(0))
     )
     adv = torch.randn(1, n, generator=g)
     mask = torch.ones(1, n, dtype=torch.bool)
@@ -77,8 +79,9 @@ def run_method(method: str, logits, old_sparse, old_tok, tokens, adv, mask, args
     """Forward + backward of one loss; ``logits`` is a leaf that requires grad (its .grad is reset)."""
     logits.grad = None
     if method == "troll":
-        out = troll.troll_loss(logits, old_sparse, tokens, adv, mask, kl_bound=args.eps, top_k=args.top_k,
-                               delta=args.delta)
+        out = troll.troll_loss(
+            logits, old_sparse, tokens, adv, mask, kl_bound=args.eps, top_k=args.top_k, delta=args.delta
+        )
     else:
         out = troll.clip_loss(logits, old_tok, tokens, adv, mask)
     out.loss.backward()
@@ -109,9 +112,26 @@ def _status_kb(field: str) -> int:
 
 
 def peak_memory(method: str, vocab: int, args) -> float:
-    cmd = [sys.executable, __file__, "--child", method, "--vocab", str(vocab), "--tokens", str(args.tokens),
-           "--seed", str(args.seed), "--spread", str(args.spread), "--top-k", str(args.top_k),
-           "--delta", str(args.delta), "--eps", str(args.eps)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        method,
+        "--vocab",
+        str(vocab),
+        "--tokens",
+        str(args.tokens),
+        "--seed",
+        str(args.seed),
+        "--spread",
+        str(args.spread),
+        "--top-k",
+        str(args.top_k),
+        "--delta",
+        str(args.delta),
+        "--eps",
+        str(args.eps),
+    ]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])["peak_mb"]
 
@@ -131,7 +151,9 @@ def bench_vocab(vocab: int, args) -> dict:
                 metrics = out.metrics
     med = {m: statistics.median(t[1:]) for m, t in times.items()}
     with torch.no_grad():
-        proj = troll.project_sparse(new.detach(), old_sparse, args.eps, top_k=args.top_k, delta=args.delta, include=tokens)
+        proj = troll.project_sparse(
+            new.detach(), old_sparse, args.eps, top_k=args.top_k, delta=args.delta, include=tokens
+        )
         on = proj.eta > 0
         worst = float(((proj.kl_after[on] - args.eps).abs() / args.eps).max()) if on.any() else 0.0
         above = float(((proj.kl_after - args.eps) / args.eps).max())
@@ -178,8 +200,10 @@ def main(argv=None) -> None:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, eps {args.eps}, K {args.top_k}, "
-          f"delta {args.delta}; medians of {args.repeats}\n")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, eps {args.eps}, K {args.top_k}, "
+        f"delta {args.delta}; medians of {args.repeats}\n"
+    )
     print("| " + " | ".join(rows[0]) + " |")
     print("|" + "---|" * len(rows[0]))
     for r in rows:
