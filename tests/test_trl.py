@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 pytest.importorskip("trl")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -58,10 +62,10 @@ def config(tmp_path, cls=TrollGRPOConfig, **overrides):
     return cls(**args)
 
 
-def trainer(args, cls=TrollGRPOTrainer, seed=0):
+def trainer(args, cls=TrollGRPOTrainer, seed=0, model=None, **model_kwargs):
     tok = tiny_tokenizer()
     return cls(
-        model=tiny_model(tok, seed=seed),
+        model=tiny_model(tok, seed=seed, **model_kwargs) if model is None else model,
         reward_funcs=reward_letter_a,
         args=args,
         train_dataset=tiny_dataset(),
@@ -303,3 +307,155 @@ def test_two_processes_match_one(tmp_path):
     assert one.keys() == two.keys()
     for key in one:
         torch.testing.assert_close(two[key], one[key], rtol=1e-4, atol=1e-6, msg=key)
+
+
+# ------------------------------------------------------------------------------- LM head: chunked against dense
+
+
+def use_head(tr, mode):
+    """Switch the trainer's LM-head path (resolved again, as on first use)."""
+    tr.args.troll_lm_head, tr._troll_head_mode = mode, None
+    assert tr.troll_lm_head == mode
+
+
+def perturb(model, scale, seed=1):
+    """Move the weights away from the captured old policy, so that the projection engages."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(scale * torch.randn(param.shape, generator=g, dtype=param.dtype))
+
+
+def test_default_lm_head_is_chunked(tmp_path):
+    args = config(tmp_path)
+    assert args.troll_lm_head == "chunked"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert trainer(args).troll_lm_head == "chunked"
+    assert not [w for w in caught if "troll_lm_head" in str(w.message)]
+
+
+def test_bad_lm_head_says_how_to_fix(tmp_path):
+    with pytest.raises(ValueError, match="troll_lm_head='chunked'.*troll_lm_head='dense'"):
+        config(tmp_path, troll_lm_head="fused")
+
+
+@pytest.mark.parametrize(
+    ("loss_type", "tied", "steps"),
+    [
+        ("troll", False, dict(steps_per_generation=2)),
+        ("troll_seq", True, dict(steps_per_generation=2)),
+        ("troll", True, dict(gradient_accumulation_steps=2)),  # no stored old policy: old = current
+    ],
+)
+def test_chunked_matches_dense(tmp_path, loss_type, tied, steps):
+    """Same batch, same weights, float64: the chunked LM head gives the dense path's loss, gradients (a tied
+    embedding's included) and logged metrics (TRL's entropy included)."""
+    args = config(tmp_path, loss_type=loss_type, troll_kl_bound=0.01, **steps)
+    tr = trainer(args, tied=tied, dtype=torch.float64)
+    tr.current_gradient_accumulation_steps = tr.args.gradient_accumulation_steps
+    inputs = first_micro_batch(tr)
+    assert ("troll_old_ids" in inputs) == ("steps_per_generation" in steps)
+    perturb(tr.model, 0.05)
+    results = {}
+    for mode in ("chunked", "dense"):
+        use_head(tr, mode)
+        tr._metrics["train"].clear()
+        loss, grads = loss_and_grads(tr, inputs, loss_type)
+        results[mode] = loss, grads, {key: values[-1] for key, values in tr._metrics["train"].items()}
+    (loss, grads, metrics), (ref_loss, ref_grads, ref_metrics) = results["chunked"], results["dense"]
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-10, atol=1e-12)
+    head = "model.embed_tokens.weight" if tied else "lm_head.weight"
+    assert grads.keys() == ref_grads.keys() == {name for name, _ in tr.model.named_parameters()}
+    assert ref_grads[head].abs().max() > 0
+    for name, grad in ref_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=1e-9, atol=1e-12, msg=name)
+    assert metrics.keys() == ref_metrics.keys() and "entropy" in metrics
+    for key, value in ref_metrics.items():
+        assert metrics[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
+    if "troll_old_ids" in inputs:
+        assert ref_metrics["troll/projected_frac"] > 0  # the trust region is active: the comparison is not trivial
+
+
+def dense_view(old: SparseLogProbs) -> torch.Tensor:
+    """(B, T, V) kept log-probs, -inf elsewhere: independent of the order of the kept ids and of padding."""
+    full = old.logp.new_full((*old.ids.shape[:-1], old.vocab_size), float("-inf"))
+    return full.scatter_reduce(-1, old.ids.long(), old.logp.masked_fill(~old.mask, float("-inf")), "amax")
+
+
+def test_chunked_capture_matches_dense(tmp_path):
+    tr = trainer(config(tmp_path, steps_per_generation=2), tied=True, dtype=torch.float64)
+    inputs = first_micro_batch(tr)
+    captured = {}
+    for mode in ("chunked", "dense"):
+        use_head(tr, mode)
+        captured[mode] = stored_old(tr._troll_capture_old(inputs), tr.model.config.vocab_size)
+    chunked, dense = captured["chunked"], captured["dense"]
+    assert chunked.ids.shape == dense.ids.shape and chunked.ids.dtype == dense.ids.dtype == torch.int32
+    torch.testing.assert_close(dense_view(chunked), dense_view(dense), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(chunked.log_rest, dense.log_rest, rtol=1e-9, atol=1e-12)
+
+
+def test_chunked_path_saves_no_logits(tmp_path):
+    """Autograd keeps no tensor over the vocabulary at more than one position per sequence (the dense path does)."""
+    tr = trainer(config(tmp_path, steps_per_generation=2))
+    tr.current_gradient_accumulation_steps = 1
+    inputs = first_micro_batch(tr)
+    vocab, bsz = tr.model.config.vocab_size, inputs["completion_ids"].size(0)
+    weights = {p.untyped_storage().data_ptr() for p in tr.model.parameters()}  # a view of W.T is (H, V)
+    found = {}
+    for mode in ("chunked", "dense"):
+        use_head(tr, mode)
+        shapes = found[mode] = []
+
+        def pack(t, shapes=shapes):
+            if t.untyped_storage().data_ptr() not in weights:
+                shapes.append(tuple(t.shape))
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            tr.compute_loss(tr.model, inputs)
+        shapes[:] = [s for s in shapes if s and s[-1] == vocab and math.prod(s) > bsz * vocab]
+    assert found["dense"]  # the check sees (B, T, V) tensors where they exist
+    assert not found["chunked"]
+
+
+def test_lm_head_gradient_reaches_ddp(tmp_path):
+    """Through DDP (one gloo process, find_unused_parameters=False): the hidden states come from the wrapped
+    forward and the untied LM head's weight is used outside it. Its gradient must reach DDP's hooks (else the second
+    forward raises "Expected to have finished reduction") and equal the unwrapped model's."""
+    if not dist.is_available() or dist.is_initialized():
+        pytest.skip("needs torch.distributed and no process group yet")
+    tr = trainer(config(tmp_path, steps_per_generation=2))
+    tr.current_gradient_accumulation_steps = 1
+    inputs = first_micro_batch(tr)
+    perturb(tr.model, 0.05)
+    _, expected = loss_and_grads(tr, inputs, "troll")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        wrapped = DistributedDataParallel(tr.model)
+        for _ in range(2):
+            tr.model.zero_grad()
+            tr.compute_loss(wrapped, inputs).backward()
+    finally:
+        dist.destroy_process_group()
+    assert tr.troll_lm_head == "chunked"
+    for name, param in tr.model.named_parameters():
+        torch.testing.assert_close(param.grad, expected[name], rtol=1e-5, atol=1e-8, msg=name)
+
+
+def test_softcapped_logits_fall_back_to_dense(tmp_path):
+    model = tiny_model(tiny_tokenizer())
+    model.config.final_logit_softcapping = 30.0  # as Gemma 2 (a Llama ignores it; the config check does not)
+    tr = trainer(config(tmp_path), model=model)
+    with pytest.warns(UserWarning, match=r"final_logit_softcapping=30\.0.*troll_lm_head='dense'"):
+        assert tr.troll_lm_head == "dense"
+
+
+def test_probe_catches_an_unannounced_logit_transform(tmp_path):
+    model = tiny_model(tiny_tokenizer())
+    model.lm_head.register_forward_hook(lambda module, args, out: 2 * out)
+    tr = trainer(config(tmp_path, steps_per_generation=2, max_steps=1), model=model)
+    with pytest.warns(UserWarning, match="not last_hidden_state @ weight.T"):
+        tr.train()  # resolved at the first capture; then the dense path trains
+    assert tr.troll_lm_head == "dense" and all(math.isfinite(x) for x in logged(tr, "loss"))

@@ -53,8 +53,13 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
     return tok
 
 
-def tiny_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> LlamaForCausalLM:
-    """A random 2-layer Llama with hidden size 32 over the tokenizer's vocabulary, in fp32."""
+def tiny_model(
+    tokenizer: PreTrainedTokenizerFast, seed: int = 0, *, tied: bool = False, dtype: torch.dtype = torch.float32
+) -> LlamaForCausalLM:
+    """A random 2-layer Llama with hidden size 32 over the tokenizer's vocabulary, in ``dtype`` (fp32).
+
+    ``tied``: the LM head shares the input embedding's weight (as SmolLM2 and many small models do).
+    """
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=32,
@@ -66,10 +71,10 @@ def tiny_model(tokenizer: PreTrainedTokenizerFast, seed: int = 0) -> LlamaForCau
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
+    model = LlamaForCausalLM(config).to(dtype)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model

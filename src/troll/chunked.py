@@ -59,16 +59,19 @@ def _chunks(vocab: int, chunk_size: int):
 
 
 @torch.no_grad()
-def _scan(hidden, weight, bias, temperature, chunk_size, top_k):
-    """One pass: row maximum m (N, 1), log_norm = logsumexp - m (N, 1), and the top-k logits and ids (N, k).
+def _scan(hidden, weight, bias, temperature, chunk_size, top_k, entropy=False):
+    """One pass: row maximum m (N, 1), log_norm = logsumexp - m (N, 1), the top-k logits and ids (N, k), and the
+    entropy (N, 1) if asked (else None).
 
     The sum of exp(z - m) is kept *without* the maximum's own 1, so log_norm = log1p(S) stays exact for a row at
     1 - 1e-12 (as in :func:`troll.sparsify`): when a chunk raises the maximum, the old maximum joins S as one more
-    term. The top-k is sorted by logit, merged chunk by chunk.
+    term. The top-k is sorted by logit, merged chunk by chunk. The entropy is log_norm - W / (1 + S) with
+    W = sum exp(z - m) (z - m), carried like S (a new maximum m' turns W into exp(m - m') (W + (m - m') (1 + S))).
     """
     n = hidden.shape[0]
     m = hidden.new_full((n, 1), NEG_INF)
     s = hidden.new_zeros((n, 1))
+    w = hidden.new_zeros((n, 1)) if entropy else None
     top = hidden.new_empty((n, 0))
     top_ids = torch.zeros((n, 0), dtype=torch.long, device=hidden.device)
     for start, end in _chunks(weight.shape[0], chunk_size):
@@ -76,8 +79,11 @@ def _scan(hidden, weight, bias, temperature, chunk_size, top_k):
         cm, ca = z.max(-1, keepdim=True)
         finite = cm > NEG_INF
         e = (z - torch.where(finite, cm, 0.0)).exp_()
+        cw = torch.special.entr(e).sum(-1, keepdim=True).neg_() if entropy else None  # sum e (z - cm)
         cs = e.scatter_(-1, ca, 0.0).sum(-1, keepdim=True)  # the chunk's terms other than its maximum
         del e
+        if entropy:
+            w = _merge_entropy_sum(w, s, m, cw, cs, cm, finite)
         up = cm > m
         s_up = (s + 1) * (m - cm).exp() + cs
         s_keep = torch.where(finite, s + (cm - torch.where(finite, m, 0.0)).exp() * (1 + cs), s)
@@ -87,7 +93,18 @@ def _scan(hidden, weight, bias, temperature, chunk_size, top_k):
             ct, ci = z.topk(min(top_k, end - start), dim=-1)
             top, order = torch.cat([top, ct], -1).topk(min(top_k, top.shape[-1] + ct.shape[-1]), dim=-1)
             top_ids = torch.cat([top_ids, ci + start], -1).gather(-1, order)
-    return m, s.log1p(), top, top_ids
+    log_norm = s.log1p()
+    return m, log_norm, top, top_ids, None if w is None else log_norm - w / (1 + s)
+
+
+def _merge_entropy_sum(w, s, m, cw, cs, cm, finite):
+    """W of the rows so far (maximum m, S) merged with a chunk's (cw, cs, maximum cm), in the larger maximum's frame."""
+    seen = m > NEG_INF
+    d_up = torch.where(seen, m - cm, 0.0)  # used where the chunk raises the maximum (cm > m)
+    w_up = cw + torch.where(seen, d_up.exp() * (w + d_up * (1 + s)), 0.0)
+    d_keep = torch.where(finite & seen, cm - m, 0.0)  # used where it does not (cm <= m)
+    w_keep = torch.where(finite, w + d_keep.exp() * (cw + d_keep * (1 + cs)), w)
+    return torch.where(cm > m, w_up, w_keep)
 
 
 def _gather_logits(hidden, weight, bias, ids, temperature):
@@ -116,7 +133,7 @@ class _LMHeadFn(torch.autograd.Function):
     def forward(ctx, hidden, weight, bias, ids, temperature, chunk_size, lse=None):
         h = hidden.to(_compute_dtype(hidden, weight))
         if lse is None:
-            m, log_norm, _, _ = _scan(h, weight, bias, temperature, chunk_size, 0)
+            m, log_norm, _, _, _ = _scan(h, weight, bias, temperature, chunk_size, 0)
             lse = m + log_norm
         lse = lse.to(h.dtype)
         at = _gather_logits(h, weight, bias, ids, temperature)
@@ -176,19 +193,24 @@ class ChunkedLMHead:
     logits at ``ids`` and ``lse`` (reusing the scan's logsumexp), so its backward is a single chunked pass.
     """
 
-    def __init__(self, hidden, weight, bias=None, temperature=1.0, chunk_size=None):
+    def __init__(self, hidden, weight, bias=None, temperature=1.0, chunk_size=None, entropy=False):
         self.hidden, self.weight, self.bias, self.temperature = hidden, weight, bias, float(temperature)
         self.vocab_size = weight.shape[0]
         self.chunk_size = chunk_size or default_chunk_size(hidden.shape[0], self.vocab_size)
         self._scanned = None  # (lse, top logits, top ids) of the no-grad scan, and its k
         self._lse = None
+        self._want_entropy = entropy
+        self.entropy = None  # (N,) no grad, set by the scan when asked for: the metric costs no extra pass
 
     def _stats(self, top_k: int):
         if self._scanned is None or self._scanned[-1] < top_k:
             h = self.hidden.detach().to(_compute_dtype(self.hidden, self.weight))
             bias = None if self.bias is None else self.bias.detach()
-            m, log_norm, top, ids = _scan(h, self.weight.detach(), bias, self.temperature, self.chunk_size, top_k)
+            w = self.weight.detach()
+            m, log_norm, top, ids, ent = _scan(h, w, bias, self.temperature, self.chunk_size, top_k, self._want_entropy)
             check_lse(LOGITS, m + log_norm)
+            if ent is not None:
+                self.entropy = ent.squeeze(-1)
             self._scanned = (m + log_norm, top, ids, top_k)
         return self._scanned
 
@@ -254,6 +276,7 @@ def troll_loss_from_hidden(
     agg: str = "token-mean",
     max_len: int | None = None,
     chunk_size: int | None = None,
+    entropy: bool = False,
 ) -> LossOutput:
     """:func:`troll.troll_loss` of ``logits = (hidden @ weight.T + bias) / temperature``, without the logits.
 
@@ -262,6 +285,8 @@ def troll_loss_from_hidden(
         weight:  (V, H) the LM head's weight (``lm_head.weight``); bias: (V,) or None.
         old, tokens, advantages, mask, and the keywords: as in :func:`troll.troll_loss`.
         chunk_size: vocabulary columns per pass (default about 2**24 / (B T)); a speed / memory trade-off only.
+        entropy: also report metrics["entropy/mean"], the current policy's entropy (nats, at the temperature)
+            averaged over the mask, from the scan's vocabulary pass (no extra matmul).
 
     Memory: O(B T x chunk_size) + O(B T x U) plus weight's gradient, instead of O(B T x V). Same value, gradients
     (to hidden, weight, bias) and metrics as the dense path up to float rounding.
@@ -274,7 +299,7 @@ def troll_loss_from_hidden(
     tokens, adv, mask = check_batch(tokens, advantages, mask, bsz, seq, vocab, source="hidden")
     check_old(old, bsz, seq, vocab)
 
-    new = ChunkedLMHead(hidden.reshape(bsz * seq, -1), weight, bias, temperature, chunk_size)
+    new = ChunkedLMHead(hidden.reshape(bsz * seq, -1), weight, bias, temperature, chunk_size, entropy)
     out = troll_loss_on_policy(
         new,
         old.flatten(),
@@ -289,6 +314,9 @@ def troll_loss_from_hidden(
         agg=agg,
         max_len=max_len,
     )
+    if entropy:
+        m = mask.double()
+        out.metrics["entropy/mean"] = (new.entropy.double().reshape(bsz, seq) * m).sum() / m.sum().clamp_min(1)
     fp64 = _compute_dtype(hidden, weight) == torch.float64
     return LossOutput(out.loss if fp64 else out.loss.float(), out.metrics)
 
@@ -323,7 +351,7 @@ def sparsify_from_hidden(
     chunk = chunk_size or default_chunk_size(h.shape[0], vocab)
     w, b = weight.detach(), None if bias is None else bias.detach()
 
-    m, log_norm, top, ids = _scan(h, w, b, temperature, chunk, min(top_k, vocab))
+    m, log_norm, top, ids, _ = _scan(h, w, b, temperature, chunk, min(top_k, vocab))
     check_lse(LOGITS, m + log_norm)
     ids, mask = trim_kept(ids, mass_rule(top - m - log_norm, delta))
     if extra is not None:

@@ -10,8 +10,18 @@ TROLL and clipping share one code path. How the TROLL loss types depart from TRL
   top tokens of each completion position plus the sampled one, stored in the batch as ``troll_old_*`` tensors with the
   batch dim first, so that TRL's shuffling and splitting slice them along with the rest. Otherwise old = current, and
   the loss sparsifies its own (detached) logits: the projection is then the identity, as it should be.
-- Current policy. The plain LM-head path: full (B, T, V) logits of the completion positions divided by the
-  temperature (TRL's fused LM head returns only the sampled tokens' log-probs, not enough for a projection).
+- Current policy. By default (``troll_lm_head="chunked"``) from the final hidden states and the LM head's weight in
+  vocabulary chunks (:func:`troll.troll_loss_from_hidden`, :func:`troll.sparsify_from_hidden`), never the (B, T, V)
+  logits; ``"dense"`` takes the model's full logits of the completion positions. Both divide by the temperature.
+  TRL's fused LM head returns only the sampled tokens' log-probs, not enough for a projection.
+- Hidden states. The model's own forward (through DDP or any wrapper, so gradient hooks stay armed) with
+  ``output_hidden_states=-1, logits_to_keep=1``: the last hidden state, which transformers ties to the output
+  after the final norm (the LM head's input), and the logits of one position only. The LM head's parameters are
+  then used directly: they are the same Parameters, so their gradients (a tied embedding's too) accumulate and are
+  reduced as usual. The chunked path falls back to "dense", with a warning, where it cannot be exact: FSDP or
+  DeepSpeed ZeRO-3 (the head's weight is sharded outside the forward), a DTensor weight, no linear output
+  embeddings, a config that rescales or soft-caps the logits (Gemma's final_logit_softcapping, logit_scale, ...),
+  or a probe forward whose logits are not last-hidden-state @ weight.T + bias (checked once, on 4 tokens).
 - No clipping: TRL's ``epsilon``, ``epsilon_high`` and ``delta`` do not apply.
 - Normalisation. "troll" aggregates token-mean, the normalisation of TRL's default "dapo" (token sum over the number
   of loss tokens in the global accumulated batch); "troll_seq" seq-mean-token-mean, as TRL's "grpo" (the GSPO setup).
@@ -29,6 +39,7 @@ Multimodal inputs are rejected at the first forward.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -45,13 +56,33 @@ except ImportError as err:  # pragma: no cover - only without TRL
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from troll.chunked import sparsify_from_hidden, troll_loss_from_hidden
 from troll.losses import AGGREGATIONS, LossOutput, troll_loss
 from troll.sparse import SparseLogProbs, sparsify
 
-__all__ = ["SUPPORTED_TRL", "TROLL_LOSS_TYPES", "TrollGRPOConfig", "TrollGRPOTrainer", "check_trl_version"]
+__all__ = [
+    "LM_HEADS",
+    "SUPPORTED_TRL",
+    "TROLL_LOSS_TYPES",
+    "TrollGRPOConfig",
+    "TrollGRPOTrainer",
+    "check_trl_version",
+]
 
 SUPPORTED_TRL = ">=1.16,<1.17"
 TROLL_LOSS_TYPES = ("troll", "troll_seq")
+LM_HEADS = ("chunked", "dense")
+# Config fields that rescale or soft-cap the logits after the LM head (the ones TRL's fused head reads too), with
+# their neutral value: the chunked path computes hidden @ weight.T + bias only.
+_LOGIT_TRANSFORMS = {
+    "final_logit_softcapping": None,
+    "logit_scale": 1.0,
+    "output_multiplier": 1.0,
+    "lm_head_multiplier": 1.0,
+    "logits_scaling": 1.0,
+}
+# Probe: |logits - hidden @ weight.T - bias| <= tol * (max |logits| + 1); bf16 rounding stays far below this.
+_PROBE_TOL = 1e-2
 OLD_KEYS = ("troll_old_ids", "troll_old_logp", "troll_old_mask", "troll_old_log_rest")
 _FORWARD_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
 _MULTIMODAL_KEYS = ("pixel_values", "image_grid_thw", "pixel_attention_mask", "image_sizes", "token_type_ids")
@@ -81,6 +112,9 @@ class TrollGRPOConfig(GRPOConfig):
         troll_delta: mass left out when sparsifying: keep tokens until mass 1 - delta (paper: 1e-5).
         troll_agg: aggregation over tokens, one of ``troll.AGGREGATIONS``; None picks "token-mean" (as TRL's "dapo")
             for "troll" and "seq-mean-token-mean" (as TRL's "grpo") for "troll_seq".
+        troll_lm_head: how the current and old policies are read off the LM head: "chunked" (default: from the final
+            hidden states in vocabulary chunks, no (B, T, V) logits) or "dense" (the model's full logits). Where
+            "chunked" cannot be exact (see the module docstring) the trainer warns and uses "dense".
 
     TRL 1.16 checks ``loss_type`` only inside ``GRPOTrainer._compute_loss``, which the trainer overrides for the
     TROLL types, so the new values pass GRPOConfig unchanged. The TROLL values are checked here, with the options
@@ -111,6 +145,14 @@ class TrollGRPOConfig(GRPOConfig):
         metadata={
             "help": "TROLL: token aggregation, one of " + ", ".join(AGGREGATIONS) + "; default token-mean for "
             "'troll' (as 'dapo'), seq-mean-token-mean for 'troll_seq' (as 'grpo')."
+        },
+    )
+    troll_lm_head: str = field(
+        default="chunked",
+        metadata={
+            "help": "TROLL: 'chunked' (LM head in vocabulary chunks from the final hidden states, never the (B, T, V) "
+            "logits) or 'dense' (the model's full logits). Falls back to 'dense' with a warning where 'chunked' "
+            "cannot be exact (FSDP, ZeRO-3, soft-capped or scaled logits)."
         },
     )
 
@@ -145,6 +187,11 @@ class TrollGRPOConfig(GRPOConfig):
                 f"troll_agg={self.troll_agg!r} is not supported; choose one of {', '.join(map(repr, AGGREGATIONS))}, "
                 "or None for the loss type's default."
             )
+        if self.troll_lm_head not in LM_HEADS:
+            raise ValueError(
+                f"troll_lm_head={self.troll_lm_head!r} is not supported; set troll_lm_head='chunked' (the default: "
+                "the LM head in vocabulary chunks, far less memory) or troll_lm_head='dense' (the model's full logits)."
+            )
 
     def _check_troll_compatible(self) -> None:
         fixes = []
@@ -173,7 +220,8 @@ class TrollGRPOTrainer(GRPOTrainer):
     Overrides: ``_generate_and_score_completions`` (captures the old policy with the batch), ``_compute_loss``
     (TROLL loss types; anything else goes to TRL) and ``log`` (window max/min of TROLL's max/min metrics).
     Extension points: :meth:`_troll_capture_old` (where the old policy comes from), :meth:`_troll_compute_loss`
-    (how the current policy's loss is computed, e.g. a chunked LM head) and :meth:`_troll_logits`.
+    (how the current policy's loss is computed), :meth:`_troll_head_inputs` (chunked) and :meth:`_troll_logits`
+    (dense). :attr:`troll_lm_head` says which LM-head path is in use.
     """
 
     _tag_names = ["trl", "grpo", "troll"]
@@ -188,6 +236,7 @@ class TrollGRPOTrainer(GRPOTrainer):
                 f"loss_type={args.loss_type!r} needs a TrollGRPOConfig (it carries TROLL's hyper-parameters), got "
                 f"{type(args).__name__}. Build the config with troll.integrations.trl.TrollGRPOConfig(...)."
             )
+        self._troll_head_mode = None  # resolved on first use by troll_lm_head
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
         if self._troll_enabled and self.aux_loss_enabled:
             raise ValueError(
@@ -217,6 +266,125 @@ class TrollGRPOTrainer(GRPOTrainer):
             batch.update(self._troll_capture_old(batch))
         return batch
 
+    # ------------------------------------------------------------------------------------------ the LM-head path
+
+    @property
+    def troll_lm_head(self) -> str:
+        """The LM-head path in use: ``args.troll_lm_head``, except "dense" where "chunked" cannot be exact (decided
+        once, on first use, with a warning; see :meth:`_troll_chunked_blocker`)."""
+        if self._troll_head_mode is None:
+            mode = getattr(self.args, "troll_lm_head", "dense")
+            reason = self._troll_chunked_blocker() if mode == "chunked" else None
+            if reason is not None:
+                warnings.warn(
+                    f"troll_lm_head='chunked' falls back to 'dense' (full (B, T, V) logits, more memory): {reason}. "
+                    "Set troll_lm_head='dense' to silence this warning.",
+                    stacklevel=2,
+                )
+                mode = "dense"
+            self._troll_head_mode = mode
+        return self._troll_head_mode
+
+    def _troll_chunked_blocker(self) -> str | None:
+        """Why the chunked path would not reproduce this model's logits, or None if it does."""
+        from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+
+        if getattr(self, "is_fsdp_enabled", False):
+            return "FSDP shards the LM head's weight outside the model's forward"
+        if is_deepspeed_zero3_enabled():
+            return "DeepSpeed ZeRO-3 shards the LM head's weight outside the model's forward"
+        head = self._troll_output_embeddings(self.model)
+        weight = getattr(head, "weight", None)
+        if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+            return "the model has no linear output embeddings (get_output_embeddings() with a (V, H) weight)"
+        if type(weight).__name__ == "DTensor" or type(weight.data).__name__ == "DTensor":
+            return "the LM head's weight is a sharded DTensor (tensor parallelism or FSDP2)"
+        config = self.model.config
+        config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        for key, neutral in _LOGIT_TRANSFORMS.items():
+            value = getattr(config, key, None)
+            if value is not None and value != neutral:
+                return f"the model rescales or soft-caps its logits after the LM head (config.{key}={value!r})"
+        return self._troll_probe_head(head)
+
+    @torch.no_grad()
+    def _troll_probe_head(self, head) -> str | None:
+        """One forward of 4 tokens: are the returned logits last-hidden-state @ weight.T + bias? None if so.
+
+        This is what the chunked path assumes; it fails e.g. where the hidden state is not the head's input (a norm
+        after it) or the forward transforms the logits in a way no config field announces.
+        """
+        model, was_training = self.model, self.model.training
+        ids = torch.arange(1, 5, device=self.accelerator.device).remainder(head.weight.shape[0]).unsqueeze(0)
+        empty = ids[:, :0]
+        probe = {"prompt_ids": ids, "prompt_mask": torch.ones_like(ids), "completion_ids": empty}
+        probe["completion_mask"] = empty
+        model.eval()
+        try:
+            hidden, logits = self._troll_final_hidden(model, probe)
+        except Exception as err:  # any failure means: use the model's own logits
+            return f"a forward with output_hidden_states failed ({type(err).__name__}: {err})"
+        finally:
+            model.train(was_training)
+        bias = getattr(head, "bias", None)
+        expected = torch.nn.functional.linear(
+            hidden[:, -1].float().to(head.weight.device), head.weight.float(), None if bias is None else bias.float()
+        )
+        error = float((logits[:, -1].float().to(expected.device) - expected).abs().max())
+        if not error <= _PROBE_TOL * (float(expected.abs().max()) + 1):
+            return f"its logits are not last_hidden_state @ weight.T + bias (max deviation {error:.3g} on a probe)"
+        return None
+
+    def _troll_output_embeddings(self, model):
+        """The LM head module of ``model`` (unwrapped from DDP and the like), or None."""
+        getter = getattr(self.accelerator.unwrap_model(model), "get_output_embeddings", None)
+        return None if getter is None else getter()
+
+    def _troll_final_hidden(self, model, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, S, H) final hidden states of prompt + completion (the LM head's input) and (B, 1, V) last logits.
+
+        The model's own forward, so that DDP (or any wrapper) sees the call and arms its gradient hooks; transformers
+        ties hidden_states[-1] to the output after the final norm, and -1 keeps only that one (transformers >= 5.x
+        with index selection; earlier versions return all layers, the same last one). ``logits_to_keep=1``: the
+        head runs on one position instead of B x S.
+        """
+        input_ids, attention_mask = _sequence(inputs)
+        with self.accelerator.autocast():
+            out = model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                output_hidden_states=-1,
+                logits_to_keep=1,
+                use_cache=False,
+            )
+        states = getattr(out, "hidden_states", None)
+        if not states or states[-1] is None:
+            raise RuntimeError(
+                f"{type(self.accelerator.unwrap_model(model)).__name__} returned no hidden states for "
+                "output_hidden_states=-1; set troll_lm_head='dense'."
+            )
+        return states[-1], out.logits
+
+    def _troll_head_inputs(self, model, inputs: dict):
+        """(hidden (B, T, H) at the positions that score the completion, weight (V, H), bias (V,) or None)."""
+        hidden, _ = self._troll_final_hidden(model, inputs)
+        t = inputs["completion_ids"].size(1)
+        head = self._troll_output_embeddings(model)
+        # Position i predicts token i + 1: the last t + 1 positions minus the final one score the completion.
+        return hidden[:, -(t + 1) : -1], head.weight, getattr(head, "bias", None)
+
+    def _troll_logits(self, model, inputs: dict) -> torch.Tensor:
+        """(B, T, V) logits (fp32, or fp64 for a fp64 model) at the completion positions, divided by the sampling
+        temperature: the dense path, the model's plain forward (not TRL's fused LM head)."""
+        input_ids, attention_mask = _sequence(inputs)
+        t = inputs["completion_ids"].size(1)
+        with self.accelerator.autocast():
+            out = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=t + 1, use_cache=False)
+        logits = out.logits[:, -(t + 1) : -1]
+        return (logits if logits.dtype == torch.float64 else logits.float()) / self.temperature
+
+    # -------------------------------------------------------------------------------------- old and current policy
+
     @torch.no_grad()
     def _troll_capture_old(self, batch: dict) -> dict[str, torch.Tensor]:
         """The old policy of a scored rollout batch, before any update on it (SPEC section 6).
@@ -226,16 +394,19 @@ class TrollGRPOTrainer(GRPOTrainer):
         one. Returns the :data:`OLD_KEYS` tensors, batch dim first: ids (B, T, K) int32, logp (B, T, K) fp32,
         mask (B, T, K) bool and log_rest (B, T) fp32, K the largest kept count in the batch.
         """
-        args = self.args
-        size = args.per_device_train_batch_size
+        size = self.args.per_device_train_batch_size
         parts = []
         for start in range(0, batch["completion_ids"].size(0), size):
             chunk = {key: batch[key][start : start + size] for key in _FORWARD_KEYS}
-            logits = self._troll_logits(self.model, chunk)
-            parts.append(
-                sparsify(logits, top_k=args.troll_top_k, delta=args.troll_delta, include=chunk["completion_ids"])
-            )
-            del logits
+            tokens = chunk["completion_ids"]
+            if self.troll_lm_head == "chunked":
+                hidden, weight, bias = self._troll_head_inputs(self.model, chunk)
+                parts.append(self._troll_sparsify_hidden(hidden, weight, bias, tokens))
+                del hidden
+            else:
+                logits = self._troll_logits(self.model, chunk)
+                parts.append(sparsify(logits, include=tokens, **self._troll_kept()))
+                del logits
         width = max(part.ids.shape[-1] for part in parts)
         return {
             "troll_old_ids": torch.cat([_pad_last(p.ids, width, 0) for p in parts]).to(torch.int32),
@@ -244,45 +415,25 @@ class TrollGRPOTrainer(GRPOTrainer):
             "troll_old_log_rest": torch.cat([p.log_rest for p in parts]),
         }
 
-    def _troll_logits(self, model, inputs: dict) -> torch.Tensor:
-        """(B, T, V) fp32 logits at the completion positions, divided by the sampling temperature.
+    def _troll_kept(self) -> dict:
+        """The sparsification rule (SPEC section 5) as keywords of sparsify / sparsify_from_hidden."""
+        return dict(top_k=self.args.troll_top_k, delta=self.args.troll_delta)
 
-        The model's plain forward (not TRL's fused LM head, which returns only the sampled tokens' log-probs).
-        """
-        if any(inputs.get(key) is not None for key in _MULTIMODAL_KEYS):
-            raise NotImplementedError("The TROLL loss types support text-only models and datasets for now.")
-        completion_ids = inputs["completion_ids"]
-        t = completion_ids.size(1)
-        input_ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
-        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-        with self.accelerator.autocast():
-            out = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=t + 1, use_cache=False)
-        # Position i predicts token i + 1: the last t + 1 positions minus the final one score the completion.
-        return out.logits[:, -(t + 1) : -1].float() / self.temperature
+    def _troll_sparsify_hidden(self, hidden, weight, bias, tokens) -> SparseLogProbs:
+        return sparsify_from_hidden(
+            hidden, weight, bias=bias, temperature=self.temperature, include=tokens, **self._troll_kept()
+        )
 
-    def _troll_old(self, inputs: dict, logits: torch.Tensor, tokens: torch.Tensor) -> SparseLogProbs:
-        """The stored old policy, or the current one (detached) when the batch feeds a single optimiser step."""
-        if "troll_old_ids" in inputs:
-            ids, logp, mask, log_rest = (inputs[key] for key in OLD_KEYS)
-            return SparseLogProbs(ids, logp, mask, logits.shape[-1], log_rest)
-        return sparsify(logits.detach(), top_k=self.args.troll_top_k, delta=self.args.troll_delta, include=tokens)
+    def _troll_stored_old(self, inputs: dict, vocab_size: int) -> SparseLogProbs | None:
+        """The old policy captured with the rollout batch; None when the batch feeds a single optimiser step."""
+        if "troll_old_ids" not in inputs:
+            return None
+        ids, logp, mask, log_rest = (inputs[key] for key in OLD_KEYS)
+        return SparseLogProbs(ids, logp, mask, vocab_size, log_rest)
 
-    def _troll_compute_loss(self, model, inputs: dict) -> LossOutput:
-        """The TROLL loss of one micro-batch, aggregated over that micro-batch alone.
-
-        :meth:`_compute_loss` scales it as TRL scales the matching loss type and logs the metrics, which are keyed as
-        logged: ``troll/...`` plus TRL's ``entropy``. Override this method for another way of evaluating the current
-        policy (e.g. a chunked LM head); keep the signature and the metric keys.
-        """
+    def _troll_loss_kwargs(self) -> dict:
         args = self.args
-        logits = self._troll_logits(model, inputs)
-        tokens, mask = inputs["completion_ids"], _loss_mask(inputs)
-        out = troll_loss(
-            logits,
-            self._troll_old(inputs, logits, tokens),
-            tokens,
-            inputs["advantages"],
-            mask,
+        return dict(
             kl_bound=args.troll_kl_bound,
             alpha=args.troll_alpha,
             top_k=args.troll_top_k,
@@ -291,11 +442,46 @@ class TrollGRPOTrainer(GRPOTrainer):
             agg=self._troll_agg(),
             max_len=self.max_completion_length,
         )
+
+    def _troll_compute_loss(self, model, inputs: dict) -> LossOutput:
+        """The TROLL loss of one micro-batch, aggregated over that micro-batch alone.
+
+        :meth:`_compute_loss` scales it as TRL scales the matching loss type and logs the metrics, which are keyed as
+        logged: ``troll/...`` plus TRL's ``entropy``. Without a stored old policy (one optimiser step per rollout
+        batch) old = current, detached: the projection is the identity. Override this method for another way of
+        evaluating the current policy; keep the signature and the metric keys.
+        """
+        tokens, mask, adv = inputs["completion_ids"], _loss_mask(inputs), inputs["advantages"]
+        if self.troll_lm_head == "chunked":
+            hidden, weight, bias = self._troll_head_inputs(model, inputs)
+            old = self._troll_stored_old(inputs, weight.shape[0])
+            if old is None:
+                old = self._troll_sparsify_hidden(hidden, weight, bias, tokens)
+            out = troll_loss_from_hidden(
+                hidden,
+                weight,
+                old,
+                tokens,
+                adv,
+                mask,
+                bias=bias,
+                temperature=self.temperature,
+                entropy=True,
+                **self._troll_loss_kwargs(),
+            )
+            entropy = out.metrics.pop("entropy/mean")
+        else:
+            logits = self._troll_logits(model, inputs)
+            old = self._troll_stored_old(inputs, logits.shape[-1])
+            if old is None:
+                old = sparsify(logits.detach(), include=tokens, **self._troll_kept())
+            out = troll_loss(logits, old, tokens, adv, mask, **self._troll_loss_kwargs())
+            with torch.no_grad():
+                per_token = torch.special.entr(torch.softmax(logits.detach(), dim=-1)).sum(-1)
+                m = mask.to(per_token.dtype)
+                entropy = (per_token * m).sum() / m.sum().clamp_min(1)
         metrics = {f"troll/{key}": value for key, value in out.metrics.items()}
-        with torch.no_grad():
-            entropy = torch.special.entr(torch.softmax(logits.detach(), dim=-1)).sum(-1)
-            m = mask.to(entropy.dtype)
-            metrics["entropy"] = (entropy * m).sum() / m.sum().clamp_min(1)
+        metrics["entropy"] = entropy
         return LossOutput(out.loss, metrics)
 
     def _compute_loss(self, model, inputs):
@@ -353,6 +539,14 @@ class TrollGRPOTrainer(GRPOTrainer):
             if key.startswith("troll/") and values and key.endswith(("/max", "/min")):
                 values[:] = [max(values) if key.endswith("/max") else min(values)]
         super().log(logs, start_time)
+
+
+def _sequence(inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompt + completion ids and attention mask (B, S); multimodal inputs are rejected."""
+    if any(inputs.get(key) is not None for key in _MULTIMODAL_KEYS):
+        raise NotImplementedError("The TROLL loss types support text-only models and datasets for now.")
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    return ids, torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
 
 
 def _loss_mask(inputs: dict) -> torch.Tensor:
