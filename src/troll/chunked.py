@@ -79,11 +79,11 @@ def _scan(hidden, weight, bias, temperature, chunk_size, top_k, entropy=False):
         cm, ca = z.max(-1, keepdim=True)
         finite = cm > NEG_INF
         e = (z - torch.where(finite, cm, 0.0)).exp_()
-        cw = torch.special.entr(e).sum(-1, keepdim=True).neg_() if entropy else None  # sum e (z - cm)
+        ez = _row_dot(e, z) if entropy else None
         cs = e.scatter_(-1, ca, 0.0).sum(-1, keepdim=True)  # the chunk's terms other than its maximum
         del e
-        if entropy:
-            w = _merge_entropy_sum(w, s, m, cw, cs, cm, finite)
+        if entropy:  # sum e (z - cm) = sum e z - cm (1 + cs)
+            w = _merge_entropy_sum(w, s, m, ez - torch.where(finite, cm, 0.0) * (1 + cs), cs, cm, finite)
         up = cm > m
         s_up = (s + 1) * (m - cm).exp() + cs
         s_keep = torch.where(finite, s + (cm - torch.where(finite, m, 0.0)).exp() * (1 + cs), s)
@@ -95,6 +95,15 @@ def _scan(hidden, weight, bias, temperature, chunk_size, top_k, entropy=False):
             top_ids = torch.cat([top_ids, ci + start], -1).gather(-1, order)
     log_norm = s.log1p()
     return m, log_norm, top, top_ids, None if w is None else log_norm - w / (1 + s)
+
+
+def _row_dot(e, z):
+    """(N, 1) sum over the row of e * z, as a batched dot (no (N, C) temporary); 0 * -inf counts as 0."""
+    out = torch.bmm(e.unsqueeze(1), z.unsqueeze(-1)).view(-1, 1)
+    bad = out.isnan().view(-1)
+    if bad.any():  # rows with -inf logits (masked ids): there e = 0
+        out[bad] = (e[bad] * z[bad].nan_to_num(neginf=0.0)).sum(-1, keepdim=True)
+    return out
 
 
 def _merge_entropy_sum(w, s, m, cw, cs, cm, finite):
