@@ -300,7 +300,8 @@ def troll_loss_from_hidden(
     Memory: O(B T x chunk_size) + O(B T x U) plus weight's gradient, instead of O(B T x V). Same value, gradients
     (to hidden, weight, bias) and metrics as the dense path up to float rounding.
     """
-    check_troll_args(kl_bound=kl_bound, alpha=alpha, top_k=top_k, delta=delta, level=level, agg=agg)
+    params = dict(kl_bound=kl_bound, alpha=alpha, top_k=top_k, delta=delta, level=level, agg=agg)
+    check_troll_args(**params)
     if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
         raise ValueError(f"chunk_size must be a positive integer or None, got {chunk_size!r}.")
     vocab = _check_head(hidden, weight, bias, temperature, lead_dims=2)
@@ -309,20 +310,7 @@ def troll_loss_from_hidden(
     check_old(old, bsz, seq, vocab)
 
     new = ChunkedLMHead(hidden.reshape(bsz * seq, -1), weight, bias, temperature, chunk_size, entropy)
-    out = troll_loss_on_policy(
-        new,
-        old.flatten(),
-        tokens,
-        adv,
-        mask,
-        kl_bound=kl_bound,
-        alpha=alpha,
-        top_k=top_k,
-        delta=delta,
-        level=level,
-        agg=agg,
-        max_len=max_len,
-    )
+    out = troll_loss_on_policy(new, old.flatten(), tokens, adv, mask, **params, max_len=max_len)
     if entropy:
         m = mask.double()
         out.metrics["entropy/mean"] = (new.entropy.double().reshape(bsz, seq) * m).sum() / m.sum().clamp_min(1)

@@ -143,27 +143,15 @@ def troll_loss(
     Metrics: kl_before/kl_after (mean, max), projected_frac, eta (mean, max), support (mean), ratio (mean, min,
     max), loss/pg and loss/reg, all over response tokens.
     """
-    check_troll_args(kl_bound=kl_bound, alpha=alpha, top_k=top_k, delta=delta, level=level, agg=agg)
+    params = dict(kl_bound=kl_bound, alpha=alpha, top_k=top_k, delta=delta, level=level, agg=agg)
+    check_troll_args(**params)
     tokens, adv, mask = _check_batch(logits, tokens, advantages, mask)
     bsz, seq, vocab = logits.shape
     check_old(old, bsz, seq, vocab)
 
     new = DenseLogits(logits.reshape(-1, vocab))
     check_lse("logits", new.lse)
-    out = troll_loss_on_policy(
-        new,
-        old.flatten(),
-        tokens,
-        adv,
-        mask,
-        kl_bound=kl_bound,
-        alpha=alpha,
-        top_k=top_k,
-        delta=delta,
-        level=level,
-        agg=agg,
-        max_len=max_len,
-    )
+    out = troll_loss_on_policy(new, old.flatten(), tokens, adv, mask, **params, max_len=max_len)
     return LossOutput(out.loss if logits.dtype == torch.float64 else out.loss.float(), out.metrics)
 
 
