@@ -30,7 +30,6 @@ Writes benchmarks/results/bench_fused.csv and prints a markdown table.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 import os
@@ -43,6 +42,7 @@ import time
 from pathlib import Path
 
 import torch
+from _report import reset_peak, status_kb, write_results
 
 import troll
 
@@ -116,23 +116,6 @@ def trl_fused_clip(hidden, weight, tokens, adv, mask, old_tok):
     return troll.LossOutput((per_token * mask).sum() / mask.sum().clamp(min=1), {})
 
 
-def _status_kb(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key):
-                return int(line.split()[1])
-    raise KeyError(key)
-
-
-def _reset_peak() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
 def child(args) -> None:
     """One (method, shape) in a fresh process: prints JSON with the peak memory and the times."""
     hidden_size, vocab = args.shapes[0]
@@ -141,8 +124,8 @@ def child(args) -> None:
     batch = (troll.SparseLogProbs(*saved["old"]), *saved["rollout"])
     weight.requires_grad_(True)
     hidden.requires_grad_(True)
-    exact = _reset_peak()
-    base = _status_kb("VmRSS") if exact else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    exact = reset_peak()
+    base = status_kb("VmRSS") if exact else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     times = []
     for i in range(args.repeats):
         weight.grad = hidden.grad = None
@@ -150,7 +133,7 @@ def child(args) -> None:
         out = run_method(args.child, hidden, weight, batch, args)
         times.append(time.perf_counter() - t0)
         if i == 0:
-            peak = _status_kb("VmHWM") if exact else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            peak = status_kb("VmHWM") if exact else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     metrics = {k: float(v) for k, v in out.metrics.items()}
     result = {"peak_mb": (peak - base) / 1024, "times": times, "loss": float(out.loss), "exact": exact}
     print(json.dumps({**result, "metrics": metrics}))
@@ -259,19 +242,11 @@ def main(argv=None) -> None:
         return child(args)
     t0 = time.perf_counter()
     rows = [r for shape in args.shapes for r in bench_shape(shape, args)]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    print(
+    header = (
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs; eps {args.eps}, "
-        f"K {args.top_k}, delta {args.delta}; medians of {args.repeats}; {time.perf_counter() - t0:.0f} s\n"
+        f"K {args.top_k}, delta {args.delta}; medians of {args.repeats}; {time.perf_counter() - t0:.0f} s"
     )
-    print("| " + " | ".join(rows[0]) + " |")
-    print("|" + "---|" * len(rows[0]))
-    for r in rows:
-        print("| " + " | ".join(str(v) for v in r.values()) + " |")
+    write_results(rows, args.out, header)
     print("\nTargets: troll_chunked peak <= 1.10 x trl_fused_clip and <= 0.35 x clip_plain.")
     for r in rows:
         if r["method"] == "troll_chunked" and r["peak_vs_trl_fused"] != "" and r["peak_vs_clip_plain"] != "":
@@ -280,7 +255,6 @@ def main(argv=None) -> None:
                 f"  (H, V) = ({r['H']}, {r['V']}): {r['peak_vs_trl_fused']} x fused, {r['peak_vs_clip_plain']} x "
                 f"plain -> {'met' if ok else 'NOT met'}"
             )
-    print(f"\nwrote {args.out}")
 
 
 if __name__ == "__main__":

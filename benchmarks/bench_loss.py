@@ -19,7 +19,6 @@ Writes benchmarks/results/bench_loss.csv and prints a markdown table.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import statistics
 import subprocess
@@ -28,6 +27,7 @@ import time
 from pathlib import Path
 
 import torch
+from _report import reset_peak, status_kb, write_results
 
 import troll
 
@@ -99,16 +99,10 @@ def child(args) -> None:
         new.requires_grad_(True)
         if n == 64:
             run_method(args.child, new, old_sparse, old_tok, tokens, adv, mask, args)
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset the high-water mark VmHWM to the current resident set
-    base = _status_kb("VmRSS")
+    reset_peak()
+    base = status_kb("VmRSS")
     run_method(args.child, new, old_sparse, old_tok, tokens, adv, mask, args)
-    print(json.dumps({"peak_mb": (_status_kb("VmHWM") - base) / 1024}))
-
-
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+    print(json.dumps({"peak_mb": (status_kb("VmHWM") - base) / 1024}))
 
 
 def peak_memory(method: str, vocab: int, args) -> float:
@@ -195,20 +189,11 @@ def main(argv=None) -> None:
     if args.child:
         return child(args)
     rows = [bench_vocab(v, args) for v in args.vocab]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    print(
+    header = (
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, eps {args.eps}, K {args.top_k}, "
-        f"delta {args.delta}; medians of {args.repeats}\n"
+        f"delta {args.delta}; medians of {args.repeats}"
     )
-    print("| " + " | ".join(rows[0]) + " |")
-    print("|" + "---|" * len(rows[0]))
-    for r in rows:
-        print("| " + " | ".join(str(v) for v in r.values()) + " |")
-    print(f"\nwrote {args.out}")
+    write_results(rows, args.out, header)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,6 @@ Writes benchmarks/results/bench_step.csv and prints a markdown table.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import statistics
@@ -57,6 +56,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+from _report import reset_peak, status_kb, write_results  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 CONFIGS = {
@@ -203,11 +203,10 @@ def child(args) -> None:
         tr = make_trainer(model, tok, args.child, args, out)
         optimizer = tr.create_optimizer()
         optimiser_step(tr, optimizer, inputs)  # untimed: AdamW's moments, kernels, thread pools
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset the high-water mark VmHWM to the current resident set
-        base = _status_kb("VmRSS")
+        reset_peak()
+        base = status_kb("VmRSS")
         optimiser_step(tr, optimizer, inputs)
-        peak_mb = (_status_kb("VmHWM") - base) / 1024
+        peak_mb = (status_kb("VmHWM") - base) / 1024
         times = []
         for _ in range(args.steps):
             t0 = time.perf_counter()
@@ -216,11 +215,6 @@ def child(args) -> None:
         assert tr.troll_lm_head == CONFIGS[args.child].get("troll_lm_head", tr.troll_lm_head)
         metrics = {key: tr._metrics["train"][key][0] for key in METRICS if tr._metrics["train"].get(key)}
     print(json.dumps({"times": times, "peak_mb": peak_mb, "metrics": metrics}))
-
-
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
 
 
 SHARED = ("prompts", "group", "completion_len", "reuse", "eps", "lr", "seed", "threads")
@@ -306,21 +300,12 @@ def main(argv=None) -> None:
                 runs[config].append(run_child(config, data, args))
                 load.append(os.getloadavg()[0])
     rows = summarise(runs, facts, args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    print(
+    header = (
         f"torch {torch.__version__}, {args.threads} threads, SmolLM2-135M-Instruct fp32, reuse {args.reuse}, "
         f"eps {args.eps}, lr {args.lr}; old kept tokens/position {facts['old_kept_mean']}; medians of "
-        f"{args.rounds} x {args.steps} steps; 1-min load average {min(load):.2f}-{max(load):.2f}\n"
+        f"{args.rounds} x {args.steps} steps; 1-min load average {min(load):.2f}-{max(load):.2f}"
     )
-    print("| " + " | ".join(rows[0]) + " |")
-    print("|" + "---|" * len(rows[0]))
-    for row in rows:
-        print("| " + " | ".join(str(v) for v in row.values()) + " |")
-    print(f"\nwrote {args.out}")
+    write_results(rows, args.out, header)
 
 
 if __name__ == "__main__":
