@@ -53,7 +53,7 @@ def _kl_metrics(x, lse, old, tokens, mask, logp, old_tok) -> dict[str, torch.Ten
     with torch.no_grad():
         if isinstance(old, SparseLogProbs):
             bsz, seq, vocab = x.shape
-            new = DenseLogits(x.reshape(-1, vocab).detach())
+            new = DenseLogits(x.reshape(-1, vocab).detach(), lse.reshape(-1, 1).detach())
             _, _, a, b = coarse_support(new, old.flatten(), top_k=64, delta=1e-5, extra=tokens.reshape(-1, 1))
             kl = kl_divergence(a, b).reshape(bsz, seq)
         else:

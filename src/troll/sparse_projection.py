@@ -101,10 +101,11 @@ class DenseLogits:
         at(ids) -> (N, U) logits at ``ids`` with gradient.
     """
 
-    def __init__(self, logits: torch.Tensor):
+    def __init__(self, logits: torch.Tensor, lse: torch.Tensor | None = None):
+        """``lse`` (N, 1): the rows' logsumexp if the caller has it already."""
         self.x = logits.to(compute_dtype(logits.dtype))
         self.vocab_size = logits.shape[-1]
-        self.lse = torch.logsumexp(self.x, dim=-1, keepdim=True)
+        self.lse = torch.logsumexp(self.x, dim=-1, keepdim=True) if lse is None else lse
 
     def kept(self, top_k: int, delta: float):
         return kept_ids(self.x.detach(), self.lse.detach(), top_k, delta)
