@@ -9,6 +9,7 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
+from unittest.mock import patch
 
 import pytest
 import torch
@@ -190,6 +191,36 @@ def test_stored_old_policy_is_aligned_after_shuffle_and_split(tmp_path):
         tokens = chunk["completion_ids"]
         torch.testing.assert_close(old_token_logp(stored, tokens), old_token_logp(recomputed, tokens))
         torch.testing.assert_close(stored.log_rest, recomputed.log_rest)
+
+
+def test_capture_rides_on_trls_old_log_prob_forward(tmp_path):
+    """One no-grad forward per rollout batch: TROLL's old policy is read off TRL's own old-log-prob forward, which
+    returns the same log-probs bit for bit as without the capture, and the capture equals a separate one."""
+    tr = trainer(config(tmp_path, steps_per_generation=2))
+    tr.model.train()
+    assert tr.troll_lm_head == "chunked"  # resolved (its probe is a forward of its own) before counting
+    calls = []  # TRL's fused-head scoring forwards, and the hidden-state forwards a separate capture would add
+    hook = tr.model.register_forward_pre_hook(
+        lambda _, args, kwargs: calls.append(
+            "fused" if kwargs.get("fused_lm_head") else kwargs.get("output_hidden_states")
+        ),
+        with_kwargs=True,
+    )
+    with patch.object(tr, "_troll_capture_old", side_effect=AssertionError("a second forward ran")):
+        inputs = tr._generate_and_score_completions([{"prompt": p} for p in PROMPTS[:2] for _ in range(8)])
+    hook.remove()
+    size = tr.args.per_device_train_batch_size
+    assert calls.count("fused") == -(-inputs["completion_ids"].shape[0] // size)
+    assert -1 not in calls and True not in calls
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+    t = inputs["completion_ids"].shape[1]
+    with torch.no_grad():
+        plain, _, _ = tr._get_per_token_logps_and_entropies(tr.model, ids, mask, t, batch_size=size)
+    assert torch.equal(plain, inputs["old_per_token_logps"])
+    separate = tr._troll_capture_old(inputs)
+    for key in OLD_KEYS:
+        assert torch.equal(inputs[key], separate[key]), key
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints

@@ -237,6 +237,7 @@ class TrollGRPOTrainer(GRPOTrainer):
                 f"{type(args).__name__}. Build the config with troll.integrations.trl.TrollGRPOConfig(...)."
             )
         self._troll_head_mode = None  # resolved on first use by troll_lm_head
+        self._troll_pending = None  # old-policy chunks collected during TRL's scoring forward (a list while armed)
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
         if self._troll_enabled and self.aux_loss_enabled:
             raise ValueError(
@@ -261,10 +262,51 @@ class TrollGRPOTrainer(GRPOTrainer):
         return self.args.gradient_accumulation_steps % generate_every != 0
 
     def _generate_and_score_completions(self, inputs):
-        batch = super()._generate_and_score_completions(inputs)
-        if self._troll_enabled and self.model.training and self._troll_needs_old():
-            batch.update(self._troll_capture_old(batch))
+        capture = self._troll_enabled and self.model.training and self._troll_needs_old()
+        # Chunked head: the capture rides on TRL's own no-grad forward for old log-probs (one forward, not two).
+        self._troll_pending = [] if capture and self.troll_lm_head == "chunked" else None
+        try:
+            batch = super()._generate_and_score_completions(inputs)
+        finally:
+            pending, self._troll_pending = self._troll_pending, None
+        if capture:
+            old = _pack_old(pending) if pending else None
+            if old is None or old["troll_old_ids"].shape[:2] != batch["completion_ids"].shape:
+                old = self._troll_capture_old(batch)  # dense head, or TRL ran no old-log-prob forward
+            batch.update(old)
         return batch
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+        """TRL's per-token log-probs; during a rollout batch's no-grad scoring forward, also TROLL's old policy.
+
+        A forward hook on the backbone sees each chunk's final hidden states (the LM head's input, the same
+        tensor TRL's fused head reads) and sparsifies their completion positions with the head's weight. TRL's
+        computation is not touched, so its old log-probs stay exactly what they were.
+        """
+        if self._troll_pending is None or torch.is_grad_enabled():
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
+            )
+        backbone = self.accelerator.unwrap_model(model).base_model
+        hook = backbone.register_forward_hook(self._troll_capture_hook(logits_to_keep), with_kwargs=True)
+        try:
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
+            )
+        finally:
+            hook.remove()
+
+    def _troll_capture_hook(self, t: int):
+        """A backbone forward hook that appends the sparse old policy of the chunk's last ``t`` positions."""
+
+        def hook(module, args, kwargs, output):
+            input_ids = kwargs.get("input_ids", args[0] if args else None)
+            hidden = output.last_hidden_state[:, -(t + 1) : -1]
+            head = self._troll_output_embeddings(self.model)
+            tokens = input_ids[:, -t:]
+            self._troll_pending.append(self._troll_sparsify_hidden(hidden, head.weight, head.bias, tokens))
+
+        return hook
 
     # ------------------------------------------------------------------------------------------ the LM-head path
 
@@ -407,13 +449,7 @@ class TrollGRPOTrainer(GRPOTrainer):
                 logits = self._troll_logits(self.model, chunk)
                 parts.append(sparsify(logits, include=tokens, **self._troll_kept()))
                 del logits
-        width = max(part.ids.shape[-1] for part in parts)
-        return {
-            "troll_old_ids": torch.cat([_pad_last(p.ids, width, 0) for p in parts]).to(torch.int32),
-            "troll_old_logp": torch.cat([_pad_last(p.logp, width, float("-inf")) for p in parts]),
-            "troll_old_mask": torch.cat([_pad_last(p.mask, width, False) for p in parts]),
-            "troll_old_log_rest": torch.cat([p.log_rest for p in parts]),
-        }
+        return _pack_old(parts)
 
     def _troll_kept(self) -> dict:
         """The sparsification rule (SPEC section 5) as keywords of sparsify / sparsify_from_hidden."""
@@ -555,6 +591,17 @@ def _loss_mask(inputs: dict) -> torch.Tensor:
     if inputs.get("tool_mask") is not None:
         mask = mask * inputs["tool_mask"]
     return mask.bool()
+
+
+def _pack_old(parts: list[SparseLogProbs]) -> dict[str, torch.Tensor]:
+    """The :data:`OLD_KEYS` tensors of chunks of sequences, batch dim first, K padded to the largest chunk's."""
+    width = max(part.ids.shape[-1] for part in parts)
+    return {
+        "troll_old_ids": torch.cat([_pad_last(p.ids, width, 0) for p in parts]).to(torch.int32),
+        "troll_old_logp": torch.cat([_pad_last(p.logp, width, float("-inf")) for p in parts]),
+        "troll_old_mask": torch.cat([_pad_last(p.mask, width, False) for p in parts]),
+        "troll_old_log_rest": torch.cat([p.log_rest for p in parts]),
+    }
 
 
 def _pad_last(t: torch.Tensor, width: int, value) -> torch.Tensor:
