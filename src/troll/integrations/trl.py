@@ -306,7 +306,10 @@ class TrollGRPOTrainer(GRPOTrainer):
             hidden = output.last_hidden_state[:, -(t + 1) : -1]
             head = self._troll_output_embeddings(self.model)
             tokens = input_ids[:, -t:]
-            self._troll_pending.append(self._troll_sparsify_hidden(hidden, head.weight, head.bias, tokens))
+            # The hook runs inside the model's forward, where mixed precision may have turned autocast on: the
+            # capture computes in fp32 (as it does outside), whatever the backbone ran in.
+            with torch.autocast(hidden.device.type, enabled=False):
+                self._troll_pending.append(self._troll_sparsify_hidden(hidden, head.weight, head.bias, tokens))
 
         return hook
 
