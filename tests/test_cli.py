@@ -64,14 +64,14 @@ def run_cli(capsys, *argv: str) -> tuple[int, str]:
         (["--loss", "ppo"], "unknown loss 'ppo'; choose one of: troll, troll_seq, grpo"),
         (["--task", "chain_summ"], "Did you mean: chain_sum"),
         (["--task", "no_such_task"], "e.g. chain_sum, basic_arithmetic"),
-        (["--eps", "0"], "--eps must be > 0"),
+        (["--eps", "0"], "--eps must be a finite number > 0"),
         (["--eps", "-0.1", "--loss", "grpo"], "clip range"),
         (["--model", "/nonexistent/model"], "no such file or folder"),
         (["--model", "./missing-folder"], "no such file or folder"),
         (["--prompts-per-step", "3", "--generations", "3", "--steps-per-rollout", "2"], "cannot be split"),
         (["--generations", "1"], "--generations must be >= 2"),
-        (["--steps", "0"], "--steps must be > 0"),
-        (["--lr", "-1"], "--lr must be > 0"),
+        (["--steps", "0"], "--steps must be a whole number > 0"),
+        (["--lr", "-1"], "--lr must be a finite number > 0"),
         (["--delta", "1.5"], "--delta must lie in [0, 1)"),
         (["--overwrite", "--resume"], "exclude each other"),
     ],
@@ -98,7 +98,7 @@ def test_compare_bad_input(tmp_path, capsys):
     assert run_cli(capsys, "compare", "--losses", "troll,clipz", "--out", str(out))[0] == 2
     assert run_cli(capsys, "compare", "--losses", "troll,troll", "--out", str(out))[0] == 2
     code, err = run_cli(capsys, "compare", "--clip-eps", "0", "--out", str(out))
-    assert code == 2 and "--eps must be > 0" in err
+    assert code == 2 and "--eps must be a finite number > 0" in err
     assert not out.exists()
 
 
@@ -232,7 +232,7 @@ def test_heldout_split_is_disjoint():
 
 def test_train_end_to_end_and_resume(tmp_path, capsys, tiny_model_dir, isolated_cache):
     out = tmp_path / "run"
-    code = main(["train", "--model", str(tiny_model_dir), "--out", str(out), *TINY_RUN])
+    code = main(["train", "--model", str(tiny_model_dir), "--out", str(out), *TINY_RUN, "--keep-checkpoints"])
     assert code == 0, capsys.readouterr().err
     names = {p.name for p in out.iterdir()}
     assert {"config.json", "metrics.jsonl", "plots.png", "summary.json", "model", "checkpoint-2"} <= names
@@ -257,7 +257,8 @@ def test_train_end_to_end_and_resume(tmp_path, capsys, tiny_model_dir, isolated_
     assert summary["resumed"] is True and summary["steps"] == 4
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "troll/kl_after/max" in r] == [1, 2, 3, 4]
-    assert (out / "checkpoint-4").is_dir() and not (out / "checkpoint-2").exists()  # save_total_limit=1
+    # finished without --keep-checkpoints: its checkpoints are gone, the model stays
+    assert not list(out.glob("checkpoint-*")) and (out / "model" / "config.json").is_file()
 
 
 def test_compare_end_to_end(tmp_path, capsys, tiny_model_dir):
@@ -270,3 +271,4 @@ def test_compare_end_to_end(tmp_path, capsys, tiny_model_dir):
     table = (out / "compare.md").read_text()
     assert "| troll | 0.05 |" in table and "| grpo | 0.2 |" in table
     assert (out / "grpo" / "summary.json").is_file()
+    assert not list(out.glob("*/checkpoint-*"))  # dropped once each run finished
