@@ -304,6 +304,8 @@ def _check_same_grid(spec, saved) -> None:
 def cmd_study(args: argparse.Namespace) -> int:
     from troll.train import model, study, tasks
 
+    if args.overwrite and args.resume:
+        raise UsageError("--overwrite and --resume exclude each other: one discards the study, the other continues it.")
     if not (isinstance(args.jobs, int) and args.jobs >= 1):
         raise UsageError(f"--jobs must be >= 1 (cells run at once), got {args.jobs}.")
     spec, out = study_spec(args)
