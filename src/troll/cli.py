@@ -323,10 +323,14 @@ def cmd_study(args: argparse.Namespace) -> int:
         )
 
     report(f"study of {len(cells)} cells in {out}, {args.jobs} at a time")
-    status = study.run(
-        out, spec, cells, clear=clear, jobs=args.jobs, keep_checkpoints=args.keep_checkpoints,
-        keep_model=args.keep_model, report=report,
-    )  # fmt: skip
+    try:
+        status = study.run(
+            out, spec, cells, clear=clear, jobs=args.jobs, keep_checkpoints=args.keep_checkpoints,
+            keep_model=args.keep_model, report=report,
+        )  # fmt: skip
+    except KeyboardInterrupt:
+        report(f"interrupted; continue with: troll study --out {out} --resume")
+        return 130
     failed = [label for label, s in status.items() if s.startswith("failed")]
     print(f"wrote {out / study.JSON_FILE}, {out / study.TABLE_FILE} and {out / study.PLOT_FILE}")
     if failed:

@@ -177,7 +177,10 @@ def check_folder(out: Path, *, overwrite: bool, resume: bool) -> bool:
         if not (out / CONFIG_FILE).is_file():
             raise UsageError(f"--resume: {out} holds no {CONFIG_FILE}; start the run without --resume.")
         if last_checkpoint(out) is None:
-            raise UsageError(f"--resume: {out} holds no checkpoint-* folder to continue from.")
+            raise UsageError(
+                f"--resume: {out} holds no checkpoint-* folder to continue from (a run that finished deletes its "
+                "checkpoints unless it was started with --keep-checkpoints)."
+            )
         return False
     if not used:
         return False

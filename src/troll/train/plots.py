@@ -116,7 +116,12 @@ def plot_study(data: dict, path: Path, *, title: str = "") -> None:
 
     spec = data["spec"]
     values = spec["sweep_values"] if spec.get("sweep_key") else [None]
-    fig, axes = plt.subplots(len(values), len(CURVES), figsize=(4.2 * len(CURVES), 3.3 * len(values)), squeeze=False)
+    if len(values) == 1:  # unswept: the panels in a block rather than one long row
+        fig, grid = plt.subplots(2, 3, figsize=(15, 6.6))
+        grid[1][2].set_visible(False)
+        axes = [list(grid.ravel())]
+    else:
+        fig, axes = plt.subplots(len(values), len(CURVES), figsize=(4.2 * len(CURVES), 3.3 * len(values)))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     curves = {(c["value"], c["loss"], c["key"]): c for c in data["curves"]}
     for i, value in enumerate(values):
@@ -135,9 +140,7 @@ def plot_study(data: dict, path: Path, *, title: str = "") -> None:
                 ax.fill_between(c["step"], lo, hi, color=color, alpha=0.2, lw=0)
                 drawn += 1
             sweep = f"{spec['sweep_key'].replace('_', '-')}={value}: " if value is not None else ""
-            _decorate(ax, sweep + name, drawn, legend=True)
-            if off:
-                ax.set_title(ax.get_title() + " (off-policy steps)", fontsize=9)
+            _decorate(ax, sweep + name + (" (off-policy steps)" if off else ""), drawn, legend=True)
     fig.suptitle(title + " (mean ± standard error over seeds)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)

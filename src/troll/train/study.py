@@ -237,11 +237,14 @@ def cell_argv(cell: Cell, *, resume: bool, keep_checkpoints: bool, keep_model: b
     return argv
 
 
-def run_cells(cells: list[Cell], *, jobs: int, keep_checkpoints: bool, keep_model: bool, report) -> dict[str, str]:
+def run_cells(
+    cells: list[Cell], *, jobs: int, keep_checkpoints: bool, keep_model: bool, report, on_finish=None
+) -> dict[str, str]:
     """Run the unfinished cells, ``jobs`` at a time; returns label -> "done" | "kept" | "failed (exit N)".
 
-    ``report(text)`` receives one line per started and finished cell. A finished cell (summary.json) is kept;
-    one with a checkpoint resumes from it; any other leftover folder of an interrupted cell is started over.
+    ``report(text)`` receives one line per started and finished cell; ``on_finish(status)`` is called after each
+    cell ends. A finished cell (summary.json) is kept; one with a checkpoint resumes from it; any other leftover
+    folder of an interrupted cell is started over.
     """
     from troll.train.run import SUMMARY_FILE
 
@@ -274,6 +277,8 @@ def run_cells(cells: list[Cell], *, jobs: int, keep_checkpoints: bool, keep_mode
             for item in [r for r in running if r[1].poll() is not None]:
                 running.remove(item)
                 status[item[0].label] = _finish(item, report)
+                if on_finish is not None:
+                    on_finish(status)
     finally:
         for _cell, proc, log, _ in running:  # interrupted: stop the cells we started, they resume later
             proc.terminate()
@@ -312,6 +317,15 @@ def run(out: Path, spec: StudySpec, cells: list[Cell], *, clear: bool, jobs: int
     out.mkdir(parents=True, exist_ok=True)
     config = {"command": "study", "spec": spec.to_json(), "argv": sys.argv}
     (out / options.CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-    status = run_cells(cells, jobs=jobs, keep_checkpoints=keep_checkpoints, keep_model=keep_model, report=report)
+
+    def partial(status: dict[str, str]) -> None:  # study.json / study.md so far, to read while the study runs
+        try:
+            study_report.write(out, spec, cells, status, plot=False)
+        except Exception as err:  # noqa: BLE001 -- a report must never stop the cells
+            report(f"could not update {JSON_FILE}: {err!r}")
+
+    status = run_cells(
+        cells, jobs=jobs, keep_checkpoints=keep_checkpoints, keep_model=keep_model, report=report, on_finish=partial
+    )
     study_report.write(out, spec, cells, status)
     return status

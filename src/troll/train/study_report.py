@@ -141,20 +141,22 @@ def collect(spec, cells, status: dict[str, str]) -> dict:
     }
 
 
-def write(out: Path, spec, cells, status: dict[str, str]) -> dict:
-    """Write study.json, study.md and study.png into ``out``; returns the study.json content."""
+def write(out: Path, spec, cells, status: dict[str, str], *, plot: bool = True) -> dict:
+    """Write study.json, study.md and (``plot``) study.png into ``out``; returns the study.json content."""
     from troll.train import plots
 
     data = collect(spec, cells, status)
     (out / "study.json").write_text(json.dumps(data, indent=2) + "\n")
     (out / "study.md").write_text(markdown(data, spec, cells))
-    plots.plot_study(data, out / "study.png", title=_title(spec, cells))
+    if plot:
+        plots.plot_study(data, out / "study.png", title=_title(spec, cells))
     return data
 
 
 def _title(spec, cells) -> str:
     b = cells[0].opts if cells else spec.base
-    return f"{b.task}, {b.model}, {len(spec.seeds)} seeds, {b.steps} steps"
+    seeds = f"{len(spec.seeds)} seed{'s' if len(spec.seeds) > 1 else ''}"
+    return f"{b.task}, {b.model}, {seeds}, {b.steps} steps"
 
 
 def _fmt(value, spec: str = ".3f") -> str:
