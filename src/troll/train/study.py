@@ -30,6 +30,7 @@ from pathlib import Path
 from troll.train import options
 from troll.train.options import LOSSES, TROLL_LOSSES, RunOptions, UsageError
 
+MAX_SEEDS = 1000  # a count beyond this is a typo, not a study
 JSON_FILE = "study.json"
 TABLE_FILE = "study.md"
 PLOT_FILE = "study.png"
@@ -116,8 +117,8 @@ def parse_seeds(text: str) -> list[int]:
     if not values:
         raise UsageError(f"--seeds {text!r}: give a count (--seeds 3: seeds 0,1,2) or a list (--seeds 0,1,2).")
     if "," not in text:
-        if values[0] < 1:
-            raise UsageError(f"--seeds {text}: a count of seeds must be >= 1 (or list them: --seeds 0,1).")
+        if not 1 <= values[0] <= MAX_SEEDS:
+            raise UsageError(f"--seeds {text}: a count of seeds must lie in [1, {MAX_SEEDS}] (or list: --seeds 0,1).")
         return list(range(values[0]))
     if len(set(values)) != len(values):
         raise UsageError(f"--seeds {text} names a seed twice; list each once.")
