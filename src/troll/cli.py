@@ -148,7 +148,7 @@ CMP_DOC = (
 STUDY_DOC = (
     "Runs every loss of --losses for every seed of --seeds (and every value of --sweep) as troll train would, "
     "into <out>/[<key>=<value>/]<loss>/seed<k>/, --jobs at a time, then writes study.json, study.md (mean and "
-    "standard error over seeds, paired TROLL - baseline differences with 95%% intervals) and study.png. Finished "
+    "standard error over seeds, paired TROLL - baseline differences with 95% intervals) and study.png. Finished "
     "cells keep metrics, summary and plots only (unless --keep-checkpoints / --keep-model); --resume continues an "
     "interrupted study without rerunning finished cells."
 )
