@@ -64,14 +64,14 @@ def run_cli(capsys, *argv: str) -> tuple[int, str]:
         (["--loss", "ppo"], "unknown loss 'ppo'; choose one of: troll, troll_seq, grpo"),
         (["--task", "chain_summ"], "Did you mean: chain_sum"),
         (["--task", "no_such_task"], "e.g. chain_sum, basic_arithmetic"),
-        (["--eps", "0"], "--eps must be > 0"),
+        (["--eps", "0"], "--eps must be a finite number > 0"),
         (["--eps", "-0.1", "--loss", "grpo"], "clip range"),
         (["--model", "/nonexistent/model"], "no such file or folder"),
         (["--model", "./missing-folder"], "no such file or folder"),
         (["--prompts-per-step", "3", "--generations", "3", "--steps-per-rollout", "2"], "cannot be split"),
         (["--generations", "1"], "--generations must be >= 2"),
-        (["--steps", "0"], "--steps must be > 0"),
-        (["--lr", "-1"], "--lr must be > 0"),
+        (["--steps", "0"], "--steps must be a whole number > 0"),
+        (["--lr", "-1"], "--lr must be a finite number > 0"),
         (["--delta", "1.5"], "--delta must lie in [0, 1)"),
         (["--overwrite", "--resume"], "exclude each other"),
     ],
@@ -98,7 +98,7 @@ def test_compare_bad_input(tmp_path, capsys):
     assert run_cli(capsys, "compare", "--losses", "troll,clipz", "--out", str(out))[0] == 2
     assert run_cli(capsys, "compare", "--losses", "troll,troll", "--out", str(out))[0] == 2
     code, err = run_cli(capsys, "compare", "--clip-eps", "0", "--out", str(out))
-    assert code == 2 and "--eps must be > 0" in err
+    assert code == 2 and "--eps must be a finite number > 0" in err
     assert not out.exists()
 
 
@@ -232,7 +232,7 @@ def test_heldout_split_is_disjoint():
 
 def test_train_end_to_end_and_resume(tmp_path, capsys, tiny_model_dir, isolated_cache):
     out = tmp_path / "run"
-    code = main(["train", "--model", str(tiny_model_dir), "--out", str(out), *TINY_RUN])
+    code = main(["train", "--model", str(tiny_model_dir), "--out", str(out), *TINY_RUN, "--keep-checkpoints"])
     assert code == 0, capsys.readouterr().err
     names = {p.name for p in out.iterdir()}
     assert {"config.json", "metrics.jsonl", "plots.png", "summary.json", "model", "checkpoint-2"} <= names
@@ -257,7 +257,8 @@ def test_train_end_to_end_and_resume(tmp_path, capsys, tiny_model_dir, isolated_
     assert summary["resumed"] is True and summary["steps"] == 4
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "troll/kl_after/max" in r] == [1, 2, 3, 4]
-    assert (out / "checkpoint-4").is_dir() and not (out / "checkpoint-2").exists()  # save_total_limit=1
+    # finished without --keep-checkpoints: its checkpoints are gone, the model stays
+    assert not list(out.glob("checkpoint-*")) and (out / "model" / "config.json").is_file()
 
 
 def test_compare_end_to_end(tmp_path, capsys, tiny_model_dir):
@@ -270,3 +271,106 @@ def test_compare_end_to_end(tmp_path, capsys, tiny_model_dir):
     table = (out / "compare.md").read_text()
     assert "| troll | 0.05 |" in table and "| grpo | 0.2 |" in table
     assert (out / "grpo" / "summary.json").is_file()
+    assert not list(out.glob("*/checkpoint-*"))  # dropped once each run finished
+
+
+# ---------------------------------------------------------------- D9: checked before anything is written
+
+
+def _exit_code(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except SystemExit as stop:  # argparse: a value of the wrong type
+        return stop.code
+
+
+@pytest.mark.parametrize("command", ["train", "compare", "study"])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--alpha", "nan"], "--alpha must be a finite number >= 0"),
+        (["--alpha", "inf"], "--alpha must be a finite number >= 0"),
+        (["--out", ""], "--out is empty"),
+        (["--seed", "-1"], "--seed must be a whole number in [0, 2**32)"),
+        (["--seed", str(2**32)], "--seed must be a whole number in [0, 2**32)"),
+        (["--temperature", "inf"], "--temperature must be a finite number > 0"),
+        (["--lr", "nan"], "--lr must be a finite number > 0"),
+        (["--model", ""], "--model must be a non-empty string"),
+    ],
+)
+def test_d9_regressions(tmp_path, capsys, isolated_cache, command, argv, message):
+    if command == "study" and argv[0] == "--seed":
+        argv, message = ["--seeds", argv[1] + ","], "each seed must lie in"
+    out = tmp_path / "run"
+    given_out = [] if argv[0] == "--out" else ["--out", str(out)]
+    code, err = run_cli(capsys, command, *given_out, f"{argv[0]}={argv[1]}")
+    assert code == 2 and message in err, err
+    assert not out.exists() and not isolated_cache.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["train", "compare", "study"])
+def test_out_below_a_file(tmp_path, capsys, command):
+    (tmp_path / "file").write_text("x")
+    code, err = run_cli(capsys, command, "--out", str(tmp_path / "file" / "run"))
+    assert code == 2 and "is a file, so no folder can be made below it" in err
+    assert (tmp_path / "file").read_text() == "x"
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ("{not json", "cannot be read as JSON"),
+        (json.dumps({"command": "train"}), "has no 'options' object"),
+        (json.dumps(["options"]), "has no 'options' object"),
+        (json.dumps({"options": {"steps": "many"}}), "are not valid"),
+        (json.dumps({"options": {"alpha": float("nan")}}), "are not valid"),
+    ],
+)
+def test_resume_with_damaged_config(tmp_path, capsys, config, message):
+    out = tmp_path / "run"
+    (out / "checkpoint-2").mkdir(parents=True)
+    (out / options.CONFIG_FILE).write_text(config)
+    code, err = run_cli(capsys, "train", "--out", str(out), "--resume")
+    assert code == 2 and message in err, err
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-2", "config.json"]
+    assert (out / options.CONFIG_FILE).read_text() == config
+
+
+# Every flag of train / compare / study with values it must refuse (exit 2, nothing written).
+ZERO_OK = {"--alpha", "--delta", "--eval-every", "--save-every", "--seed"}
+
+
+def _bad_values(flag: str, kind: type) -> list[str]:
+    if kind is str:
+        return ["", " "]
+    values = ["nan", "inf", "-inf", "-1", "abc", "1e400"] + (["2.5", "1e3"] if kind is int else [])
+    values += [] if flag in ZERO_OK else ["0"]
+    values += {"--delta": ["1", "1.5"], "--generations": ["1"], "--seed": [str(2**32)]}.get(flag, [])
+    return values
+
+
+def _flags(command: str) -> list[tuple[str, type]]:
+    from troll.cli import RUN_ARGS
+
+    flags = [(f, k) for f, k, _ in RUN_ARGS if not (command == "study" and f == "--seed")]
+    flags.append(("--eps", float))
+    if command in ("compare", "study"):
+        flags += [("--clip-eps", float), ("--losses", str)]
+    if command == "study":
+        flags += [("--jobs", int), ("--seeds", str), ("--sweep", str)]
+    return flags
+
+
+@pytest.mark.parametrize(
+    "command, flag, kind",
+    [(c, f, k) for c in ("train", "compare", "study") for f, k in _flags(c)],
+    ids=lambda v: v if isinstance(v, str) else v.__name__,
+)
+def test_every_flag_refuses_bad_values(tmp_path, capsys, isolated_cache, command, flag, kind):
+    out = tmp_path / "run"
+    for value in _bad_values(flag, kind):
+        code = _exit_code([command, "--out", str(out), f"{flag}={value}"])
+        capsys.readouterr()
+        assert code == 2, f"{command} {flag}={value!r} exited {code}"
+        assert not out.exists() and not isolated_cache.exists(), f"{command} {flag}={value!r} wrote something"

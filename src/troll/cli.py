@@ -1,4 +1,4 @@
-"""The ``troll`` command: ``troll train`` (one GRPO run with TROLL or clipping) and ``troll compare``.
+"""The ``troll`` command: ``troll train`` (one GRPO run with TROLL or clipping), ``troll compare`` and ``troll study``.
 
 Every input is checked before a model is loaded or a file is written; a bad one exits with status 2 and a
 message saying how to fix it. Heavy imports (torch, transformers, TRL) happen only once a run starts.
@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
+import time
 from pathlib import Path
 
 from troll.train.options import LOSSES, RunOptions, UsageError
@@ -53,8 +55,13 @@ RUN_ARGS: list[tuple[str, type, str]] = [
         f"(default: {d.steps_per_rollout})",
     ),
     ("--temperature", float, f"sampling temperature (default: {d.temperature})"),
-    ("--heldout", int, f"held-out examples, evaluated greedily (default: {d.heldout})"),
-    ("--eval-every", int, f"held-out evaluation every N steps; 0: before and after only (default: {d.eval_every})"),
+    ("--heldout", int, f"held-out examples, evaluated greedily in batches (default: {d.heldout})"),
+    (
+        "--eval-every",
+        int,
+        "held-out evaluation every N steps, and before and after; 0: before and after only "
+        "(default: every quarter of the run)",
+    ),
     ("--save-every", int, "checkpoint every N steps, for --resume; 0: none (default: half the run)"),
     ("--seed", int, f"seed of the data, sampling and training (default: {d.seed})"),
     ("--threads", int, f"torch threads; 1 is fastest on a busy shared machine (default: {d.threads})"),
@@ -62,19 +69,44 @@ RUN_ARGS: list[tuple[str, type, str]] = [
 del d
 
 
-def _add_run_args(p: argparse.ArgumentParser, out_help: str) -> None:
-    """Options shared by train and compare. Defaults are SUPPRESSed so that we can tell which were given."""
+def _add_run_args(p: argparse.ArgumentParser, out_help: str, skip: tuple[str, ...] = ()) -> None:
+    """Options shared by train, compare and study. Defaults are SUPPRESSed so that we can tell which were given."""
     for flag, kind, text in RUN_ARGS:
-        p.add_argument(flag, type=kind, default=argparse.SUPPRESS, help=text)
+        if flag not in skip:
+            p.add_argument(flag, type=kind, default=argparse.SUPPRESS, help=text)
     p.add_argument("--out", default=argparse.SUPPRESS, help=out_help)
     p.add_argument("--overwrite", action="store_true", help="replace an earlier result in the folder")
     p.add_argument("--resume", action="store_true", help="continue in the folder from the last checkpoint")
     p.add_argument("--list-tasks", action="store_true", help="list the reasoning_gym tasks and exit")
 
 
+def _add_study_parser(sub) -> None:
+    study = sub.add_parser("study", help="losses x seeds (x one swept option), with statistics", description=STUDY_DOC)
+    study.add_argument(
+        "--losses", default=argparse.SUPPRESS, help="comma-separated losses, each once (default: troll,grpo)"
+    )
+    study.add_argument(
+        "--seeds", default=argparse.SUPPRESS, help="a count (3: seeds 0,1,2) or a comma list (0,4,7) (default: 3)"
+    )
+    study.add_argument(
+        "--sweep",
+        default=argparse.SUPPRESS,
+        help="one run option and its values, KEY=V1,V2,... with KEY in flag form, e.g. steps-per-rollout=2,4,8 or "
+        "lr=1e-6,1e-5 (eps: TROLL's bound; clip-eps: the clip losses')",
+    )
+    study.add_argument("--eps", type=float, default=argparse.SUPPRESS, help="KL bound of TROLL (default: 0.05)")
+    study.add_argument(
+        "--clip-eps", type=float, default=argparse.SUPPRESS, help="eps of the other losses (default: each loss's own)"
+    )
+    study.add_argument("--jobs", type=int, default=1, help="cells run at once, as subprocesses (default: 1)")
+    study.add_argument("--keep-checkpoints", action="store_true", help="keep each cell's checkpoint-N/ (~1.1 GB)")
+    study.add_argument("--keep-model", action="store_true", help="keep each cell's final model/ (~0.5 GB)")
+    _add_run_args(study, "study folder (default: runs/study-<task>)", skip=("--seed",))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="troll", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,compare}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,compare,study}")
     train = sub.add_parser("train", help="one GRPO run with TROLL or a clipped loss", description=TRAIN_DOC)
     train.add_argument("--loss", default=argparse.SUPPRESS, help=f"one of {', '.join(LOSSES)} (default: troll)")
     eps_defaults = ", ".join(f"{k} {v[2]:g}" for k, v in LOSSES.items())
@@ -85,6 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"KL bound (troll, troll_seq), clip range (clip losses), ratio cap (cispo); default: {eps_defaults}",
     )
     _add_run_args(train, "run folder (default: runs/<loss>-<task>-seed<seed>)")
+    train.add_argument(
+        "--keep-checkpoints",
+        action="store_true",
+        help="keep checkpoint-N/ (~1.1 GB) after the run finishes, to extend it later with --resume --steps",
+    )
+    train.add_argument("--no-model", action="store_true", help="do not save the final model/ (~0.5 GB)")
     compare = sub.add_parser("compare", help="TROLL against clipping on the same task and seeds", description=CMP_DOC)
     compare.add_argument("--losses", default="troll,grpo", help="comma-separated losses (default: troll,grpo)")
     compare.add_argument("--eps", type=float, default=argparse.SUPPRESS, help="KL bound of TROLL (default: 0.05)")
@@ -92,12 +130,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--clip-eps", type=float, default=None, help="eps of the other losses (default: each loss's own, grpo 0.2)"
     )
     _add_run_args(compare, "comparison folder (default: runs/compare-<task>-seed<seed>)")
+    _add_study_parser(sub)
     return parser
 
 
 TRAIN_DOC = (
     "GRPO on a reasoning_gym task with TROLL's KL trust-region projection or a clipped surrogate. Writes "
-    "config.json, metrics.jsonl, plots.png, checkpoint-N/, model/ and summary.json into the run folder."
+    "config.json, metrics.jsonl, plots.png, model/ and summary.json into the run folder, and checkpoint-N/ while "
+    "it trains (deleted at the end unless --keep-checkpoints)."
 )
 CMP_DOC = (
     "Runs each loss of --losses with the same task, seeds and batch shape into <out>/<loss>/ (as troll train "
@@ -105,22 +145,37 @@ CMP_DOC = (
 )
 
 
+STUDY_DOC = (
+    "Runs every loss of --losses for every seed of --seeds (and every value of --sweep) as troll train would, "
+    "into <out>/[<key>=<value>/]<loss>/seed<k>/, --jobs at a time, then writes study.json, study.md (mean and "
+    "standard error over seeds, paired TROLL - baseline differences with 95% intervals) and study.png. Finished "
+    "cells keep metrics, summary and plots only (unless --keep-checkpoints / --keep-model); --resume continues an "
+    "interrupted study without rerunning finished cells."
+)
+
+
 def options_from_args(args: argparse.Namespace) -> RunOptions:
+    if hasattr(args, "out"):
+        from troll.train.options import check_out_path
+
+        if not args.out.strip():
+            raise UsageError("--out is empty; give a folder path, or leave --out out for the default folder.")
+        check_out_path(Path(args.out), "folder")
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunOptions) if hasattr(args, f.name)}
     return RunOptions(**given)
 
 
 def resume_options(args: argparse.Namespace) -> RunOptions:
     """The saved options of the run in --out, with the few that may change on resume taken from the command line."""
-    from troll.train.options import CONFIG_FILE, load_config
+    from troll.train.options import CONFIG_FILE, saved_options
 
     if not hasattr(args, "out"):
         raise UsageError("--resume needs --out, the run folder to continue.")
+    given = options_from_args(args)
     path = Path(args.out) / CONFIG_FILE
     if not path.is_file():
         raise UsageError(f"--resume: {path} not found; start the run without --resume.")
-    saved = RunOptions.from_json(load_config(Path(args.out))["options"])
-    given = options_from_args(args)
+    saved = saved_options(Path(args.out))
     changed = [
         f.name
         for f in dataclasses.fields(RunOptions)
@@ -161,15 +216,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     from troll.train.run import train
 
     _cache_note(opts.model)
-    summary = train(opts, resume=args.resume)
+    summary = train(opts, resume=args.resume, keep_checkpoints=args.keep_checkpoints, save_model=not args.no_model)
     _report(opts.out, summary)
     return 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from troll.train import compare
+    from troll.train.study import parse_losses
 
-    losses = [s.strip() for s in args.losses.split(",") if s.strip()]
+    losses = parse_losses(args.losses)
     base = options_from_args(args)
     runs = compare.plan(base, losses, troll_eps=base.eps, clip_eps=args.clip_eps)
     for opts in runs:
@@ -182,6 +238,115 @@ def cmd_compare(args: argparse.Namespace) -> int:
     print(f"wrote {out / compare.PLOT_FILE} and {out / compare.TABLE_FILE}")
     print(result)
     return 0
+
+
+def study_spec(args: argparse.Namespace):
+    """(StudySpec, study folder) from the command line; with --resume, the saved grid, which flags may not change."""
+    from troll.train import study
+    from troll.train.options import CONFIG_FILE
+
+    saved = None
+    if args.resume:
+        if not hasattr(args, "out"):
+            raise UsageError("--resume needs --out, the study folder to continue.")
+        if not (Path(args.out) / CONFIG_FILE).is_file():
+            raise UsageError(f"--resume: {Path(args.out) / CONFIG_FILE} not found; start the study without --resume.")
+        saved = study.load_spec(Path(args.out))
+    given = options_from_args(args)
+    if saved:
+        names = [f.name for f in dataclasses.fields(RunOptions) if hasattr(args, f.name)]
+        base = dataclasses.replace(saved.base, **{k: getattr(given, k) for k in names})
+    else:
+        base = given
+    types = {flag[2:].replace("-", "_"): kind for flag, kind, _ in RUN_ARGS} | {"eps": float, **study.SWEEP_EXTRA}
+    key, values = (saved.sweep_key, saved.sweep_values) if saved else (None, [])
+    if hasattr(args, "sweep"):
+        key, values = study.parse_sweep(args.sweep, types)
+    clip_eps = args.clip_eps if hasattr(args, "clip_eps") else (saved.clip_eps if saved else None)
+    if clip_eps is not None and not (math.isfinite(clip_eps) and clip_eps > 0):
+        raise UsageError(f"--clip-eps must be a finite number > 0, got {clip_eps}.")
+    spec = study.StudySpec(
+        dataclasses.replace(base, out="", seed=0),
+        study.parse_losses(args.losses) if hasattr(args, "losses") else (saved.losses if saved else ["troll", "grpo"]),
+        study.parse_seeds(args.seeds) if hasattr(args, "seeds") else (saved.seeds if saved else [0, 1, 2]),
+        key,
+        values,
+        clip_eps,
+    )
+    if saved:
+        _check_same_grid(spec, saved)
+    return spec, Path(getattr(args, "out", "") or f"runs/study-{base.task}")
+
+
+def _check_same_grid(spec, saved) -> None:
+    changed = [
+        "--" + f.name.replace("_", "-")
+        for f in dataclasses.fields(RunOptions)
+        if f.name != "threads" and getattr(spec.base, f.name) != getattr(saved.base, f.name)
+    ]
+    changed += [
+        "--" + name.replace("_", "-")
+        for name, a, b in [
+            ("losses", spec.losses, saved.losses),
+            ("seeds", spec.seeds, saved.seeds),
+            ("sweep", (spec.sweep_key, spec.sweep_values), (saved.sweep_key, saved.sweep_values)),
+            ("clip_eps", spec.clip_eps, saved.clip_eps),
+        ]
+        if a != b
+    ]
+    if changed:
+        raise UsageError(
+            f"--resume continues the saved study; {', '.join(changed)} differ from its config.json. Drop them "
+            "(or start a new study with another --out)."
+        )
+
+
+def cmd_study(args: argparse.Namespace) -> int:
+    from troll.train import model, study, tasks
+
+    if args.overwrite and args.resume:
+        raise UsageError("--overwrite and --resume exclude each other: one discards the study, the other continues it.")
+    if not (isinstance(args.jobs, int) and args.jobs >= 1):
+        raise UsageError(f"--jobs must be >= 1 (cells run at once), got {args.jobs}.")
+    spec, out = study_spec(args)
+    cells = study.plan(spec, out)
+    for model_name, task in sorted({(c.opts.model, c.opts.task) for c in cells}):
+        tasks.check_task(task)
+        model.resolve_model(model_name)
+    clear = study.check_folder(out, overwrite=args.overwrite, resume=args.resume)
+    _prepare_default_model({c.opts.model for c in cells})
+    start = time.time()
+
+    def report(text: str) -> None:
+        print(
+            f"[{time.strftime('%H:%M:%S')} +{(time.time() - start) / 60:.1f} min] {text}", file=sys.stderr, flush=True
+        )
+
+    report(f"study of {len(cells)} cells in {out}, {args.jobs} at a time")
+    try:
+        status = study.run(
+            out, spec, cells, clear=clear, jobs=args.jobs, keep_checkpoints=args.keep_checkpoints,
+            keep_model=args.keep_model, report=report,
+        )  # fmt: skip
+    except KeyboardInterrupt:
+        report(f"interrupted; continue with: troll study --out {out} --resume")
+        return 130
+    failed = [label for label, s in status.items() if s.startswith("failed")]
+    print(f"wrote {out / study.JSON_FILE}, {out / study.TABLE_FILE} and {out / study.PLOT_FILE}")
+    if failed:
+        print(f"troll study: {len(failed)} cell(s) failed: {', '.join(failed)}; see their .log files", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _prepare_default_model(names: set[str]) -> None:
+    """Convert the packaged GGUF once here, so that parallel cells do not all convert it at the same time."""
+    from troll.train import model
+
+    if model.DEFAULT_MODEL in names and not model.is_cached():
+        _cache_note(model.DEFAULT_MODEL)
+        _quiet()
+        model.ensure_cached(model.resolve_model(model.DEFAULT_MODEL))
 
 
 def _cache_note(model_name: str) -> None:
@@ -230,6 +395,8 @@ def main(argv: list[str] | None = None) -> int:
             return list_tasks()
         if args.command == "train":
             return cmd_train(args)
+        if args.command == "study":
+            return cmd_study(args)
         return cmd_compare(args)
     except UsageError as err:
         print(f"troll {args.command}: error: {err}", file=sys.stderr)

@@ -43,8 +43,7 @@ def check_folder(out: Path, *, overwrite: bool, resume: bool) -> bool:
         raise UsageError(
             "--overwrite and --resume exclude each other: one discards the runs, the other continues them."
         )
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"compare folder {out} exists and is not a folder.")
+    options.check_out_path(out, "compare folder")
     if not (out.is_dir() and any(out.iterdir())):
         if resume:
             raise UsageError(f"--resume: {out} holds no earlier comparison; start it without --resume.")

@@ -100,5 +100,48 @@ def _decorate(ax, name: str, drawn: int, *, legend: bool) -> None:
         ax.text(0.5, 0.5, "not logged by this loss", ha="center", va="center", transform=ax.transAxes, color="gray")
     elif legend:
         ax.legend(fontsize=7)
-    if name.startswith("held-out"):
+    if "held-out" in name:
         ax.set_ylim(-0.02, 1.02)  # an accuracy: the full range, so that a change of one item does not look large
+
+
+def plot_study(data: dict, path: Path, *, title: str = "") -> None:
+    """``troll study`` curves: mean over seeds with a +-1 standard-error band, one line per loss, one panel per
+    curve of :data:`troll.train.study_report.CURVES`, one row of panels per swept value."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from troll.train.study_report import CURVES
+
+    spec = data["spec"]
+    values = spec["sweep_values"] if spec.get("sweep_key") else [None]
+    if len(values) == 1:  # unswept: the panels in a block rather than one long row
+        fig, grid = plt.subplots(2, 3, figsize=(15, 6.6))
+        grid[1][2].set_visible(False)
+        axes = [list(grid.ravel())]
+    else:
+        fig, axes = plt.subplots(len(values), len(CURVES), figsize=(4.2 * len(CURVES), 3.3 * len(values)))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    curves = {(c["value"], c["loss"], c["key"]): c for c in data["curves"]}
+    for i, value in enumerate(values):
+        for j, (key, name, off) in enumerate(CURVES):
+            ax, drawn = axes[i][j], 0
+            for k, loss in enumerate(spec["losses"]):
+                c = curves.get((value, loss, key))
+                if not c or not c["step"]:
+                    continue
+                color = colors[k % len(colors)]
+                ax.plot(
+                    c["step"], c["mean"], color=color, label=loss, marker="o" if len(c["step"]) < 12 else None, ms=3
+                )
+                lo = [m - (s or 0.0) for m, s in zip(c["mean"], c["se"])]
+                hi = [m + (s or 0.0) for m, s in zip(c["mean"], c["se"])]
+                ax.fill_between(c["step"], lo, hi, color=color, alpha=0.2, lw=0)
+                drawn += 1
+            sweep = f"{spec['sweep_key'].replace('_', '-')}={value}: " if value is not None else ""
+            _decorate(ax, sweep + name + (" (off-policy steps)" if off else ""), drawn, legend=True)
+    fig.suptitle(title + " (mean ± standard error over seeds)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -2,8 +2,10 @@
 
 The folder holds config.json (the resolved options and versions), metrics.jsonl (one line per logged optimiser
 step: TRL's logs, the ``troll/*`` metrics, and ``heldout/*`` lines from the greedy evaluations), plots.png,
-checkpoint-N/ (the last Trainer checkpoint, for ``--resume``), model/ (the final weights and tokenizer) and
-summary.json (held-out greedy accuracy before and after, wall time).
+model/ (the final weights and tokenizer, ~0.5 GB for the default model; not with ``--no-model``) and summary.json
+(held-out greedy accuracy before and after, wall time). While the run trains it also holds checkpoint-N/ (the last
+Trainer checkpoint with its optimiser state, ~1.1 GB, for ``--resume`` of an interrupted run); a run that finishes
+deletes it unless ``--keep-checkpoints`` (needed only to extend a finished run later with ``--resume --steps``).
 
 Departures from a full-scale setup, all for a 2-core CPU: a 135M model, short completions, a few optimiser steps,
 no reference-model KL (beta = 0, as the TROLL paper and DAPO), a constant learning rate.
@@ -12,6 +14,7 @@ no reference-model KL (beta = 0, as the TROLL paper and DAPO), a constant learni
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -116,8 +119,12 @@ def truncate_metrics(out: Path, step: int) -> list[dict]:
     return rows
 
 
-def train(opts: RunOptions, *, resume: bool = False) -> dict:
-    """Run ``opts`` (resolved and validated; the folder checked) and return the summary written to summary.json."""
+def train(opts: RunOptions, *, resume: bool = False, keep_checkpoints: bool = False, save_model: bool = True) -> dict:
+    """Run ``opts`` (resolved and validated; the folder checked) and return the summary written to summary.json.
+
+    ``save_model``: write the final weights to model/. ``keep_checkpoints``: keep checkpoint-N/ after the run
+    finishes (otherwise deleted once summary.json is written; an interrupted run keeps its checkpoint).
+    """
     import torch
 
     from troll.train.callbacks import HeldoutEval, RunLog
@@ -152,12 +159,16 @@ def train(opts: RunOptions, *, resume: bool = False) -> dict:
     train_time = time.time() - train_start
     after = heldout.run(trainer.model, step=trainer.state.global_step)
     log.close()
-    trainer.save_model(str(out / MODEL_DIR))
+    if save_model:
+        trainer.save_model(str(out / MODEL_DIR))
     summary = _summary(
         opts, before, after, read_metrics(out), train_time, time.time() - start, resumed=bool(checkpoint)
     )
     _write_summary(out, summary)
     _plot(out, opts)
+    if not keep_checkpoints:
+        for path in out.glob("checkpoint-*"):
+            shutil.rmtree(path, ignore_errors=True)
     return summary
 
 
