@@ -42,10 +42,14 @@ def _policy_terms(logits, old, tokens, advantages, mask):
     x = logits.to(compute_dtype(logits.dtype))
     lse = torch.logsumexp(x, dim=-1)
     check_lse("logits", lse)
-    logp = x.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - lse
-    old_tok = old_token_logp(old, tokens).to(logp.dtype)
-    old_tok = torch.where(mask, old_tok, logp.detach())  # padding: ratio 1, finite
-    return tokens, adv.to(logp.dtype), mask, x, lse, logp, old_tok
+    old_tok = old_token_logp(old, tokens).to(x.dtype)  # detached
+    # A sampled token the old policy excludes is dropped from the loss (as in troll_loss; docs/numerics.md).
+    excluded = mask & torch.isneginf(old_tok)
+    mask = mask & ~excluded
+    # Select, never multiply: padded / dropped positions get log-prob 0 and ratio 1 before any arithmetic.
+    logp = torch.where(mask, x.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - lse, 0.0)
+    old_tok = torch.where(mask, old_tok, 0.0)
+    return tokens, adv.to(logp.dtype), mask, excluded, x, lse, logp, old_tok
 
 
 def _kl_metrics(x, lse, old, tokens, mask, logp, old_tok) -> dict[str, torch.Tensor]:
@@ -90,7 +94,7 @@ def clip_loss(
         raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip!r}; the usual value is 3 to 10.")
     check_choice("level", level, LEVELS)
     check_choice("agg", agg, AGGREGATIONS)
-    tokens, adv, mask, x, lse, logp, old_tok = _policy_terms(logits, old, tokens, advantages, mask)
+    tokens, adv, mask, excluded, x, lse, logp, old_tok = _policy_terms(logits, old, tokens, advantages, mask)
     ratio = torch.exp(logp - old_tok) if level == "token" else _sequence_weight(logp, old_tok, mask)
     clipped = ratio.clamp(1 - eps_low, 1 + eps_high)
     per_token = torch.maximum(-adv * ratio, -adv * clipped)
@@ -108,6 +112,7 @@ def clip_loss(
             "clip/region_frac": _masked_mean((low | high).double(), mask),
             "clip/dual_frac": _masked_mean(dual.double(), mask),
             **_stats("ratio", r, mask, ("mean", "min", "max")),
+            "old_excluded_frac": _masked_mean(excluded.double(), excluded | mask),
             **_kl_metrics(x, lse, old, tokens, mask, logp, old_tok),
         }
     return LossOutput(loss, metrics)
@@ -131,14 +136,16 @@ def cispo_loss(
     """
     check_positive("eps_high", eps_high)
     check_choice("agg", agg, AGGREGATIONS)
-    tokens, adv, mask, x, lse, logp, old_tok = _policy_terms(logits, old, tokens, advantages, mask)
+    tokens, adv, mask, excluded, x, lse, logp, old_tok = _policy_terms(logits, old, tokens, advantages, mask)
     ratio = torch.exp(logp - old_tok).detach()
-    per_token = -ratio.clamp(max=eps_high) * adv * logp
+    # A token the current policy bans has weight 0; select so that 0 * (-inf) never happens.
+    per_token = -ratio.clamp(max=eps_high) * adv * torch.where(ratio > 0, logp, 0.0)
     loss = aggregate(per_token, mask, agg, max_len=max_len)
     with torch.no_grad():
         metrics = {
             "clip/high_frac": _masked_mean((ratio > eps_high).double(), mask),
             **_stats("ratio", ratio, mask, ("mean", "min", "max")),
+            "old_excluded_frac": _masked_mean(excluded.double(), excluded | mask),
             **_kl_metrics(x, lse, old, tokens, mask, logp, old_tok),
         }
     return LossOutput(loss, metrics)

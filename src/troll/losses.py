@@ -31,6 +31,7 @@ from troll.sparse_projection import DenseLogits, coarse_support
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 LEVELS = ("token", "sequence")
+INFEASIBLE_RTOL = 1e-3  # KL after projection above kl_bound * (1 + this) marks a row as infeasible
 MAX_LOG_RATIO = 10.0  # sequence-level log importance ratios are clamped here (SPEC section 4)
 
 
@@ -50,15 +51,18 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, agg: str, *, max_len: in
     Empty denominators give 0, so an all-masked batch has loss 0.
     """
     check_choice("agg", agg, AGGREGATIONS)
-    m = mask.to(values.dtype)
-    per_seq = (values * m).sum(-1)
-    count = m.sum(-1)
+    # Select, never multiply by the mask: a NaN / inf at a padded position must not reach the sum.
+    per_seq = torch.where(mask, values, 0.0).sum(-1)
+    count = mask.to(values.dtype).sum(-1)
     if agg == "token-mean":
         return per_seq.sum() / count.sum().clamp_min(1)
     if agg == "seq-mean-token-sum-norm":
         length = values.shape[-1] if max_len is None else max_len
-        if length < 1:
-            raise ValueError(f"max_len must be >= 1 for seq-mean-token-sum-norm, got {max_len}.")
+        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+            raise ValueError(
+                f"max_len must be an integer >= 1 for seq-mean-token-sum-norm, got {max_len!r}; "
+                "pass the maximum completion length (or None for T)."
+            )
         return per_seq.sum() / (values.shape[0] * length)
     nonempty = count > 0
     if agg == "seq-mean-token-mean":
@@ -111,8 +115,8 @@ def check_old(old: SparseLogProbs, b: int, t: int, v: int) -> None:
 
 def _sequence_weight(logp_tok: torch.Tensor, old_tok: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """GSPO-token weight exp(log pi_t - sg(log pi_t) + sg(log s_i)), log s_i = masked mean log-ratio (<= 10)."""
-    m = mask.to(logp_tok.dtype)
-    log_s = ((logp_tok - old_tok) * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp_min(1)
+    count = mask.to(logp_tok.dtype).sum(-1, keepdim=True)
+    log_s = torch.where(mask, logp_tok - old_tok, 0.0).sum(-1, keepdim=True) / count.clamp_min(1)
     log_s = log_s.clamp(max=MAX_LOG_RATIO).detach()
     return torch.exp(logp_tok - logp_tok.detach() + log_s)
 
@@ -162,17 +166,23 @@ def troll_loss_on_policy(new, old, tokens, adv, mask, *, kl_bound, alpha, top_k,
     """
     bsz, seq = tokens.shape
     ids, support, a, b = coarse_support(new, old, top_k=top_k, delta=delta, extra=tokens.reshape(-1, 1))
-    # Positions outside the response get old = new: inactive, finite, and no solver work.
-    rows = mask.reshape(-1, 1)
-    b = torch.where(rows, b, a.detach())
+    at = (ids == tokens.reshape(-1, 1)).long().argmax(-1, keepdim=True)  # the sampled id's slot in U
+    # A sampled token the old policy excludes is a data error (sampler and old policy disagree): it is dropped
+    # from the loss and counted in old_excluded_frac (docs/numerics.md).
+    with torch.no_grad():
+        old_zero = torch.isneginf(b.gather(-1, at).reshape(bsz, seq))
+        old_zero |= torch.isneginf(old_token_logp(old, tokens.reshape(-1)).reshape(bsz, seq))
+    excluded = mask & old_zero
+    kept = mask & ~excluded
+    # Positions outside the loss get old = new: inactive, finite, and no solver work.
+    b = torch.where(kept.reshape(-1, 1), b, a.detach())
     proj = project_log_probs(a, b, kl_bound)
 
-    at = (ids == tokens.reshape(-1, 1)).long().argmax(-1, keepdim=True)  # the sampled id's slot in U
-
-    def tok(t):
-        return t.gather(-1, at).reshape(bsz, seq)
+    def tok(t):  # select, so that a -inf at a padded position never reaches the arithmetic
+        return torch.where(kept, t.gather(-1, at).reshape(bsz, seq), 0.0)
 
     logp_tok, old_tok = tok(proj.logp), tok(b)
+    mask = kept
     if level == "token":
         weight = torch.exp(logp_tok - old_tok)
     else:
@@ -189,6 +199,8 @@ def troll_loss_on_policy(new, old, tokens, adv, mask, *, kl_bound, alpha, top_k,
             **_stats("kl_before", view["kl_before"], mask, ("mean", "max")),
             **_stats("kl_after", view["kl_after"], mask, ("mean", "max")),
             "projected_frac": _masked_mean((view["eta"] > 0).double(), mask),
+            "infeasible_frac": _masked_mean(infeasible(view["kl_after"], kl_bound).double(), mask),
+            "old_excluded_frac": _masked_mean(excluded.double(), excluded | mask),
             **_stats("eta", view["eta"], mask, ("mean", "max")),
             "support/mean": _masked_mean(support[:, :-1].sum(-1).reshape(bsz, seq).double(), mask),
             **_stats("ratio", torch.exp(logp_tok - old_tok), mask, ("mean", "min", "max")),
@@ -198,9 +210,14 @@ def troll_loss_on_policy(new, old, tokens, adv, mask, *, kl_bound, alpha, top_k,
     return LossOutput(loss, metrics)
 
 
+def infeasible(kl_after: torch.Tensor, kl_bound: float) -> torch.Tensor:
+    """Rows whose bound cannot be met (the new policy bans tokens holding > 1 - exp(-kl_bound) of the old mass):
+    the projection returns the feasible-direction end point and these rows are reported, never silently claimed."""
+    return kl_after > kl_bound * (1 + INFEASIBLE_RTOL)
+
+
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    m = mask.to(values.dtype)
-    return (values * m).sum() / m.sum().clamp_min(1)
+    return torch.where(mask, values, 0.0).sum() / mask.to(values.dtype).sum().clamp_min(1)
 
 
 def _stats(name: str, values: torch.Tensor, mask: torch.Tensor, which) -> dict[str, torch.Tensor]:
@@ -221,7 +238,7 @@ def _stats(name: str, values: torch.Tensor, mask: torch.Tensor, which) -> dict[s
 def old_token_logp(old: SparseLogProbs | torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """Old per-token log-probs (B, T): the stored value at the sampled id, else its share of the unkept mass."""
     if torch.is_tensor(old):
-        return old.double()
+        return old.detach().double()
     hit = (old.ids == tokens.unsqueeze(-1)) & old.mask
     stored = torch.where(hit, old.logp.double(), 0.0).sum(-1)
     n_tail = (old.vocab_size - old.mask.sum(-1)).double().clamp_min(1)
