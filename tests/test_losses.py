@@ -401,3 +401,23 @@ def test_tensor_old_is_detached(loss_fn):
     (g2,) = torch.autograd.grad(loss_fn(x, old_attached.detach(), t, torch.tensor([1.0]), mask).loss, x)
     torch.testing.assert_close(g1, g2)
     assert g1.abs().max() > 0.01
+
+
+def test_infeasible_rows_are_reported_in_the_metrics():
+    """D4: a one-hot new policy against a flat old one cannot reach KL <= eps; troll_loss reports the row in
+    infeasible_frac (1 of 2 response tokens) and stays finite."""
+    old = torch.zeros(1, 2, 6)
+    new = old.clone()
+    new[0, 0, 1:] = NEG  # row 0: one-hot on token 0 -> KL >= log 6 against the flat old policy
+    t = torch.tensor([[0, 3]])
+    out, grad = _loss_and_grad(
+        troll.troll_loss,
+        new,
+        troll.sparsify(old, include=t),
+        t,
+        torch.tensor([1.0]),
+        torch.ones(1, 2, dtype=torch.bool),
+    )
+    assert out.metrics["infeasible_frac"].item() == 0.5
+    assert out.metrics["kl_after/max"].item() == pytest.approx(math.log(6), rel=1e-6)
+    assert torch.isfinite(out.loss) and torch.isfinite(grad).all()

@@ -25,13 +25,12 @@ from troll._checks import (
     check_shape,
     check_top_k,
 )
-from troll.projection import kl_divergence, project_log_probs
+from troll.projection import infeasible, kl_divergence, project_log_probs
 from troll.sparse import SparseLogProbs
 from troll.sparse_projection import DenseLogits, coarse_support
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 LEVELS = ("token", "sequence")
-INFEASIBLE_RTOL = 1e-3  # KL after projection above kl_bound * (1 + this) marks a row as infeasible
 MAX_LOG_RATIO = 10.0  # sequence-level log importance ratios are clamped here (SPEC section 4)
 
 
@@ -208,12 +207,6 @@ def troll_loss_on_policy(new, old, tokens, adv, mask, *, kl_bound, alpha, top_k,
             "loss/reg": reg_loss.detach(),
         }
     return LossOutput(loss, metrics)
-
-
-def infeasible(kl_after: torch.Tensor, kl_bound: float) -> torch.Tensor:
-    """Rows whose bound cannot be met (the new policy bans tokens holding > 1 - exp(-kl_bound) of the old mass):
-    the projection returns the feasible-direction end point and these rows are reported, never silently claimed."""
-    return kl_after > kl_bound * (1 + INFEASIBLE_RTOL)
 
 
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
