@@ -19,10 +19,14 @@ from troll._checks import (
     check_choice,
     check_delta,
     check_ids,
+    check_int,
     check_logits,
     check_lse,
-    check_positive,
+    check_mask,
+    check_number,
     check_shape,
+    check_sparse,
+    check_tensor,
     check_top_k,
 )
 from troll.projection import infeasible, kl_divergence, project_log_probs
@@ -50,6 +54,8 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, agg: str, *, max_len: in
     Empty denominators give 0, so an all-masked batch has loss 0.
     """
     check_choice("agg", agg, AGGREGATIONS)
+    if max_len is not None:
+        check_int("max_len", max_len, hint="; pass the maximum completion length, or None for T")
     # Select, never multiply by the mask: a NaN / inf at a padded position must not reach the sum.
     per_seq = torch.where(mask, values, 0.0).sum(-1)
     count = mask.to(values.dtype).sum(-1)
@@ -57,11 +63,6 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, agg: str, *, max_len: in
         return per_seq.sum() / count.sum().clamp_min(1)
     if agg == "seq-mean-token-sum-norm":
         length = values.shape[-1] if max_len is None else max_len
-        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
-            raise ValueError(
-                f"max_len must be an integer >= 1 for seq-mean-token-sum-norm, got {max_len!r}; "
-                "pass the maximum completion length (or None for T)."
-            )
         return per_seq.sum() / (values.shape[0] * length)
     nonempty = count > 0
     if agg == "seq-mean-token-mean":
@@ -71,9 +72,8 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, agg: str, *, max_len: in
 
 def check_troll_args(*, kl_bound, alpha, top_k, delta, level, agg) -> None:
     """The hyper-parameter checks shared by every TROLL loss entry point."""
-    check_positive("kl_bound", kl_bound)
-    if not alpha >= 0:
-        raise ValueError(f"alpha must be >= 0, got {alpha!r}; the paper uses alpha=1.0.")
+    check_number("kl_bound", kl_bound, hint="; the paper uses kl_bound=0.05")
+    check_number("alpha", alpha, strict=False, hint="; the paper uses alpha=1.0")
     check_top_k(top_k)
     check_delta(delta)
     check_choice("level", level, LEVELS)
@@ -89,11 +89,15 @@ def _check_batch(logits, tokens, advantages, mask):
 
 def check_batch(tokens, advantages, mask, b: int, t: int, vocab: int, *, source: str = "logits"):
     """Validate the (B, T) side of a batch; returns long tokens (0 off the mask), (B, T) advantages, bool mask."""
+    for name, value in (("tokens", tokens), ("advantages", advantages), ("mask", mask)):
+        check_tensor(name, value)
     check_shape("tokens", tokens, (b, t), f" (B, T) from {source}")
     check_shape("mask", mask, (b, t), f" (B, T) from {source}")
+    if not advantages.is_floating_point():
+        advantages = advantages.double()
     if advantages.shape not in ((b,), (b, t)):
         raise ValueError(f"advantages has shape {tuple(advantages.shape)}; expected ({b},) or ({b}, {t}).")
-    mask = mask.bool()
+    mask = check_mask(mask)
     check_ids("tokens (at mask == True)", tokens[mask], vocab)
     tokens = torch.where(mask, tokens, 0).long()
     adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
@@ -107,9 +111,11 @@ def check_old(old: SparseLogProbs, b: int, t: int, v: int) -> None:
         raise ValueError(f"old must be a SparseLogProbs (from troll.sparsify), got {type(old).__name__}.")
     if old.ids.dim() != 3:
         raise ValueError(f"old.ids must be (B, T, K), got shape {tuple(old.ids.shape)}.")
-    check_shape("old.ids", old.ids[..., 0], (b, t), " (B, T) from logits")
+    if tuple(old.ids.shape[:-1]) != (b, t):
+        raise ValueError(f"old.ids has shape {tuple(old.ids.shape)} but ({b}, {t}, K) is expected (B, T from logits).")
     if old.vocab_size != v:
         raise ValueError(f"old.vocab_size is {old.vocab_size} but logits have V = {v}; use one vocabulary.")
+    check_sparse(old, v)
 
 
 def _sequence_weight(logp_tok: torch.Tensor, old_tok: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
