@@ -382,3 +382,25 @@ def test_hand_built_sparse_log_probs_are_validated(loss, change, match):
     bad = _hand_built(**change(old))
     with pytest.raises(ValueError, match=match):
         loss(logits, bad, tokens, adv, mask)
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"loss_type": "trol"}, r"loss_type='trol' is not a known loss type; did you mean loss_type='troll'\?"),
+        ({"loss_type": "dapo2"}, r"did you mean loss_type='dapo'\?"),
+        ({"troll_kl_bound": INF}, "troll_kl_bound must be > 0 and finite"),
+        ({"troll_kl_bound": "0.05"}, "troll_kl_bound"),
+        ({"troll_alpha": INF}, "troll_alpha must be >= 0 and finite"),
+        ({"troll_alpha": None}, "troll_alpha"),
+        ({"troll_delta": float("nan")}, "troll_delta"),
+    ],
+)
+def test_trl_config_rejects_typos_and_infinities(tmp_path, kw, match):
+    pytest.importorskip("trl")
+    from troll.integrations.trl import TrollGRPOConfig
+
+    base = dict(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=4)
+    with pytest.raises(ValueError, match=match):
+        TrollGRPOConfig(**base, num_generations=4, **kw)
+    assert TrollGRPOConfig(**base, num_generations=4, loss_type="cispo").loss_type == "cispo"
