@@ -421,3 +421,18 @@ def test_infeasible_rows_are_reported_in_the_metrics():
     assert out.metrics["infeasible_frac"].item() == 0.5
     assert out.metrics["kl_after/max"].item() == pytest.approx(math.log(6), rel=1e-6)
     assert torch.isfinite(out.loss) and torch.isfinite(grad).all()
+
+
+@pytest.mark.parametrize("loss_fn", [troll.troll_loss, troll.clip_loss])
+def test_sequence_level_with_a_banned_token_is_finite(loss_fn):
+    """Found by the property tests: at level="sequence" a token the current policy bans made the GSPO weight
+    exp(-inf - (-inf)) = NaN. Its sequence's weight is now 0 (log s = -inf), with a zero gradient."""
+    x = torch.randn(1, 2, 5, generator=gen(5))
+    t = torch.tensor([[0, 1]])
+    y = x.clone()
+    y[0, 0, 0] = NEG
+    args = (troll.sparsify(x, include=t), t, torch.tensor([1.0]), torch.ones(1, 2, dtype=torch.bool))
+    z = y.clone().requires_grad_()
+    out = loss_fn(z, *args, level="sequence")
+    (grad,) = torch.autograd.grad(out.loss, z)
+    assert torch.isfinite(out.loss) and torch.isfinite(grad).all()

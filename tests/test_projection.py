@@ -373,3 +373,17 @@ def test_small_bounds_hold_in_low_precision(dtype, eps):
     assert out.logp.dtype == torch.float32 and bool((out.eta > 0).all())
     after = kl(torch.log_softmax(out.logp.double(), -1), torch.log_softmax(old.double(), -1))
     assert bool((after <= eps).all()) and bool((after >= eps * (1 - 1e-2)).all())
+
+
+def test_disjoint_supports_are_left_unchanged_and_flagged():
+    """Found by the property tests: new and old policies with no token in common. No pi on the path exists (its
+    log-probs were NaN); the row is returned unchanged with kl_after = inf, flagged, and the gradient is
+    log_softmax's."""
+    new = torch.tensor([[NEG_INF, 0.275], [0.0, 1.0]], dtype=torch.float64, requires_grad=True)
+    old = torch.tensor([[1.541, NEG_INF], [0.0, 0.0]], dtype=torch.float64)
+    out = troll.project(new, old, 1.0)
+    torch.testing.assert_close(out.logp[0], torch.tensor([NEG_INF, 0.0], dtype=torch.float64))
+    assert out.kl_after[0].item() == math.inf and troll.infeasible(out.kl_after, 1.0).tolist() == [True, False]
+    w = torch.tensor([[0.0, 2.0], [1.0, -1.0]], dtype=torch.float64)
+    (grad,) = torch.autograd.grad((torch.where(out.logp > NEG_INF, out.logp, 0.0) * w).sum(), new)
+    assert torch.isfinite(grad).all() and grad[0].abs().max() == 0  # log pi = [-inf, 0] does not move

@@ -123,7 +123,10 @@ def _sequence_weight(logp_tok: torch.Tensor, old_tok: torch.Tensor, mask: torch.
     count = mask.to(logp_tok.dtype).sum(-1, keepdim=True)
     log_s = torch.where(mask, logp_tok - old_tok, 0.0).sum(-1, keepdim=True) / count.clamp_min(1)
     log_s = log_s.clamp(max=MAX_LOG_RATIO).detach()
-    return torch.exp(logp_tok - logp_tok.detach() + log_s)
+    # A token the current policy bans (log pi = -inf) makes log_s = -inf and the weight 0; select first so that
+    # -inf - (-inf) never happens.
+    lp = torch.where(torch.isfinite(logp_tok), logp_tok, 0.0)
+    return torch.exp(lp - lp.detach() + log_s)
 
 
 def troll_loss(

@@ -133,6 +133,8 @@ class _ProjectFn(torch.autograd.Function):
         bound = active & (s < 1)
         coef = torch.where(bound & (var > 0), hc / var, 0.0).unsqueeze(-1)
         grad = s.unsqueeze(-1) * (h - coef * pi * (c - kl.unsqueeze(-1)))
+        # Off the bound the map is log_softmax alone; select, as c = +inf on a row whose supports do not meet.
+        grad = torch.where(bound.unsqueeze(-1), grad, h)
         # Where pi = 0 (a token either policy excludes) log pi does not depend on a.
         return torch.where(pi > 0, grad, 0.0), None, None, None
 
@@ -144,7 +146,10 @@ def project_log_probs(a: torch.Tensor, b: torch.Tensor, kl_bound: float) -> Proj
     """
     with torch.no_grad():
         kl_before = kl_divergence(a.detach(), b)
-        active = kl_before > kl_bound
+        # A row whose new and old supports do not meet has no point on the path (KL = inf for every pi the new
+        # policy allows): it is left unchanged, kl_after = inf, and reported as infeasible.
+        meets = ((a.detach() > NEG_INF) & (b > NEG_INF)).any(-1)
+        active = (kl_before > kl_bound) & meets
         s = torch.ones_like(kl_before)
         if bool(active.any()):
             s[active] = _solve_active(a.detach()[active], b[active], kl_bound)
