@@ -24,7 +24,9 @@ from __future__ import annotations
 import torch
 
 from troll._checks import check_delta, check_lse, check_number, check_shape, check_tensor, check_top_k
-from troll.losses import LossOutput, check_batch, check_old, check_troll_args, troll_loss_on_policy
+from troll._common import check_batch, check_old
+from troll.defaults import ALPHA, DELTA, KL_BOUND, TOP_K
+from troll.losses import LossOutput, check_troll_args, troll_loss_from_policy
 from troll.sparse import SparseLogProbs, include_ids, mass_rule, merge_ids, trim_kept
 
 # A chunk's logits take about this many elements (64 MB in fp32): C = CHUNK_ELEMENTS // N, at least MIN_CHUNK.
@@ -282,10 +284,10 @@ def troll_loss_from_hidden(
     *,
     bias: torch.Tensor | None = None,
     temperature: float = 1.0,
-    kl_bound: float = 0.05,
-    alpha: float = 1.0,
-    top_k: int = 64,
-    delta: float = 1e-5,
+    kl_bound: float = KL_BOUND,
+    alpha: float = ALPHA,
+    top_k: int = TOP_K,
+    delta: float = DELTA,
     level: str = "token",
     agg: str = "token-mean",
     max_len: int | None = None,
@@ -314,7 +316,7 @@ def troll_loss_from_hidden(
     check_old(old, bsz, seq, vocab)
 
     new = ChunkedLMHead(hidden.reshape(bsz * seq, -1), weight, bias, temperature, chunk_size, entropy)
-    out = troll_loss_on_policy(new, old.flatten(), tokens, adv, mask, **params, max_len=max_len)
+    out = troll_loss_from_policy(new, old.flatten(), tokens, adv, mask, **params, max_len=max_len)
     if entropy:
         ent = torch.where(mask, new.entropy.double().reshape(bsz, seq), 0.0)
         out.metrics["entropy/mean"] = ent.sum() / mask.double().sum().clamp_min(1)
@@ -329,8 +331,8 @@ def sparsify_from_hidden(
     *,
     bias: torch.Tensor | None = None,
     temperature: float = 1.0,
-    top_k: int = 64,
-    delta: float = 1e-5,
+    top_k: int = TOP_K,
+    delta: float = DELTA,
     include: torch.Tensor | None = None,
     chunk_size: int | None = None,
 ) -> SparseLogProbs:

@@ -18,24 +18,19 @@ import torch
 from troll._checks import (
     check_choice,
     check_delta,
-    check_ids,
     check_int,
-    check_logits,
     check_lse,
-    check_mask,
     check_number,
-    check_shape,
-    check_sparse,
-    check_tensor,
     check_top_k,
 )
+from troll._common import check_logits_batch, check_old, masked_mean, masked_stats, sequence_weight
+from troll.defaults import ALPHA, DELTA, KL_BOUND, TOP_K
 from troll.projection import infeasible, kl_divergence, project_log_probs
 from troll.sparse import SparseLogProbs
 from troll.sparse_projection import DenseLogits, coarse_support
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 LEVELS = ("token", "sequence")
-MAX_LOG_RATIO = 10.0  # sequence-level log importance ratios are clamped here (SPEC section 4)
 
 
 @dataclass
@@ -80,55 +75,6 @@ def check_troll_args(*, kl_bound, alpha, top_k, delta, level, agg) -> None:
     check_choice("agg", agg, AGGREGATIONS)
 
 
-def _check_batch(logits, tokens, advantages, mask):
-    check_logits("logits", logits, scan=False)  # values: check_lse on the logsumexp the loss computes anyway
-    if logits.dim() != 3:
-        raise ValueError(f"logits must be (B, T, V), got shape {tuple(logits.shape)}.")
-    return check_batch(tokens, advantages, mask, *logits.shape, source="logits")
-
-
-def check_batch(tokens, advantages, mask, b: int, t: int, vocab: int, *, source: str = "logits"):
-    """Validate the (B, T) side of a batch; returns long tokens (0 off the mask), (B, T) advantages, bool mask."""
-    for name, value in (("tokens", tokens), ("advantages", advantages), ("mask", mask)):
-        check_tensor(name, value)
-    check_shape("tokens", tokens, (b, t), f" (B, T) from {source}")
-    check_shape("mask", mask, (b, t), f" (B, T) from {source}")
-    if not advantages.is_floating_point():
-        advantages = advantages.double()
-    if advantages.shape not in ((b,), (b, t)):
-        raise ValueError(f"advantages has shape {tuple(advantages.shape)}; expected ({b},) or ({b}, {t}).")
-    mask = check_mask(mask)
-    check_ids("tokens (at mask == True)", tokens[mask], vocab)
-    tokens = torch.where(mask, tokens, 0).long()
-    adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
-    if not torch.isfinite(adv).all():
-        raise ValueError("advantages contain NaN or inf; check the reward function and its normalisation.")
-    return tokens, adv.expand(b, t), mask
-
-
-def check_old(old: SparseLogProbs, b: int, t: int, v: int) -> None:
-    if not isinstance(old, SparseLogProbs):
-        raise ValueError(f"old must be a SparseLogProbs (from troll.sparsify), got {type(old).__name__}.")
-    if old.ids.dim() != 3:
-        raise ValueError(f"old.ids must be (B, T, K), got shape {tuple(old.ids.shape)}.")
-    if tuple(old.ids.shape[:-1]) != (b, t):
-        raise ValueError(f"old.ids has shape {tuple(old.ids.shape)} but ({b}, {t}, K) is expected (B, T from logits).")
-    if old.vocab_size != v:
-        raise ValueError(f"old.vocab_size is {old.vocab_size} but logits have V = {v}; use one vocabulary.")
-    check_sparse(old, v)
-
-
-def _sequence_weight(logp_tok: torch.Tensor, old_tok: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """GSPO-token weight exp(log pi_t - sg(log pi_t) + sg(log s_i)), log s_i = masked mean log-ratio (<= 10)."""
-    count = mask.to(logp_tok.dtype).sum(-1, keepdim=True)
-    log_s = torch.where(mask, logp_tok - old_tok, 0.0).sum(-1, keepdim=True) / count.clamp_min(1)
-    log_s = log_s.clamp(max=MAX_LOG_RATIO).detach()
-    # A token the current policy bans (log pi = -inf) makes log_s = -inf and the weight 0; select first so that
-    # -inf - (-inf) never happens.
-    lp = torch.where(torch.isfinite(logp_tok), logp_tok, 0.0)
-    return torch.exp(lp - lp.detach() + log_s)
-
-
 def troll_loss(
     logits: torch.Tensor,
     old: SparseLogProbs,
@@ -136,10 +82,10 @@ def troll_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     *,
-    kl_bound: float = 0.05,
-    alpha: float = 1.0,
-    top_k: int = 64,
-    delta: float = 1e-5,
+    kl_bound: float = KL_BOUND,
+    alpha: float = ALPHA,
+    top_k: int = TOP_K,
+    delta: float = DELTA,
     level: str = "token",
     agg: str = "token-mean",
     max_len: int | None = None,
@@ -157,17 +103,17 @@ def troll_loss(
     """
     params = dict(kl_bound=kl_bound, alpha=alpha, top_k=top_k, delta=delta, level=level, agg=agg)
     check_troll_args(**params)
-    tokens, adv, mask = _check_batch(logits, tokens, advantages, mask)
+    tokens, adv, mask = check_logits_batch(logits, tokens, advantages, mask)
     bsz, seq, vocab = logits.shape
     check_old(old, bsz, seq, vocab)
 
     new = DenseLogits(logits.reshape(-1, vocab))
     check_lse("logits", new.lse)
-    out = troll_loss_on_policy(new, old.flatten(), tokens, adv, mask, **params, max_len=max_len)
+    out = troll_loss_from_policy(new, old.flatten(), tokens, adv, mask, **params, max_len=max_len)
     return LossOutput(out.loss if logits.dtype == torch.float64 else out.loss.float(), out.metrics)
 
 
-def troll_loss_on_policy(new, old, tokens, adv, mask, *, kl_bound, alpha, top_k, delta, level, agg, max_len):
+def troll_loss_from_policy(new, old, tokens, adv, mask, *, kl_bound, alpha, top_k, delta, level, agg, max_len):
     """The TROLL loss for a validated batch; ``new`` is a :class:`DenseLogits` or a stand-in over B*T rows.
 
     old: flat SparseLogProbs (B*T, K); tokens, adv, mask: (B, T). Returns a fp64 :class:`LossOutput`.
@@ -194,7 +140,7 @@ def troll_loss_on_policy(new, old, tokens, adv, mask, *, kl_bound, alpha, top_k,
     if level == "token":
         weight = torch.exp(logp_tok - old_tok)
     else:
-        weight = _sequence_weight(logp_tok, old_tok, mask)
+        weight = sequence_weight(logp_tok, old_tok, mask)
     pg = -adv.to(weight.dtype) * weight
     reg = kl_divergence(a, proj.logp.detach()).reshape(bsz, seq)
     pg_loss = aggregate(pg, mask, agg, max_len=max_len)
@@ -204,37 +150,18 @@ def troll_loss_on_policy(new, old, tokens, adv, mask, *, kl_bound, alpha, top_k,
     with torch.no_grad():
         view = {k: t.reshape(bsz, seq) for k, t in zip(("eta", "kl_before", "kl_after"), proj[1:])}
         metrics = {
-            **_stats("kl_before", view["kl_before"], mask, ("mean", "max")),
-            **_stats("kl_after", view["kl_after"], mask, ("mean", "max")),
-            "projected_frac": _masked_mean((view["eta"] > 0).double(), mask),
-            "infeasible_frac": _masked_mean(infeasible(view["kl_after"], kl_bound).double(), mask),
-            "old_excluded_frac": _masked_mean(excluded.double(), excluded | mask),
-            **_stats("eta", view["eta"], mask, ("mean", "max")),
-            "support/mean": _masked_mean(support[:, :-1].sum(-1).reshape(bsz, seq).double(), mask),
-            **_stats("ratio", torch.exp(logp_tok - old_tok), mask, ("mean", "min", "max")),
+            **masked_stats("kl_before", view["kl_before"], mask, ("mean", "max")),
+            **masked_stats("kl_after", view["kl_after"], mask, ("mean", "max")),
+            "projected_frac": masked_mean((view["eta"] > 0).double(), mask),
+            "infeasible_frac": masked_mean(infeasible(view["kl_after"], kl_bound).double(), mask),
+            "old_excluded_frac": masked_mean(excluded.double(), excluded | mask),
+            **masked_stats("eta", view["eta"], mask, ("mean", "max")),
+            "support/mean": masked_mean(support[:, :-1].sum(-1).reshape(bsz, seq).double(), mask),
+            **masked_stats("ratio", torch.exp(logp_tok - old_tok), mask, ("mean", "min", "max")),
             "loss/pg": pg_loss.detach(),
             "loss/reg": reg_loss.detach(),
         }
     return LossOutput(loss, metrics)
-
-
-def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return torch.where(mask, values, 0.0).sum() / mask.to(values.dtype).sum().clamp_min(1)
-
-
-def _stats(name: str, values: torch.Tensor, mask: torch.Tensor, which) -> dict[str, torch.Tensor]:
-    """Masked mean / min / max of a (B, T) tensor; 0 for an empty mask."""
-    out = {}
-    v = values.double()
-    empty = not bool(mask.any())
-    for w in which:
-        if w == "mean":
-            out[f"{name}/mean"] = _masked_mean(v, mask)
-        elif empty:
-            out[f"{name}/{w}"] = v.new_zeros(())
-        else:
-            out[f"{name}/{w}"] = getattr(v[mask], w)()
-    return out
 
 
 def old_token_logp(old: SparseLogProbs | torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

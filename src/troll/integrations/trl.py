@@ -60,6 +60,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from troll.chunked import sparsify_from_hidden, troll_loss_from_hidden
+from troll.defaults import ALPHA, DELTA, KL_BOUND, TOP_K
 from troll.losses import AGGREGATIONS, LossOutput, troll_loss
 from troll.sparse import SparseLogProbs, sparsify
 
@@ -141,16 +142,18 @@ class TrollGRPOConfig(GRPOConfig):
         },
     )
     troll_kl_bound: float = field(
-        default=0.05, metadata={"help": "TROLL: per-token KL bound eps of the trust-region projection (paper 0.05)."}
+        default=KL_BOUND,
+        metadata={"help": "TROLL: per-token KL bound eps of the trust-region projection (paper 0.05)."},
     )
     troll_alpha: float = field(
-        default=1.0, metadata={"help": "TROLL: weight of the regression to the projected policy (paper 1.0)."}
+        default=ALPHA, metadata={"help": "TROLL: weight of the regression to the projected policy (paper 1.0)."}
     )
     troll_top_k: int = field(
-        default=64, metadata={"help": "TROLL: at most this many tokens kept per position when sparsifying (paper 64)."}
+        default=TOP_K,
+        metadata={"help": "TROLL: at most this many tokens kept per position when sparsifying (paper 64)."},
     )
     troll_delta: float = field(
-        default=1e-5, metadata={"help": "TROLL: keep tokens until their mass reaches 1 - delta (paper 1e-5)."}
+        default=DELTA, metadata={"help": "TROLL: keep tokens until their mass reaches 1 - delta (paper 1e-5)."}
     )
     troll_agg: str | None = field(
         default=None,
