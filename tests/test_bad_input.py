@@ -404,3 +404,12 @@ def test_trl_config_rejects_typos_and_infinities(tmp_path, kw, match):
     with pytest.raises(ValueError, match=match):
         TrollGRPOConfig(**base, num_generations=4, **kw)
     assert TrollGRPOConfig(**base, num_generations=4, loss_type="cispo").loss_type == "cispo"
+
+
+@pytest.mark.parametrize("bad", [True, INF, "0.05", None])
+def test_projection_bounds_name_the_argument(bad):
+    logits, old, _, _, _ = batch()
+    with pytest.raises(ValueError, match="kl_bound must be > 0 and a finite number"):
+        troll.project(logits, logits, bad)
+    with pytest.raises(ValueError, match="kl_bound"):
+        troll.project_sparse(logits, old, bad)
