@@ -284,3 +284,132 @@ def test_include_ids_outside_vocabulary():
 def test_integer_logits():
     with pytest.raises(ValueError, match="floating-point"):
         troll.sparsify(torch.zeros(B, T, V, dtype=torch.long))
+
+
+# ---------------------------------------------------------------------------------------------- issue 9 (D7, D8)
+
+INF = float("inf")
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"kl_bound": True}, "kl_bound"),
+        ({"kl_bound": INF}, "kl_bound"),
+        ({"kl_bound": "0.05"}, "kl_bound"),
+        ({"kl_bound": None}, "kl_bound"),
+        ({"alpha": True}, "alpha"),
+        ({"alpha": INF}, "alpha"),
+        ({"alpha": "1"}, "alpha"),
+        ({"alpha": None}, "alpha"),
+        ({"top_k": True}, "top_k"),
+        ({"delta": True}, "delta"),
+        ({"max_len": 2.5, "agg": "seq-mean-token-sum-norm"}, "max_len"),
+        ({"max_len": 2.5}, "max_len"),
+        ({"max_len": True, "agg": "seq-mean-token-sum-norm"}, "max_len"),
+    ],
+)
+def test_troll_hyper_parameters_name_the_argument(kw, match):
+    logits, old, tokens, adv, mask = batch()
+    with pytest.raises(ValueError, match=match):
+        troll.troll_loss(logits, old, tokens, adv, mask, **kw)
+
+
+@pytest.mark.parametrize("bad", [True, INF, 0.0, "1", None])
+def test_temperature_is_checked(bad):
+    hidden, weight = torch.randn(B, T, 4), torch.randn(V, 4)
+    with pytest.raises(ValueError, match="temperature"):
+        troll.sparsify_from_hidden(hidden, weight, temperature=bad)
+
+
+@pytest.mark.parametrize("bad", [-2, 0, 2.5, True])
+def test_chunk_size_is_checked(bad):
+    hidden, weight = torch.randn(B, T, 4), torch.randn(V, 4)
+    with pytest.raises(ValueError, match="chunk_size"):
+        troll.sparsify_from_hidden(hidden, weight, chunk_size=bad)
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+def test_fractional_mask_is_refused_and_int_mask_accepted(loss):
+    logits, old, tokens, adv, mask = batch()
+    half = mask.float() * 0.5
+    with pytest.raises(ValueError, match="mask must be boolean"):
+        loss(logits, old, tokens, adv, half)
+    ref = loss(logits, old, tokens, adv, mask).loss
+    assert loss(logits, old, tokens, adv, mask.long()).loss.item() == ref.item()
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+@pytest.mark.parametrize("field", ["tokens", "advantages", "mask"])
+def test_python_lists_are_refused_with_the_fix(loss, field):
+    logits, old, tokens, adv, mask = batch()
+    args = {"tokens": tokens, "advantages": adv, "mask": mask}
+    args[field] = args[field].tolist()
+    with pytest.raises(ValueError, match=rf"{field} must be a torch.Tensor.*torch.tensor\({field}\)"):
+        loss(logits, old, args["tokens"], args["advantages"], args["mask"])
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+def test_meta_tensors_are_refused(loss):
+    logits, old, tokens, adv, mask = batch()
+    with pytest.raises(ValueError, match="logits is on the meta device"):
+        loss(logits.to("meta"), old, tokens, adv, mask)
+    with pytest.raises(ValueError, match="tokens is on the meta device"):
+        loss(logits, old, tokens.to("meta"), adv, mask)
+
+
+def _hand_built(**change):
+    _, old, _, _, _ = batch()
+    fields = dict(ids=old.ids, logp=old.logp, mask=old.mask, vocab_size=V, log_rest=old.log_rest) | change
+    return troll.SparseLogProbs(**fields)
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda o: {"ids": o.ids + V}, r"old\.ids.*outside the vocabulary"),
+        (lambda o: {"ids": o.ids - V}, r"old\.ids.*outside the vocabulary"),
+        (lambda o: {"ids": o.ids[..., :0], "logp": o.logp[..., :0], "mask": o.mask[..., :0]}, "K = 0"),
+        (lambda o: {"logp": torch.full_like(o.logp, float("nan"))}, r"old\.logp holds NaN"),
+        (lambda o: {"logp": o.logp + 0.4, "log_rest": None}, r"old\.logp is not normalised"),
+        (lambda o: {"log_rest": torch.zeros(B, T)}, r"old\.log_rest is inconsistent"),
+        (lambda o: {"mask": o.mask.float()}, r"old\.mask must be a bool"),
+    ],
+)
+def test_hand_built_sparse_log_probs_are_validated(loss, change, match):
+    logits, old, tokens, adv, mask = batch()
+    bad = _hand_built(**change(old))
+    with pytest.raises(ValueError, match=match):
+        loss(logits, bad, tokens, adv, mask)
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"loss_type": "trol"}, r"loss_type='trol' is not a known loss type; did you mean loss_type='troll'\?"),
+        ({"loss_type": "dapo2"}, r"did you mean loss_type='dapo'\?"),
+        ({"troll_kl_bound": INF}, "troll_kl_bound must be > 0 and finite"),
+        ({"troll_kl_bound": "0.05"}, "troll_kl_bound"),
+        ({"troll_alpha": INF}, "troll_alpha must be >= 0 and finite"),
+        ({"troll_alpha": None}, "troll_alpha"),
+        ({"troll_delta": float("nan")}, "troll_delta"),
+    ],
+)
+def test_trl_config_rejects_typos_and_infinities(tmp_path, kw, match):
+    pytest.importorskip("trl")
+    from troll.integrations.trl import TrollGRPOConfig
+
+    base = dict(output_dir=str(tmp_path), use_cpu=True, report_to="none", per_device_train_batch_size=4)
+    with pytest.raises(ValueError, match=match):
+        TrollGRPOConfig(**base, num_generations=4, **kw)
+    assert TrollGRPOConfig(**base, num_generations=4, loss_type="cispo").loss_type == "cispo"
+
+
+@pytest.mark.parametrize("bad", [True, INF, "0.05", None])
+def test_projection_bounds_name_the_argument(bad):
+    logits, old, _, _, _ = batch()
+    with pytest.raises(ValueError, match="kl_bound must be > 0 and a finite number"):
+        troll.project(logits, logits, bad)
+    with pytest.raises(ValueError, match="kl_bound"):
+        troll.project_sparse(logits, old, bad)

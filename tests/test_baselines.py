@@ -195,3 +195,23 @@ def test_clip_kl_metric_is_not_bounded():
     k3 = log_r.exp() - 1 - log_r
     assert m["kl/mean"].item() == pytest.approx(k3.mean().item(), rel=1e-9)
     assert m["kl/max"].item() > 0.05
+
+
+@pytest.mark.parametrize("loss_fn", [troll.clip_loss, troll.cispo_loss])
+def test_kl_metric_uses_the_callers_top_k_and_delta(loss_fn):
+    """The kl metric is the sparse-support KL with the caller's top_k / delta (it hard-coded 64 and 1e-5): with
+    top_k = V it equals the dense KL(pi~ || pi_old) in fp64; with top_k = 1 it is the coarser bucketed value."""
+    g = torch.Generator().manual_seed(11)
+    old_logits = torch.randn(2, 3, 9, generator=g, dtype=torch.float64)
+    logits = old_logits + torch.randn(2, 3, 9, generator=g, dtype=torch.float64)
+    tokens = torch.randint(0, 9, (2, 3), generator=g)
+    old = troll.sparsify(old_logits, top_k=9, delta=0.0)
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    p = torch.log_softmax(logits, -1)
+    dense = (p.exp() * (p - torch.log_softmax(old_logits, -1))).sum(-1)
+    full = loss_fn(logits, old, tokens, torch.ones(2), mask, top_k=9, delta=0.0).metrics
+    assert full["kl/mean"].item() == pytest.approx(dense.mean().item(), rel=1e-10)
+    coarse = loss_fn(logits, troll.sparsify(old_logits, top_k=1, delta=0.0), tokens, torch.ones(2), mask, top_k=1)
+    assert coarse.metrics["kl/mean"].item() < dense.mean().item()
+    with pytest.raises(ValueError, match="top_k"):
+        loss_fn(logits, old, tokens, torch.ones(2), mask, top_k=0)

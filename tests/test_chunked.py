@@ -286,3 +286,26 @@ def test_nan_is_reported(where):
         troll.troll_loss_from_hidden(hidden, weight, old, tokens, adv, mask, bias=b, top_k=4)
     with pytest.raises(ValueError, match="NaN or \\+inf"):
         troll.sparsify_from_hidden(hidden, weight, bias=b, top_k=4)
+
+
+def test_padding_over_a_masked_vocabulary_entry_is_finite():
+    """Issue 9, D1 on the chunked path: bias[0] = -inf masks token 0 (the id padding is replaced by); the padded
+    positions must not reach the arithmetic. Loss and gradients are finite and equal the dense loss's."""
+    hidden, weight, b, old_hidden, tokens, adv, mask = make_inputs()
+    b = b.clone()
+    b[0] = float("-inf")
+    tokens = torch.where(tokens == 0, 1, tokens)
+    old = troll.sparsify(logits_of(old_hidden, weight, b, 1.0), top_k=4, include=tokens)
+
+    def chunked(h, w):
+        return troll.troll_loss_from_hidden(h, w, old, tokens, adv, mask, bias=b, top_k=4, chunk_size=5)
+
+    def dense(h, w):
+        return troll.troll_loss(logits_of(h, w, b, 1.0), old, tokens, adv, mask, top_k=4)
+
+    out, (gh, gw) = grads(chunked, hidden, weight)
+    ref, (rh, rw) = grads(dense, hidden, weight)
+    assert torch.isfinite(out.loss) and torch.isfinite(gh).all() and torch.isfinite(gw).all()
+    torch.testing.assert_close(out.loss, ref.loss)
+    torch.testing.assert_close(gh, rh)
+    torch.testing.assert_close(gw, rw)

@@ -18,6 +18,8 @@ METRIC_KEYS = {
     "kl_after/mean",
     "kl_after/max",
     "projected_frac",
+    "infeasible_frac",
+    "old_excluded_frac",
     "eta/mean",
     "eta/max",
     "support/mean",
@@ -316,3 +318,121 @@ def test_old_token_logp():
         assert out.item() == pytest.approx(math.log(expected), abs=1e-12)
     per_token = torch.tensor([[-0.25]], dtype=torch.float32)
     assert troll.old_token_logp(per_token, torch.tensor([[3]])).dtype == torch.float64
+
+
+# Issue 9 reproducers: padding, a token the old policy excludes, a token the new policy bans, an undetached old.
+
+ALL_LOSSES = [troll.troll_loss, troll.clip_loss, troll.cispo_loss]
+NEG = float("-inf")
+
+
+def _loss_and_grad(loss_fn, logits, *args):
+    x = logits.clone().requires_grad_()
+    out = loss_fn(x, *args)
+    (grad,) = torch.autograd.grad(out.loss, x)
+    return out, grad
+
+
+@pytest.mark.parametrize("loss_fn", ALL_LOSSES)
+def test_padding_with_masked_vocab_entry_is_finite(loss_fn):
+    """D1: logit 0 is -inf and a padded position: the padded position must not reach the arithmetic. The loss
+    equals the loss of the unpadded first position alone."""
+    x = torch.randn(1, 2, 5, generator=gen(1))
+    x[..., 0] = NEG
+    tok, mask = torch.tensor([[1, 3]]), torch.tensor([[True, False]])
+    out, grad = _loss_and_grad(loss_fn, x, troll.sparsify(x, include=tok), tok, torch.tensor([1.0]), mask)
+    alone, grad_alone = _loss_and_grad(
+        loss_fn, x[:, :1], troll.sparsify(x[:, :1], include=tok[:, :1]), tok[:, :1], torch.tensor([1.0]), mask[:, :1]
+    )
+    assert torch.isfinite(out.loss) and torch.isfinite(grad).all()
+    assert out.loss.item() == pytest.approx(alone.loss.item(), abs=1e-6)
+    torch.testing.assert_close(grad[:, :1], grad_alone)
+    assert (grad[:, 1] == 0).all()
+    assert all(torch.isfinite(v) for v in out.metrics.values())
+
+
+@pytest.mark.parametrize("include", [True, False])
+@pytest.mark.parametrize("loss_fn", ALL_LOSSES)
+def test_token_the_old_policy_excludes_is_dropped_and_counted(loss_fn, include):
+    """D2: the old policy gives the sampled token probability 0 (sampler and old policy disagree). The token is
+    dropped from the loss (loss 0, gradient 0 for a batch of one such token) and old_excluded_frac says so."""
+    new = torch.randn(1, 2, 5, generator=gen(2))
+    old = new.clone()
+    old[0, 0, 2] = NEG
+    t = torch.tensor([[2, 1]])
+    sparse = troll.sparsify(old, include=t if include else None)
+    out, grad = _loss_and_grad(loss_fn, new, sparse, t, torch.tensor([1.0]), torch.ones(1, 2, dtype=torch.bool))
+    ref, ref_grad = _loss_and_grad(
+        loss_fn,
+        new[:, 1:],
+        troll.sparsify(old[:, 1:], include=t[:, 1:]),
+        t[:, 1:],
+        torch.tensor([1.0]),
+        torch.ones(1, 1, dtype=torch.bool),
+    )
+    assert out.metrics["old_excluded_frac"].item() == 0.5
+    assert out.loss.item() == pytest.approx(ref.loss.item(), abs=1e-6)
+    assert (grad[:, 0] == 0).all() and torch.isfinite(grad).all()
+    torch.testing.assert_close(grad[:, 1:], ref_grad)
+
+
+@pytest.mark.parametrize("loss_fn", ALL_LOSSES)
+def test_token_the_new_policy_bans_is_finite(loss_fn):
+    """D3: the current policy bans a sampled token: ratio 0, a finite loss and gradient (cispo gave 0 * -inf)."""
+    x = torch.randn(1, 2, 6, generator=gen(3))
+    t = torch.tensor([[2, 3]])
+    y = x.clone()
+    y[0, 0, 2] = NEG
+    args = (troll.sparsify(x, include=t), t, torch.tensor([1.0]), torch.ones(1, 2).bool())
+    out, grad = _loss_and_grad(loss_fn, y, *args)
+    assert torch.isfinite(out.loss) and torch.isfinite(grad).all()
+    assert out.metrics["ratio/min"].item() == 0.0
+
+
+@pytest.mark.parametrize("loss_fn", [troll.clip_loss, troll.cispo_loss])
+def test_tensor_old_is_detached(loss_fn):
+    """D6: old per-token log-probs computed in the same graph must not carry gradient: the gradient equals the
+    one with an explicitly detached old."""
+    x = torch.randn(1, 3, 6, generator=gen(4), dtype=torch.float64).requires_grad_()
+    t = torch.tensor([[1, 2, 3]])
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    old_attached = torch.log_softmax(x, -1).gather(-1, t.unsqueeze(-1)).squeeze(-1) - 0.1  # in the graph of x
+    (g1,) = torch.autograd.grad(loss_fn(x, old_attached, t, torch.tensor([1.0]), mask).loss, x)
+    (g2,) = torch.autograd.grad(loss_fn(x, old_attached.detach(), t, torch.tensor([1.0]), mask).loss, x)
+    torch.testing.assert_close(g1, g2)
+    assert g1.abs().max() > 0.01
+
+
+def test_infeasible_rows_are_reported_in_the_metrics():
+    """D4: a one-hot new policy against a flat old one cannot reach KL <= eps; troll_loss reports the row in
+    infeasible_frac (1 of 2 response tokens) and stays finite."""
+    old = torch.zeros(1, 2, 6)
+    new = old.clone()
+    new[0, 0, 1:] = NEG  # row 0: one-hot on token 0 -> KL >= log 6 against the flat old policy
+    t = torch.tensor([[0, 3]])
+    out, grad = _loss_and_grad(
+        troll.troll_loss,
+        new,
+        troll.sparsify(old, include=t),
+        t,
+        torch.tensor([1.0]),
+        torch.ones(1, 2, dtype=torch.bool),
+    )
+    assert out.metrics["infeasible_frac"].item() == 0.5
+    assert out.metrics["kl_after/max"].item() == pytest.approx(math.log(6), rel=1e-6)
+    assert torch.isfinite(out.loss) and torch.isfinite(grad).all()
+
+
+@pytest.mark.parametrize("loss_fn", [troll.troll_loss, troll.clip_loss])
+def test_sequence_level_with_a_banned_token_is_finite(loss_fn):
+    """Found by the property tests: at level="sequence" a token the current policy bans made the GSPO weight
+    exp(-inf - (-inf)) = NaN. Its sequence's weight is now 0 (log s = -inf), with a zero gradient."""
+    x = torch.randn(1, 2, 5, generator=gen(5))
+    t = torch.tensor([[0, 1]])
+    y = x.clone()
+    y[0, 0, 0] = NEG
+    args = (troll.sparsify(x, include=t), t, torch.tensor([1.0]), torch.ones(1, 2, dtype=torch.bool))
+    z = y.clone().requires_grad_()
+    out = loss_fn(z, *args, level="sequence")
+    (grad,) = torch.autograd.grad(out.loss, z)
+    assert torch.isfinite(out.loss) and torch.isfinite(grad).all()

@@ -348,3 +348,42 @@ def test_low_precision_inputs(dtype, tol):
     assert (kl(out.logp, torch.log_softmax(old.double(), -1)) <= EPS * (1 + 1e-5)).all()
     (grad,) = torch.autograd.grad(out.logp.exp()[..., :5].sum(), x)
     assert grad.dtype == dtype and torch.isfinite(grad.float()).all()
+
+
+def test_infeasible_reproducer_is_flagged_at_the_least_kl_point():
+    """D4: a new policy that bans half the old mass. The row cannot meet the bound: it ends at the old policy
+    restricted to the new support (KL = log 2, the least possible) and :func:`troll.infeasible` flags it."""
+    out = troll.project(torch.tensor([[0.0, 0.0, NEG_INF, NEG_INF]]), torch.zeros(1, 4), EPS)
+    assert out.kl_after.item() == pytest.approx(math.log(2), rel=1e-6)
+    torch.testing.assert_close(out.logp[0, :2], torch.full((2,), -math.log(2)))
+    assert troll.infeasible(out.kl_after, EPS).tolist() == [True]
+    ok = troll.project(torch.tensor([[0.0, 0.0, 0.0, NEG_INF]]), torch.tensor([[0.0, 0.0, 0.0, -6.0]]), EPS)
+    assert troll.infeasible(ok.kl_after, EPS).tolist() == [False]  # the banned token holds ~0.8% < 1 - e^-eps
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("eps", [1e-4, 1e-6, 1e-7])
+def test_small_bounds_hold_in_low_precision(dtype, eps):
+    """D5: the dense solve runs in fp64 whatever the input dtype; the KL of the returned (renormalised) log-probs,
+    recomputed in fp64, meets the bound (fp32 solving gave 1.0014, 1.11 and 2.4 times eps)."""
+    g = gen(21)
+    old = (torch.randn(32, 100, generator=g) * 3).to(dtype)
+    new = (old.double() + torch.randn(32, 100, generator=g, dtype=torch.float64)).to(dtype)
+    out = troll.project(new, old, eps)
+    assert out.logp.dtype == torch.float32 and bool((out.eta > 0).all())
+    after = kl(torch.log_softmax(out.logp.double(), -1), torch.log_softmax(old.double(), -1))
+    assert bool((after <= eps).all()) and bool((after >= eps * (1 - 1e-2)).all())
+
+
+def test_disjoint_supports_are_left_unchanged_and_flagged():
+    """Found by the property tests: new and old policies with no token in common. No pi on the path exists (its
+    log-probs were NaN); the row is returned unchanged with kl_after = inf, flagged, and the gradient is
+    log_softmax's."""
+    new = torch.tensor([[NEG_INF, 0.275], [0.0, 1.0]], dtype=torch.float64, requires_grad=True)
+    old = torch.tensor([[1.541, NEG_INF], [0.0, 0.0]], dtype=torch.float64)
+    out = troll.project(new, old, 1.0)
+    torch.testing.assert_close(out.logp[0], torch.tensor([NEG_INF, 0.0], dtype=torch.float64))
+    assert out.kl_after[0].item() == math.inf and troll.infeasible(out.kl_after, 1.0).tolist() == [True, False]
+    w = torch.tensor([[0.0, 2.0], [1.0, -1.0]], dtype=torch.float64)
+    (grad,) = torch.autograd.grad((torch.where(out.logp > NEG_INF, out.logp, 0.0) * w).sum(), new)
+    assert torch.isfinite(grad).all() and grad[0].abs().max() == 0  # log pi = [-inf, 0] does not move

@@ -7,7 +7,7 @@ next-token distribution over a sparse support of its most probable tokens. See S
 from troll.baselines import cispo_loss, clip_loss
 from troll.chunked import ChunkedLMHead, sparsify_from_hidden, troll_loss_from_hidden
 from troll.losses import AGGREGATIONS, LossOutput, aggregate, old_token_logp, troll_loss
-from troll.projection import Projection, project
+from troll.projection import Projection, infeasible, project
 from troll.sparse import SparseLogProbs, sparsify
 from troll.sparse_projection import SparseProjection, project_sparse
 
@@ -23,6 +23,7 @@ __all__ = [
     "aggregate",
     "cispo_loss",
     "clip_loss",
+    "infeasible",
     "old_token_logp",
     "project",
     "project_sparse",

@@ -2,22 +2,94 @@
 
 from __future__ import annotations
 
+import math
+from numbers import Real
+
 import torch
 
 
+def check_number(name: str, value, *, low: float = 0.0, strict: bool = True, hint: str = "") -> None:
+    """A finite real number (not a bool, str or None) above ``low`` (``>= low`` when ``strict=False``)."""
+    ok = isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+    if ok:
+        ok = value > low if strict else value >= low
+    if not ok:
+        rel = ">" if strict else ">="
+        raise ValueError(f"{name} must be {rel} {low:g} and a finite number (not a bool), got {value!r}{hint}.")
+
+
 def check_positive(name: str, value: float) -> None:
-    if not value > 0:
-        raise ValueError(f"{name} must be > 0, got {value!r}; pass a positive number (the paper uses 0.05).")
+    check_number(name, value, hint="; pass a positive number (e.g. kl_bound=0.05, eps_low=0.2)")
+
+
+def check_int(name: str, value, *, low: int = 1, hint: str = "") -> None:
+    """An int (not a bool) >= ``low``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}{hint}.")
 
 
 def check_top_k(top_k: int) -> None:
-    if not isinstance(top_k, int) or top_k < 1:
-        raise ValueError(f"top_k must be an integer >= 1, got {top_k!r}; the paper uses top_k=64.")
+    check_int("top_k", top_k, hint="; the paper uses top_k=64")
 
 
 def check_delta(delta: float) -> None:
-    if not 0.0 <= delta < 1.0:
+    check_number("delta", delta, strict=False, hint="; the paper uses delta=1e-5 (0 keeps top_k tokens)")
+    if not delta < 1.0:
         raise ValueError(f"delta must lie in [0, 1), got {delta!r}; the paper uses delta=1e-5 (0 keeps top_k tokens).")
+
+
+def check_tensor(name: str, value, *, hint: str = "") -> None:
+    """A real (non-meta) torch.Tensor; Python lists and NumPy arrays are refused with the fix."""
+    if not torch.is_tensor(value):
+        raise ValueError(
+            f"{name} must be a torch.Tensor, got {type(value).__name__}; wrap it: torch.tensor({name}){hint}."
+        )
+    if value.device.type == "meta":
+        raise ValueError(f"{name} is on the meta device (shape only, no values); materialise it (e.g. .to('cpu')).")
+
+
+def check_mask(mask: torch.Tensor) -> torch.Tensor:
+    """bool, or integer / float with only 0 and 1 (TRL's int masks); returns the bool mask."""
+    check_tensor("mask", mask)
+    if mask.dtype == torch.bool:
+        return mask
+    if mask.numel() and not bool(((mask == 0) | (mask == 1)).all()):
+        raise ValueError(
+            "mask must be boolean (or 0/1 valued), got other values; per-token weights are not supported: "
+            "pass mask > 0 and put weights into the advantages."
+        )
+    return mask.bool()
+
+
+def check_sparse(old, vocab_size: int, *, tol: float = 1e-3) -> None:
+    """Cheap one-pass validation of a (possibly hand-built) SparseLogProbs (..., K) against vocabulary V."""
+    if isinstance(old.vocab_size, bool) or not isinstance(old.vocab_size, int) or old.vocab_size < 2:
+        raise ValueError(f"old.vocab_size must be an integer >= 2, got {old.vocab_size!r}.")
+    for name in ("ids", "logp", "mask"):
+        check_tensor(f"old.{name}", getattr(old, name))
+    if old.ids.dim() < 1 or old.ids.shape[-1] < 1:
+        raise ValueError(f"old has K = 0 stored ids (shape {tuple(old.ids.shape)}); build it with troll.sparsify.")
+    if old.mask.dtype != torch.bool:
+        raise ValueError(f"old.mask must be a bool tensor, got {old.mask.dtype}; pass mask.bool().")
+    if not old.logp.is_floating_point():
+        raise ValueError(f"old.logp must be a floating-point tensor, got {old.logp.dtype}.")
+    check_ids("old.ids (at old.mask == True)", old.ids[old.mask], vocab_size)
+    logp = torch.where(old.mask, old.logp.double(), float("-inf"))
+    if torch.isnan(logp).any() or (logp > tol).any():
+        raise ValueError("old.logp holds NaN or log-probs > 0 at kept ids; build old with troll.sparsify.")
+    kept = logp.exp().sum(-1)
+    if bool((kept > 1 + tol).any()):
+        raise ValueError(
+            "old.logp is not normalised: the kept probabilities of a row sum to more than 1. Pass log-probs over "
+            "the full vocabulary (log_softmax of the logits), e.g. from troll.sparsify."
+        )
+    if old.log_rest is not None:
+        total = kept + old.log_rest.double().exp()
+        if not bool(((total - 1).abs() <= tol).all()):
+            raise ValueError(
+                "old.log_rest is inconsistent: exp(log_rest) plus the kept mass must be 1 per row (it is the log of "
+                "the unkept mass). Pass log_rest=None to derive it, or build old with troll.sparsify."
+            )
 
 
 def check_logits(name: str, logits: torch.Tensor, *, scan: bool = True) -> None:
@@ -26,8 +98,9 @@ def check_logits(name: str, logits: torch.Tensor, *, scan: bool = True) -> None:
     ``scan=False`` checks type and shape only: callers that compute the rows' logsumexp anyway check the values
     through :func:`check_lse`, which costs nothing extra (NaN and +inf both propagate into it).
     """
-    if not torch.is_tensor(logits) or not logits.is_floating_point():
-        raise ValueError(f"{name} must be a floating-point tensor, got {type(logits).__name__}.")
+    check_tensor(name, logits)
+    if not logits.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point tensor, got dtype {logits.dtype}.")
     if logits.dim() < 1 or logits.shape[-1] < 2:
         raise ValueError(f"{name} must have a vocabulary dimension of size >= 2 last, got shape {tuple(logits.shape)}.")
     if scan and (torch.isnan(logits).any() or torch.isposinf(logits).any()):

@@ -10,19 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from troll._checks import check_choice, check_lse, check_positive
-from troll.losses import (
-    AGGREGATIONS,
-    LEVELS,
-    LossOutput,
-    _check_batch,
-    _masked_mean,
-    _sequence_weight,
-    _stats,
-    aggregate,
-    check_old,
-    old_token_logp,
-)
+from troll._checks import check_choice, check_delta, check_lse, check_positive, check_top_k
+from troll._common import check_logits_batch, check_old, masked_mean, masked_stats, sequence_weight
+from troll.defaults import CISPO_EPS_HIGH, CLIP_EPS, DELTA, TOP_K
+from troll.losses import AGGREGATIONS, LEVELS, LossOutput, aggregate, old_token_logp
 from troll.projection import compute_dtype, kl_divergence
 from troll.sparse import SparseLogProbs
 from troll.sparse_projection import DenseLogits, coarse_support
@@ -30,7 +21,7 @@ from troll.sparse_projection import DenseLogits, coarse_support
 
 def _policy_terms(logits, old, tokens, advantages, mask):
     """Validated inputs and the per-token new / old log-probs (B, T) shared by the baselines."""
-    tokens, adv, mask = _check_batch(logits, tokens, advantages, mask)
+    tokens, adv, mask = check_logits_batch(logits, tokens, advantages, mask)
     bsz, seq, vocab = logits.shape
     if isinstance(old, SparseLogProbs):
         check_old(old, bsz, seq, vocab)
@@ -42,24 +33,29 @@ def _policy_terms(logits, old, tokens, advantages, mask):
     x = logits.to(compute_dtype(logits.dtype))
     lse = torch.logsumexp(x, dim=-1)
     check_lse("logits", lse)
-    logp = x.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - lse
-    old_tok = old_token_logp(old, tokens).to(logp.dtype)
-    old_tok = torch.where(mask, old_tok, logp.detach())  # padding: ratio 1, finite
-    return tokens, adv.to(logp.dtype), mask, x, lse, logp, old_tok
+    old_tok = old_token_logp(old, tokens).to(x.dtype)  # detached
+    # A sampled token the old policy excludes is dropped from the loss (as in troll_loss; docs/numerics.md).
+    excluded = mask & torch.isneginf(old_tok)
+    mask = mask & ~excluded
+    # Select, never multiply: padded / dropped positions get log-prob 0 and ratio 1 before any arithmetic.
+    logp = torch.where(mask, x.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - lse, 0.0)
+    old_tok = torch.where(mask, old_tok, 0.0)
+    return tokens, adv.to(logp.dtype), mask, excluded, x, lse, logp, old_tok
 
 
-def _kl_metrics(x, lse, old, tokens, mask, logp, old_tok) -> dict[str, torch.Tensor]:
-    """KL(pi~ || pi_old) per token: over the sparse support if we have it, else the k3 estimate."""
+def _kl_metrics(x, lse, old, tokens, mask, logp, old_tok, *, top_k, delta) -> dict[str, torch.Tensor]:
+    """KL(pi~ || pi_old) per token: over the sparse support (the caller's top_k / delta) if we have it, else the
+    k3 estimate."""
     with torch.no_grad():
         if isinstance(old, SparseLogProbs):
             bsz, seq, vocab = x.shape
             new = DenseLogits(x.reshape(-1, vocab).detach(), lse.reshape(-1, 1).detach())
-            _, _, a, b = coarse_support(new, old.flatten(), top_k=64, delta=1e-5, extra=tokens.reshape(-1, 1))
+            _, _, a, b = coarse_support(new, old.flatten(), top_k=top_k, delta=delta, extra=tokens.reshape(-1, 1))
             kl = kl_divergence(a, b).reshape(bsz, seq)
         else:
             log_r = (old_tok - logp).double()
             kl = log_r.exp() - 1 - log_r  # k3: unbiased for KL(pi~ || pi_old) under pi~ sampling
-        return _stats("kl", kl, mask, ("mean", "max"))
+        return masked_stats("kl", kl, mask, ("mean", "max"))
 
 
 def clip_loss(
@@ -69,19 +65,23 @@ def clip_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     *,
-    eps_low: float = 0.2,
+    eps_low: float = CLIP_EPS,
     eps_high: float | None = None,
     dual_clip: float | None = None,
     level: str = "token",
     agg: str = "token-mean",
     max_len: int | None = None,
+    top_k: int = TOP_K,
+    delta: float = DELTA,
 ) -> LossOutput:
     """PPO/GRPO clipped surrogate: per token ``max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high))``.
 
     ``eps_high`` defaults to ``eps_low`` (DAPO's clip-higher sets it larger, e.g. 0.28). ``dual_clip`` = c > 1
     caps the loss of negative-advantage tokens at ``-c A`` (Ye et al. 2020; the paper's baseline uses c = 10).
     ``level="sequence"`` is GSPO: r is the sequence's geometric-mean ratio, applied through the GSPO-token weight.
-    Metrics: clip/low_frac, clip/high_frac, clip/region_frac, clip/dual_frac, ratio (mean, min, max), kl (mean, max).
+    ``top_k`` / ``delta`` set the sparse support of the kl metric only (as in :func:`troll.troll_loss`).
+    Metrics: clip/low_frac, clip/high_frac, clip/region_frac, clip/dual_frac, ratio (mean, min, max), kl (mean, max),
+    old_excluded_frac (sampled tokens the old policy gives probability 0: dropped from the loss).
     """
     check_positive("eps_low", eps_low)
     eps_high = eps_low if eps_high is None else eps_high
@@ -90,8 +90,10 @@ def clip_loss(
         raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip!r}; the usual value is 3 to 10.")
     check_choice("level", level, LEVELS)
     check_choice("agg", agg, AGGREGATIONS)
-    tokens, adv, mask, x, lse, logp, old_tok = _policy_terms(logits, old, tokens, advantages, mask)
-    ratio = torch.exp(logp - old_tok) if level == "token" else _sequence_weight(logp, old_tok, mask)
+    check_top_k(top_k)
+    check_delta(delta)
+    tokens, adv, mask, excluded, x, lse, logp, old_tok = _policy_terms(logits, old, tokens, advantages, mask)
+    ratio = torch.exp(logp - old_tok) if level == "token" else sequence_weight(logp, old_tok, mask)
     clipped = ratio.clamp(1 - eps_low, 1 + eps_high)
     per_token = torch.maximum(-adv * ratio, -adv * clipped)
     if dual_clip is not None:
@@ -103,12 +105,13 @@ def clip_loss(
         high = (r > 1 + eps_high) & (adv > 0)
         dual = (adv < 0) & (-adv * r > -dual_clip * adv) if dual_clip is not None else torch.zeros_like(low)
         metrics = {
-            "clip/low_frac": _masked_mean(low.double(), mask),
-            "clip/high_frac": _masked_mean(high.double(), mask),
-            "clip/region_frac": _masked_mean((low | high).double(), mask),
-            "clip/dual_frac": _masked_mean(dual.double(), mask),
-            **_stats("ratio", r, mask, ("mean", "min", "max")),
-            **_kl_metrics(x, lse, old, tokens, mask, logp, old_tok),
+            "clip/low_frac": masked_mean(low.double(), mask),
+            "clip/high_frac": masked_mean(high.double(), mask),
+            "clip/region_frac": masked_mean((low | high).double(), mask),
+            "clip/dual_frac": masked_mean(dual.double(), mask),
+            **masked_stats("ratio", r, mask, ("mean", "min", "max")),
+            "old_excluded_frac": masked_mean(excluded.double(), excluded | mask),
+            **_kl_metrics(x, lse, old, tokens, mask, logp, old_tok, top_k=top_k, delta=delta),
         }
     return LossOutput(loss, metrics)
 
@@ -120,25 +123,32 @@ def cispo_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     *,
-    eps_high: float = 5.0,
+    eps_high: float = CISPO_EPS_HIGH,
     agg: str = "token-mean",
     max_len: int | None = None,
+    top_k: int = TOP_K,
+    delta: float = DELTA,
 ) -> LossOutput:
     """CISPO (MiniMax-M1): ``-sg(min(r, eps_high)) * A * log pi(o_t)``; every token keeps its gradient.
 
     ``eps_high`` caps the importance weight itself, as in TRL's ``loss_type="cispo"``.
-    Metrics: clip/high_frac (weights capped), ratio (mean, min, max), kl (mean, max).
+    ``top_k`` / ``delta``: the kl metric's sparse support. Metrics: clip/high_frac (weights capped), ratio (mean, min,
+    max), kl (mean, max), old_excluded_frac (as in :func:`clip_loss`).
     """
     check_positive("eps_high", eps_high)
     check_choice("agg", agg, AGGREGATIONS)
-    tokens, adv, mask, x, lse, logp, old_tok = _policy_terms(logits, old, tokens, advantages, mask)
+    check_top_k(top_k)
+    check_delta(delta)
+    tokens, adv, mask, excluded, x, lse, logp, old_tok = _policy_terms(logits, old, tokens, advantages, mask)
     ratio = torch.exp(logp - old_tok).detach()
-    per_token = -ratio.clamp(max=eps_high) * adv * logp
+    # A token the current policy bans has weight 0; select so that 0 * (-inf) never happens.
+    per_token = -ratio.clamp(max=eps_high) * adv * torch.where(ratio > 0, logp, 0.0)
     loss = aggregate(per_token, mask, agg, max_len=max_len)
     with torch.no_grad():
         metrics = {
-            "clip/high_frac": _masked_mean((ratio > eps_high).double(), mask),
-            **_stats("ratio", ratio, mask, ("mean", "min", "max")),
-            **_kl_metrics(x, lse, old, tokens, mask, logp, old_tok),
+            "clip/high_frac": masked_mean((ratio > eps_high).double(), mask),
+            **masked_stats("ratio", ratio, mask, ("mean", "min", "max")),
+            "old_excluded_frac": masked_mean(excluded.double(), excluded | mask),
+            **_kl_metrics(x, lse, old, tokens, mask, logp, old_tok, top_k=top_k, delta=delta),
         }
     return LossOutput(loss, metrics)

@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import torch
 
-from troll._checks import check_delta, check_lse, check_shape, check_top_k
-from troll.losses import LossOutput, check_batch, check_old, check_troll_args, troll_loss_on_policy
+from troll._checks import check_delta, check_lse, check_number, check_shape, check_tensor, check_top_k
+from troll._common import check_batch, check_old
+from troll.defaults import ALPHA, DELTA, KL_BOUND, TOP_K
+from troll.losses import LossOutput, check_troll_args, troll_loss_from_policy
 from troll.sparse import SparseLogProbs, include_ids, mass_rule, merge_ids, trim_kept
 
 # A chunk's logits take about this many elements (64 MB in fp32): C = CHUNK_ELEMENTS // N, at least MIN_CHUNK.
@@ -250,7 +252,8 @@ class ChunkedLMHead:
 def _check_head(hidden, weight, bias, temperature, lead_dims=None):
     """Validate hidden (..., H), weight (V, H), bias (V,) and the temperature (shapes; values: ``check_lse``)."""
     for name, t in (("hidden", hidden), ("weight", weight)):
-        if not torch.is_tensor(t) or not t.is_floating_point():
+        check_tensor(name, t)
+        if not t.is_floating_point():
             raise ValueError(f"{name} must be a floating-point tensor, got {type(t).__name__}.")
     if lead_dims is not None and hidden.dim() != lead_dims + 1:
         raise ValueError(f"hidden must be (B, T, H), got shape {tuple(hidden.shape)}.")
@@ -262,9 +265,13 @@ def _check_head(hidden, weight, bias, temperature, lead_dims=None):
     vocab = weight.shape[0]
     if bias is not None:
         check_shape("bias", bias, (vocab,), " (V,) from weight")
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature!r}; use the sampling temperature (1.0 if none).")
+    check_number("temperature", temperature, hint="; use the sampling temperature (1.0 if none)")
     return vocab
+
+
+def _check_chunk_size(chunk_size) -> None:
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError(f"chunk_size must be a positive integer or None (automatic), got {chunk_size!r}.")
 
 
 def troll_loss_from_hidden(
@@ -277,10 +284,10 @@ def troll_loss_from_hidden(
     *,
     bias: torch.Tensor | None = None,
     temperature: float = 1.0,
-    kl_bound: float = 0.05,
-    alpha: float = 1.0,
-    top_k: int = 64,
-    delta: float = 1e-5,
+    kl_bound: float = KL_BOUND,
+    alpha: float = ALPHA,
+    top_k: int = TOP_K,
+    delta: float = DELTA,
     level: str = "token",
     agg: str = "token-mean",
     max_len: int | None = None,
@@ -302,18 +309,17 @@ def troll_loss_from_hidden(
     """
     params = dict(kl_bound=kl_bound, alpha=alpha, top_k=top_k, delta=delta, level=level, agg=agg)
     check_troll_args(**params)
-    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
-        raise ValueError(f"chunk_size must be a positive integer or None, got {chunk_size!r}.")
+    _check_chunk_size(chunk_size)
     vocab = _check_head(hidden, weight, bias, temperature, lead_dims=2)
     bsz, seq, _ = hidden.shape
     tokens, adv, mask = check_batch(tokens, advantages, mask, bsz, seq, vocab, source="hidden")
     check_old(old, bsz, seq, vocab)
 
     new = ChunkedLMHead(hidden.reshape(bsz * seq, -1), weight, bias, temperature, chunk_size, entropy)
-    out = troll_loss_on_policy(new, old.flatten(), tokens, adv, mask, **params, max_len=max_len)
+    out = troll_loss_from_policy(new, old.flatten(), tokens, adv, mask, **params, max_len=max_len)
     if entropy:
-        m = mask.double()
-        out.metrics["entropy/mean"] = (new.entropy.double().reshape(bsz, seq) * m).sum() / m.sum().clamp_min(1)
+        ent = torch.where(mask, new.entropy.double().reshape(bsz, seq), 0.0)
+        out.metrics["entropy/mean"] = ent.sum() / mask.double().sum().clamp_min(1)
     fp64 = _compute_dtype(hidden, weight) == torch.float64
     return LossOutput(out.loss if fp64 else out.loss.float(), out.metrics)
 
@@ -325,8 +331,8 @@ def sparsify_from_hidden(
     *,
     bias: torch.Tensor | None = None,
     temperature: float = 1.0,
-    top_k: int = 64,
-    delta: float = 1e-5,
+    top_k: int = TOP_K,
+    delta: float = DELTA,
     include: torch.Tensor | None = None,
     chunk_size: int | None = None,
 ) -> SparseLogProbs:
@@ -341,6 +347,7 @@ def sparsify_from_hidden(
     """
     check_top_k(top_k)
     check_delta(delta)
+    _check_chunk_size(chunk_size)
     vocab = _check_head(hidden, weight, bias, temperature)
     lead = hidden.shape[:-1]
     extra = None if include is None else include_ids(include, lead, vocab)

@@ -27,6 +27,8 @@ from troll._checks import check_logits, check_positive, check_shape
 
 V_MIN = -60.0  # lower end of the bracket on log s: eta = exp(60) - 1, far beyond any real projection
 MAX_ITER = 100
+INFEASIBLE_RTOL = 1e-3  # kl_after above kl_bound * (1 + this) marks a row as infeasible
+FP32_MARGIN = 2e-7  # fp32 / bf16 output: the fp64 solve aims at kl_bound - this * sqrt(kl_bound)
 NEG_INF = float("-inf")
 
 
@@ -131,6 +133,8 @@ class _ProjectFn(torch.autograd.Function):
         bound = active & (s < 1)
         coef = torch.where(bound & (var > 0), hc / var, 0.0).unsqueeze(-1)
         grad = s.unsqueeze(-1) * (h - coef * pi * (c - kl.unsqueeze(-1)))
+        # Off the bound the map is log_softmax alone; select, as c = +inf on a row whose supports do not meet.
+        grad = torch.where(bound.unsqueeze(-1), grad, h)
         # Where pi = 0 (a token either policy excludes) log pi does not depend on a.
         return torch.where(pi > 0, grad, 0.0), None, None, None
 
@@ -142,7 +146,10 @@ def project_log_probs(a: torch.Tensor, b: torch.Tensor, kl_bound: float) -> Proj
     """
     with torch.no_grad():
         kl_before = kl_divergence(a.detach(), b)
-        active = kl_before > kl_bound
+        # A row whose new and old supports do not meet has no point on the path (KL = inf for every pi the new
+        # policy allows): it is left unchanged, kl_after = inf, and reported as infeasible.
+        meets = ((a.detach() > NEG_INF) & (b > NEG_INF)).any(-1)
+        active = (kl_before > kl_bound) & meets
         s = torch.ones_like(kl_before)
         if bool(active.any()):
             s[active] = _solve_active(a.detach()[active], b[active], kl_bound)
@@ -179,7 +186,11 @@ def project(new_logits: torch.Tensor, old_logits: torch.Tensor, kl_bound: float)
 
     Returns:
         :class:`Projection` with ``logp`` (..., V) in fp32 (fp64 for fp64 input) and per-row ``eta``,
-        ``kl_before``, ``kl_after`` of shape (...).
+        ``kl_before``, ``kl_after`` of shape (...), in the same dtype.
+
+    The solve runs in fp64 whatever the input dtype (fp32 KL is exact only to ~1e-7 absolute, which breaks small
+    bounds); ``logp`` is cast back afterwards. A row whose bound cannot be met (the new policy bans tokens that hold
+    more than 1 - exp(-kl_bound) of the old mass) keeps ``kl_after > kl_bound``: see :func:`infeasible`.
     """
     check_positive("kl_bound", kl_bound)
     check_logits("new_logits", new_logits)
@@ -187,7 +198,29 @@ def project(new_logits: torch.Tensor, old_logits: torch.Tensor, kl_bound: float)
     check_shape("old_logits", old_logits, tuple(new_logits.shape), " (the shape of new_logits)")
     dtype = compute_dtype(new_logits.dtype)
     lead, vocab = new_logits.shape[:-1], new_logits.shape[-1]
-    a = torch.log_softmax(new_logits.to(dtype).reshape(-1, vocab), dim=-1)
-    b = torch.log_softmax(old_logits.detach().to(dtype).reshape(-1, vocab), dim=-1)
-    out = project_log_probs(a, b, kl_bound)
-    return Projection(out.logp.reshape(*lead, vocab), *(t.reshape(lead) for t in out[1:]))
+    a = torch.log_softmax(new_logits.double().reshape(-1, vocab), dim=-1)
+    b = torch.log_softmax(old_logits.detach().double().reshape(-1, vocab), dim=-1)
+    out = project_log_probs(a, b, _output_bound(kl_bound, dtype))
+    logp = out.logp.to(dtype).reshape(*lead, vocab)
+    with torch.no_grad():  # the KL the caller's rounded log-probs reach (renormalised: fp32 sums to 1 +- 1e-7)
+        rounded = torch.log_softmax(logp.detach().double().reshape(-1, vocab), -1)
+        kl_after = torch.where(out.eta > 0, kl_divergence(rounded, b), out.kl_after)
+    return Projection(logp, *(t.to(dtype).reshape(lead) for t in (out.eta, out.kl_before, kl_after)))
+
+
+def _output_bound(kl_bound: float, dtype: torch.dtype) -> float:
+    """The bound the fp64 solve aims at. Rounding log pi to fp32 (relative error ~6e-8) moves the KL to first order
+    by sum_i pi_i d_i (c_i - KL) <= |d| sqrt(Var_pi[c]) ~ 1e-7 sqrt(2 KL), so fp32 output aims that much inside."""
+    if dtype == torch.float64:
+        return kl_bound
+    return kl_bound - FP32_MARGIN * math.sqrt(kl_bound)
+
+
+def infeasible(kl_after: torch.Tensor, kl_bound: float, rtol: float = INFEASIBLE_RTOL) -> torch.Tensor:
+    """(...) bool: rows whose bound could not be met, ``kl_after > kl_bound * (1 + rtol)``; pass ``proj.kl_after``.
+
+    No policy that gives zero mass to the tokens the new policy bans can be within ``kl_bound`` of the old one when
+    those tokens hold more than 1 - exp(-kl_bound) of the old mass; such rows are projected to the end of the
+    interpolation path (eta ~1e26, the old policy restricted to the new one's support: the least KL any such
+    policy reaches) and must be reported by the caller, never counted as within the bound."""
+    return kl_after > kl_bound * (1 + rtol)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from troll._checks import check_delta, check_ids, check_logits, check_lse, check_shape, check_top_k
+from troll.defaults import DELTA, TOP_K
 
 
 @dataclass
@@ -87,8 +88,8 @@ def merge_ids(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torc
 def sparsify(
     logits: torch.Tensor,
     *,
-    top_k: int = 64,
-    delta: float = 1e-5,
+    top_k: int = TOP_K,
+    delta: float = DELTA,
     include: torch.Tensor | None = None,
 ) -> SparseLogProbs:
     """Keep per row the most probable tokens until their mass reaches ``1 - delta`` (at most ``top_k``).

@@ -41,8 +41,11 @@ Multimodal inputs are rejected at the first forward.
 
 from __future__ import annotations
 
+import difflib
+import math
 import warnings
 from dataclasses import dataclass, field
+from numbers import Real
 
 import torch
 
@@ -59,6 +62,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from troll.chunked import sparsify_from_hidden, troll_loss_from_hidden
+from troll.defaults import ALPHA, DELTA, KL_BOUND, TOP_K
 from troll.losses import AGGREGATIONS, LossOutput, troll_loss
 from troll.sparse import SparseLogProbs, sparsify
 
@@ -73,6 +77,15 @@ __all__ = [
 
 SUPPORTED_TRL = ">=1.16,<1.17"
 TROLL_LOSS_TYPES = ("troll", "troll_seq")
+# The loss types TRL 1.16's GRPOTrainer implements (it checks them only when the loss runs, so a typo in a config
+# would otherwise surface after model loading and generation).
+TRL_LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
+
+
+def _finite_number(value) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
 LM_HEADS = ("chunked", "dense")
 # Config fields that rescale or soft-cap the logits after the LM head (the ones TRL's fused head reads too), with
 # their neutral value: the chunked path computes hidden @ weight.T + bias only.
@@ -131,16 +144,18 @@ class TrollGRPOConfig(GRPOConfig):
         },
     )
     troll_kl_bound: float = field(
-        default=0.05, metadata={"help": "TROLL: per-token KL bound eps of the trust-region projection (paper 0.05)."}
+        default=KL_BOUND,
+        metadata={"help": "TROLL: per-token KL bound eps of the trust-region projection (paper 0.05)."},
     )
     troll_alpha: float = field(
-        default=1.0, metadata={"help": "TROLL: weight of the regression to the projected policy (paper 1.0)."}
+        default=ALPHA, metadata={"help": "TROLL: weight of the regression to the projected policy (paper 1.0)."}
     )
     troll_top_k: int = field(
-        default=64, metadata={"help": "TROLL: at most this many tokens kept per position when sparsifying (paper 64)."}
+        default=TOP_K,
+        metadata={"help": "TROLL: at most this many tokens kept per position when sparsifying (paper 64)."},
     )
     troll_delta: float = field(
-        default=1e-5, metadata={"help": "TROLL: keep tokens until their mass reaches 1 - delta (paper 1e-5)."}
+        default=DELTA, metadata={"help": "TROLL: keep tokens until their mass reaches 1 - delta (paper 1e-5)."}
     )
     troll_agg: str | None = field(
         default=None,
@@ -165,21 +180,28 @@ class TrollGRPOConfig(GRPOConfig):
             self._check_troll_compatible()
 
     def _check_troll_values(self) -> None:
-        if isinstance(self.troll_kl_bound, bool) or not self.troll_kl_bound > 0:
+        if self.loss_type not in TROLL_LOSS_TYPES + TRL_LOSS_TYPES:
+            close = difflib.get_close_matches(str(self.loss_type), TROLL_LOSS_TYPES + TRL_LOSS_TYPES, n=1)
+            hint = f"did you mean loss_type={close[0]!r}? " if close else ""
             raise ValueError(
-                f"troll_kl_bound must be > 0, got {self.troll_kl_bound!r}: it is the per-token KL bound eps of the "
-                "trust region. Set a positive value, e.g. troll_kl_bound=0.05 (the paper's)."
+                f"loss_type={self.loss_type!r} is not a known loss type; {hint}Choose one of "
+                f"{', '.join(map(repr, TROLL_LOSS_TYPES + TRL_LOSS_TYPES))}."
             )
-        if isinstance(self.troll_alpha, bool) or not self.troll_alpha >= 0:
+        if not _finite_number(self.troll_kl_bound) or not self.troll_kl_bound > 0:
             raise ValueError(
-                f"troll_alpha must be >= 0, got {self.troll_alpha!r}: it weights the regression to the projected "
-                "policy. Set e.g. troll_alpha=1.0 (the paper's)."
+                f"troll_kl_bound must be > 0 and finite, got {self.troll_kl_bound!r}: it is the per-token KL bound "
+                "eps of the trust region. Set a positive value, e.g. troll_kl_bound=0.05 (the paper's)."
+            )
+        if not _finite_number(self.troll_alpha) or not self.troll_alpha >= 0:
+            raise ValueError(
+                f"troll_alpha must be >= 0 and finite, got {self.troll_alpha!r}: it weights the regression to the "
+                "projected policy. Set e.g. troll_alpha=1.0 (the paper's)."
             )
         if isinstance(self.troll_top_k, bool) or not isinstance(self.troll_top_k, int) or self.troll_top_k < 1:
             raise ValueError(
                 f"troll_top_k must be an integer >= 1, got {self.troll_top_k!r}. Set e.g. troll_top_k=64 (the paper's)."
             )
-        if isinstance(self.troll_delta, bool) or not 0 <= self.troll_delta < 1:
+        if not _finite_number(self.troll_delta) or not 0 <= self.troll_delta < 1:
             raise ValueError(
                 f"troll_delta must lie in [0, 1), got {self.troll_delta!r}: it is the probability mass left out when "
                 "sparsifying. Set e.g. troll_delta=1e-5 (the paper's), or 0 to keep exactly troll_top_k tokens."

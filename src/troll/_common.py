@@ -1,0 +1,81 @@
+"""Helpers shared by the TROLL loss and the clip-family baselines: batch checks, masked statistics, the GSPO weight.
+
+Shapes: B sequences, T positions, V vocabulary, K stored old ids (as in :mod:`troll.losses`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from troll._checks import check_ids, check_logits, check_mask, check_shape, check_sparse, check_tensor
+from troll.defaults import MAX_LOG_RATIO
+from troll.sparse import SparseLogProbs
+
+
+def check_logits_batch(logits, tokens, advantages, mask):
+    """:func:`check_batch` with (B, T) taken from ``logits`` (B, T, V), whose type and shape are checked too."""
+    check_logits("logits", logits, scan=False)  # values: check_lse on the logsumexp the loss computes anyway
+    if logits.dim() != 3:
+        raise ValueError(f"logits must be (B, T, V), got shape {tuple(logits.shape)}.")
+    return check_batch(tokens, advantages, mask, *logits.shape, source="logits")
+
+
+def check_batch(tokens, advantages, mask, b: int, t: int, vocab: int, *, source: str = "logits"):
+    """Validate the (B, T) side of a batch; returns long tokens (0 off the mask), (B, T) advantages, bool mask."""
+    for name, value in (("tokens", tokens), ("advantages", advantages), ("mask", mask)):
+        check_tensor(name, value)
+    check_shape("tokens", tokens, (b, t), f" (B, T) from {source}")
+    check_shape("mask", mask, (b, t), f" (B, T) from {source}")
+    if not advantages.is_floating_point():
+        advantages = advantages.double()
+    if advantages.shape not in ((b,), (b, t)):
+        raise ValueError(f"advantages has shape {tuple(advantages.shape)}; expected ({b},) or ({b}, {t}).")
+    mask = check_mask(mask)
+    check_ids("tokens (at mask == True)", tokens[mask], vocab)
+    tokens = torch.where(mask, tokens, 0).long()
+    adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
+    if not torch.isfinite(adv).all():
+        raise ValueError("advantages contain NaN or inf; check the reward function and its normalisation.")
+    return tokens, adv.expand(b, t), mask
+
+
+def check_old(old: SparseLogProbs, b: int, t: int, v: int) -> None:
+    if not isinstance(old, SparseLogProbs):
+        raise ValueError(f"old must be a SparseLogProbs (from troll.sparsify), got {type(old).__name__}.")
+    if old.ids.dim() != 3:
+        raise ValueError(f"old.ids must be (B, T, K), got shape {tuple(old.ids.shape)}.")
+    if tuple(old.ids.shape[:-1]) != (b, t):
+        raise ValueError(f"old.ids has shape {tuple(old.ids.shape)} but ({b}, {t}, K) is expected (B, T from logits).")
+    if old.vocab_size != v:
+        raise ValueError(f"old.vocab_size is {old.vocab_size} but logits have V = {v}; use one vocabulary.")
+    check_sparse(old, v)
+
+
+def sequence_weight(logp_tok: torch.Tensor, old_tok: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """GSPO-token weight exp(log pi_t - sg(log pi_t) + sg(log s_i)), log s_i = masked mean log-ratio (<= 10)."""
+    count = mask.to(logp_tok.dtype).sum(-1, keepdim=True)
+    log_s = torch.where(mask, logp_tok - old_tok, 0.0).sum(-1, keepdim=True) / count.clamp_min(1)
+    log_s = log_s.clamp(max=MAX_LOG_RATIO).detach()
+    # A token the current policy bans (log pi = -inf) makes log_s = -inf and the weight 0; select first so that
+    # -inf - (-inf) never happens.
+    lp = torch.where(torch.isfinite(logp_tok), logp_tok, 0.0)
+    return torch.exp(lp - lp.detach() + log_s)
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return torch.where(mask, values, 0.0).sum() / mask.to(values.dtype).sum().clamp_min(1)
+
+
+def masked_stats(name: str, values: torch.Tensor, mask: torch.Tensor, which) -> dict[str, torch.Tensor]:
+    """Masked mean / min / max of a (B, T) tensor; 0 for an empty mask."""
+    out = {}
+    v = values.double()
+    empty = not bool(mask.any())
+    for w in which:
+        if w == "mean":
+            out[f"{name}/mean"] = masked_mean(v, mask)
+        elif empty:
+            out[f"{name}/{w}"] = v.new_zeros(())
+        else:
+            out[f"{name}/{w}"] = getattr(v[mask], w)()
+    return out
