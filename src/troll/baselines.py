@@ -23,9 +23,9 @@ from troll.losses import (
     check_old,
     old_token_logp,
 )
+from troll.policy import DenseLogits, coarse_support
 from troll.projection import compute_dtype, kl_divergence
 from troll.sparse import SparseLogProbs
-from troll.sparse_projection import DenseLogits, coarse_support
 
 
 def _policy_terms(logits, old, tokens, advantages, mask):

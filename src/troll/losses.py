@@ -25,9 +25,9 @@ from troll._checks import (
     check_shape,
     check_top_k,
 )
+from troll.policy import DenseLogits, coarse_support
 from troll.projection import kl_divergence, project_log_probs
 from troll.sparse import SparseLogProbs
-from troll.sparse_projection import DenseLogits, coarse_support
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 LEVELS = ("token", "sequence")
