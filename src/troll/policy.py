@@ -94,7 +94,7 @@ class _LseFn(torch.autograd.Function):
             return None, None, None
         grad = torch.empty_like(logits)
         n, vocab = logits.shape
-        rows = n if logits.dtype == lse.dtype else _row_block(vocab)
+        rows = _row_block(vocab)  # each block's sub, exp, mul and scatter run while it sits in cache
         for r in range(0, n, rows):
             blk = slice(r, r + rows)
             out = grad[blk] if logits.dtype == lse.dtype else None
