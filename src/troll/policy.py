@@ -18,6 +18,7 @@ import math
 from typing import Protocol, runtime_checkable
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from troll.projection import compute_dtype
 from troll.sparse import SparseLogProbs, kept_ids, merge_ids
@@ -87,6 +88,7 @@ class _LseFn(torch.autograd.Function):
         return lse.clone()
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, g_lse):
         logits, lse = ctx.saved_tensors
         items, ctx.pending.items = ctx.pending.items, []
@@ -122,6 +124,7 @@ class _AtFn(torch.autograd.Function):
         return logits.gather(-1, ids).to(lse.dtype)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, g_at):
         if g_at is not None:
             (ids,) = ctx.saved_tensors
