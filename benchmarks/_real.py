@@ -6,8 +6,9 @@ and a mask, with N = sequences x completion tokens:
   top-p), so every row is a distribution the model actually samples from;
 - old logits: the model's logits at the positions that predict the completion tokens;
 - new logits: the same positions after every weight matrix moves by ``sigma * std(W) * N(0, 1)``, with sigma
-  chosen (by bisection on two sequences) so that about a third of the rows are projected at eps (their KL over
-  TROLL's sparse support exceeds it) -- an equivalent of a few optimiser steps off-policy.
+  chosen (by bisection on two sequences) so that about a third of their rows are projected at eps (their KL over
+  TROLL's sparse support exceeds it) -- an equivalent of a few optimiser steps off-policy. Over the whole batch
+  (seed 0) that gives sigma = 0.021 and 43% of the rows projected.
 The batch is cached under benchmarks/results/ (gitignored), so only the first run pays for generation.
 
 For vocabularies larger than the model's (V = 151936, a Qwen-sized head), ``widen`` appends columns drawn from
