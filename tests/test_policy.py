@@ -81,6 +81,19 @@ def test_at_alone_still_gets_its_gradient():
     torch.testing.assert_close(fused.grad, ref.grad, rtol=0, atol=0)
 
 
+def test_lse_first_read_without_grad_then_with_grad():
+    x = _logits(n=4, v=9).clamp_min(-30.0)
+    ids, _ = _ids(4, v=9)
+    fused = x.clone().requires_grad_(True)
+    new = DenseLogits(fused)
+    with torch.no_grad():
+        assert new.lse.grad_fn is None
+    (new.at(ids) - new.lse).sum().backward()
+    ref = x.clone().requires_grad_(True)
+    (ref.gather(-1, ids) - torch.logsumexp(ref, -1, keepdim=True)).sum().backward()
+    torch.testing.assert_close(fused.grad, ref.grad, rtol=1e-12, atol=1e-12)
+
+
 def test_bf16_computed_in_fp32_and_gradient_in_bf16():
     x32 = _logits(n=300, v=1000, dtype=torch.float32)
     x16 = x32.bfloat16()

@@ -153,8 +153,8 @@ class DenseLogits:
     def lse(self) -> torch.Tensor:
         if self._given is not None:
             return self._given
-        if self._lse is None:
-            self._lse = _LseFn.apply(self.logits, self._lse0, self._pending)
+        if self._lse is None or (self._lse.grad_fn is None and torch.is_grad_enabled() and self.logits.requires_grad):
+            self._lse = _LseFn.apply(self.logits, self._lse0, self._pending)  # (again if first read under no_grad)
         return self._lse
 
     def kept(self, top_k: int, delta: float):
