@@ -1,18 +1,30 @@
-"""Loss-level benchmark: forward + backward of troll_loss against clip_loss from the same logits.
+"""Loss-level benchmark: forward + backward of troll_loss against clip losses from the same logits.
 
-For each vocabulary size it builds N tokens of realistically peaked old logits (each row puts 1-20 tokens above
-the rest, so 1 - 1e-5 of the mass needs 1-20 tokens) and a perturbed new policy so that a good share of rows is
-projected. It times forward + backward of both losses (median of --repeats, alternating), measures the peak
-memory of each in a fresh subprocess, and checks the projection: the worst |KL_after - eps| / eps over projected
-rows (from the float64 sparse support the loss uses).
+Default (realistic) mode: SmolLM2-135M-Instruct's own distributions -- 16 sequences x 256 tokens it sampled at
+temperature 1 (N = 4096, V = 49152), and the new policy after a weight perturbation that projects about a third of
+the rows at eps 0.05 (see _real.py; generated once, ~2 minutes, and cached under benchmarks/results/). For
+V > 49152 (e.g. 151936, a Qwen-sized head) each row is widened with columns drawn from its own tail, so the kept
+count at delta 1e-5 stays the real model's. ``--synthetic`` uses the former peaked rows instead (1-20 tokens carry
+1 - 1e-5 of the mass).
+
+Methods, timed in alternating rounds in one process (medians over --repeats rounds after a warm-up round):
+    troll        troll.troll_loss (K = 64, delta = 1e-5, eps = 0.05)
+    clip         troll.clip_loss (the baseline with its metrics, including the sparse-support KL)
+    mclip        a minimal TRL-style clip loss: logsumexp, gather, ratio, clamp, token mean; no metrics
+    lse          torch.logsumexp forward + backward alone
+    traffic      the memory-traffic floor of any loss from logits: one read of the logits (a row max) and one
+                 write of an (N, V) gradient-sized buffer
+It also reports the kept and support sizes and checks the projection: the worst |KL_after - eps| / eps over the
+projected rows.
 
 Peak memory on CPU: each (method, V) runs in its own subprocess; after the inputs exist (and one warm-up call on
 a small batch) we reset the kernel's high-water mark (/proc/self/clear_refs), run forward + backward, and take
 VmHWM - VmRSS before. Tensors of this size are mmap-backed, so what is freed returns to the system and the
 high-water mark is the method's own working set, inputs excluded.
 
-    python benchmarks/bench_loss.py                      # N = 4096, V in {32000, 151936}
-    python benchmarks/bench_loss.py --tokens 512 --vocab 32000 --repeats 3    # a quick look
+    python benchmarks/bench_loss.py --threads 1                       # real rows, V in {49152, 151936}
+    python benchmarks/bench_loss.py --synthetic --vocab 32000 151936 --threads 1
+    python benchmarks/bench_loss.py --tokens 512 --vocab 49152 --repeats 3 --no-memory    # a quick look
 Writes benchmarks/results/bench_loss.csv and prints a markdown table.
 """
 
@@ -27,11 +39,16 @@ import time
 from pathlib import Path
 
 import torch
+from _real import real_batch, widen
 from _report import reset_peak, status_kb, write_results
 
 import troll
+from troll.sparse import kept_ids
 
 RESULTS = Path(__file__).parent / "results"
+REAL_CACHE = RESULTS / "real_smollm2_16x256.pt"
+METHODS = ("troll", "clip", "mclip", "lse", "traffic")
+MEMORY_METHODS = ("troll", "clip", "mclip")
 
 
 def make_batch(n: int, vocab: int, *, seed: int = 0, spread: float = 1.5):
@@ -75,123 +92,149 @@ def _sample_chunked(logits, g):
     return torch.cat(out)
 
 
+def load_batch(vocab: int, args):
+    """(old, new, tokens, adv, mask) over the first ``args.tokens`` rows, real (widened to V) or synthetic."""
+    if args.synthetic:
+        return make_batch(args.tokens, vocab, seed=args.seed, spread=args.spread)
+    old, new, tokens, adv, mask, _ = real_batch(REAL_CACHE, eps=args.eps)
+    n = args.tokens
+    old, new = widen(old[:, :n], new[:, :n], vocab, seed=args.seed)
+    return old, new, tokens[:, :n], adv[:, :n], mask[:, :n]
+
+
+def minimal_clip(logits, old_tok, tokens, adv, mask, eps=0.2):
+    """TRL-style GRPO clip loss with nothing else: log-prob by logsumexp and gather, ratio, clamp, token mean."""
+    logp = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
+    ratio = torch.exp(logp - old_tok)
+    per_token = -torch.minimum(ratio * adv, ratio.clamp(1 - eps, 1 + eps) * adv)
+    return (per_token * mask).sum() / mask.sum()
+
+
 def run_method(method: str, logits, old_sparse, old_tok, tokens, adv, mask, args):
-    """Forward + backward of one loss; ``logits`` is a leaf that requires grad (its .grad is reset)."""
+    """Forward + backward of one method; ``logits`` is a leaf that requires grad (its .grad is reset)."""
     logits.grad = None
     if method == "troll":
         out = troll.troll_loss(
             logits, old_sparse, tokens, adv, mask, kl_bound=args.eps, top_k=args.top_k, delta=args.delta
         )
-    else:
-        out = troll.clip_loss(logits, old_tok, tokens, adv, mask)
-    out.loss.backward()
-    return out
+        out.loss.backward()
+        return out
+    if method == "clip":
+        troll.clip_loss(logits, old_tok, tokens, adv, mask).loss.backward()
+    elif method == "mclip":
+        minimal_clip(logits, old_tok, tokens, adv, mask).backward()
+    elif method == "lse":
+        torch.logsumexp(logits, -1).sum().backward()
+    else:  # traffic: one read of the logits, one write of a gradient-sized buffer
+        logits.detach().amax(-1)
+        torch.empty_like(logits).fill_(0.0)
+    return None
+
+
+def inputs(vocab: int, args):
+    old, new, tokens, adv, mask = load_batch(vocab, args)
+    old_sparse = troll.sparsify(old, top_k=args.top_k, delta=args.delta, include=tokens)
+    old_tok = troll.old_token_logp(old_sparse, tokens).float()
+    return old_sparse, old_tok, new.requires_grad_(True), tokens, adv, mask
 
 
 def child(args) -> None:
     """One measurement in a fresh process: prints JSON with the peak memory delta of one forward + backward."""
-    # Warm up on a small batch first: the first call allocates thread pools and kernels' scratch once.
-    for n in (64, args.tokens):
-        old, new, tokens, adv, mask = make_batch(n, args.vocab[0], seed=args.seed, spread=args.spread)
-        old_sparse = troll.sparsify(old, top_k=args.top_k, delta=args.delta, include=tokens)
-        old_tok = troll.old_token_logp(old_sparse, tokens).float()
-        del old
-        new.requires_grad_(True)
-        if n == 64:
-            run_method(args.child, new, old_sparse, old_tok, tokens, adv, mask, args)
+    old_sparse, old_tok, new, tokens, adv, mask = inputs(args.vocab[0], args)
+    n = min(64, args.tokens)  # warm-up on a small slice: thread pools and kernels' scratch, allocated once
+    small = new.detach()[:, :n].clone().requires_grad_(True)
+    run_method(args.child, small, old_sparse[:, :n], old_tok[:, :n], tokens[:, :n], adv[:, :n], mask[:, :n], args)
+    del small
     reset_peak()
     base = status_kb("VmRSS")
     run_method(args.child, new, old_sparse, old_tok, tokens, adv, mask, args)
     print(json.dumps({"peak_mb": (status_kb("VmHWM") - base) / 1024}))
 
 
+PASSED = ("tokens", "seed", "spread", "top_k", "delta", "eps", "threads")
+
+
 def peak_memory(method: str, vocab: int, args) -> float:
-    cmd = [
-        sys.executable,
-        __file__,
-        "--child",
-        method,
-        "--vocab",
-        str(vocab),
-        "--tokens",
-        str(args.tokens),
-        "--seed",
-        str(args.seed),
-        "--spread",
-        str(args.spread),
-        "--top-k",
-        str(args.top_k),
-        "--delta",
-        str(args.delta),
-        "--eps",
-        str(args.eps),
-    ]
+    cmd = [sys.executable, __file__, "--child", method, "--vocab", str(vocab)]
+    for name in PASSED:
+        value = getattr(args, name)
+        if value is not None:
+            cmd += [f"--{name.replace('_', '-')}", str(value)]
+    cmd += ["--synthetic"] if args.synthetic else []
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])["peak_mb"]
 
 
-def bench_vocab(vocab: int, args) -> dict:
-    old, new, tokens, adv, mask = make_batch(args.tokens, vocab, seed=args.seed, spread=args.spread)
-    old_sparse = troll.sparsify(old, top_k=args.top_k, delta=args.delta, include=tokens)
-    old_tok = troll.old_token_logp(old_sparse, tokens).float()
-    new.requires_grad_(True)
-    times = {"troll": [], "clip": []}
-    for _ in range(args.repeats + 1):  # the first round warms up
-        for method in times:
+def time_methods(new, old_sparse, old_tok, tokens, adv, mask, args):
+    times = {m: [] for m in METHODS}
+    metrics = None
+    for r in range(args.repeats + 1):  # the first round warms up; the order rotates every round
+        for method in METHODS[r % len(METHODS) :] + METHODS[: r % len(METHODS)]:
             t0 = time.perf_counter()
             out = run_method(method, new, old_sparse, old_tok, tokens, adv, mask, args)
             times[method].append(time.perf_counter() - t0)
-            if method == "troll":
-                metrics = out.metrics
-    med = {m: statistics.median(t[1:]) for m, t in times.items()}
+            metrics = out.metrics if out is not None else metrics
+    new.grad = None
+    return {m: statistics.median(t[1:]) for m, t in times.items()}, metrics
+
+
+def bench_vocab(vocab: int, args) -> dict:
+    old_sparse, old_tok, new, tokens, adv, mask = inputs(vocab, args)
+    med, metrics = time_methods(new, old_sparse, old_tok, tokens, adv, mask, args)
     with torch.no_grad():
         proj = troll.project_sparse(
             new.detach(), old_sparse, args.eps, top_k=args.top_k, delta=args.delta, include=tokens
         )
         on = proj.eta > 0
         worst = float(((proj.kl_after[on] - args.eps).abs() / args.eps).max()) if on.any() else 0.0
-        above = float(((proj.kl_after - args.eps) / args.eps).max())
-    mem = {m: peak_memory(m, vocab, args) for m in ("troll", "clip")}
-    kept = old_sparse.mask.sum(-1).float()
-    return {
-        "V": vocab,
-        "N": args.tokens,
-        "troll_s": round(med["troll"], 4),
-        "clip_s": round(med["clip"], 4),
-        "time_ratio": round(med["troll"] / med["clip"], 3),
-        "troll_peak_mb": round(mem["troll"], 1),
-        "clip_peak_mb": round(mem["clip"], 1),
-        "mem_ratio": round(mem["troll"] / mem["clip"], 3),
-        "projected_frac": round(float(on.double().mean()), 3),
-        "worst_rel_kl_err": f"{worst:.2e}",
-        "max_rel_excess": f"{above:.2e}",
-        "old_kept_mean": round(float(kept.mean()), 2),
-        "support_mean": round(float(metrics["support/mean"]), 2),
-    }
+        flat = new.detach()[0]
+        new_kept = kept_ids(flat, torch.logsumexp(flat, -1, keepdim=True), args.top_k, args.delta)[1]
+    mem = {m: peak_memory(m, vocab, args) for m in MEMORY_METHODS} if args.memory else {}
+    row = {"V": vocab, "N": args.tokens, "rows": "synthetic" if args.synthetic else "real"}
+    row.update({f"{m}_s": round(med[m], 4) for m in METHODS})
+    row.update({f"troll/{m}": round(med["troll"] / med[m], 3) for m in METHODS[1:]})
+    row.update({f"{m}_peak_mb": round(v, 1) for m, v in mem.items()})
+    if mem:
+        row["mem troll/mclip"] = round(mem["troll"] / mem["mclip"], 3)
+        row["mem troll/clip"] = round(mem["troll"] / mem["clip"], 3)
+    row.update(
+        {
+            "projected_frac": round(float(on.double().mean()), 3),
+            "worst_rel_kl_err": f"{worst:.2e}",
+            "old_kept_mean": round(float(old_sparse.mask.sum(-1).float().mean()), 2),
+            "new_kept_mean": round(float(new_kept.sum(-1).float().mean()), 2),
+            "support_mean": round(float(metrics["support/mean"]), 2),
+        }
+    )
+    return row
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--tokens", type=int, default=4096, help="N, the number of token positions")
-    p.add_argument("--vocab", type=int, nargs="+", default=[32000, 151936])
+    p.add_argument("--tokens", type=int, default=4096, help="N, the number of token positions (at most 4096 real)")
+    p.add_argument("--vocab", type=int, nargs="+", default=None, help="default 49152 151936 (synthetic: 32000 151936)")
+    p.add_argument("--synthetic", action="store_true", help="peaked synthetic rows instead of the real model's")
     p.add_argument("--top-k", type=int, default=64)
     p.add_argument("--delta", type=float, default=1e-5)
     p.add_argument("--eps", type=float, default=0.05)
-    p.add_argument("--spread", type=float, default=1.5, help="scale of the new policy's perturbation")
+    p.add_argument("--spread", type=float, default=1.5, help="synthetic: scale of the new policy's perturbation")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--no-memory", dest="memory", action="store_false", help="skip the peak-memory subprocesses")
     p.add_argument("--out", type=Path, default=RESULTS / "bench_loss.csv")
-    p.add_argument("--child", choices=("troll", "clip"), help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=METHODS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    args.vocab = args.vocab or ([32000, 151936] if args.synthetic else [49152, 151936])
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.child:
         return child(args)
     rows = [bench_vocab(v, args) for v in args.vocab]
     header = (
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, eps {args.eps}, K {args.top_k}, "
-        f"delta {args.delta}; medians of {args.repeats}"
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"{'synthetic' if args.synthetic else 'SmolLM2-135M-Instruct'} rows, eps {args.eps}, K {args.top_k}, "
+        f"delta {args.delta}; medians of {args.repeats} alternating rounds"
     )
     write_results(rows, args.out, header)
 

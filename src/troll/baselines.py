@@ -14,9 +14,9 @@ from troll._checks import check_choice, check_delta, check_lse, check_positive, 
 from troll._common import check_logits_batch, check_old, masked_mean, masked_stats, sequence_weight
 from troll.defaults import CISPO_EPS_HIGH, CLIP_EPS, DELTA, TOP_K
 from troll.losses import AGGREGATIONS, LEVELS, LossOutput, aggregate, old_token_logp
+from troll.policy import DenseLogits, coarse_support
 from troll.projection import compute_dtype, kl_divergence
 from troll.sparse import SparseLogProbs
-from troll.sparse_projection import DenseLogits, coarse_support
 
 
 def _policy_terms(logits, old, tokens, advantages, mask):

@@ -13,7 +13,7 @@ gradient:
 
 That is the same matmul count as a fused log-prob kernel (TRL's ChunkedLogProbFunction): one forward pass, one
 recomputation and two gradient products. :class:`ChunkedLMHead` is a drop-in for
-:class:`troll.sparse_projection.DenseLogits`, so the support, the projection and the loss are the dense path's code.
+:class:`troll.policy.DenseLogits`, so the support, the projection and the loss are the dense path's code.
 :func:`sparsify_from_hidden` captures the old policy the same way, matching :func:`troll.sparsify`.
 
 Shapes: B sequences, T positions, N = B*T rows, H hidden size, V vocabulary, C chunk columns, U support ids.
@@ -195,7 +195,7 @@ class _LMHeadFn(torch.autograd.Function):
 class ChunkedLMHead:
     """The current policy as ``hidden @ weight.T (+ bias) / temperature`` without the (N, V) logits.
 
-    A stand-in for :class:`troll.sparse_projection.DenseLogits` (``vocab_size``, ``lse``, ``kept``, ``at``):
+    A :class:`troll.policy.CurrentPolicy` like :class:`troll.policy.DenseLogits`:
 
         hidden: (N, H); weight: (V, H); bias: (V,) or None; chunk_size: C vocabulary columns a pass
         (default: about 2**24 / N).

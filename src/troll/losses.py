@@ -25,9 +25,9 @@ from troll._checks import (
 )
 from troll._common import check_logits_batch, check_old, masked_mean, masked_stats, sequence_weight
 from troll.defaults import ALPHA, DELTA, KL_BOUND, TOP_K
+from troll.policy import DenseLogits, coarse_support
 from troll.projection import infeasible, kl_divergence, project_log_probs
 from troll.sparse import SparseLogProbs
-from troll.sparse_projection import DenseLogits, coarse_support
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 LEVELS = ("token", "sequence")

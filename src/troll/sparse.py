@@ -119,19 +119,27 @@ def sparsify(
     )
 
 
-def kept_ids(logits: torch.Tensor, lse: torch.Tensor, top_k: int, delta: float, *, first_k: int = 16):
+def kept_ids(logits: torch.Tensor, lse: torch.Tensor, top_k: int, delta: float, *, first_k: int = 16, probe: int = 64):
     """Ids (N, k) of the most probable tokens until mass 1 - delta (at most ``top_k``) and their mask.
 
     logits: (N, V); lse: (N, 1) their logsumexp. Trimmed to the largest kept count in the batch.
-    A top-``first_k`` pass settles the rows that reach 1 - delta within it (most rows of a trained model);
-    only the others pay for the full top-``top_k`` (topk's cost grows with k).
+    ``topk``'s cost grows with k, so the pass is chosen from the batch: ``probe`` rows spread over it take a
+    top-``first_k``; if more than a quarter of them fall short of 1 - delta (flat rows: sampled text at
+    temperature 1), every row takes one top-``top_k`` pass. Otherwise (peaked rows) all take the top-``first_k``
+    and only the rows that fall short take a second, top-``top_k`` pass (always so with ``probe=0``). Both give
+    the same kept sets.
     """
+    n = logits.shape[0]
     k = min(top_k, logits.shape[-1])
     k0 = k if delta == 0 else min(k, first_k)
+    if k0 < k and n > 0 and probe > 0:
+        rows = torch.linspace(0, n - 1, min(n, probe), device=logits.device).long()
+        if float(_short(logits[rows].topk(k0, dim=-1).values, lse[rows], delta).double().mean()) > 0.25:
+            k0 = k
     top, ids = logits.topk(k0, dim=-1)
     mask = mass_rule(top - lse, delta)
     if k0 < k:
-        short = (top.double() - lse.double()).exp().sum(-1) < 1 - delta
+        short = _short(top, lse, delta)
         if bool(short.any()):
             rows = short.nonzero().squeeze(-1)
             top_r, ids_r = logits[rows].topk(k, dim=-1)
@@ -139,6 +147,11 @@ def kept_ids(logits: torch.Tensor, lse: torch.Tensor, top_k: int, delta: float, 
             mask = torch.cat([mask, mask.new_zeros(mask.shape[0], k - k0)], -1)
             mask = mask.index_copy(0, rows, mass_rule(top_r - lse[rows], delta))
     return trim_kept(ids, mask)
+
+
+def _short(top: torch.Tensor, lse: torch.Tensor, delta: float) -> torch.Tensor:
+    """(N,) True where the top tokens' mass (summed in fp64) is short of 1 - delta."""
+    return (top.double() - lse.double()).exp().sum(-1) < 1 - delta
 
 
 def mass_rule(top_logp: torch.Tensor, delta: float) -> torch.Tensor:
