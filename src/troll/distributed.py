@@ -43,9 +43,7 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor(grad_placements=[Partial("avg")] * len(t.placements))
 
 
-def gather_lm_head(
-    weight: torch.Tensor, bias: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+def gather_lm_head(weight: torch.Tensor, bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(weight (V, H), bias (V,) or None) as full local tensors whose gradient flows back to the shards.
 
     A plain tensor is returned as is (one process, DDP, or an FSDP2 unit still unsharded after its forward). A
