@@ -54,6 +54,28 @@ def test_fsdp2_chunked_matches_dense(tmp_path):
         assert result[key] < 1e-10, (key, float(result[key]))
 
 
+@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed gloo")
+def test_fsdp2_trainer_keeps_chunked(tmp_path):
+    """TrollGRPOTrainer on a fully_shard model over 2 processes: "chunked" is kept (no fallback), the old policy is
+    captured through the gathered head, and the chunked loss and gradients equal the dense path's (fp32)."""
+    pytest.importorskip("trl")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
+    env.update(OMP_NUM_THREADS="1", TROLL_TORCHRUN_TIMEOUT="150", HF_HUB_OFFLINE="1")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    code, err = run_script([*torchrun, str(HERE / "_torchrun_fsdp_trainer.py"), str(tmp_path)], env, timeout=200)
+    if not (tmp_path / "ready").exists():
+        pytest.skip(f"torchrun with gloo could not start here: {err[-500:]}")
+    assert code == 0, err[-3000:]
+    result = torch.load(tmp_path / "result.pt")
+    assert result["projected_frac"] > 0
+    assert result["loss"] < 1e-5
+    grads = [key for key in result if key.startswith("grad/")]
+    assert "grad/lm_head.weight" in grads and "grad/model.embed_tokens.weight" in grads
+    for key in grads:
+        assert result["size/" + key[5:]] > 1e-5, key
+        assert result[key] < 1e-4, (key, float(result[key]))
+
+
 def test_gather_plain_weight_is_identity():
     weight, bias = torch.randn(5, 3, requires_grad=True), torch.randn(5)
     w, b = gather_lm_head(weight, bias)

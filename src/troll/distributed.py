@@ -26,6 +26,13 @@ def is_dtensor(t) -> bool:
     return type(t).__name__ == "DTensor" or type(getattr(t, "data", None)).__name__ == "DTensor"
 
 
+def is_fsdp2_model(model: torch.nn.Module) -> bool:
+    """True if ``model`` or one of its submodules was wrapped by FSDP2's ``fully_shard``."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(m, FSDPModule) for m in model.modules())
+
+
 def is_zero3_param(t) -> bool:
     """True for a DeepSpeed ZeRO-3 partitioned parameter (it carries ``ds_id`` / ``ds_status``)."""
     return hasattr(t, "ds_id") and hasattr(t, "ds_status")
