@@ -314,7 +314,8 @@ class TrollGRPOTrainer(GRPOTrainer):
             if value is not None and value != neutral:
                 return f"the model rescales or soft-caps its logits after the LM head (config.{key}={value!r})"
         try:
-            weight, bias = self._troll_head_gathered(head)
+            with torch.no_grad():
+                weight, bias = self._troll_head_gathered(head)
         except ValueError as err:
             return str(err)
         return self._troll_probe_head(types.SimpleNamespace(weight=weight, bias=bias))
