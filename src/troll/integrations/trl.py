@@ -20,8 +20,9 @@ TROLL and clipping share one code path. How the TROLL loss types depart from TRL
   ``output_hidden_states=-1, logits_to_keep=1``: the last hidden state, which transformers ties to the output
   after the final norm (the LM head's input), and the logits of one position only. The LM head's parameters are
   then used directly: they are the same Parameters, so their gradients (a tied embedding's too) accumulate and are
-  reduced as usual. The chunked path falls back to "dense", with a warning, where it cannot be exact: FSDP or
-  DeepSpeed ZeRO-3 (the head's weight is sharded outside the forward), a DTensor weight, no linear output
+  reduced as usual; under FSDP2 a sharded head is all-gathered in the loss call, its gradient reduce-scattered
+  back (see docs/trl.md). The chunked path falls back to "dense", with a warning, where it cannot be exact: FSDP1 or
+  DeepSpeed ZeRO-3 (the head's weight is sharded outside the forward), a DTensor outside FSDP2, no linear output
   embeddings, a config that rescales or soft-caps the logits (Gemma's final_logit_softcapping, logit_scale, ...),
   or a probe forward whose logits are not last-hidden-state @ weight.T + bias (checked once, on 4 tokens).
 - No clipping: TRL's ``epsilon``, ``epsilon_high`` and ``delta`` do not apply.
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import types
 import warnings
 from dataclasses import dataclass, field
 from numbers import Real
@@ -63,6 +65,7 @@ from packaging.version import Version
 
 from troll.chunked import sparsify_from_hidden, troll_loss_from_hidden
 from troll.defaults import ALPHA, DELTA, KL_BOUND, TOP_K
+from troll.distributed import gather_lm_head, is_dtensor, is_fsdp2_model
 from troll.losses import AGGREGATIONS, LossOutput, troll_loss
 from troll.sparse import SparseLogProbs, sparsify
 
@@ -169,7 +172,7 @@ class TrollGRPOConfig(GRPOConfig):
         metadata={
             "help": "TROLL: 'chunked' (LM head in vocabulary chunks from the final hidden states, never the (B, T, V) "
             "logits) or 'dense' (the model's full logits). Falls back to 'dense' with a warning where 'chunked' "
-            "cannot be exact (FSDP, ZeRO-3, soft-capped or scaled logits)."
+            "cannot be exact (FSDP1, ZeRO-3, soft-capped or scaled logits)."
         },
     )
 
@@ -326,12 +329,12 @@ class TrollGRPOTrainer(GRPOTrainer):
         def hook(module, args, kwargs, output):
             input_ids = kwargs.get("input_ids", args[0] if args else None)
             hidden = output.last_hidden_state[:, -(t + 1) : -1]
-            head = self._troll_output_embeddings(self.model)
+            weight, bias = self._troll_head_gathered(self._troll_output_embeddings(self.model))  # FSDP2: gathered
             tokens = input_ids[:, -t:]
             # The hook runs inside the model's forward, where mixed precision may have turned autocast on: the
             # capture computes in fp32 (as it does outside), whatever the backbone ran in.
             with torch.autocast(hidden.device.type, enabled=False):
-                self._troll_pending.append(self._troll_sparsify_hidden(hidden, head.weight, head.bias, tokens))
+                self._troll_pending.append(self._troll_sparsify_hidden(hidden, weight, bias, tokens))
 
         return hook
 
@@ -355,26 +358,41 @@ class TrollGRPOTrainer(GRPOTrainer):
         return self._troll_head_mode
 
     def _troll_chunked_blocker(self) -> str | None:
-        """Why the chunked path would not reproduce this model's logits, or None if it does."""
+        """Why the chunked path would not reproduce this model's logits, or None if it does.
+
+        FSDP2 is supported: :meth:`_troll_head_gathered` all-gathers the sharded head inside the loss call. FSDP1
+        (flattened parameters) and DeepSpeed ZeRO-3 (partitions gathered only inside the module's forward) are not.
+        """
         from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
 
-        if getattr(self, "is_fsdp_enabled", False):
-            return "FSDP shards the LM head's weight outside the model's forward"
+        fsdp2 = bool(getattr(self.accelerator, "is_fsdp2", False)) or is_fsdp2_model(self.model)
+        if getattr(self, "is_fsdp_enabled", False) and not fsdp2:
+            return "FSDP1 flattens and shards the LM head's weight outside the model's forward (FSDP2 is supported)"
         if is_deepspeed_zero3_enabled():
             return "DeepSpeed ZeRO-3 shards the LM head's weight outside the model's forward"
         head = self._troll_output_embeddings(self.model)
         weight = getattr(head, "weight", None)
         if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
             return "the model has no linear output embeddings (get_output_embeddings() with a (V, H) weight)"
-        if type(weight).__name__ == "DTensor" or type(weight.data).__name__ == "DTensor":
-            return "the LM head's weight is a sharded DTensor (tensor parallelism or FSDP2)"
+        if is_dtensor(weight) and not fsdp2:
+            return "the LM head's weight is a DTensor outside FSDP2 (tensor parallelism)"
         config = self.model.config
         config = config.get_text_config() if hasattr(config, "get_text_config") else config
         for key, neutral in _LOGIT_TRANSFORMS.items():
             value = getattr(config, key, None)
             if value is not None and value != neutral:
                 return f"the model rescales or soft-caps its logits after the LM head (config.{key}={value!r})"
-        return self._troll_probe_head(head)
+        try:
+            with torch.no_grad():
+                weight, bias = self._troll_head_gathered(head)
+        except ValueError as err:
+            return str(err)
+        return self._troll_probe_head(types.SimpleNamespace(weight=weight, bias=bias))
+
+    def _troll_head_gathered(self, head) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The head's (weight (V, H), bias (V,) or None), all-gathered if FSDP2 sharded them (gradient flows back
+        to the shards, averaged over processes); see :func:`troll.distributed.gather_lm_head` for the memory."""
+        return gather_lm_head(head.weight, getattr(head, "bias", None))
 
     @torch.no_grad()
     def _troll_probe_head(self, head) -> str | None:
@@ -438,9 +456,9 @@ class TrollGRPOTrainer(GRPOTrainer):
         """(hidden (B, T, H) at the positions that score the completion, weight (V, H), bias (V,) or None)."""
         hidden, _ = self._troll_final_hidden(model, inputs)
         t = inputs["completion_ids"].size(1)
-        head = self._troll_output_embeddings(model)
+        weight, bias = self._troll_head_gathered(self._troll_output_embeddings(model))  # after the forward
         # Position i predicts token i + 1: the last t + 1 positions minus the final one score the completion.
-        return hidden[:, -(t + 1) : -1], head.weight, getattr(head, "bias", None)
+        return hidden[:, -(t + 1) : -1], weight, bias
 
     def _troll_logits(self, model, inputs: dict) -> torch.Tensor:
         """(B, T, V) logits (fp32, or fp64 for a fp64 model) at the completion positions, divided by the sampling
