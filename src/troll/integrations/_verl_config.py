@@ -30,7 +30,7 @@ def check_verl_version(version: str | None = None) -> None:
         version = getattr(verl, "__version__", None)
         if version is None:
             raise ImportError("troll.integrations.verl: the installed verl reports no __version__; reinstall verl.")
-    if Version(version) not in SpecifierSet(SUPPORTED_VERL):
+    if not SpecifierSet(SUPPORTED_VERL).contains(Version(version), prereleases=True):
         raise ImportError(
             f"troll.integrations.verl supports verl {SUPPORTED_VERL}, found verl {version}; install a supported "
             f"version (pip install 'verl{SUPPORTED_VERL}') or use troll's loss functions directly."
