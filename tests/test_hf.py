@@ -103,3 +103,22 @@ def test_final_hidden_without_hidden_states_is_a_clear_error():
         hf.final_hidden(Bare(), torch.ones(1, 2, dtype=torch.long), None)
     with pytest.raises(ValueError, match="batch_size"):
         hf.capture_old(Bare(), *_batch(7)[:3], temperature=1.0, top_k=2, delta=0.0, chunked=False, batch_size=0)
+
+
+def test_a_wrapper_is_called_and_the_head_read_from_the_model(model):
+    class Wrapper(torch.nn.Module):  # like DDP: forwards the call, has no get_output_embeddings
+        def __init__(self, inner):
+            super().__init__()
+            self.inner, self.calls = inner, 0
+
+        def forward(self, **kwargs):
+            self.calls += 1
+            return self.inner(**kwargs)
+
+    ids, att, tokens = _batch(model.config.vocab_size)
+    wrapper = Wrapper(model)
+    old = hf.capture_old(
+        model, ids, att, tokens, temperature=1.0, top_k=4, delta=0.0, chunked=True, batch_size=5, wrapped=wrapper
+    )
+    ref = hf.capture_old(model, ids, att, tokens, temperature=1.0, top_k=4, delta=0.0, chunked=True, batch_size=5)
+    assert wrapper.calls == 1 and torch.equal(old.ids, ref.ids) and torch.equal(old.logp, ref.logp)

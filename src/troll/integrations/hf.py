@@ -119,12 +119,14 @@ def linear_head_blocker(model: torch.nn.Module) -> str | None:
     return reason if reason is not None else probe_linear_head(model, head)
 
 
-def head_inputs(model: torch.nn.Module, input_ids, attention_mask, completion_len: int, *, autocast=None):
+def head_inputs(model: torch.nn.Module, input_ids, attention_mask, completion_len: int, *, autocast=None, wrapped=None):
     """(hidden (B, T, H) at the positions that score the last ``completion_len`` tokens, weight (V, H), bias).
 
     Position i predicts token i + 1: the last T + 1 positions minus the final one score the completion.
+    ``model`` is the unwrapped model (it owns the head); ``wrapped``, if given, is the one called (e.g. DDP's).
     """
-    hidden, _ = final_hidden(model, input_ids, attention_mask, autocast=autocast)
+    call = model if wrapped is None else wrapped
+    hidden, _ = final_hidden(call, input_ids, attention_mask, autocast=autocast)
     head = output_embeddings(model)
     t = completion_len
     return hidden[:, -(t + 1) : -1], head.weight, getattr(head, "bias", None)
@@ -170,13 +172,12 @@ def capture_old(
         rows = slice(start, start + batch_size)
         ids, att, tokens = input_ids[rows], attention_mask[rows], completion_ids[rows]
         if chunked:
-            hidden, _ = final_hidden(call, ids, att, autocast=autocast)
-            head = output_embeddings(model)
+            hidden, weight, bias = head_inputs(model, ids, att, t, autocast=autocast, wrapped=wrapped)
             parts.append(
                 sparsify_from_hidden(
-                    hidden[:, -(t + 1) : -1],
-                    head.weight,
-                    bias=getattr(head, "bias", None),
+                    hidden,
+                    weight,
+                    bias=bias,
                     temperature=temperature,
                     top_k=top_k,
                     delta=delta,
