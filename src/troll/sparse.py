@@ -59,6 +59,39 @@ class SparseLogProbs:
         kept = self.logp.double().exp().sum(-1)
         return (1 - kept).clamp_min(0).log()
 
+    def to_dict(self, prefix: str = "troll_old_") -> dict[str, torch.Tensor]:
+        """Plain tensors for a batch container that slices every entry along the leading dims (e.g. verl's DataProto).
+
+        Keys ``{prefix}ids`` (..., K) long, ``{prefix}logp`` (..., K), ``{prefix}mask`` (..., K) bool,
+        ``{prefix}log_rest`` (...) (computed from the kept mass when None) and ``{prefix}vocab`` (...) long, V
+        repeated on every row so that it survives any slicing. :meth:`from_dict` inverts it.
+        """
+        lead = self.ids.shape[:-1]
+        return {
+            f"{prefix}ids": self.ids,
+            f"{prefix}logp": self.logp,
+            f"{prefix}mask": self.mask,
+            f"{prefix}log_rest": self.log_rest_mass().to(self.logp.dtype) if self.log_rest is None else self.log_rest,
+            f"{prefix}vocab": torch.full(lead, self.vocab_size, dtype=torch.long, device=self.ids.device),
+        }
+
+    @classmethod
+    def from_dict(cls, tensors, prefix: str = "troll_old_") -> SparseLogProbs:
+        """The :class:`SparseLogProbs` packed by :meth:`to_dict` (any mapping holding its five keys)."""
+        names = ("ids", "logp", "mask", "log_rest", "vocab")
+        missing = [f"{prefix}{n}" for n in names if f"{prefix}{n}" not in tensors]
+        if missing:
+            raise KeyError(
+                f"from_dict: missing {missing}; the batch must carry what SparseLogProbs.to_dict(prefix={prefix!r}) "
+                "wrote (was the old policy captured before the update?)."
+            )
+        vocab = tensors[f"{prefix}vocab"]
+        sizes = vocab.unique().tolist() if vocab.numel() else []
+        if len(sizes) != 1:
+            raise ValueError(f"from_dict: {prefix}vocab must hold one vocabulary size, got {sizes}.")
+        ids, logp, mask = (tensors[f"{prefix}{n}"] for n in names[:3])
+        return cls(ids.long(), logp, mask.bool(), int(sizes[0]), tensors[f"{prefix}log_rest"])
+
 
 def merge_ids(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-row union of candidate ids, keeping the first occurrence and the candidates' order.
@@ -196,3 +229,31 @@ def include_ids(include: torch.Tensor, lead: torch.Size, vocab: int) -> torch.Te
     check_shape("include", include[..., 0], tuple(lead), " (the logits' leading dims, optionally plus one more)")
     check_ids("include", include, vocab)
     return include.reshape(-1, include.shape[-1]).long()
+
+
+def cat_sparse(parts: list[SparseLogProbs], dim: int = 0) -> SparseLogProbs:
+    """Concatenate along leading dim ``dim``, padding each part's K to the largest (id 0, logp -inf, mask False).
+
+    All parts must share the vocabulary size and the other leading dims. ``log_rest`` is filled from the kept mass
+    for a part that has none, so the result always carries it.
+    """
+    if not parts:
+        raise ValueError("cat_sparse: parts is empty; pass at least one SparseLogProbs.")
+    vocab = {p.vocab_size for p in parts}
+    if len(vocab) != 1:
+        raise ValueError(f"cat_sparse: the parts have different vocab_size {sorted(vocab)}; they must share one.")
+    lead = parts[0].ids.dim() - 1
+    if not -lead <= dim < lead:
+        raise ValueError(f"cat_sparse: dim {dim} is not a leading dim of (..., K) fields with {lead} leading dims.")
+    dim = dim % lead
+    width = max(p.ids.shape[-1] for p in parts)
+
+    def pad(t, value):
+        extra = width - t.shape[-1]
+        return t if extra == 0 else torch.cat([t, t.new_full((*t.shape[:-1], extra), value)], -1)
+
+    ids = torch.cat([pad(p.ids, 0) for p in parts], dim)
+    logp = torch.cat([pad(p.logp, float("-inf")) for p in parts], dim)
+    mask = torch.cat([pad(p.mask, False) for p in parts], dim)
+    rest = torch.cat([p.log_rest_mass().to(p.logp.dtype) if p.log_rest is None else p.log_rest for p in parts], dim)
+    return SparseLogProbs(ids, logp, mask, vocab.pop(), rest)

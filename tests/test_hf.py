@@ -1,0 +1,124 @@
+"""The transformers LM-head plumbing shared by the integrations (troll.integrations.hf), on a tiny Llama."""
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from tiny import tiny_model, tiny_tokenizer  # noqa: E402
+
+from troll.integrations import hf  # noqa: E402
+from troll.sparse import sparsify  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.set_num_threads(1)
+    return tiny_model(tiny_tokenizer(), seed=3)
+
+
+def _batch(vocab, b=5, s=9, t=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(4, vocab, (b, s), generator=g)
+    att = torch.ones_like(ids)
+    att[0, :2] = 0  # left padding in the prompt
+    return ids, att, ids[:, -t:]
+
+
+@pytest.mark.parametrize("chunked", [True, False])
+def test_capture_old_matches_sparsify_of_the_models_logits(model, chunked):
+    ids, att, tokens = _batch(model.config.vocab_size)
+    t, temp = tokens.shape[1], 0.7
+    old = hf.capture_old(model, ids, att, tokens, temperature=temp, top_k=6, delta=1e-3, chunked=chunked, batch_size=2)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=att).logits[:, -(t + 1) : -1].double() / temp
+    ref = sparsify(logits, top_k=6, delta=1e-3, include=tokens)
+    assert old.ids.shape[:2] == (5, t) and old.vocab_size == model.config.vocab_size
+    # Same kept set per row (order may differ between the chunked scan and topk), same values.
+    for row in range(5):
+        for pos in range(t):
+            got = dict(zip(old.ids[row, pos][old.mask[row, pos]].tolist(), old.logp[row, pos][old.mask[row, pos]]))
+            want = dict(zip(ref.ids[row, pos][ref.mask[row, pos]].tolist(), ref.logp[row, pos][ref.mask[row, pos]]))
+            assert got.keys() == want.keys()
+            assert int(tokens[row, pos]) in got
+            for k, v in want.items():
+                assert abs(float(got[k]) - float(v)) < 1e-4
+    assert torch.allclose(old.log_rest.double(), ref.log_rest, atol=1e-3)
+
+
+def test_head_inputs_reproduce_the_logits(model):
+    ids, att, tokens = _batch(model.config.vocab_size)
+    t = tokens.shape[1]
+    with torch.no_grad():
+        hidden, weight, bias = hf.head_inputs(model, ids, att, t)
+        logits = hf.completion_logits(model, ids, att, t, 1.0)
+    assert bias is None and hidden.shape == (5, t, model.config.hidden_size)
+    assert torch.allclose(hidden @ weight.T, logits, atol=1e-5)
+
+
+def test_linear_head_blocker(model):
+    assert hf.linear_head_blocker(model) is None
+    model.config.logit_scale = 2.0
+    try:
+        assert "config.logit_scale=2.0" in hf.linear_head_blocker(model)
+    finally:
+        del model.config.logit_scale
+
+
+def test_probe_catches_an_unannounced_logit_transform(model):
+    head = hf.output_embeddings(model)
+    original = model.forward
+
+    def doubled(*args, **kwargs):
+        out = original(*args, **kwargs)
+        out.logits = out.logits * 2
+        return out
+
+    model.forward = doubled
+    try:
+        assert "max deviation" in hf.probe_linear_head(model, head)
+    finally:
+        del model.forward
+
+
+def test_model_without_linear_head():
+    class NoHead(torch.nn.Module):
+        def get_output_embeddings(self):
+            return torch.nn.Identity()
+
+    assert "no linear output embeddings" in hf.linear_head_blocker(NoHead())
+    assert hf.output_embeddings(torch.nn.Linear(2, 2)) is None
+
+
+def test_final_hidden_without_hidden_states_is_a_clear_error():
+    class Out:
+        hidden_states = None
+        logits = torch.zeros(1, 1, 3)
+
+    class Bare(torch.nn.Module):
+        def forward(self, **kwargs):
+            return Out()
+
+    with pytest.raises(RuntimeError, match="no hidden states"):
+        hf.final_hidden(Bare(), torch.ones(1, 2, dtype=torch.long), None)
+    with pytest.raises(ValueError, match="batch_size"):
+        hf.capture_old(Bare(), *_batch(7)[:3], temperature=1.0, top_k=2, delta=0.0, chunked=False, batch_size=0)
+
+
+def test_a_wrapper_is_called_and_the_head_read_from_the_model(model):
+    class Wrapper(torch.nn.Module):  # like DDP: forwards the call, has no get_output_embeddings
+        def __init__(self, inner):
+            super().__init__()
+            self.inner, self.calls = inner, 0
+
+        def forward(self, **kwargs):
+            self.calls += 1
+            return self.inner(**kwargs)
+
+    ids, att, tokens = _batch(model.config.vocab_size)
+    wrapper = Wrapper(model)
+    old = hf.capture_old(
+        model, ids, att, tokens, temperature=1.0, top_k=4, delta=0.0, chunked=True, batch_size=5, wrapped=wrapper
+    )
+    ref = hf.capture_old(model, ids, att, tokens, temperature=1.0, top_k=4, delta=0.0, chunked=True, batch_size=5)
+    assert wrapper.calls == 1 and torch.equal(old.ids, ref.ids) and torch.equal(old.logp, ref.logp)
