@@ -10,8 +10,9 @@ TROLL and clipping share one code path. How the TROLL loss types depart from TRL
   top tokens of each completion position plus the sampled one, stored in the batch as ``troll_old_*`` tensors with the
   batch dim first, so that TRL's shuffling and splitting slice them along with the rest. With the chunked head the
   capture reads the final hidden states of TRL's own no-grad forward for its old log-probs (a forward hook on the
-  backbone), so a rollout batch costs one no-grad forward, as with TRL's losses; the dense head runs a second one. Otherwise old = current, and
-  the loss sparsifies its own (detached) logits: the projection is then the identity, as it should be.
+  backbone), so a rollout batch costs one no-grad forward, as with TRL's losses; the dense head runs a second one.
+  Otherwise old = current, and the loss sparsifies its own (detached) logits: the projection is then the identity,
+  as it should be.
 - Current policy. By default (``troll_lm_head="chunked"``) from the final hidden states and the LM head's weight in
   vocabulary chunks (:func:`troll.troll_loss_from_hidden`, :func:`troll.sparsify_from_hidden`), never the (B, T, V)
   logits; ``"dense"`` takes the model's full logits of the completion positions. Both divide by the temperature.
