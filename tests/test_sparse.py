@@ -1,5 +1,5 @@
 """Sparse old-policy storage (sparsify, merge_ids, kept_ids) and the projection over a sparse support plus a rest
-bucket (SPEC section 5), against hand-computed cases and the dense projection."""
+bucket (docs/method.md), against hand-computed cases and the dense projection."""
 
 from __future__ import annotations
 
@@ -267,7 +267,7 @@ def test_full_support_equals_dense_projection():
 
 @pytest.mark.parametrize("include", [None, 5])
 def test_uniform_tails_make_the_sparse_projection_exact(include):
-    """SPEC 5: when both policies are uniform outside U and the old one over all its unkept tokens, the rest bucket
+    """When both policies are uniform outside U and the old one over all its unkept tokens, the rest bucket
     is exact and the sparse projection equals the dense one, with a heavy tail (27% of the old mass)."""
     old = torch.tensor([[3.0, 2.0] + [0.0] * 10], dtype=torch.float64)  # keeps {0, 1} with top_k = 2
     new = torch.tensor([[0.5, -1.0, 2.5, 2.0, 1.5] + [0.3] * 7], dtype=torch.float64)  # keeps {2, 3, 4}
@@ -370,3 +370,13 @@ def test_sparse_gradient_reaches_every_logit():
     assert torch.isfinite(grad).all()
     outside = torch.ones_like(new, dtype=torch.bool).scatter(-1, sp.ids, False)
     assert (grad[outside] != 0).float().mean() > 0.9
+
+
+def test_project_sparse_refuses_a_hand_built_old_policy_that_is_not_normalised():
+    """A hand-built SparseLogProbs whose kept mass exceeds 1 (raw logits passed as log-probs) is refused, naming it."""
+    logits = torch.randn(3, 10, generator=gen(5), dtype=torch.float64)
+    old = troll.sparsify(logits, top_k=4, delta=0.0)
+    bad = troll.SparseLogProbs(old.ids, logits.gather(-1, old.ids), old.mask, 10)  # raw logits, not log-probs
+    with pytest.raises(ValueError, match="old.logp"):
+        troll.project_sparse(logits, bad, 0.05)
+    troll.project_sparse(logits, old, 0.05)  # the well-formed one passes

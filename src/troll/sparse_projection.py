@@ -1,11 +1,13 @@
-"""The projection over a sparse support plus one 'rest' category (SPEC section 5).
+"""The projection over a sparse support plus one 'rest' category (docs/method.md, "The rest bucket").
 
 Support U = old kept ids | new kept ids | sampled token. On U the new policy has its exact log-probs (gradient
 flows to every logit through the full-vocabulary logsumexp) and the old policy its stored log-probs, or, for ids
 it did not keep, an equal share of its unkept mass. Everything outside U is one 'rest' category on each side.
-Because the old policy is uniform over its tail, the geometric interpolation treats the rest exactly as one
-category, so this is the dense projection of a (|U| + 1)-category distribution. It equals the dense projection
-when U is the whole vocabulary (the rest category is then dropped).
+The geometric interpolation and the KL see only a category's total mass when both policies share its shape, so
+this is exactly the dense projection against the old policy completed as follows: its unkept mass spread evenly
+over its unkept ids (which sets the rest's old mass), and, inside the rest, the new policy's shape. The old
+policy's shape inside the rest was never stored; this is the one completion under which one category is exact.
+It equals the dense projection when U is the whole vocabulary (the rest category is then dropped).
 """
 
 from __future__ import annotations
@@ -14,7 +16,16 @@ from typing import NamedTuple
 
 import torch
 
-from troll._checks import check_delta, check_ids, check_logits, check_lse, check_positive, check_shape, check_top_k
+from troll._checks import (
+    check_delta,
+    check_ids,
+    check_logits,
+    check_lse,
+    check_positive,
+    check_shape,
+    check_sparse,
+    check_top_k,
+)
 from troll.policy import MASS_FLOOR, DenseLogits, coarse_support  # noqa: F401  (their former home)
 from troll.projection import project_log_probs
 from troll.sparse import SparseLogProbs
@@ -64,6 +75,7 @@ def project_sparse(
     check_delta(delta)
     check_logits("logits", logits, scan=False)
     lead, vocab = logits.shape[:-1], logits.shape[-1]
+    check_sparse(old, vocab)
     check_shape("old.ids", old.ids[..., 0], tuple(lead), " (old must cover the same rows as logits)")
     if old.vocab_size != vocab:
         raise ValueError(f"old.vocab_size is {old.vocab_size} but logits have V = {vocab}; use one vocabulary.")
