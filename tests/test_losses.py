@@ -1,4 +1,4 @@
-"""The TROLL loss (SPEC section 4) against the float64 dense reference, hand-written aggregations and its limits."""
+"""The TROLL loss (docs/method.md) against the float64 dense reference, hand-written aggregations and its limits."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The dense KL trust-region projection (SPEC sections 2-3) against the float64 reference and its own properties.
+"""The dense KL trust-region projection (docs/method.md) against the float64 reference and its own properties.
 
 Tolerances:
 - values vs ``reference.project`` in fp64: 1e-8 absolute (the fast solver stops within 1e-9 relative of the bound,
@@ -201,7 +201,7 @@ def test_gradient_matches_finite_differences_of_reference():
 
 
 def test_gradient_is_not_the_constant_eta_approximation():
-    """SPEC 3: treating eta as a constant drops a term; the closed form must differ from that by a visible amount."""
+    """Treating eta as a constant drops a term; the closed form must differ from that by a visible amount."""
     g = gen(12)
     old = torch.randn(1, 6, generator=g, dtype=torch.float64)
     new = old + 2.0 * torch.randn(1, 6, generator=g, dtype=torch.float64)

@@ -1,7 +1,8 @@
 """TROLL: Trust Region Optimization for Large Language models (arXiv 2510.03817), in PyTorch.
 
 Replaces the PPO/GRPO clipped surrogate with a differentiable per-token KL trust-region projection of the
-next-token distribution over a sparse support of its most probable tokens. See SPEC and docs/.
+next-token distribution over a sparse support of its most probable tokens. The method is in docs/method.md,
+the numerical choices in docs/numerics.md.
 """
 
 from troll.baselines import cispo_loss, clip_loss

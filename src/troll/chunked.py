@@ -1,7 +1,7 @@
 """TROLL from the LM head's input: hidden states and the output weight, never the (N, V) logits.
 
 The dense path builds logits = hidden @ W.T / temperature, (N, V): 2.5 GB in fp32 for N = 4096 tokens of a
-152k vocabulary, and as much again for their gradient. TROLL needs far less of them (SPEC section 5): per row the
+152k vocabulary, and as much again for their gradient. TROLL needs far less of them (docs/method.md): per row the
 logsumexp, the few most probable ids, and the logits at the support U (old kept | new kept | sampled). Here they
 come from passes over vocabulary chunks of C columns, so memory is O(N x C) + O(N x U) besides the weight's own
 gradient:

@@ -90,7 +90,7 @@ def troll_loss(
     agg: str = "token-mean",
     max_len: int | None = None,
 ) -> LossOutput:
-    """The TROLL loss (SPEC section 4) on the sparse support with a rest bucket (SPEC section 5).
+    """The TROLL loss (docs/method.md, "The loss") on the sparse support with a rest bucket.
 
     Per token t, with pi the projection of pi~ = softmax(logits) onto KL(pi || pi_old) <= kl_bound::
 

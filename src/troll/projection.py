@@ -1,4 +1,4 @@
-"""The per-token KL trust-region projection (SPEC sections 2 and 3).
+"""The per-token KL trust-region projection (docs/method.md, "The projection" and "The gradient").
 
 For one row with new log-probs ``a`` (gradient wanted) and old log-probs ``b`` (constant)::
 
@@ -11,7 +11,7 @@ method on ``v = log s`` with a bisection safeguard. ``d KL / d v = Var_pi[c]`` w
 ``log KL`` is nearly linear in ``v`` once the projection is strong, so Newton on ``log KL - log eps`` converges in
 a few steps. The bracket is ``v`` in [-60, 0], i.e. eta up to ~1e26: no row is ever too peaked to reach the bound.
 
-The gradient through the projection is the closed form of SPEC section 3, O(categories) per row::
+The gradient through the projection is the closed form derived in docs/method.md, O(categories) per row::
 
     h = g - pi * sum(g);   dL/da = s * [h - (h . c) * pi * (c - KL) / Var]      (eta > 0)
 """

@@ -1,7 +1,7 @@
 """Float64 dense reference implementations, written for clarity rather than speed.
 
-They follow SPEC's equations literally (eta, not s = 1/(1 + eta); plain bisection, not Newton) so that the tests
-and the benchmarks compare the fast paths against something computed a different way.
+They follow the equations of docs/method.md literally (eta, not s = 1/(1 + eta); plain bisection, not Newton) so
+that the tests and the benchmarks compare the fast paths against something computed a different way.
 """
 
 from __future__ import annotations

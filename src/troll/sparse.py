@@ -1,4 +1,4 @@
-"""Sparse next-token distributions: the few most probable tokens of a large vocabulary (SPEC section 5)."""
+"""Sparse next-token distributions: the few most probable tokens of a large vocabulary (docs/method.md)."""
 
 from __future__ import annotations
 

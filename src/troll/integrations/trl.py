@@ -4,15 +4,15 @@ Generation, rewards, advantages, buffering, checkpointing and logging are TRL's;
 "dr_grpo", "bnpo", "cispo", ..., with either importance-sampling level) runs through TRL's own ``_compute_loss``, so
 TROLL and clipping share one code path. How the TROLL loss types depart from TRL's clipped objective:
 
-- Old policy (SPEC section 6). When a rollout batch feeds more than one optimiser step (steps_per_generation >
-  gradient_accumulation_steps, or num_iterations > 1; TRL's own criterion for computing old log-probs), the batch's
-  old policy is captured while TRL scores it: the pre-update weights at the sampling temperature, sparsified to the
-  top tokens of each completion position plus the sampled one, stored in the batch as ``troll_old_*`` tensors with the
-  batch dim first, so that TRL's shuffling and splitting slice them along with the rest. With the chunked head the
-  capture reads the final hidden states of TRL's own no-grad forward for its old log-probs (a forward hook on the
-  backbone), so a rollout batch costs one no-grad forward, as with TRL's losses; the dense head runs a second one.
-  Otherwise old = current, and the loss sparsifies its own (detached) logits: the projection is then the identity,
-  as it should be.
+- Old policy (docs/method.md, "Where the old policy comes from"). When a rollout batch feeds more than one optimiser
+  step (steps_per_generation > gradient_accumulation_steps, or num_iterations > 1; TRL's own criterion for computing old
+  log-probs), the batch's old policy is captured while TRL scores it: the pre-update weights at the sampling
+  temperature, sparsified to the top tokens of each completion position plus the sampled one, stored in the batch as
+  ``troll_old_*`` tensors with the batch dim first, so that TRL's shuffling and splitting slice them along with the
+  rest. With the chunked head the capture reads the final hidden states of TRL's own no-grad forward for its old
+  log-probs (a forward hook on the backbone), so a rollout batch costs one no-grad forward, as with TRL's losses; the
+  dense head runs a second one. Otherwise old = current, and the loss sparsifies its own (detached) logits: the
+  projection is then the identity, as it should be.
 - Current policy. By default (``troll_lm_head="chunked"``) from the final hidden states and the LM head's weight in
   vocabulary chunks (:func:`troll.troll_loss_from_hidden`, :func:`troll.sparsify_from_hidden`), never the (B, T, V)
   logits; ``"dense"`` takes the model's full logits of the completion positions. Both divide by the temperature.
@@ -120,7 +120,7 @@ def check_trl_version(version: str | None = None) -> None:
 
 @dataclass
 class TrollGRPOConfig(GRPOConfig):
-    """:class:`trl.GRPOConfig` plus TROLL's hyper-parameters (SPEC section 7 has the paper's values).
+    """:class:`trl.GRPOConfig` plus TROLL's hyper-parameters (docs/method.md lists the paper's values).
 
     Args:
         loss_type: TRL's loss types plus "troll" (token level, the default here) and "troll_seq" (sequence level,
@@ -475,7 +475,7 @@ class TrollGRPOTrainer(GRPOTrainer):
 
     @torch.no_grad()
     def _troll_capture_old(self, batch: dict) -> dict[str, torch.Tensor]:
-        """The old policy of a scored rollout batch, before any update on it (SPEC section 6).
+        """The old policy of a scored rollout batch, before any update on it (docs/method.md).
 
         Runs the current weights at the sampling temperature in chunks of per_device_train_batch_size sequences and
         keeps, per completion position, the top tokens (mass 1 - troll_delta, at most troll_top_k) plus the sampled
@@ -498,7 +498,7 @@ class TrollGRPOTrainer(GRPOTrainer):
         return _pack_old(parts)
 
     def _troll_kept(self) -> dict:
-        """The sparsification rule (SPEC section 5) as keywords of sparsify / sparsify_from_hidden."""
+        """The sparsification rule (docs/method.md, kept rule) as keywords of sparsify / sparsify_from_hidden."""
         return dict(top_k=self.args.troll_top_k, delta=self.args.troll_delta)
 
     def _troll_sparsify_hidden(self, hidden, weight, bias, tokens) -> SparseLogProbs:
