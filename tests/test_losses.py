@@ -436,3 +436,42 @@ def test_sequence_level_with_a_banned_token_is_finite(loss_fn):
     out = loss_fn(z, *args, level="sequence")
     (grad,) = torch.autograd.grad(out.loss, z)
     assert torch.isfinite(out.loss) and torch.isfinite(grad).all()
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("drift_scale", [0.0, 3.0])  # on-policy, and far enough off-policy that the projection acts
+def test_a_small_step_moves_the_sampled_token_with_the_sign_of_its_advantage(level, drift_scale):
+    """The defect this guards against is a flipped sign anywhere between the advantage and the logits: a small
+    gradient-descent step on the policy-gradient term (alpha = 0) must raise the projected log pi(o_t) of every
+    token with A_t > 0 and lower it where A_t < 0, as the clip loss does for the unprojected one. (The regression
+    term pulls pi~ towards pi whatever the advantage, so it is left out here.)"""
+    g = gen(31)
+    old_logits = torch.randn(2, 6, 12, generator=g, dtype=torch.float64)
+    logits = (old_logits + drift_scale * torch.randn(2, 6, 12, generator=g, dtype=torch.float64)).requires_grad_()
+    tokens = torch.randint(0, 12, (2, 6), generator=g)
+    adv = torch.tensor([[1.0], [-1.0]], dtype=torch.float64).expand(2, 6)
+    mask = torch.ones(2, 6, dtype=torch.bool)
+    old = troll.sparsify(old_logits, top_k=12, delta=0.0, include=tokens)
+
+    def troll_logp(x):  # the projected log-prob of each sampled token
+        proj = troll.project_sparse(x, old, 0.05, top_k=12, delta=0.0, include=tokens)
+        return proj.logp[..., :-1].gather(-1, (proj.ids == tokens[..., None]).long().argmax(-1, keepdim=True))[..., 0]
+
+    def clip_logp(x):
+        return torch.log_softmax(x, -1).gather(-1, tokens[..., None])[..., 0]
+
+    cases = {
+        "troll": (
+            lambda x: troll.troll_loss(x, old, tokens, adv, mask, kl_bound=0.05, alpha=0.0, level=level),
+            troll_logp,
+        ),
+        "clip": (lambda x: troll.clip_loss(x, old, tokens, adv, mask, eps_low=10.0, level=level), clip_logp),
+    }
+    for name, (loss_fn, logp_fn) in cases.items():
+        out = loss_fn(logits)
+        (grad,) = torch.autograd.grad(out.loss, logits)
+        with torch.no_grad():
+            moved = logp_fn(logits - 1e-4 * grad) - logp_fn(logits)
+        assert (moved[0] > 0).all() and (moved[1] < 0).all(), (name, moved)
+        if drift_scale > 0 and name == "troll":
+            assert out.metrics["projected_frac"] > 0.5  # the case exercises the projection's gradient
