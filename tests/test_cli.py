@@ -98,7 +98,9 @@ def test_compare_bad_input(tmp_path, capsys):
     assert run_cli(capsys, "compare", "--losses", "troll,clipz", "--out", str(out))[0] == 2
     assert run_cli(capsys, "compare", "--losses", "troll,troll", "--out", str(out))[0] == 2
     code, err = run_cli(capsys, "compare", "--clip-eps", "0", "--out", str(out))
-    assert code == 2 and "--eps must be a finite number > 0" in err
+    assert code == 2 and "--clip-eps must be a finite number > 0" in err
+    code, err = run_cli(capsys, "compare", "--clip-eps", "nan", "--out", str(out))
+    assert code == 2 and "--clip-eps must be a finite number > 0" in err
     assert not out.exists()
 
 
@@ -272,6 +274,23 @@ def test_compare_end_to_end(tmp_path, capsys, tiny_model_dir):
     assert "| troll | 0.05 |" in table and "| grpo | 0.2 |" in table
     assert (out / "grpo" / "summary.json").is_file()
     assert not list(out.glob("*/checkpoint-*"))  # dropped once each run finished
+    config = (out / "config.json").read_text()
+    assert main([*argv, "--resume"]) == 0  # both runs finished: kept, only the table is written again
+    longer = [*argv, "--resume"]
+    longer[longer.index("--steps") + 1] = "2"
+    assert main(longer) == 2  # changed options: refused, nothing touched
+    assert "the saved troll run has steps=1, this command gives 2" in capsys.readouterr().err
+    assert (out / "config.json").read_text() == config
+
+
+def test_compare_resume_refuses_a_folder_that_is_not_a_comparison(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    out.mkdir()
+    for content, message in [("{broken", "cannot be read as JSON"), ('{"command": "train"}', "not a comparison's")]:
+        (out / "config.json").write_text(content)
+        code, err = run_cli(capsys, "compare", "--resume", "--out", str(out))
+        assert code == 2 and message in err
+        assert (out / "config.json").read_text() == content and sorted(p.name for p in out.iterdir()) == ["config.json"]
 
 
 # ---------------------------------------------------------------- D9: checked before anything is written

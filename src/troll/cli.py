@@ -231,7 +231,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for opts in runs:
         validate(opts)
     out = Path(runs[0].out).parent
-    clear = compare.check_folder(out, overwrite=args.overwrite, resume=args.resume)
+    clear = compare.check_folder(out, overwrite=args.overwrite, resume=args.resume, runs=runs)
     _quiet()
     _cache_note(runs[0].model)
     result = compare.run(out, runs, clear=clear, resume=args.resume)

@@ -27,6 +27,8 @@ def plan(base: RunOptions, losses: list[str], *, troll_eps: float | None, clip_e
         raise UsageError(f"unknown loss {unknown[0]!r} in --losses; choose from: {', '.join(LOSSES)}.")
     if len(set(losses)) != len(losses):
         raise UsageError(f"--losses names a loss twice: {','.join(losses)}.")
+    if clip_eps is not None and not (options._is_number(clip_eps) and clip_eps > 0):
+        raise UsageError(f"--clip-eps must be a finite number > 0 (the clip losses' clip range), got {clip_eps}.")
     out = Path(base.out or f"runs/compare-{base.task}-seed{base.seed}")
     runs = []
     for loss in losses:
@@ -37,8 +39,12 @@ def plan(base: RunOptions, losses: list[str], *, troll_eps: float | None, clip_e
     return runs
 
 
-def check_folder(out: Path, *, overwrite: bool, resume: bool) -> bool:
-    """As :func:`troll.train.options.check_folder`, for a compare folder (whose checkpoints are per loss)."""
+def check_folder(out: Path, *, overwrite: bool, resume: bool, runs: list[RunOptions] | None = None) -> bool:
+    """As :func:`troll.train.options.check_folder`, for a compare folder (whose checkpoints are per loss).
+
+    With ``resume`` the folder's config.json must be a comparison's, and, when ``runs`` is given, hold the same
+    runs: a comparison resumed with other options would mix two experiments in one table.
+    """
     if overwrite and resume:
         raise UsageError(
             "--overwrite and --resume exclude each other: one discards the runs, the other continues them."
@@ -53,10 +59,41 @@ def check_folder(out: Path, *, overwrite: bool, resume: bool) -> bool:
             f"{out} is not empty and holds no {options.CONFIG_FILE}: not a troll folder; choose another --out."
         )
     if resume:
+        check_saved_runs(out, runs)
         return False
     if not overwrite:
         raise UsageError(f"compare folder {out} is not empty; pass --overwrite to replace it, --resume to continue it.")
     return True
+
+
+def check_saved_runs(out: Path, runs: list[RunOptions] | None) -> None:
+    """--resume: config.json must be a comparison's (``command`` "compare", a ``runs`` list) with ``runs``' options."""
+    path = out / options.CONFIG_FILE
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UsageError(f"--resume: {path} cannot be read as JSON ({err}); it is damaged, start a new --out.") from err
+    if not (isinstance(data, dict) and data.get("command") == "compare" and isinstance(data.get("runs"), list)):
+        raise UsageError(
+            f"--resume: {path} is not a comparison's config (no command 'compare' with a 'runs' list); it was not "
+            "written by troll compare, start a new --out."
+        )
+    if runs is None:
+        return
+    saved = {r.get("loss"): r for r in data["runs"] if isinstance(r, dict)}
+    given = {r.loss: r.to_json() for r in runs}
+    if saved.keys() != given.keys():
+        raise UsageError(
+            f"--resume: {out} compares {', '.join(map(str, saved))}, not {', '.join(given)}; pass the same --losses "
+            "or start a new --out."
+        )
+    for loss, opts in given.items():
+        for key, value in opts.items():
+            if saved[loss].get(key) != value:
+                raise UsageError(
+                    f"--resume: the saved {loss} run has {key}={saved[loss].get(key)!r}, this command gives "
+                    f"{value!r}; resume with the same options or start a new --out."
+                )
 
 
 def run(out: Path, runs: list[RunOptions], *, clear: bool, resume: bool) -> str:
