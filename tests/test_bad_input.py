@@ -413,3 +413,20 @@ def test_projection_bounds_name_the_argument(bad):
         troll.project(logits, logits, bad)
     with pytest.raises(ValueError, match="kl_bound"):
         troll.project_sparse(logits, old, bad)
+
+
+def test_hand_built_old_policy_with_repeated_ids_or_missing_mass_is_refused():
+    """Repeated kept ids (mass counted twice) and a whole-vocabulary row whose mass is short of 1 are refused."""
+    logits = torch.randn(1, 2, 4, dtype=torch.float64)
+    tokens, adv, mask = torch.tensor([[1, 2]]), torch.tensor([1.0]), torch.ones(1, 2, dtype=torch.bool)
+    full = troll.sparsify(logits, top_k=4, delta=0.0)
+    short = troll.SparseLogProbs(full.ids, full.logp - 2.0, full.mask, 4)  # sums to e^-2 over all 4 ids
+    with pytest.raises(ValueError, match="keeps every id of the vocabulary but its probabilities sum to less than 1"):
+        troll.troll_loss(logits, short, tokens, adv, mask)
+    ids = torch.tensor([[[1, 1, 2], [0, 3, 2]]])
+    logp = torch.log(torch.tensor([[[0.4, 0.4, 0.1], [0.3, 0.3, 0.3]]], dtype=torch.float64))
+    repeated = troll.SparseLogProbs(ids, logp, torch.ones_like(ids, dtype=torch.bool), 4)
+    with pytest.raises(ValueError, match="repeats an id"):
+        troll.troll_loss(logits, repeated, tokens, adv, mask)
+    padded = troll.SparseLogProbs(ids, logp, torch.tensor([[[True, False, True], [True, True, True]]]), 4)
+    troll.troll_loss(logits, padded, tokens, adv, mask)  # a repeat in a padded slot is no repeat

@@ -387,3 +387,14 @@ def test_disjoint_supports_are_left_unchanged_and_flagged():
     w = torch.tensor([[0.0, 2.0], [1.0, -1.0]], dtype=torch.float64)
     (grad,) = torch.autograd.grad((torch.where(out.logp > NEG_INF, out.logp, 0.0) * w).sum(), new)
     assert torch.isfinite(grad).all() and grad[0].abs().max() == 0  # log pi = [-inf, 0] does not move
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bounds_below_fp32_resolution_are_solved_not_refused(dtype):
+    """A bound below ~4e-14 made the fp32 output margin exceed the bound (math domain error); it now solves, finite."""
+    g = gen(3)
+    new, old = torch.randn(4, 7, generator=g).to(dtype), torch.randn(4, 7, generator=g).to(dtype)
+    for bound in (1e-14, 1e-20):
+        proj = troll.project(new, old, bound)
+        assert torch.isfinite(proj.logp).all() and torch.isfinite(proj.kl_after).all()
+        assert (proj.kl_after < 1e-9).all()  # as close as fp32 log-probs get

@@ -77,10 +77,22 @@ def check_sparse(old, vocab_size: int, *, tol: float = 1e-3) -> None:
     logp = torch.where(old.mask, old.logp.double(), float("-inf"))
     if torch.isnan(logp).any() or (logp > tol).any():
         raise ValueError("old.logp holds NaN or log-probs > 0 at kept ids; build old with troll.sparsify.")
+    k = old.ids.shape[-1]
+    if k > 1:  # a repeated id would count its mass twice
+        filler = -torch.arange(1, k + 1, device=old.ids.device).expand_as(old.ids)
+        ranked = torch.where(old.mask, old.ids.long(), filler).sort(-1).values
+        if bool(((ranked[..., 1:] == ranked[..., :-1]) & (ranked[..., 1:] >= 0)).any()):
+            raise ValueError("old.ids repeats an id within a row; each kept id must appear once (see troll.sparsify).")
     kept = logp.exp().sum(-1)
     if bool((kept > 1 + tol).any()):
         raise ValueError(
             "old.logp is not normalised: the kept probabilities of a row sum to more than 1. Pass log-probs over "
+            "the full vocabulary (log_softmax of the logits), e.g. from troll.sparsify."
+        )
+    whole = old.mask.sum(-1) >= vocab_size  # every id kept: nothing is left for the rest
+    if bool((whole & ((kept - 1).abs() > tol)).any()):
+        raise ValueError(
+            "old.logp keeps every id of the vocabulary but its probabilities sum to less than 1; pass log-probs over "
             "the full vocabulary (log_softmax of the logits), e.g. from troll.sparsify."
         )
     if old.log_rest is not None:

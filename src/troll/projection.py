@@ -213,7 +213,9 @@ def _output_bound(kl_bound: float, dtype: torch.dtype) -> float:
     by sum_i pi_i d_i (c_i - KL) <= |d| sqrt(Var_pi[c]) ~ 1e-7 sqrt(2 KL), so fp32 output aims that much inside."""
     if dtype == torch.float64:
         return kl_bound
-    return kl_bound - FP32_MARGIN * math.sqrt(kl_bound)
+    # Below ~4e-14 the margin would exceed the bound itself; fp32 cannot hold such a bound anyway, and a row that
+    # ends above it is reported by infeasible().
+    return max(kl_bound - FP32_MARGIN * math.sqrt(kl_bound), kl_bound / 2)
 
 
 def infeasible(kl_after: torch.Tensor, kl_bound: float, rtol: float = INFEASIBLE_RTOL) -> torch.Tensor:

@@ -75,10 +75,10 @@ def project_sparse(
     check_delta(delta)
     check_logits("logits", logits, scan=False)
     lead, vocab = logits.shape[:-1], logits.shape[-1]
-    check_sparse(old, vocab)
     check_shape("old.ids", old.ids[..., 0], tuple(lead), " (old must cover the same rows as logits)")
     if old.vocab_size != vocab:
         raise ValueError(f"old.vocab_size is {old.vocab_size} but logits have V = {vocab}; use one vocabulary.")
+    check_sparse(old, vocab)
     extra = None
     if include is not None:
         check_shape("include", include, tuple(lead), " (one sampled id per row)")
