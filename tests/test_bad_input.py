@@ -430,3 +430,40 @@ def test_hand_built_old_policy_with_repeated_ids_or_missing_mass_is_refused():
         troll.troll_loss(logits, repeated, tokens, adv, mask)
     padded = troll.SparseLogProbs(ids, logp, torch.tensor([[[True, False, True], [True, True, True]]]), 4)
     troll.troll_loss(logits, padded, tokens, adv, mask)  # a repeat in a padded slot is no repeat
+
+
+def test_old_token_logp_checks_its_arguments():
+    logits = torch.randn(2, 3, 6, dtype=torch.float64)
+    old = troll.sparsify(logits, top_k=2, delta=0.0)
+    tokens = torch.tensor([[0, 1, 5], [2, 3, 4]])
+    expected = torch.log_softmax(logits, -1).gather(-1, tokens[..., None])[..., 0]
+    kept = (old.ids == tokens[..., None]).any(-1)
+    torch.testing.assert_close(troll.old_token_logp(old, tokens)[kept], expected[kept])
+    with pytest.raises(ValueError, match="tokens holds ids outside the vocabulary"):
+        troll.old_token_logp(old, torch.tensor([[0, 1, 6], [2, 3, 4]]))
+    with pytest.raises(ValueError, match="tokens must be a torch.Tensor"):
+        troll.old_token_logp(old, [[0, 1, 5], [2, 3, 4]])
+    with pytest.raises(ValueError, match="old.ids"):
+        troll.old_token_logp(old, tokens[:1])
+
+
+def test_infeasible_flags_nan_and_checks_the_bound():
+    assert troll.infeasible(torch.tensor([float("nan"), 0.05, 0.06]), 0.05).tolist() == [True, False, True]
+    with pytest.raises(ValueError, match="kl_bound"):
+        troll.infeasible(torch.tensor([0.1]), -1.0)
+
+
+def test_eta_metrics_leave_out_infeasible_rows():
+    """One row that bans the old policy's whole mode is infeasible; its eta (~1e26) must not swamp eta/mean."""
+    old_logits = torch.tensor([[[5.0, 0.0, 0.0, 0.0], [0.0, 0.3, 0.0, 0.0]]], dtype=torch.float64)
+    logits = torch.tensor([[[float("-inf"), 0.0, 0.0, 0.0], [0.0, 2.0, 0.0, 0.0]]], dtype=torch.float64)
+    tokens = torch.tensor([[1, 1]])
+    out = troll.troll_loss(
+        logits,
+        troll.sparsify(old_logits, top_k=4, delta=0.0),
+        tokens,
+        torch.tensor([1.0]),
+        torch.ones(1, 2, dtype=bool),
+    )
+    assert out.metrics["infeasible_frac"] == 0.5
+    assert 0 < out.metrics["eta/max"] < 100 and torch.isfinite(out.loss)

@@ -475,3 +475,10 @@ def test_a_small_step_moves_the_sampled_token_with_the_sign_of_its_advantage(lev
         assert (moved[0] > 0).all() and (moved[1] < 0).all(), (name, moved)
         if drift_scale > 0 and name == "troll":
             assert out.metrics["projected_frac"] > 0.5  # the case exercises the projection's gradient
+
+
+def test_dr_grpo_constant_shorter_than_the_sequences_is_refused():
+    values, mask = torch.ones(2, 3, dtype=torch.float64), torch.ones(2, 3, dtype=torch.bool)
+    assert troll.aggregate(values, mask, "seq-mean-token-sum-norm", max_len=4) == pytest.approx(6 / 8)
+    with pytest.raises(ValueError, match="max_len=1 is shorter than the sequences"):
+        troll.aggregate(values, mask, "seq-mean-token-sum-norm", max_len=1)

@@ -259,6 +259,8 @@ def test_resume_from_checkpoint_continues(tmp_path):
         (dict(entropy_coef=0.01), "entropy_coef=0.0"),
         (dict(top_entropy_quantile=0.2), "top_entropy_quantile=1.0"),
         (dict(off_policy_mask_threshold=0.5), "off_policy_mask_threshold=None"),
+        (dict(temperature=0.0), "temperature must be > 0"),
+        (dict(temperature=float("nan")), "temperature must be > 0"),
     ],
 )
 def test_bad_config_says_how_to_fix(tmp_path, overrides, match):

@@ -18,9 +18,13 @@ import torch
 from troll._checks import (
     check_choice,
     check_delta,
+    check_ids,
     check_int,
     check_lse,
     check_number,
+    check_shape,
+    check_sparse,
+    check_tensor,
     check_top_k,
 )
 from troll._common import check_logits_batch, check_old, masked_mean, masked_stats, sequence_weight
@@ -58,6 +62,11 @@ def aggregate(values: torch.Tensor, mask: torch.Tensor, agg: str, *, max_len: in
         return per_seq.sum() / count.sum().clamp_min(1)
     if agg == "seq-mean-token-sum-norm":
         length = values.shape[-1] if max_len is None else max_len
+        if length < values.shape[-1]:
+            raise ValueError(
+                f"max_len={max_len} is shorter than the sequences (T = {values.shape[-1]}); Dr. GRPO's constant is the "
+                "maximum completion length, at least T. Pass that, or None for T."
+            )
         return per_seq.sum() / (values.shape[0] * length)
     nonempty = count > 0
     if agg == "seq-mean-token-mean":
@@ -125,7 +134,7 @@ def troll_loss_from_policy(new, old, tokens, adv, mask, *, kl_bound, alpha, top_
     # from the loss and counted in old_excluded_frac (docs/numerics.md).
     with torch.no_grad():
         old_zero = torch.isneginf(b.gather(-1, at).reshape(bsz, seq))
-        old_zero |= torch.isneginf(old_token_logp(old, tokens.reshape(-1)).reshape(bsz, seq))
+        old_zero |= torch.isneginf(_old_token_logp(old, tokens.reshape(-1)).reshape(bsz, seq))
     excluded = mask & old_zero
     kept = mask & ~excluded
     # Positions outside the loss get old = new: inactive, finite, and no solver work.
@@ -149,13 +158,15 @@ def troll_loss_from_policy(new, old, tokens, adv, mask, *, kl_bound, alpha, top_
 
     with torch.no_grad():
         view = {k: t.reshape(bsz, seq) for k, t in zip(("eta", "kl_before", "kl_after"), proj[1:])}
+        bad = infeasible(view["kl_after"], kl_bound)
         metrics = {
             **masked_stats("kl_before", view["kl_before"], mask, ("mean", "max")),
             **masked_stats("kl_after", view["kl_after"], mask, ("mean", "max")),
             "projected_frac": masked_mean((view["eta"] > 0).double(), mask),
-            "infeasible_frac": masked_mean(infeasible(view["kl_after"], kl_bound).double(), mask),
+            "infeasible_frac": masked_mean(bad.double(), mask),
             "old_excluded_frac": masked_mean(excluded.double(), excluded | mask),
-            **masked_stats("eta", view["eta"], mask, ("mean", "max")),
+            # eta of an infeasible row is the end of the path (~1e26), not a step size: left out of its statistics
+            **masked_stats("eta", view["eta"], mask & ~bad, ("mean", "max")),
             "support/mean": masked_mean(support[:, :-1].sum(-1).reshape(bsz, seq).double(), mask),
             **masked_stats("ratio", torch.exp(logp_tok - old_tok), mask, ("mean", "min", "max")),
             "loss/pg": pg_loss.detach(),
@@ -166,6 +177,20 @@ def troll_loss_from_policy(new, old, tokens, adv, mask, *, kl_bound, alpha, top_
 
 def old_token_logp(old: SparseLogProbs | torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """Old per-token log-probs (B, T): the stored value at the sampled id, else its share of the unkept mass."""
+    check_tensor("tokens", tokens)
+    if torch.is_tensor(old):
+        check_shape("old", old, tuple(tokens.shape), " (one old log-prob per token)")
+        return old.detach().double()
+    if not isinstance(old, SparseLogProbs):
+        raise ValueError(f"old must be a SparseLogProbs (from troll.sparsify) or a tensor, got {type(old).__name__}.")
+    check_shape("old.ids", old.ids[..., 0], tuple(tokens.shape), " (old must cover the same positions as tokens)")
+    check_sparse(old, old.vocab_size)
+    check_ids("tokens", tokens, old.vocab_size)
+    return _old_token_logp(old, tokens)
+
+
+def _old_token_logp(old: SparseLogProbs | torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """:func:`old_token_logp` on inputs the caller has checked."""
     if torch.is_tensor(old):
         return old.detach().double()
     hit = (old.ids == tokens.unsqueeze(-1)) & old.mask

@@ -224,5 +224,7 @@ def infeasible(kl_after: torch.Tensor, kl_bound: float, rtol: float = INFEASIBLE
     No policy that gives zero mass to the tokens the new policy bans can be within ``kl_bound`` of the old one when
     those tokens hold more than 1 - exp(-kl_bound) of the old mass; such rows are projected to the end of the
     interpolation path (eta ~1e26, the old policy restricted to the new one's support: the least KL any such
-    policy reaches) and must be reported by the caller, never counted as within the bound."""
-    return kl_after > kl_bound * (1 + rtol)
+    policy reaches) and must be reported by the caller, never counted as within the bound. A NaN KL counts as
+    infeasible."""
+    check_positive("kl_bound", kl_bound)
+    return ~(kl_after <= kl_bound * (1 + rtol))

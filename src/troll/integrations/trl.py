@@ -191,6 +191,11 @@ class TrollGRPOConfig(GRPOConfig):
                 f"loss_type={self.loss_type!r} is not a known loss type; {hint}Choose one of "
                 f"{', '.join(map(repr, TROLL_LOSS_TYPES + TRL_LOSS_TYPES))}."
             )
+        if not _finite_number(self.temperature) or not self.temperature > 0:
+            raise ValueError(
+                f"temperature must be > 0 and finite, got {self.temperature!r}: the logits are divided by it, for "
+                "sampling and in every loss. Set the sampling temperature, e.g. temperature=1.0."
+            )
         if not _finite_number(self.troll_kl_bound) or not self.troll_kl_bound > 0:
             raise ValueError(
                 f"troll_kl_bound must be > 0 and finite, got {self.troll_kl_bound!r}: it is the per-token KL bound "
