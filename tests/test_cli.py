@@ -393,3 +393,12 @@ def test_every_flag_refuses_bad_values(tmp_path, capsys, isolated_cache, command
         capsys.readouterr()
         assert code == 2, f"{command} {flag}={value!r} exited {code}"
         assert not out.exists() and not isolated_cache.exists(), f"{command} {flag}={value!r} wrote something"
+
+
+def test_study_sweep_over_a_missing_model_names_the_sweep(tmp_path, capsys):
+    out = tmp_path / "st"
+    code, err = run_cli(
+        capsys, "study", "--sweep", f"model={tmp_path / 'nope'},{tmp_path / 'nope2'}", "--out", str(out)
+    )
+    assert code == 2 and "--sweep model: --model" in err and "no such file or folder" in err
+    assert not out.exists()

@@ -311,8 +311,12 @@ def cmd_study(args: argparse.Namespace) -> int:
     spec, out = study_spec(args)
     cells = study.plan(spec, out)
     for model_name, task in sorted({(c.opts.model, c.opts.task) for c in cells}):
-        tasks.check_task(task)
-        model.resolve_model(model_name)
+        swept = f"--sweep {spec.sweep_key}: " if spec.sweep_key in ("model", "task") else ""
+        try:
+            tasks.check_task(task)
+            model.resolve_model(model_name)
+        except UsageError as err:
+            raise UsageError(f"{swept}{err}") from err
     clear = study.check_folder(out, overwrite=args.overwrite, resume=args.resume)
     _prepare_default_model({c.opts.model for c in cells})
     start = time.time()
