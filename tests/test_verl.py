@@ -70,3 +70,223 @@ def test_import_needs_a_supported_verl():
         return
     module = importlib.import_module("troll.integrations.verl")
     assert module.troll_settings is troll_settings
+
+
+# ---- verl's engine output and loss (need verl: run in .venv-verl) ----
+
+SETTINGS = {"kl_bound": 0.05, "alpha": 1.0, "top_k": 6, "delta": 1e-3}
+PROMPT_LENS, RESPONSE_LENS, VOCAB = [2, 3, 1], [3, 1, 4], 40
+
+
+def _verl():
+    pytest.importorskip("verl")
+    import torch
+
+    torch.set_num_threads(1)
+    return importlib.import_module("troll.integrations.verl")
+
+
+def _actor_config(mode="troll", troll=None, agg="token-mean", **extra):
+    from omegaconf import OmegaConf
+    from verl.utils.config import omega_conf_to_dataclass
+
+    cfg = {
+        "_target_": "troll.integrations.verl.TrollFSDPActorConfig",
+        "strategy": "fsdp",
+        "ppo_mini_batch_size": 4,
+        "ppo_micro_batch_size_per_gpu": 2,
+        "rollout_n": 1,
+        "use_dynamic_bsz": False,
+        "loss_agg_mode": agg,
+        "policy_loss": {"_target_": "verl.workers.config.PolicyLossConfig", "loss_mode": mode},
+        "troll": dict(SETTINGS if troll is None else troll),
+        **extra,
+    }
+    return omega_conf_to_dataclass(OmegaConf.create(cfg))
+
+
+def _nested(rows, lens):
+    """A jagged nested tensor of per-sequence row blocks, built the way verl's padding utilities build them."""
+    import torch
+
+    return torch.nested.as_nested_tensor(list(rows.split(list(lens))), layout=torch.jagged)
+
+
+def _micro_batch(seed=0, *, global_info=None):
+    """A verl-shaped no-padding micro-batch: packed logits (N, V) over prompt + response, the old policy captured
+    from perturbed logits, and the padded reference tensors for troll.troll_loss."""
+    import torch
+    from tensordict import TensorDict
+    from verl.utils import tensordict_utils as tu
+
+    from troll.integrations._verl_glue import capture_rows
+
+    gen = torch.Generator().manual_seed(seed)
+    seq_lens = [p + r for p, r in zip(PROMPT_LENS, RESPONSE_LENS)]
+    n = sum(seq_lens)
+    logits = (2 * torch.randn(n, VOCAB, generator=gen, dtype=torch.float64)).requires_grad_()
+    old_logits = logits.detach() + 0.3 * torch.randn(n, VOCAB, generator=gen, dtype=torch.float64)
+    bsz, tmax = len(seq_lens), max(RESPONSE_LENS)
+    # packed row of response token j of sequence b: the logit before it, start + prompt_len - 1 + j
+    starts = [sum(seq_lens[:b]) for b in range(bsz)]
+    rows = [[starts[b] + PROMPT_LENS[b] - 1 + j for j in range(RESPONSE_LENS[b])] for b in range(bsz)]
+    flat_rows = torch.tensor([r for rs in rows for r in rs])
+    responses = torch.randint(0, VOCAB, (len(flat_rows),), generator=gen)
+    adv = torch.randn(len(flat_rows), generator=gen, dtype=torch.float64)
+    old = capture_rows(old_logits[flat_rows], responses, top_k=SETTINGS["top_k"], delta=SETTINGS["delta"])
+    prompts = torch.randint(0, VOCAB, (sum(PROMPT_LENS),), generator=gen)
+    data = TensorDict(
+        {
+            "prompts": _nested(prompts, PROMPT_LENS),
+            "responses": _nested(responses, RESPONSE_LENS),
+            "response_mask": _nested(torch.ones(len(responses), dtype=torch.long), RESPONSE_LENS),
+            "advantages": _nested(adv, RESPONSE_LENS),
+            **{k: _nested(v, RESPONSE_LENS) for k, v in old.items()},
+        },
+        batch_size=[bsz],
+    )
+    info = {"dp_size": 1, "batch_num_tokens": None, "global_batch_size": None, **(global_info or {})}
+    tu.assign_non_tensor(data, **info)
+    # the padded reference batch
+    index = torch.zeros(bsz, tmax, dtype=torch.long)
+    mask = torch.zeros(bsz, tmax, dtype=torch.bool)
+    for b, rs in enumerate(rows):
+        index[b, : len(rs)], mask[b, : len(rs)] = torch.tensor(rs), True
+    pos = torch.zeros(bsz, tmax, dtype=torch.long)
+    pos[mask] = torch.arange(len(responses))
+    ref = {"index": index, "mask": mask, "pos": pos, "tokens": torch.where(mask, responses[pos], 0)}
+    ref["adv"] = torch.where(mask, adv[pos], 0.0)
+    ref["old_flat"] = old
+    return logits, data, ref
+
+
+def _reference_old(ref):
+    import torch
+
+    from troll.sparse import SparseLogProbs
+
+    old, pos, mask = ref["old_flat"], ref["pos"], ref["mask"]
+    fields = {k: old[f"troll_old_{k}"][pos] for k in ("ids", "logp", "mask", "log_rest")}
+    m = fields["mask"] & mask.unsqueeze(-1)
+    logp = torch.where(m, fields["logp"], float("-inf"))
+    return SparseLogProbs(fields["ids"], logp, m, VOCAB, torch.where(mask, fields["log_rest"], 0.0))
+
+
+def test_capture_rows_equal_sparsify_with_the_sampled_token():
+    _verl()
+    import torch
+
+    from troll import sparsify
+    from troll.integrations._verl_glue import capture_rows, capture_width
+    from troll.sparse import SparseLogProbs
+
+    logits = 3 * torch.randn(7, VOCAB, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    tokens = logits.argmin(-1)  # the least likely token: kept only because it was sampled
+    rows = capture_rows(logits, tokens, top_k=4, delta=1e-3)
+    assert rows["troll_old_ids"].shape == (7, capture_width(4))
+    got = SparseLogProbs.from_dict(rows)
+    ref = sparsify(logits, top_k=4, delta=1e-3, include=tokens)
+    assert (got.ids == tokens.unsqueeze(-1)).logical_and(got.mask).any(-1).all()
+    for b in range(7):
+        kept = got.ids[b][got.mask[b]]
+        want = ref.ids[b][ref.mask[b]]
+        assert sorted(kept.tolist()) == sorted(want.tolist())
+        full = torch.log_softmax(logits[b], -1)
+        torch.testing.assert_close(got.logp[b][got.mask[b]], full[kept], rtol=0, atol=1e-12)
+        assert torch.isneginf(got.logp[b][~got.mask[b]]).all()
+
+
+@pytest.mark.parametrize("mode", ["troll", "troll_seq"])
+def test_troll_ppo_loss_matches_troll_loss_on_a_verl_micro_batch(mode):
+    verl_mod = _verl()
+    import torch
+
+    from troll import troll_loss
+
+    logits, data, ref = _micro_batch()
+    config = _actor_config(mode)
+    loss, metrics = verl_mod.troll_ppo_loss(config, {"troll_logits": _nested(logits, [3 + 2, 4, 5])}, data)
+    (grad,) = torch.autograd.grad(loss, logits)
+
+    leaf = logits.detach().clone().requires_grad_()
+    padded = torch.where(ref["mask"].unsqueeze(-1), leaf[ref["index"]], 0.0)
+    level = "token" if mode == "troll" else "sequence"
+    settings = {**SETTINGS, "level": level, "agg": "token-mean"}
+    want = troll_loss(padded, _reference_old(ref), ref["tokens"], ref["adv"], ref["mask"], **settings)
+    (want_grad,) = torch.autograd.grad(want.loss, leaf)
+    torch.testing.assert_close(loss, want.loss, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(grad, want_grad, rtol=1e-8, atol=1e-12)
+    assert grad.abs().sum() > 0
+    assert metrics["troll/kl_after/max"].values[0] <= SETTINGS["kl_bound"] * (1 + 1e-6)
+    assert metrics["troll/kl_before/max"].values[0] > SETTINGS["kl_bound"]  # the bound was active somewhere
+    assert not torch.isnan(grad).any()
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize(
+    "info",
+    [
+        {"dp_size": 1, "batch_num_tokens": None, "global_batch_size": None, "loss_scale_factor": None},
+        {"dp_size": 4, "batch_num_tokens": 37, "global_batch_size": 11, "loss_scale_factor": 9},
+    ],
+)
+def test_verl_scale_matches_verls_agg_loss(agg, info):
+    _verl()
+    import torch
+    from verl.trainer.ppo.core_algos import agg_loss
+
+    from troll.integrations._verl_glue import verl_scale
+    from troll.losses import aggregate
+
+    gen = torch.Generator().manual_seed(2)
+    values = torch.randn(4, 6, dtype=torch.float64, generator=gen)
+    mask = torch.rand(4, 6, generator=gen) > 0.4
+    mask[2] = False  # an empty sequence
+    factor, max_len = verl_scale(agg, mask, **info)
+    got = factor * aggregate(values, mask, agg, max_len=max_len)
+    want = agg_loss(values, mask.double(), agg, **info)
+    torch.testing.assert_close(got.double(), want.double(), rtol=1e-6, atol=1e-12)
+
+
+def test_troll_ppo_loss_uses_the_global_batch_normalisation():
+    verl_mod = _verl()
+    import torch
+
+    info = {"dp_size": 2, "batch_num_tokens": 20, "global_batch_size": 6}
+    logits, data, _ = _micro_batch(global_info=info)
+    local_logits, local_data, _ = _micro_batch()
+    out = {"troll_logits": _nested(logits, [5, 4, 5])}
+    loss, metrics = verl_mod.troll_ppo_loss(_actor_config(), out, data)
+    local, _ = verl_mod.troll_ppo_loss(_actor_config(), {"troll_logits": _nested(local_logits, [5, 4, 5])}, local_data)
+    torch.testing.assert_close(loss, local * sum(RESPONSE_LENS) / 20 * 2)
+    assert metrics["actor/pg_loss"].aggregation.name == "SUM"
+
+
+def test_stock_loss_mode_goes_to_verls_ppo_loss():
+    verl_mod = _verl()
+    import torch
+    from verl.workers.utils.losses import ppo_loss
+
+    _, data, _ = _micro_batch()
+    gen = torch.Generator().manual_seed(3)
+    lens = [p + r for p, r in zip(PROMPT_LENS, RESPONSE_LENS)]
+    log_probs = _nested(-torch.rand(sum(lens), generator=gen, dtype=torch.float64), lens)
+    data["old_log_probs"] = _nested(-torch.rand(sum(RESPONSE_LENS), generator=gen, dtype=torch.float64), RESPONSE_LENS)
+    got, got_metrics = verl_mod.troll_ppo_loss(_actor_config("vanilla"), {"log_probs": log_probs}, data.clone())
+    want, want_metrics = ppo_loss(_actor_config("vanilla"), {"log_probs": log_probs}, data.clone())
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert set(got_metrics) == set(want_metrics) and not any(k.startswith("troll/") for k in got_metrics)
+
+
+def test_troll_ppo_loss_errors_are_clear():
+    verl_mod = _verl()
+    logits, data, _ = _micro_batch()
+    out = {"troll_logits": _nested(logits, [5, 4, 5])}
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.actor\.troll\.kl_bound"):
+        verl_mod.troll_ppo_loss(_actor_config(troll={"alpha": 1.0, "top_k": 4, "delta": 0.0}), out, data)
+    with pytest.raises(KeyError, match="troll_logits"):
+        verl_mod.troll_ppo_loss(_actor_config(), {}, data)
+    with pytest.raises(NotImplementedError, match="use_kl_loss"):
+        verl_mod.troll_ppo_loss(_actor_config(use_kl_loss=True), out, data)
+    with pytest.raises(KeyError, match="troll_old_"):
+        verl_mod.troll_ppo_loss(_actor_config(), out, data.exclude("troll_old_logp"))
