@@ -5,6 +5,7 @@ The config checks need no verl; the import test runs only where verl is installe
 
 import importlib
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -290,3 +291,99 @@ def test_troll_ppo_loss_errors_are_clear():
         verl_mod.troll_ppo_loss(_actor_config(use_kl_loss=True), out, data)
     with pytest.raises(KeyError, match="troll_old_"):
         verl_mod.troll_ppo_loss(_actor_config(), out, data.exclude("troll_old_logp"))
+
+
+def _engine_inputs(flags, pad_size=2, temperature=0.7):
+    """A tiny fp64 Llama's logits packed the way FSDPEngineWithLMHead's remove-padding path packs them."""
+    import torch
+    from tensordict import TensorDict
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.dataset.dataset_utils import DatasetPadMode
+
+    config = LlamaConfig(
+        vocab_size=300, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).double()
+    lens = [4, 6, 3]
+    ids = torch.randint(0, 300, (sum(lens),), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        logits = torch.cat([model(input_ids=seq.unsqueeze(0)).logits[0] for seq in ids.split(lens)])
+    packed = torch.cat([logits, torch.zeros(pad_size, 300, dtype=logits.dtype)])  # the packing pad rows
+    rolled = torch.roll(torch.cat([ids, torch.zeros(pad_size, dtype=ids.dtype)]), shifts=-1)
+    output_args = {
+        "input_ids_rmpad_rolled": rolled,
+        "temperature_rmpad": torch.full((len(rolled),), temperature, dtype=logits.dtype),
+        "pad_size": pad_size,
+        "temperature_is_one": False,
+    }
+    offsets = torch.tensor([0, *lens]).cumsum(0)
+    micro_batch = TensorDict({"input_ids": torch.nested.nested_tensor_from_jagged(ids, offsets)}, batch_size=[3])
+    tu.assign_non_tensor(micro_batch, use_remove_padding=True, pad_mode=DatasetPadMode.NO_PADDING, **flags)
+    return SimpleNamespace(logits=packed.unsqueeze(0)), output_args, micro_batch, logits / temperature, rolled
+
+
+def _engine():
+    verl_mod = _verl()
+    engine = object.__new__(verl_mod.TrollFSDPEngine)  # prepare_model_outputs needs no model, only these flags
+    engine.use_ulysses_sp = False
+    return engine
+
+
+def test_engine_capture_equals_sparsify_of_the_models_own_logits():
+    import torch
+
+    from troll import sparsify
+    from troll.sparse import SparseLogProbs
+
+    engine = _engine()
+    output, args, micro_batch, scaled, rolled = _engine_inputs({"troll_capture": {"top_k": 5, "delta": 1e-3}})
+    out = engine.prepare_model_outputs(output, args, micro_batch, None)
+    got = SparseLogProbs.from_dict({k: v.values() for k, v in out.items() if k.startswith("troll_old_")})
+    assert got.ids.shape == (scaled.shape[0], 6) and "troll_logits" not in out
+    tokens = rolled[: scaled.shape[0]]
+    ref = sparsify(scaled, top_k=5, delta=1e-3, include=tokens)
+    full = torch.log_softmax(scaled, -1)
+    for row in range(scaled.shape[0]):
+        kept = got.ids[row][got.mask[row]]
+        assert sorted(kept.tolist()) == sorted(ref.ids[row][ref.mask[row]].tolist())
+        assert tokens[row] in kept
+        torch.testing.assert_close(got.logp[row][got.mask[row]], full[row, kept], rtol=0, atol=1e-12)
+    # the stock outputs are unchanged: verl's own log-probs of the next tokens at the temperature
+    torch.testing.assert_close(out["log_probs"].values(), full.gather(-1, tokens.unsqueeze(-1)).squeeze(-1))
+
+
+def test_engine_returns_scaled_logits_for_the_loss_and_nothing_without_flags():
+    import torch
+
+    engine = _engine()
+    output, args, micro_batch, scaled, _ = _engine_inputs({"troll_logits": True})
+    out = engine.prepare_model_outputs(output, args, micro_batch, None)
+    torch.testing.assert_close(out["troll_logits"].values(), scaled, rtol=0, atol=0)
+    assert out["troll_logits"].offsets().tolist() == micro_batch["input_ids"].offsets().tolist()
+    output, args, micro_batch, _, _ = _engine_inputs({})
+    assert set(engine.prepare_model_outputs(output, args, micro_batch, None)) == {"log_probs"}
+
+
+def test_engine_without_logits_is_a_clear_error():
+    engine = _engine()
+    output, args, micro_batch, _, _ = _engine_inputs({"troll_logits": True})
+    with pytest.raises(ValueError, match="linear LM head"):
+        engine.prepare_model_outputs(SimpleNamespace(logits=None), args, micro_batch, None)
+
+
+def test_register_replaces_the_fsdp_language_model_engine():
+    verl_mod = _verl()
+    from verl.workers.engine.base import EngineRegistry
+
+    table = EngineRegistry._engines["language_model"]
+    saved = {backend: dict(table[backend]) for backend in ("fsdp", "fsdp2")}
+    try:
+        verl_mod.register(devices=("cuda", "npu", "cpu"))
+        for backend in ("fsdp", "fsdp2"):
+            assert table[backend]["cuda"] is verl_mod.TrollFSDPEngine
+    finally:
+        for backend, entries in saved.items():
+            table[backend].clear()
+            table[backend].update(entries)
