@@ -373,17 +373,68 @@ def test_engine_without_logits_is_a_clear_error():
         engine.prepare_model_outputs(SimpleNamespace(logits=None), args, micro_batch, None)
 
 
-def test_register_replaces_the_fsdp_language_model_engine():
+def test_register_replaces_the_fsdp_language_model_engine(monkeypatch):
     verl_mod = _verl()
+    import types
+
     from verl.workers.engine.base import EngineRegistry
 
+    # verl.workers.engine_workers needs uvicorn (verl's rollout server), which .venv-verl lacks: a stand-in module
+    # checks the rebinding of its ppo_loss name.
+    workers = types.ModuleType("verl.workers.engine_workers")
+    workers.ppo_loss = object()
+    monkeypatch.setitem(sys.modules, "verl.workers.engine_workers", workers)
+    monkeypatch.setattr(sys.modules["verl.workers"], "engine_workers", workers, raising=False)
     table = EngineRegistry._engines["language_model"]
-    saved = {backend: dict(table[backend]) for backend in ("fsdp", "fsdp2")}
-    try:
-        verl_mod.register(devices=("cuda", "npu", "cpu"))
-        for backend in ("fsdp", "fsdp2"):
-            assert table[backend]["cuda"] is verl_mod.TrollFSDPEngine
-    finally:
-        for backend, entries in saved.items():
-            table[backend].clear()
-            table[backend].update(entries)
+    for backend in ("fsdp", "fsdp2"):
+        monkeypatch.setitem(table, backend, dict(table[backend]))
+    verl_mod.register(devices=("cuda", "npu", "cpu"))
+    for backend in ("fsdp", "fsdp2"):
+        for device in ("cuda", "npu", "cpu"):
+            assert table[backend][device] is verl_mod.TrollFSDPEngine
+    assert workers.ppo_loss is verl_mod.troll_ppo_loss
+
+
+def test_captured_old_policy_reaches_the_loss_layout():
+    """Engine capture -> padded (B, T_resp, K) as a trainer stores it -> the loss's SparseLogProbs, at the response
+    positions only, equal sparsify of the logits that predict each response token."""
+    import torch
+    from tensordict import TensorDict
+
+    from troll import sparsify
+
+    verl_mod = _verl()
+    engine = _engine()
+    output, args, micro_batch, scaled, rolled = _engine_inputs({"troll_capture": {"top_k": 5, "delta": 1e-3}})
+    out = TensorDict(engine.prepare_model_outputs(output, args, micro_batch, None), batch_size=[3])
+    prompt_lens, response_lens = [2, 3, 1], [2, 3, 2]  # the sequences are 4, 6, 3 tokens long
+    ids = micro_batch["input_ids"].values()
+    prompts, responses = [], []
+    for b, seq in enumerate(ids.split([4, 6, 3])):
+        prompts.append(seq[: prompt_lens[b]])
+        responses.append(seq[prompt_lens[b] :])
+    batch_td = TensorDict(
+        {
+            "prompts": torch.nested.as_nested_tensor(prompts, layout=torch.jagged),
+            "responses": torch.nested.as_nested_tensor(responses, layout=torch.jagged),
+        },
+        batch_size=[3],
+    )
+    padded = verl_mod.old_policy_to_padded(out, batch_td)
+    assert padded["troll_old_ids"].shape == (3, 3, 6)
+    mask = torch.zeros(3, 3, dtype=torch.bool)
+    for b, n in enumerate(response_lens):
+        mask[b, :n] = True
+    old = verl_mod.old_policy_from_batch(padded, mask)
+    starts = [0, 4, 10]
+    for b in range(3):
+        for j in range(response_lens[b]):
+            row = starts[b] + prompt_lens[b] - 1 + j
+            assert rolled[row] == responses[b][j]
+            ref = sparsify(scaled[row], top_k=5, delta=1e-3, include=rolled[row])
+            kept = old.ids[b, j][old.mask[b, j]]
+            assert sorted(kept.tolist()) == sorted(ref.ids[ref.mask].tolist())
+            assert responses[b][j] in kept
+    assert not old.mask[~mask].any() and torch.isneginf(old.logp[~mask]).all()
+    with pytest.raises(KeyError, match="troll_capture"):
+        verl_mod.old_policy_to_padded(out.exclude("troll_old_ids"), batch_td)

@@ -49,6 +49,7 @@ __all__ = [
     "TrollFSDPEngine",
     "check_verl_version",
     "old_policy_from_batch",
+    "old_policy_to_padded",
     "register",
     "troll_ppo_loss",
     "troll_settings",
@@ -177,16 +178,36 @@ class TrollFSDPEngine(FSDPEngineWithLMHead):
 
 
 def register(backends=("fsdp", "fsdp2"), devices=("cuda", "npu")) -> None:
-    """Make verl build :class:`TrollFSDPEngine` for language models on ``backends`` x ``devices``.
+    """Make verl build :class:`TrollFSDPEngine` for language models and install :func:`troll_ppo_loss`.
 
     ``EngineRegistry.register`` asserts on a second registration of a key, so verl's own entry cannot be replaced
     through it; this writes the registry's table directly (verl 0.9.x layout, checked by the version guard). The
-    subclass adds outputs only when the batch carries the TROLL flags, so stock loss modes run as before.
+    worker (``verl.workers.engine_workers``) installs ``partial(ppo_loss, config=actor_config)`` by the module-level
+    name ``ppo_loss``; rebinding that name makes it install :func:`troll_ppo_loss`, which hands every stock
+    loss_mode to verl's ``ppo_loss`` unchanged. The engine adds outputs only when the batch carries the TROLL flags.
     """
+    import verl.workers.engine_workers as engine_workers
+
     table = EngineRegistry._engines.setdefault("language_model", {})
     for backend in backends:
         for device in devices:
             table.setdefault(backend, {})[device] = TrollFSDPEngine
+    engine_workers.ppo_loss = troll_ppo_loss
+
+
+def old_policy_to_padded(output, batch_td, prefix: str = OLD_PREFIX) -> dict[str, torch.Tensor]:
+    """The captured old policy of a ``compute_log_prob`` output as padded (B, T_resp, K) / (B, T_resp) tensors.
+
+    ``output``: the worker's returned TensorDict (nested (B, j, ...) per-token entries over prompt + response, as
+    the engine returns them); ``batch_td``: the no-padding batch it was computed on. This is the step a trainer
+    must add next to verl's conversion of ``log_probs`` into ``old_log_probs`` (docs/verl.md: verl's
+    ``_compute_old_log_prob`` keeps only the outputs it names).
+    """
+    keys = [prefix + name for name in _FIELDS]
+    missing = [k for k in keys if k not in output.keys()]
+    if missing:
+        raise KeyError(f"compute_log_prob returned no {missing}: was the troll_capture flag set on the batch?")
+    return {k: no_padding_2_padding(output[k], batch_td) for k in keys}
 
 
 @dataclass
