@@ -438,3 +438,60 @@ def test_captured_old_policy_reaches_the_loss_layout():
     assert not old.mask[~mask].any() and torch.isneginf(old.logp[~mask]).all()
     with pytest.raises(KeyError, match="troll_capture"):
         verl_mod.old_policy_to_padded(out.exclude("troll_old_ids"), batch_td)
+
+
+def test_trainer_mixin_sets_flags_and_keeps_the_captured_old_policy():
+    """verl's trainer does not import in .venv-verl (cachetools, uvicorn missing), so a stand-in base with the same
+    contract (init_workers sets actor_rollout_wg; _compute_old_log_prob calls compute_log_prob on a no-padding batch
+    and returns (DataProto, mfu)) checks the mixin's flags and the stored fields."""
+    import torch
+    from tensordict import TensorDict
+    from verl.utils import tensordict_utils as tu
+
+    verl_mod = _verl()
+    engine = _engine()
+    output, args, micro_batch, _, _ = _engine_inputs({})
+    ids = micro_batch["input_ids"].values().split([4, 6, 3])
+    batch_td = TensorDict(
+        {
+            "prompts": torch.nested.as_nested_tensor([s[:2] for s in ids], layout=torch.jagged),
+            "responses": torch.nested.as_nested_tensor([s[2:] for s in ids], layout=torch.jagged),
+        },
+        batch_size=[3],
+    )
+
+    class Group:
+        def compute_log_prob(self, td):
+            self.capture = tu.get_non_tensor_data(td, "troll_capture", None)
+            tu.assign_non_tensor(micro_batch, troll_capture=self.capture)  # the worker splits td into micro-batches
+            return TensorDict(engine.prepare_model_outputs(output, args, micro_batch, None), batch_size=[3])
+
+        def update_actor(self, td):
+            return tu.get_non_tensor_data(td, "troll_logits", False)
+
+    class Trainer:
+        config = SimpleNamespace(actor_rollout_ref=SimpleNamespace(actor=_actor_config()))
+
+        def init_workers(self):
+            self.actor_rollout_wg = Group()
+
+        def _compute_old_log_prob(self, batch):
+            self.actor_rollout_wg.compute_log_prob(batch_td)
+            return SimpleNamespace(batch=TensorDict({}, batch_size=[3])), 0.5
+
+    class TrollTrainer(verl_mod.TrollTrainerMixin, Trainer):
+        pass
+
+    trainer = TrollTrainer()
+    trainer.init_workers()
+    old, mfu = trainer._compute_old_log_prob(None)
+    assert trainer.actor_rollout_wg.capture == {"top_k": SETTINGS["top_k"], "delta": SETTINGS["delta"]}
+    assert mfu == 0.5
+    assert trainer.actor_rollout_wg.update_actor(TensorDict({}, batch_size=[3])) is True
+    want = verl_mod.old_policy_to_padded(Group().compute_log_prob(batch_td), batch_td)
+    for key, value in want.items():
+        torch.testing.assert_close(old.batch[key], value, rtol=0, atol=0)
+    assert old.batch["troll_old_ids"].shape == (3, 4, SETTINGS["top_k"] + 1)
+    Trainer._compute_old_log_prob = lambda self, batch: (SimpleNamespace(batch={}), 0.0)  # no capture call
+    with pytest.raises(RuntimeError, match="nothing was captured"):
+        trainer._compute_old_log_prob(None)

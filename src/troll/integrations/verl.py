@@ -1,11 +1,11 @@
 """TROLL for verl 0.9 (https://github.com/volcengine/verl): the loss, the old-policy capture and the engine hook.
 
-Status (see docs/verl.md): the loss adapter (:func:`troll_ppo_loss`), the capture rows and the engine subclass
-(:class:`TrollFSDPEngine`, remove-padding path, no sequence parallelism) are written and tested on CPU against
-troll's own functions. What is *not* done: verl's ``RayPPOTrainer._compute_old_log_prob`` keeps only the outputs
-it names (log_probs, entropy, ...), so the captured old policy does not reach the batch without a trainer
-override, and nothing yet sets the ``troll_capture`` / ``troll_logits`` flags on the batch. TROLL therefore
-cannot be trained end to end in verl with this release.
+Status (see docs/verl.md): the loss adapter (:func:`troll_ppo_loss`), the capture rows, the engine subclass
+(:class:`TrollFSDPEngine`, remove-padding path, no sequence parallelism), :func:`register` and the trainer mixin
+(:class:`TrollTrainerMixin`, which sets the TROLL batch flags and keeps the captured old policy that verl's
+``_compute_old_log_prob`` would drop) are written and tested on CPU against troll's own functions and stand-ins
+for verl's worker group and trainer. Not done: an entry point that builds a trainer with the mixin, and any run
+through verl's real engine, trainer, Ray or a GPU.
 
 Importing this module checks the installed verl against :data:`SUPPORTED_VERL` and fails with a clear message
 outside it.
@@ -45,8 +45,10 @@ __all__ = [
     "TROLL_KEYS",
     "TROLL_LOGITS",
     "TROLL_LOSS_MODES",
+    "TrollActorGroup",
     "TrollFSDPActorConfig",
     "TrollFSDPEngine",
+    "TrollTrainerMixin",
     "check_verl_version",
     "old_policy_from_batch",
     "old_policy_to_padded",
@@ -208,6 +210,56 @@ def old_policy_to_padded(output, batch_td, prefix: str = OLD_PREFIX) -> dict[str
     if missing:
         raise KeyError(f"compute_log_prob returned no {missing}: was the troll_capture flag set on the batch?")
     return {k: no_padding_2_padding(output[k], batch_td) for k in keys}
+
+
+class TrollActorGroup:
+    """A proxy for the trainer's ``actor_rollout_wg`` that sets the TROLL flags and keeps the capture's output.
+
+    Every attribute other than ``compute_log_prob`` and ``update_actor`` goes to the wrapped worker group.
+    """
+
+    def __init__(self, group, capture: dict):
+        self._group, self._capture, self.last = group, capture, None
+
+    def __getattr__(self, name):
+        return getattr(self._group, name)
+
+    def compute_log_prob(self, batch_td):
+        tu.assign_non_tensor(batch_td, troll_capture=self._capture)
+        output = self._group.compute_log_prob(batch_td)
+        self.last = (output, batch_td)
+        return output
+
+    def update_actor(self, batch_td):
+        tu.assign_non_tensor(batch_td, troll_logits=True)
+        return self._group.update_actor(batch_td)
+
+
+class TrollTrainerMixin:
+    """Put before verl's ``RayPPOTrainer`` (``class T(TrollTrainerMixin, RayPPOTrainer)``) to keep the old policy.
+
+    verl's ``_compute_old_log_prob`` keeps only the outputs it names; this adds the captured ``troll_old_*`` fields,
+    padded to (B, T_resp, K), to the DataProto it returns. Not run inside verl's trainer yet (docs/verl.md).
+    """
+
+    def init_workers(self):
+        super().init_workers()
+        settings = troll_settings(self.config.actor_rollout_ref.actor)
+        if settings is not None:
+            capture = {"top_k": settings["top_k"], "delta": settings["delta"]}
+            self.actor_rollout_wg = TrollActorGroup(self.actor_rollout_wg, capture)
+
+    def _compute_old_log_prob(self, batch):
+        old, mfu = super()._compute_old_log_prob(batch)
+        group = self.actor_rollout_wg
+        if isinstance(group, TrollActorGroup):
+            if group.last is None:
+                raise RuntimeError("TROLL: _compute_old_log_prob ran without compute_log_prob; nothing was captured.")
+            output, batch_td = group.last
+            group.last = None
+            for key, value in old_policy_to_padded(output, batch_td).items():
+                old.batch[key] = value
+        return old, mfu
 
 
 @dataclass
