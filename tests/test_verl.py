@@ -398,12 +398,12 @@ def test_register_replaces_the_fsdp_language_model_engine(monkeypatch):
 def test_captured_old_policy_reaches_the_loss_layout():
     """Engine capture -> padded (B, T_resp, K) as a trainer stores it -> the loss's SparseLogProbs, at the response
     positions only, equal sparsify of the logits that predict each response token."""
+    verl_mod = _verl()
     import torch
     from tensordict import TensorDict
 
     from troll import sparsify
 
-    verl_mod = _verl()
     engine = _engine()
     output, args, micro_batch, scaled, rolled = _engine_inputs({"troll_capture": {"top_k": 5, "delta": 1e-3}})
     out = TensorDict(engine.prepare_model_outputs(output, args, micro_batch, None), batch_size=[3])
@@ -444,11 +444,11 @@ def test_trainer_mixin_sets_flags_and_keeps_the_captured_old_policy():
     """verl's trainer does not import in .venv-verl (cachetools, uvicorn missing), so a stand-in base with the same
     contract (init_workers sets actor_rollout_wg; _compute_old_log_prob calls compute_log_prob on a no-padding batch
     and returns (DataProto, mfu)) checks the mixin's flags and the stored fields."""
+    verl_mod = _verl()
     import torch
     from tensordict import TensorDict
     from verl.utils import tensordict_utils as tu
 
-    verl_mod = _verl()
     engine = _engine()
     output, args, micro_batch, _, _ = _engine_inputs({})
     ids = micro_batch["input_ids"].values().split([4, 6, 3])
