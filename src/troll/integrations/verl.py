@@ -111,7 +111,7 @@ def troll_ppo_loss(config, model_output, data, dp_group=None):
     if TROLL_LOGITS not in model_output:
         raise KeyError(
             f"TROLL loss: model_output has no {TROLL_LOGITS!r}; the actor must run on TrollFSDPEngine "
-            "(VERL_USE_EXTERNAL_MODULES=troll.integrations.verl) with the troll_logits flag set (docs/verl.md)."
+            "(VERL_USE_EXTERNAL_MODULES=troll.integrations.verl_plugin) with the troll_logits flag set (docs/verl.md)."
         )
     logits = no_padding_2_padding(model_output[TROLL_LOGITS], data)  # (B, T, V)
     info = {
