@@ -5,6 +5,7 @@ The config checks need no verl; the import test runs only where verl is installe
 
 import importlib
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -70,3 +71,427 @@ def test_import_needs_a_supported_verl():
         return
     module = importlib.import_module("troll.integrations.verl")
     assert module.troll_settings is troll_settings
+
+
+# ---- verl's engine output and loss (need verl: run in .venv-verl) ----
+
+SETTINGS = {"kl_bound": 0.05, "alpha": 1.0, "top_k": 6, "delta": 1e-3}
+PROMPT_LENS, RESPONSE_LENS, VOCAB = [2, 3, 1], [3, 1, 4], 40
+
+
+def _verl():
+    pytest.importorskip("verl")
+    import torch
+
+    torch.set_num_threads(1)
+    return importlib.import_module("troll.integrations.verl")
+
+
+def _actor_config(mode="troll", troll=None, agg="token-mean", **extra):
+    from omegaconf import OmegaConf
+    from verl.utils.config import omega_conf_to_dataclass
+
+    cfg = {
+        "_target_": "troll.integrations.verl.TrollFSDPActorConfig",
+        "strategy": "fsdp",
+        "ppo_mini_batch_size": 4,
+        "ppo_micro_batch_size_per_gpu": 2,
+        "rollout_n": 1,
+        "use_dynamic_bsz": False,
+        "loss_agg_mode": agg,
+        "policy_loss": {"_target_": "verl.workers.config.PolicyLossConfig", "loss_mode": mode},
+        "troll": dict(SETTINGS if troll is None else troll),
+        **extra,
+    }
+    return omega_conf_to_dataclass(OmegaConf.create(cfg))
+
+
+def _nested(rows, lens):
+    """A jagged nested tensor of per-sequence row blocks, built the way verl's padding utilities build them."""
+    import torch
+
+    return torch.nested.as_nested_tensor(list(rows.split(list(lens))), layout=torch.jagged)
+
+
+def _micro_batch(seed=0, *, global_info=None):
+    """A verl-shaped no-padding micro-batch: packed logits (N, V) over prompt + response, the old policy captured
+    from perturbed logits, and the padded reference tensors for troll.troll_loss."""
+    import torch
+    from tensordict import TensorDict
+    from verl.utils import tensordict_utils as tu
+
+    from troll.integrations._verl_glue import capture_rows
+
+    gen = torch.Generator().manual_seed(seed)
+    seq_lens = [p + r for p, r in zip(PROMPT_LENS, RESPONSE_LENS)]
+    n = sum(seq_lens)
+    logits = (2 * torch.randn(n, VOCAB, generator=gen, dtype=torch.float64)).requires_grad_()
+    old_logits = logits.detach() + 0.3 * torch.randn(n, VOCAB, generator=gen, dtype=torch.float64)
+    bsz, tmax = len(seq_lens), max(RESPONSE_LENS)
+    # packed row of response token j of sequence b: the logit before it, start + prompt_len - 1 + j
+    starts = [sum(seq_lens[:b]) for b in range(bsz)]
+    rows = [[starts[b] + PROMPT_LENS[b] - 1 + j for j in range(RESPONSE_LENS[b])] for b in range(bsz)]
+    flat_rows = torch.tensor([r for rs in rows for r in rs])
+    responses = torch.randint(0, VOCAB, (len(flat_rows),), generator=gen)
+    adv = torch.randn(len(flat_rows), generator=gen, dtype=torch.float64)
+    old = capture_rows(old_logits[flat_rows], responses, top_k=SETTINGS["top_k"], delta=SETTINGS["delta"])
+    prompts = torch.randint(0, VOCAB, (sum(PROMPT_LENS),), generator=gen)
+    data = TensorDict(
+        {
+            "prompts": _nested(prompts, PROMPT_LENS),
+            "responses": _nested(responses, RESPONSE_LENS),
+            "response_mask": _nested(torch.ones(len(responses), dtype=torch.long), RESPONSE_LENS),
+            "advantages": _nested(adv, RESPONSE_LENS),
+            **{k: _nested(v, RESPONSE_LENS) for k, v in old.items()},
+        },
+        batch_size=[bsz],
+    )
+    info = {"dp_size": 1, "batch_num_tokens": None, "global_batch_size": None, **(global_info or {})}
+    tu.assign_non_tensor(data, **info)
+    # the padded reference batch
+    index = torch.zeros(bsz, tmax, dtype=torch.long)
+    mask = torch.zeros(bsz, tmax, dtype=torch.bool)
+    for b, rs in enumerate(rows):
+        index[b, : len(rs)], mask[b, : len(rs)] = torch.tensor(rs), True
+    pos = torch.zeros(bsz, tmax, dtype=torch.long)
+    pos[mask] = torch.arange(len(responses))
+    ref = {"index": index, "mask": mask, "pos": pos, "tokens": torch.where(mask, responses[pos], 0)}
+    ref["adv"] = torch.where(mask, adv[pos], 0.0)
+    ref["old_flat"] = old
+    return logits, data, ref
+
+
+def _reference_old(ref):
+    import torch
+
+    from troll.sparse import SparseLogProbs
+
+    old, pos, mask = ref["old_flat"], ref["pos"], ref["mask"]
+    fields = {k: old[f"troll_old_{k}"][pos] for k in ("ids", "logp", "mask", "log_rest")}
+    m = fields["mask"] & mask.unsqueeze(-1)
+    logp = torch.where(m, fields["logp"], float("-inf"))
+    return SparseLogProbs(fields["ids"], logp, m, VOCAB, torch.where(mask, fields["log_rest"], 0.0))
+
+
+def test_capture_rows_equal_sparsify_with_the_sampled_token():
+    _verl()
+    import torch
+
+    from troll import sparsify
+    from troll.integrations._verl_glue import capture_rows, capture_width
+    from troll.sparse import SparseLogProbs
+
+    logits = 3 * torch.randn(7, VOCAB, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    tokens = logits.argmin(-1)  # the least likely token: kept only because it was sampled
+    rows = capture_rows(logits, tokens, top_k=4, delta=1e-3)
+    assert rows["troll_old_ids"].shape == (7, capture_width(4))
+    got = SparseLogProbs.from_dict(rows)
+    ref = sparsify(logits, top_k=4, delta=1e-3, include=tokens)
+    assert (got.ids == tokens.unsqueeze(-1)).logical_and(got.mask).any(-1).all()
+    for b in range(7):
+        kept = got.ids[b][got.mask[b]]
+        want = ref.ids[b][ref.mask[b]]
+        assert sorted(kept.tolist()) == sorted(want.tolist())
+        full = torch.log_softmax(logits[b], -1)
+        torch.testing.assert_close(got.logp[b][got.mask[b]], full[kept], rtol=0, atol=1e-12)
+        assert torch.isneginf(got.logp[b][~got.mask[b]]).all()
+
+
+@pytest.mark.parametrize("mode", ["troll", "troll_seq"])
+def test_troll_ppo_loss_matches_troll_loss_on_a_verl_micro_batch(mode):
+    verl_mod = _verl()
+    import torch
+
+    from troll import troll_loss
+
+    logits, data, ref = _micro_batch()
+    config = _actor_config(mode)
+    loss, metrics = verl_mod.troll_ppo_loss(config, {"troll_logits": _nested(logits, [3 + 2, 4, 5])}, data)
+    (grad,) = torch.autograd.grad(loss, logits)
+
+    leaf = logits.detach().clone().requires_grad_()
+    padded = torch.where(ref["mask"].unsqueeze(-1), leaf[ref["index"]], 0.0)
+    level = "token" if mode == "troll" else "sequence"
+    settings = {**SETTINGS, "level": level, "agg": "token-mean"}
+    want = troll_loss(padded, _reference_old(ref), ref["tokens"], ref["adv"], ref["mask"], **settings)
+    (want_grad,) = torch.autograd.grad(want.loss, leaf)
+    torch.testing.assert_close(loss, want.loss, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(grad, want_grad, rtol=1e-8, atol=1e-12)
+    assert grad.abs().sum() > 0
+    assert metrics["troll/kl_after/max"].values[0] <= SETTINGS["kl_bound"] * (1 + 1e-6)
+    assert metrics["troll/kl_before/max"].values[0] > SETTINGS["kl_bound"]  # the bound was active somewhere
+    assert not torch.isnan(grad).any()
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize(
+    "info",
+    [
+        {"dp_size": 1, "batch_num_tokens": None, "global_batch_size": None, "loss_scale_factor": None},
+        {"dp_size": 4, "batch_num_tokens": 37, "global_batch_size": 11, "loss_scale_factor": 9},
+    ],
+)
+def test_verl_scale_matches_verls_agg_loss(agg, info):
+    _verl()
+    import torch
+    from verl.trainer.ppo.core_algos import agg_loss
+
+    from troll.integrations._verl_glue import verl_scale
+    from troll.losses import aggregate
+
+    gen = torch.Generator().manual_seed(2)
+    values = torch.randn(4, 6, dtype=torch.float64, generator=gen)
+    mask = torch.rand(4, 6, generator=gen) > 0.4
+    mask[2] = False  # an empty sequence
+    factor, max_len = verl_scale(agg, mask, **info)
+    got = factor * aggregate(values, mask, agg, max_len=max_len)
+    want = agg_loss(values, mask.double(), agg, **info)
+    torch.testing.assert_close(got.double(), want.double(), rtol=1e-6, atol=1e-12)
+
+
+def test_troll_ppo_loss_uses_the_global_batch_normalisation():
+    verl_mod = _verl()
+    import torch
+
+    info = {"dp_size": 2, "batch_num_tokens": 20, "global_batch_size": 6}
+    logits, data, _ = _micro_batch(global_info=info)
+    local_logits, local_data, _ = _micro_batch()
+    out = {"troll_logits": _nested(logits, [5, 4, 5])}
+    loss, metrics = verl_mod.troll_ppo_loss(_actor_config(), out, data)
+    local, _ = verl_mod.troll_ppo_loss(_actor_config(), {"troll_logits": _nested(local_logits, [5, 4, 5])}, local_data)
+    torch.testing.assert_close(loss, local * sum(RESPONSE_LENS) / 20 * 2)
+    assert metrics["actor/pg_loss"].aggregation.name == "SUM"
+
+
+def test_stock_loss_mode_goes_to_verls_ppo_loss():
+    verl_mod = _verl()
+    import torch
+    from verl.workers.utils.losses import ppo_loss
+
+    _, data, _ = _micro_batch()
+    gen = torch.Generator().manual_seed(3)
+    lens = [p + r for p, r in zip(PROMPT_LENS, RESPONSE_LENS)]
+    log_probs = _nested(-torch.rand(sum(lens), generator=gen, dtype=torch.float64), lens)
+    data["old_log_probs"] = _nested(-torch.rand(sum(RESPONSE_LENS), generator=gen, dtype=torch.float64), RESPONSE_LENS)
+    got, got_metrics = verl_mod.troll_ppo_loss(_actor_config("vanilla"), {"log_probs": log_probs}, data.clone())
+    want, want_metrics = ppo_loss(_actor_config("vanilla"), {"log_probs": log_probs}, data.clone())
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert set(got_metrics) == set(want_metrics) and not any(k.startswith("troll/") for k in got_metrics)
+
+
+def test_troll_ppo_loss_errors_are_clear():
+    verl_mod = _verl()
+    logits, data, _ = _micro_batch()
+    out = {"troll_logits": _nested(logits, [5, 4, 5])}
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.actor\.troll\.kl_bound"):
+        verl_mod.troll_ppo_loss(_actor_config(troll={"alpha": 1.0, "top_k": 4, "delta": 0.0}), out, data)
+    with pytest.raises(KeyError, match="troll_logits"):
+        verl_mod.troll_ppo_loss(_actor_config(), {}, data)
+    with pytest.raises(NotImplementedError, match="use_kl_loss"):
+        verl_mod.troll_ppo_loss(_actor_config(use_kl_loss=True), out, data)
+    with pytest.raises(KeyError, match="troll_old_"):
+        verl_mod.troll_ppo_loss(_actor_config(), out, data.exclude("troll_old_logp"))
+
+
+def _engine_inputs(flags, pad_size=2, temperature=0.7):
+    """A tiny fp64 Llama's logits packed the way FSDPEngineWithLMHead's remove-padding path packs them."""
+    import torch
+    from tensordict import TensorDict
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.dataset.dataset_utils import DatasetPadMode
+
+    config = LlamaConfig(
+        vocab_size=300, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).double()
+    lens = [4, 6, 3]
+    ids = torch.randint(0, 300, (sum(lens),), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        logits = torch.cat([model(input_ids=seq.unsqueeze(0)).logits[0] for seq in ids.split(lens)])
+    packed = torch.cat([logits, torch.zeros(pad_size, 300, dtype=logits.dtype)])  # the packing pad rows
+    rolled = torch.roll(torch.cat([ids, torch.zeros(pad_size, dtype=ids.dtype)]), shifts=-1)
+    output_args = {
+        "input_ids_rmpad_rolled": rolled,
+        "temperature_rmpad": torch.full((len(rolled),), temperature, dtype=logits.dtype),
+        "pad_size": pad_size,
+        "temperature_is_one": False,
+    }
+    offsets = torch.tensor([0, *lens]).cumsum(0)
+    micro_batch = TensorDict({"input_ids": torch.nested.nested_tensor_from_jagged(ids, offsets)}, batch_size=[3])
+    tu.assign_non_tensor(micro_batch, use_remove_padding=True, pad_mode=DatasetPadMode.NO_PADDING, **flags)
+    return SimpleNamespace(logits=packed.unsqueeze(0)), output_args, micro_batch, logits / temperature, rolled
+
+
+def _engine():
+    verl_mod = _verl()
+    engine = object.__new__(verl_mod.TrollFSDPEngine)  # prepare_model_outputs needs no model, only these flags
+    engine.use_ulysses_sp = False
+    return engine
+
+
+def test_engine_capture_equals_sparsify_of_the_models_own_logits():
+    import torch
+
+    from troll import sparsify
+    from troll.sparse import SparseLogProbs
+
+    engine = _engine()
+    output, args, micro_batch, scaled, rolled = _engine_inputs({"troll_capture": {"top_k": 5, "delta": 1e-3}})
+    out = engine.prepare_model_outputs(output, args, micro_batch, None)
+    got = SparseLogProbs.from_dict({k: v.values() for k, v in out.items() if k.startswith("troll_old_")})
+    assert got.ids.shape == (scaled.shape[0], 6) and "troll_logits" not in out
+    tokens = rolled[: scaled.shape[0]]
+    ref = sparsify(scaled, top_k=5, delta=1e-3, include=tokens)
+    full = torch.log_softmax(scaled, -1)
+    for row in range(scaled.shape[0]):
+        kept = got.ids[row][got.mask[row]]
+        assert sorted(kept.tolist()) == sorted(ref.ids[row][ref.mask[row]].tolist())
+        assert tokens[row] in kept
+        torch.testing.assert_close(got.logp[row][got.mask[row]], full[row, kept], rtol=0, atol=1e-12)
+    # the stock outputs are unchanged: verl's own log-probs of the next tokens at the temperature
+    torch.testing.assert_close(out["log_probs"].values(), full.gather(-1, tokens.unsqueeze(-1)).squeeze(-1))
+
+
+def test_engine_returns_scaled_logits_for_the_loss_and_nothing_without_flags():
+    import torch
+
+    engine = _engine()
+    output, args, micro_batch, scaled, _ = _engine_inputs({"troll_logits": True})
+    out = engine.prepare_model_outputs(output, args, micro_batch, None)
+    torch.testing.assert_close(out["troll_logits"].values(), scaled, rtol=0, atol=0)
+    assert out["troll_logits"].offsets().tolist() == micro_batch["input_ids"].offsets().tolist()
+    output, args, micro_batch, _, _ = _engine_inputs({})
+    assert set(engine.prepare_model_outputs(output, args, micro_batch, None)) == {"log_probs"}
+
+
+def test_engine_without_logits_is_a_clear_error():
+    engine = _engine()
+    output, args, micro_batch, _, _ = _engine_inputs({"troll_logits": True})
+    with pytest.raises(ValueError, match="linear LM head"):
+        engine.prepare_model_outputs(SimpleNamespace(logits=None), args, micro_batch, None)
+
+
+def test_register_replaces_the_fsdp_language_model_engine(monkeypatch):
+    verl_mod = _verl()
+    import types
+
+    from verl.workers.engine.base import EngineRegistry
+
+    # verl.workers.engine_workers needs uvicorn (verl's rollout server), which .venv-verl lacks: a stand-in module
+    # checks the rebinding of its ppo_loss name.
+    workers = types.ModuleType("verl.workers.engine_workers")
+    workers.ppo_loss = object()
+    monkeypatch.setitem(sys.modules, "verl.workers.engine_workers", workers)
+    monkeypatch.setattr(sys.modules["verl.workers"], "engine_workers", workers, raising=False)
+    table = EngineRegistry._engines["language_model"]
+    for backend in ("fsdp", "fsdp2"):
+        monkeypatch.setitem(table, backend, dict(table[backend]))
+    verl_mod.register(devices=("cuda", "npu", "cpu"))
+    for backend in ("fsdp", "fsdp2"):
+        for device in ("cuda", "npu", "cpu"):
+            assert table[backend][device] is verl_mod.TrollFSDPEngine
+    assert workers.ppo_loss is verl_mod.troll_ppo_loss
+
+
+def test_captured_old_policy_reaches_the_loss_layout():
+    """Engine capture -> padded (B, T_resp, K) as a trainer stores it -> the loss's SparseLogProbs, at the response
+    positions only, equal sparsify of the logits that predict each response token."""
+    verl_mod = _verl()
+    import torch
+    from tensordict import TensorDict
+
+    from troll import sparsify
+
+    engine = _engine()
+    output, args, micro_batch, scaled, rolled = _engine_inputs({"troll_capture": {"top_k": 5, "delta": 1e-3}})
+    out = TensorDict(engine.prepare_model_outputs(output, args, micro_batch, None), batch_size=[3])
+    prompt_lens, response_lens = [2, 3, 1], [2, 3, 2]  # the sequences are 4, 6, 3 tokens long
+    ids = micro_batch["input_ids"].values()
+    prompts, responses = [], []
+    for b, seq in enumerate(ids.split([4, 6, 3])):
+        prompts.append(seq[: prompt_lens[b]])
+        responses.append(seq[prompt_lens[b] :])
+    batch_td = TensorDict(
+        {
+            "prompts": torch.nested.as_nested_tensor(prompts, layout=torch.jagged),
+            "responses": torch.nested.as_nested_tensor(responses, layout=torch.jagged),
+        },
+        batch_size=[3],
+    )
+    padded = verl_mod.old_policy_to_padded(out, batch_td)
+    assert padded["troll_old_ids"].shape == (3, 3, 6)
+    mask = torch.zeros(3, 3, dtype=torch.bool)
+    for b, n in enumerate(response_lens):
+        mask[b, :n] = True
+    old = verl_mod.old_policy_from_batch(padded, mask)
+    starts = [0, 4, 10]
+    for b in range(3):
+        for j in range(response_lens[b]):
+            row = starts[b] + prompt_lens[b] - 1 + j
+            assert rolled[row] == responses[b][j]
+            ref = sparsify(scaled[row], top_k=5, delta=1e-3, include=rolled[row])
+            kept = old.ids[b, j][old.mask[b, j]]
+            assert sorted(kept.tolist()) == sorted(ref.ids[ref.mask].tolist())
+            assert responses[b][j] in kept
+    assert not old.mask[~mask].any() and torch.isneginf(old.logp[~mask]).all()
+    with pytest.raises(KeyError, match="troll_capture"):
+        verl_mod.old_policy_to_padded(out.exclude("troll_old_ids"), batch_td)
+
+
+def test_trainer_mixin_sets_flags_and_keeps_the_captured_old_policy():
+    """verl's trainer does not import in .venv-verl (cachetools, uvicorn missing), so a stand-in base with the same
+    contract (init_workers sets actor_rollout_wg; _compute_old_log_prob calls compute_log_prob on a no-padding batch
+    and returns (DataProto, mfu)) checks the mixin's flags and the stored fields."""
+    verl_mod = _verl()
+    import torch
+    from tensordict import TensorDict
+    from verl.utils import tensordict_utils as tu
+
+    engine = _engine()
+    output, args, micro_batch, _, _ = _engine_inputs({})
+    ids = micro_batch["input_ids"].values().split([4, 6, 3])
+    batch_td = TensorDict(
+        {
+            "prompts": torch.nested.as_nested_tensor([s[:2] for s in ids], layout=torch.jagged),
+            "responses": torch.nested.as_nested_tensor([s[2:] for s in ids], layout=torch.jagged),
+        },
+        batch_size=[3],
+    )
+
+    class Group:
+        def compute_log_prob(self, td):
+            self.capture = tu.get_non_tensor_data(td, "troll_capture", None)
+            tu.assign_non_tensor(micro_batch, troll_capture=self.capture)  # the worker splits td into micro-batches
+            return TensorDict(engine.prepare_model_outputs(output, args, micro_batch, None), batch_size=[3])
+
+        def update_actor(self, td):
+            return tu.get_non_tensor_data(td, "troll_logits", False)
+
+    class Trainer:
+        config = SimpleNamespace(actor_rollout_ref=SimpleNamespace(actor=_actor_config()))
+
+        def init_workers(self):
+            self.actor_rollout_wg = Group()
+
+        def _compute_old_log_prob(self, batch):
+            self.actor_rollout_wg.compute_log_prob(batch_td)
+            return SimpleNamespace(batch=TensorDict({}, batch_size=[3])), 0.5
+
+    class TrollTrainer(verl_mod.TrollTrainerMixin, Trainer):
+        pass
+
+    trainer = TrollTrainer()
+    trainer.init_workers()
+    old, mfu = trainer._compute_old_log_prob(None)
+    assert trainer.actor_rollout_wg.capture == {"top_k": SETTINGS["top_k"], "delta": SETTINGS["delta"]}
+    assert mfu == 0.5
+    assert trainer.actor_rollout_wg.update_actor(TensorDict({}, batch_size=[3])) is True
+    want = verl_mod.old_policy_to_padded(Group().compute_log_prob(batch_td), batch_td)
+    for key, value in want.items():
+        torch.testing.assert_close(old.batch[key], value, rtol=0, atol=0)
+    assert old.batch["troll_old_ids"].shape == (3, 4, SETTINGS["top_k"] + 1)
+    Trainer._compute_old_log_prob = lambda self, batch: (SimpleNamespace(batch={}), 0.0)  # no capture call
+    with pytest.raises(RuntimeError, match="nothing was captured"):
+        trainer._compute_old_log_prob(None)

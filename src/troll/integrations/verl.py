@@ -1,16 +1,21 @@
-"""TROLL for verl (https://github.com/volcengine/verl): the version guard and the TROLL settings of an actor config.
+"""TROLL for verl 0.9 (https://github.com/volcengine/verl): the loss, the old-policy capture and the engine hook.
 
-Status (see docs/verl.md): this module holds the parts of the verl plug-in that are written and tested -- the
-tested-version guard and the reading / validation of the TROLL hyper-parameters from verl's actor config. The loss
-itself is not wired into verl yet: verl 0.9's policy-loss registry hands a loss function per-token log-probs only,
-so TROLL (which needs the current full next-token distribution) must hook the engine's model-output step instead;
-docs/verl.md describes that design and what is missing.
+Status (see docs/verl.md): the loss adapter (:func:`troll_ppo_loss`), the capture rows, the engine subclass
+(:class:`TrollFSDPEngine`, remove-padding path, no sequence parallelism), :func:`register` and the trainer mixin
+(:class:`TrollTrainerMixin`, which sets the TROLL batch flags and keeps the captured old policy that verl's
+``_compute_old_log_prob`` would drop) are written and tested on CPU against troll's own functions and stand-ins
+for verl's worker group and trainer. Not done: an entry point that builds a trainer with the mixin, and any run
+through verl's real engine, trainer, Ray or a GPU.
 
 Importing this module checks the installed verl against :data:`SUPPORTED_VERL` and fails with a clear message
 outside it.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
 
 from troll.integrations._verl_config import (
     OLD_PREFIX,
@@ -23,4 +28,247 @@ from troll.integrations._verl_config import (
 
 check_verl_version()
 
-__all__ = ["OLD_PREFIX", "SUPPORTED_VERL", "TROLL_KEYS", "TROLL_LOSS_MODES", "check_verl_version", "troll_settings"]
+from verl.utils import tensordict_utils as tu  # noqa: E402  (after the version guard)
+from verl.utils.metric import AggregationType, Metric  # noqa: E402
+from verl.workers.config import FSDPActorConfig  # noqa: E402
+from verl.workers.engine.base import EngineRegistry  # noqa: E402
+from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead  # noqa: E402
+from verl.workers.utils.losses import ppo_loss  # noqa: E402
+from verl.workers.utils.padding import no_padding_2_padding  # noqa: E402
+
+from troll.integrations._verl_glue import capture_rows, troll_loss_verl  # noqa: E402
+from troll.sparse import SparseLogProbs  # noqa: E402
+
+__all__ = [
+    "OLD_PREFIX",
+    "SUPPORTED_VERL",
+    "TROLL_KEYS",
+    "TROLL_LOGITS",
+    "TROLL_LOSS_MODES",
+    "TrollActorGroup",
+    "TrollFSDPActorConfig",
+    "TrollFSDPEngine",
+    "TrollTrainerMixin",
+    "check_verl_version",
+    "old_policy_from_batch",
+    "old_policy_to_padded",
+    "register",
+    "troll_ppo_loss",
+    "troll_settings",
+]
+
+# model_output key of the current (temperature-scaled) logits at every position, for the loss.
+TROLL_LOGITS = "troll_logits"
+_FIELDS = ("ids", "logp", "mask", "log_rest", "vocab")
+
+
+def _padded(tensor: torch.Tensor, length: int) -> torch.Tensor:
+    """A per-response-token field as a (B, length, ...) padded tensor (zeros after each response)."""
+    if getattr(tensor, "is_nested", False):
+        tensor = tensor.to_padded_tensor(0)
+    if tensor.shape[1] < length:
+        tensor = torch.nn.functional.pad(tensor, (0, 0) * (tensor.ndim - 2) + (0, length - tensor.shape[1]))
+    return tensor[:, :length]
+
+
+def old_policy_from_batch(data, response_mask: torch.Tensor, prefix: str = OLD_PREFIX) -> SparseLogProbs:
+    """The stored old policy (B, T, K) from a verl micro-batch whose ``{prefix}*`` fields are padded or nested.
+
+    Nested fields are padded with zeros by tensordict; the padding is re-filled here (logp -inf, mask False) so that
+    it is inert, and the vocabulary size is read from the response positions only.
+    """
+    missing = [prefix + name for name in _FIELDS if prefix + name not in data.keys()]
+    if missing:
+        raise KeyError(
+            f"TROLL loss: the batch has no {missing}; the old policy must be captured in compute_log_prob "
+            "(TrollFSDPEngine with the troll_capture flag) and kept in the batch (docs/verl.md)."
+        )
+    t = {name: _padded(data[prefix + name], response_mask.shape[1]) for name in _FIELDS}
+    mask = t["mask"].bool() & response_mask.unsqueeze(-1)
+    vocab = t["vocab"][response_mask].unique()
+    if vocab.numel() != 1:
+        raise ValueError(f"TROLL loss: {prefix}vocab must hold one vocabulary size, got {vocab.tolist()}.")
+    logp = torch.where(mask, t["logp"], float("-inf"))
+    log_rest = torch.where(response_mask, t["log_rest"], 0.0)
+    return SparseLogProbs(t["ids"].long(), logp, mask, int(vocab), log_rest)
+
+
+def troll_ppo_loss(config, model_output, data, dp_group=None):
+    """verl's ``ppo_loss`` for loss_mode "troll"/"troll_seq"; every other loss_mode goes to stock ``ppo_loss``.
+
+    Install with ``partial(troll_ppo_loss, config=actor_config)`` where verl installs ``ppo_loss``. Needs
+    ``model_output[TROLL_LOGITS]`` (from :class:`TrollFSDPEngine`) and the captured old policy in ``data``.
+    Normalised over the global mini-batch exactly as verl's ``agg_loss`` (see ``_verl_glue.verl_scale``).
+    """
+    settings = troll_settings(config)
+    if settings is None:
+        return ppo_loss(config, model_output, data, dp_group)
+    if config.use_kl_loss or float(config.entropy_coeff) != 0.0:
+        raise NotImplementedError(
+            "TROLL in verl: use_kl_loss and a non-zero entropy_coeff are not supported yet; set "
+            "actor_rollout_ref.actor.use_kl_loss=False and actor_rollout_ref.actor.entropy_coeff=0."
+        )
+    if TROLL_LOGITS not in model_output:
+        raise KeyError(
+            f"TROLL loss: model_output has no {TROLL_LOGITS!r}; the actor must run on TrollFSDPEngine "
+            "(VERL_USE_EXTERNAL_MODULES=troll.integrations.verl_plugin) with the troll_logits flag set (docs/verl.md)."
+        )
+    logits = no_padding_2_padding(model_output[TROLL_LOGITS], data)  # (B, T, V)
+    info = {
+        "dp_size": data["dp_size"],
+        "batch_num_tokens": data["batch_num_tokens"],
+        "global_batch_size": data["global_batch_size"],
+        "loss_scale_factor": config.loss_scale_factor,
+    }
+    config.global_batch_info.update(info)
+    length = logits.shape[1]
+    mask, adv, tokens = (_padded(data[k], length) for k in ("response_mask", "advantages", "responses"))
+    mask = mask.bool()
+    old = old_policy_from_batch(data, mask)
+    out = troll_loss_verl(logits, old, tokens, adv, mask, settings, info)
+    summed = data["dp_size"] > 1 or any(info[k] is not None for k in ("batch_num_tokens", "global_batch_size"))
+    summed = summed or config.loss_scale_factor is not None
+    metrics = {f"troll/{k}": Metric(value=v.item(), aggregation=AggregationType.MEAN) for k, v in out.metrics.items()}
+    loss_agg = AggregationType.SUM if summed else AggregationType.MEAN
+    metrics["actor/pg_loss"] = Metric(value=out.loss.detach().item(), aggregation=loss_agg)
+    return out.loss, metrics
+
+
+class TrollFSDPEngine(FSDPEngineWithLMHead):
+    """FSDPEngineWithLMHead that also returns TROLL's per-token outputs; only ``prepare_model_outputs`` changes.
+
+    Non-tensor flags on the micro-batch select what is added (nothing without them, so stock runs are unchanged):
+    ``troll_capture={"top_k": k, "delta": d}`` in compute_log_prob adds the packed old policy
+    (``SparseLogProbs.to_dict(OLD_PREFIX)``, K = top_k + 1 per token), and ``troll_logits=True`` in the update adds
+    ``TROLL_LOGITS``. Remove-padding path only, without Ulysses sequence parallelism and fused kernels.
+    """
+
+    def prepare_model_outputs(self, output, output_args, micro_batch, logits_processor_func):
+        capture = tu.get_non_tensor_data(data=micro_batch, key="troll_capture", default=None)
+        want_logits = tu.get_non_tensor_data(data=micro_batch, key="troll_logits", default=False)
+        extra = {}
+        if capture is not None or want_logits:
+            logits, tokens = self._troll_logits(output, output_args, micro_batch)
+            if capture is not None:
+                extra.update(capture_rows(logits.detach(), tokens, top_k=capture["top_k"], delta=capture["delta"]))
+            if want_logits:
+                extra[TROLL_LOGITS] = logits
+            cu_seqlens = micro_batch["input_ids"].offsets()
+            extra = {k: torch.nested.nested_tensor_from_jagged(v, cu_seqlens) for k, v in extra.items()}
+        model_output = super().prepare_model_outputs(output, output_args, micro_batch, logits_processor_func)
+        model_output.update(extra)
+        return model_output
+
+    def _troll_logits(self, output, output_args, micro_batch):
+        """(total_nnz, V) logits / temperature and the (total_nnz,) next tokens, packing padding removed."""
+        use_rmpad = tu.get_non_tensor_data(data=micro_batch, key="use_remove_padding", default=True)
+        fused = tu.get_non_tensor_data(data=micro_batch, key="use_fused_kernels", default=False)
+        if not use_rmpad or fused or self.use_ulysses_sp:
+            raise NotImplementedError(
+                "TrollFSDPEngine supports use_remove_padding=True without fused kernels and without Ulysses "
+                "sequence parallelism only."
+            )
+        if getattr(output, "logits", None) is None:
+            raise ValueError("TrollFSDPEngine: the model returned no logits; TROLL needs a linear LM head.")
+        logits = output.logits.squeeze(0)  # (total_nnz + pad, V)
+        logits = logits / output_args["temperature_rmpad"].unsqueeze(-1).to(logits.dtype)
+        pad = output_args["pad_size"]
+        tokens = output_args["input_ids_rmpad_rolled"].reshape(-1)
+        if pad:
+            logits, tokens = logits[:-pad], tokens[:-pad]
+        return logits, tokens
+
+
+def register(backends=("fsdp", "fsdp2"), devices=("cuda", "npu")) -> None:
+    """Make verl build :class:`TrollFSDPEngine` for language models and install :func:`troll_ppo_loss`.
+
+    ``EngineRegistry.register`` asserts on a second registration of a key, so verl's own entry cannot be replaced
+    through it; this writes the registry's table directly (verl 0.9.x layout, checked by the version guard). The
+    worker (``verl.workers.engine_workers``) installs ``partial(ppo_loss, config=actor_config)`` by the module-level
+    name ``ppo_loss``; rebinding that name makes it install :func:`troll_ppo_loss`, which hands every stock
+    loss_mode to verl's ``ppo_loss`` unchanged. The engine adds outputs only when the batch carries the TROLL flags.
+    """
+    import verl.workers.engine_workers as engine_workers
+
+    table = EngineRegistry._engines.setdefault("language_model", {})
+    for backend in backends:
+        for device in devices:
+            table.setdefault(backend, {})[device] = TrollFSDPEngine
+    engine_workers.ppo_loss = troll_ppo_loss
+
+
+def old_policy_to_padded(output, batch_td, prefix: str = OLD_PREFIX) -> dict[str, torch.Tensor]:
+    """The captured old policy of a ``compute_log_prob`` output as padded (B, T_resp, K) / (B, T_resp) tensors.
+
+    ``output``: the worker's returned TensorDict (nested (B, j, ...) per-token entries over prompt + response, as
+    the engine returns them); ``batch_td``: the no-padding batch it was computed on. This is the step a trainer
+    must add next to verl's conversion of ``log_probs`` into ``old_log_probs`` (docs/verl.md: verl's
+    ``_compute_old_log_prob`` keeps only the outputs it names).
+    """
+    keys = [prefix + name for name in _FIELDS]
+    missing = [k for k in keys if k not in output.keys()]
+    if missing:
+        raise KeyError(f"compute_log_prob returned no {missing}: was the troll_capture flag set on the batch?")
+    return {k: no_padding_2_padding(output[k], batch_td) for k in keys}
+
+
+class TrollActorGroup:
+    """A proxy for the trainer's ``actor_rollout_wg`` that sets the TROLL flags and keeps the capture's output.
+
+    Every attribute other than ``compute_log_prob`` and ``update_actor`` goes to the wrapped worker group.
+    """
+
+    def __init__(self, group, capture: dict):
+        self._group, self._capture, self.last = group, capture, None
+
+    def __getattr__(self, name):
+        return getattr(self._group, name)
+
+    def compute_log_prob(self, batch_td):
+        tu.assign_non_tensor(batch_td, troll_capture=self._capture)
+        output = self._group.compute_log_prob(batch_td)
+        self.last = (output, batch_td)
+        return output
+
+    def update_actor(self, batch_td):
+        tu.assign_non_tensor(batch_td, troll_logits=True)
+        return self._group.update_actor(batch_td)
+
+
+class TrollTrainerMixin:
+    """Put before verl's ``RayPPOTrainer`` (``class T(TrollTrainerMixin, RayPPOTrainer)``) to keep the old policy.
+
+    verl's ``_compute_old_log_prob`` keeps only the outputs it names; this adds the captured ``troll_old_*`` fields,
+    padded to (B, T_resp, K), to the DataProto it returns. Not run inside verl's trainer yet (docs/verl.md).
+    """
+
+    def init_workers(self):
+        super().init_workers()
+        settings = troll_settings(self.config.actor_rollout_ref.actor)
+        if settings is not None:
+            capture = {"top_k": settings["top_k"], "delta": settings["delta"]}
+            self.actor_rollout_wg = TrollActorGroup(self.actor_rollout_wg, capture)
+
+    def _compute_old_log_prob(self, batch):
+        old, mfu = super()._compute_old_log_prob(batch)
+        group = self.actor_rollout_wg
+        if isinstance(group, TrollActorGroup):
+            if group.last is None:
+                raise RuntimeError("TROLL: _compute_old_log_prob ran without compute_log_prob; nothing was captured.")
+            output, batch_td = group.last
+            group.last = None
+            for key, value in old_policy_to_padded(output, batch_td).items():
+                old.batch[key] = value
+        return old, mfu
+
+
+@dataclass
+class TrollFSDPActorConfig(FSDPActorConfig):
+    """verl's FSDPActorConfig with a ``troll`` section (kl_bound, alpha, top_k, delta).
+
+    verl builds the actor config dataclass from Hydra and rejects unknown keys, so
+    ``+actor_rollout_ref.actor.troll.*`` alone fails; select this class with
+    ``actor_rollout_ref.actor._target_=troll.integrations.verl.TrollFSDPActorConfig``.
+    """
+
+    troll: dict = field(default_factory=dict)
