@@ -71,13 +71,13 @@ def final_hidden(
     if not states or states[-1] is None:
         raise RuntimeError(
             f"{type(model).__name__} returned no hidden states for output_hidden_states=-1; use the dense (logits) "
-            "path for this model."
+            "path for this model (troll_lm_head='dense' in TrollGRPOTrainer)."
         )
     return states[-1], out.logits
 
 
 @torch.no_grad()
-def probe_linear_head(model: torch.nn.Module, head, device=None) -> str | None:
+def probe_linear_head(model: torch.nn.Module, head, device=None, *, autocast=None) -> str | None:
     """One forward of 4 tokens: are the returned logits last-hidden-state @ weight.T + bias? None if so, else why.
 
     Fails e.g. where the hidden state is not the head's input (a norm after it) or the forward transforms the logits
@@ -88,7 +88,7 @@ def probe_linear_head(model: torch.nn.Module, head, device=None) -> str | None:
     was_training = model.training
     model.eval()
     try:
-        hidden, logits = final_hidden(model, ids, torch.ones_like(ids))
+        hidden, logits = final_hidden(model, ids, torch.ones_like(ids), autocast=autocast)
     except Exception as err:  # any failure means: use the model's own logits
         return f"a forward with output_hidden_states failed ({type(err).__name__}: {err})"
     finally:

@@ -67,6 +67,7 @@ from packaging.version import Version
 from troll.chunked import sparsify_from_hidden, troll_loss_from_hidden
 from troll.defaults import ALPHA, DELTA, KL_BOUND, TOP_K
 from troll.distributed import gather_lm_head, is_dtensor, is_fsdp2_model
+from troll.integrations import hf
 from troll.losses import AGGREGATIONS, LossOutput, troll_loss
 from troll.sparse import SparseLogProbs, sparsify
 
@@ -91,17 +92,6 @@ def _finite_number(value) -> bool:
 
 
 LM_HEADS = ("chunked", "dense")
-# Config fields that rescale or soft-cap the logits after the LM head (the ones TRL's fused head reads too), with
-# their neutral value: the chunked path computes hidden @ weight.T + bias only.
-_LOGIT_TRANSFORMS = {
-    "final_logit_softcapping": None,
-    "logit_scale": 1.0,
-    "output_multiplier": 1.0,
-    "lm_head_multiplier": 1.0,
-    "logits_scaling": 1.0,
-}
-# Probe: |logits - hidden @ weight.T - bias| <= tol * (max |logits| + 1); bf16 rounding stays far below this.
-_PROBE_TOL = 1e-2
 OLD_KEYS = ("troll_old_ids", "troll_old_logp", "troll_old_mask", "troll_old_log_rest")
 _FORWARD_KEYS = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")
 _MULTIMODAL_KEYS = ("pixel_values", "image_grid_thw", "pixel_attention_mask", "image_sizes", "token_type_ids")
@@ -382,56 +372,25 @@ class TrollGRPOTrainer(GRPOTrainer):
             return "the model has no linear output embeddings (get_output_embeddings() with a (V, H) weight)"
         if is_dtensor(weight) and not fsdp2:
             return "the LM head's weight is a DTensor outside FSDP2 (tensor parallelism)"
-        config = self.model.config
-        config = config.get_text_config() if hasattr(config, "get_text_config") else config
-        for key, neutral in _LOGIT_TRANSFORMS.items():
-            value = getattr(config, key, None)
-            if value is not None and value != neutral:
-                return f"the model rescales or soft-caps its logits after the LM head (config.{key}={value!r})"
+        reason = hf.logit_transform(self.model.config)
+        if reason is not None:
+            return reason
         try:
             with torch.no_grad():
                 weight, bias = self._troll_head_gathered(head)
         except ValueError as err:
             return str(err)
-        return self._troll_probe_head(types.SimpleNamespace(weight=weight, bias=bias))
+        gathered = types.SimpleNamespace(weight=weight, bias=bias)
+        return hf.probe_linear_head(self.model, gathered, self.accelerator.device, autocast=self.accelerator.autocast())
 
     def _troll_head_gathered(self, head) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The head's (weight (V, H), bias (V,) or None), all-gathered if FSDP2 sharded them (gradient flows back
         to the shards, averaged over processes); see :func:`troll.distributed.gather_lm_head` for the memory."""
         return gather_lm_head(head.weight, getattr(head, "bias", None))
 
-    @torch.no_grad()
-    def _troll_probe_head(self, head) -> str | None:
-        """One forward of 4 tokens: are the returned logits last-hidden-state @ weight.T + bias? None if so.
-
-        This is what the chunked path assumes; it fails e.g. where the hidden state is not the head's input (a norm
-        after it) or the forward transforms the logits in a way no config field announces.
-        """
-        model, was_training = self.model, self.model.training
-        ids = torch.arange(1, 5, device=self.accelerator.device).remainder(head.weight.shape[0]).unsqueeze(0)
-        empty = ids[:, :0]
-        probe = {"prompt_ids": ids, "prompt_mask": torch.ones_like(ids), "completion_ids": empty}
-        probe["completion_mask"] = empty
-        model.eval()
-        try:
-            hidden, logits = self._troll_final_hidden(model, probe)
-        except Exception as err:  # any failure means: use the model's own logits
-            return f"a forward with output_hidden_states failed ({type(err).__name__}: {err})"
-        finally:
-            model.train(was_training)
-        bias = getattr(head, "bias", None)
-        expected = torch.nn.functional.linear(
-            hidden[:, -1].float().to(head.weight.device), head.weight.float(), None if bias is None else bias.float()
-        )
-        error = float((logits[:, -1].float().to(expected.device) - expected).abs().max())
-        if not error <= _PROBE_TOL * (float(expected.abs().max()) + 1):
-            return f"its logits are not last_hidden_state @ weight.T + bias (max deviation {error:.3g} on a probe)"
-        return None
-
     def _troll_output_embeddings(self, model):
         """The LM head module of ``model`` (unwrapped from DDP and the like), or None."""
-        getter = getattr(self.accelerator.unwrap_model(model), "get_output_embeddings", None)
-        return None if getter is None else getter()
+        return hf.output_embeddings(self.accelerator.unwrap_model(model))
 
     def _troll_final_hidden(self, model, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, S, H) final hidden states of prompt + completion (the LM head's input) and (B, 1, V) last logits.
@@ -441,22 +400,7 @@ class TrollGRPOTrainer(GRPOTrainer):
         with index selection; earlier versions return all layers, the same last one). ``logits_to_keep=1``: the
         head runs on one position instead of B x S.
         """
-        input_ids, attention_mask = _sequence(inputs)
-        with self.accelerator.autocast():
-            out = model(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                output_hidden_states=-1,
-                logits_to_keep=1,
-                use_cache=False,
-            )
-        states = getattr(out, "hidden_states", None)
-        if not states or states[-1] is None:
-            raise RuntimeError(
-                f"{type(self.accelerator.unwrap_model(model)).__name__} returned no hidden states for "
-                "output_hidden_states=-1; set troll_lm_head='dense'."
-            )
-        return states[-1], out.logits
+        return hf.final_hidden(model, *_sequence(inputs), autocast=self.accelerator.autocast())
 
     def _troll_head_inputs(self, model, inputs: dict):
         """(hidden (B, T, H) at the positions that score the completion, weight (V, H), bias (V,) or None)."""
@@ -469,12 +413,10 @@ class TrollGRPOTrainer(GRPOTrainer):
     def _troll_logits(self, model, inputs: dict) -> torch.Tensor:
         """(B, T, V) logits (fp32, or fp64 for a fp64 model) at the completion positions, divided by the sampling
         temperature: the dense path, the model's plain forward (not TRL's fused LM head)."""
-        input_ids, attention_mask = _sequence(inputs)
         t = inputs["completion_ids"].size(1)
-        with self.accelerator.autocast():
-            out = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=t + 1, use_cache=False)
-        logits = out.logits[:, -(t + 1) : -1]
-        return (logits if logits.dtype == torch.float64 else logits.float()) / self.temperature
+        return hf.completion_logits(
+            model, *_sequence(inputs), t, self.temperature, autocast=self.accelerator.autocast()
+        )
 
     # -------------------------------------------------------------------------------------- old and current policy
 
