@@ -7,6 +7,8 @@ reference (``troll.reference``) is what the fast paths are compared against.
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 
@@ -75,3 +77,16 @@ def mass_needed(logits: torch.Tensor, delta: float = 1e-5) -> torch.Tensor:
     p = torch.softmax(logits.double(), -1).sort(-1, descending=True).values
     before = p.cumsum(-1) - p
     return (before < 1 - delta).sum(-1)
+
+
+def run_script(cmd: list[str], env: dict, timeout: float = 300) -> tuple[int, str]:
+    """Run ``cmd`` in its own session; on timeout kill the whole group (torchrun's workers included)."""
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate()
+    return proc.returncode, err

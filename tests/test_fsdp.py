@@ -4,32 +4,18 @@ one-process dense float64 reference; and troll.distributed's handling of unshard
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import run_script
 
 from troll.distributed import gather_lm_head, is_dtensor, is_zero3_param
 
 HERE = Path(__file__).parent
 SRC = HERE.parent / "src"
-
-
-def run_script(cmd: list[str], env: dict, timeout: float = 150) -> tuple[int, str]:
-    """Run ``cmd`` in its own session; on timeout kill the whole group (torchrun's workers included)."""
-    proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    try:
-        _, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        _, err = proc.communicate()
-    return proc.returncode, err
 
 
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed gloo")
@@ -39,7 +25,7 @@ def test_fsdp2_chunked_matches_dense(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
     env.update(OMP_NUM_THREADS="1", TROLL_TORCHRUN_TIMEOUT="120", HF_HUB_OFFLINE="1")
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    code, err = run_script([*torchrun, str(HERE / "_torchrun_fsdp.py"), str(tmp_path)], env)
+    code, err = run_script([*torchrun, str(HERE / "_torchrun_fsdp.py"), str(tmp_path)], env, timeout=150)
     if not (tmp_path / "ready").exists():
         pytest.skip(f"torchrun with gloo could not start here: {err[-500:]}")
     assert code == 0, err[-3000:]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-import signal
 import subprocess
 import sys
 import warnings
@@ -27,6 +26,7 @@ from troll import SparseLogProbs, old_token_logp  # noqa: E402
 from troll.integrations.trl import OLD_KEYS, TrollGRPOConfig, TrollGRPOTrainer, check_trl_version  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
+from conftest import run_script  # noqa: E402
 from tiny import PROMPTS, reward_letter_a, tiny_dataset, tiny_model, tiny_tokenizer  # noqa: E402
 
 HERE = Path(__file__).parent
@@ -305,19 +305,6 @@ def test_import_without_trl_is_guarded():
 
 
 # ------------------------------------------------------------------------------------------- two processes
-
-
-def run_script(cmd, env, timeout=300):
-    """Run ``cmd`` in its own session; on timeout kill the whole group (torchrun's workers included)."""
-    proc = subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    try:
-        _, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        _, err = proc.communicate()
-    return proc.returncode, err
 
 
 def test_two_processes_match_one(tmp_path):
