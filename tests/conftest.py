@@ -90,3 +90,23 @@ def run_script(cmd: list[str], env: dict, timeout: float = 300) -> tuple[int, st
         os.killpg(proc.pid, signal.SIGKILL)
         _, err = proc.communicate()
     return proc.returncode, err
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    """A tiny random model and its tokenizer saved as a transformers folder, for the CLI tests."""
+    from tiny import tiny_model, tiny_tokenizer
+
+    folder = tmp_path_factory.mktemp("tiny-model")
+    tokenizer = tiny_tokenizer()
+    tiny_model(tokenizer).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str]:
+    """``troll`` with ``argv``: its exit code and what it printed to stderr."""
+    from troll.cli import main
+
+    code = main(list(argv))
+    return code, capsys.readouterr().err

@@ -19,6 +19,8 @@ pytest.importorskip("trl")
 pytest.importorskip("reasoning_gym")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from conftest import run_cli  # noqa: E402
+
 from troll.cli import main  # noqa: E402
 from troll.train import model as model_lib  # noqa: E402
 from troll.train import options  # noqa: E402
@@ -37,22 +39,6 @@ def isolated_cache(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     monkeypatch.setenv("TROLL_CACHE", str(cache))
     return cache
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory) -> Path:
-    from tiny import tiny_model, tiny_tokenizer
-
-    folder = tmp_path_factory.mktemp("tiny-model")
-    tokenizer = tiny_tokenizer()
-    tiny_model(tokenizer).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
-def run_cli(capsys, *argv: str) -> tuple[int, str]:
-    code = main(list(argv))
-    return code, capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- bad input: exit 2, a message, nothing written

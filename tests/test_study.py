@@ -15,7 +15,8 @@ pytest.importorskip("trl")
 pytest.importorskip("reasoning_gym")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from troll.cli import main  # noqa: E402
+from conftest import run_cli  # noqa: E402
+
 from troll.train import stats, study, study_report  # noqa: E402
 from troll.train.options import RunOptions, UsageError  # noqa: E402
 
@@ -30,22 +31,6 @@ def isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("TROLL_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
     return tmp_path / "cache"
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory) -> Path:
-    from tiny import tiny_model, tiny_tokenizer
-
-    folder = tmp_path_factory.mktemp("tiny-model")
-    tokenizer = tiny_tokenizer()
-    tiny_model(tokenizer).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
-def run_cli(capsys, *argv: str) -> tuple[int, str]:
-    code = main(list(argv))
-    return code, capsys.readouterr().err
 
 
 # ---------------------------------------------------------------- statistics, worked by hand
