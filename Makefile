@@ -10,7 +10,7 @@ PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench results clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -34,6 +34,19 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed $(VERL_VENV)/.installed lint
 	$(PY) -m pytest
 	$(VERL_VENV)/bin/python -m pytest tests/test_verl.py
+
+# docs/results.md: the four studies behind it (about 2 h 10 min on a 2-core CPU), in a new folder each time.
+STUDY := $(VENV)/bin/troll study --seeds 3 --steps 32 --jobs 2
+results: $(VENV)/.installed
+	d=studies/$$(date +%Y%m%d-%H%M%S) && \
+	$(STUDY) --task chain_sum --losses troll,grpo,dapo,troll_seq,gspo --steps-per-rollout 4 \
+		--sweep lr=1e-5,1e-4 --out $$d/chain_sum-lr && \
+	$(STUDY) --task basic_arithmetic --losses troll,grpo,troll_seq,gspo --lr 1e-4 --steps-per-rollout 8 \
+		--out $$d/basic_arithmetic-spr8 && \
+	$(STUDY) --task basic_arithmetic --losses troll,grpo,troll_seq,gspo --lr 1e-5 --steps-per-rollout 8 \
+		--out $$d/basic_arithmetic-spr8-lr1e-5 && \
+	$(STUDY) --task basic_arithmetic --losses troll --lr 1e-5 --steps-per-rollout 8 --sweep eps=0.2,0.5 \
+		--out $$d/basic_arithmetic-spr8-lr1e-5-eps
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check src tests benchmarks
