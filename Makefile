@@ -35,7 +35,7 @@ test: $(VENV)/.installed $(VERL_VENV)/.installed lint
 	$(PY) -m pytest
 	$(VERL_VENV)/bin/python -m pytest tests/test_verl.py
 
-# docs/results.md: the four studies behind it (about 2 h 10 min on a 2-core CPU), in a new folder each time.
+# docs/results.md: the four studies behind it (about 2 hours on a 2-core CPU), in a new folder each time.
 STUDY := $(VENV)/bin/troll study --seeds 3 --steps 32 --jobs 2
 results: $(VENV)/.installed
 	d=studies/$$(date +%Y%m%d-%H%M%S) && \
