@@ -23,10 +23,9 @@ import torch.distributed as dist  # noqa: E402
 from torch.distributed.tensor import distribute_tensor  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _torchrun_trl import fixed_batch  # noqa: E402
-from tiny import reward_letter_a, tiny_dataset, tiny_model, tiny_tokenizer  # noqa: E402
+from _torchrun_trl import fixed_batch, make_trainer  # noqa: E402
 
-from troll.integrations.trl import TrollGRPOConfig, TrollGRPOTrainer, _pack_old  # noqa: E402
+from troll.integrations.trl import _pack_old  # noqa: E402
 
 
 def loss_and_grads(tr, batch, mode):
@@ -52,33 +51,7 @@ def main(out: Path) -> None:
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         (out / "ready").touch()
-    args = TrollGRPOConfig(
-        output_dir=str(out),
-        per_device_train_batch_size=8 // world,
-        num_generations=4,
-        max_completion_length=6,
-        steps_per_generation=2,
-        max_steps=1,
-        learning_rate=1e-2,
-        troll_kl_bound=1e-3,
-        bf16=False,
-        gradient_checkpointing=False,
-        use_cpu=True,
-        ddp_backend="gloo",
-        report_to="none",
-        logging_steps=1,
-        save_strategy="no",
-        seed=0,
-        disable_tqdm=True,
-    )
-    tok = tiny_tokenizer()
-    tr = TrollGRPOTrainer(
-        model=tiny_model(tok),
-        reward_funcs=reward_letter_a,
-        args=args,
-        train_dataset=tiny_dataset(),
-        processing_class=tok,
-    )
+    tr, tok = make_trainer(out, world)
     from torch.distributed.fsdp import fully_shard
 
     for layer in tr.model.model.layers:

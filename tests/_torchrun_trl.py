@@ -58,9 +58,8 @@ def mean_over_processes(x: torch.Tensor, world: int) -> torch.Tensor:
     return x / world
 
 
-def main(out: Path) -> None:
-    torch.set_num_threads(1)
-    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+def make_trainer(out: Path, world: int):
+    """(TrollGRPOTrainer, tokenizer): the tiny model, one step, the global batch split over ``world`` processes."""
     args = TrollGRPOConfig(
         output_dir=str(out),
         per_device_train_batch_size=GLOBAL_BATCH // world,
@@ -88,6 +87,13 @@ def main(out: Path) -> None:
         train_dataset=tiny_dataset(),
         processing_class=tok,
     )
+    return tr, tok
+
+
+def main(out: Path) -> None:
+    torch.set_num_threads(1)
+    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    tr, tok = make_trainer(out, world)
     assert tr.accelerator.num_processes == world
     if world > 1:
         dist.barrier()
