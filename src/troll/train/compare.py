@@ -69,10 +69,7 @@ def check_folder(out: Path, *, overwrite: bool, resume: bool, runs: list[RunOpti
 def check_saved_runs(out: Path, runs: list[RunOptions] | None) -> None:
     """--resume: config.json must be a comparison's (``command`` "compare", a ``runs`` list) with ``runs``' options."""
     path = out / options.CONFIG_FILE
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise UsageError(f"--resume: {path} cannot be read as JSON ({err}); it is damaged, start a new --out.") from err
+    data = options.read_config(out)
     if not (isinstance(data, dict) and data.get("command") == "compare" and isinstance(data.get("runs"), list)):
         raise UsageError(
             f"--resume: {path} is not a comparison's config (no command 'compare' with a 'runs' list); it was not "

@@ -214,13 +214,19 @@ def last_checkpoint(out: Path) -> Path | None:
     return max(found, key=lambda p: int(p.name.split("-")[-1]), default=None)
 
 
+def read_config(out: Path):
+    """The folder's config.json as parsed JSON; :class:`UsageError` when it cannot be read."""
+    path = out / CONFIG_FILE
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UsageError(f"--resume: {path} cannot be read as JSON ({err}); it is damaged, start a new --out.") from err
+
+
 def load_config(out: Path, key: str = "options") -> dict:
     """The folder's config.json, which must be a JSON object holding ``key``; :class:`UsageError` otherwise."""
     path = out / CONFIG_FILE
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise UsageError(f"--resume: {path} cannot be read as JSON ({err}); it is damaged, start a new --out.") from err
+    data = read_config(out)
     if not isinstance(data, dict) or not isinstance(data.get(key), dict):
         raise UsageError(f"--resume: {path} has no {key!r} object; it was not written by this tool, start a new --out.")
     return data
