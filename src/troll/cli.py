@@ -310,8 +310,8 @@ def cmd_study(args: argparse.Namespace) -> int:
         raise UsageError(f"--jobs must be >= 1 (cells run at once), got {args.jobs}.")
     spec, out = study_spec(args)
     cells = study.plan(spec, out)
+    swept = f"--sweep {spec.sweep_key}: " if spec.sweep_key in ("model", "task") else ""
     for model_name, task in sorted({(c.opts.model, c.opts.task) for c in cells}):
-        swept = f"--sweep {spec.sweep_key}: " if spec.sweep_key in ("model", "task") else ""
         try:
             tasks.check_task(task)
             model.resolve_model(model_name)
