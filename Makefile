@@ -33,7 +33,7 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed $(VERL_VENV)/.installed lint
 	$(PY) -m pytest
-	$(VERL_VENV)/bin/python -m pytest tests/test_verl.py
+	$(VERL_VENV)/bin/python -m pytest tests/test_verl.py tests/test_verl_engine.py
 
 # docs/results.md: the four studies behind it (about 2 hours on a 2-core CPU), in a new folder each time.
 STUDY := $(VENV)/bin/troll study --seeds 3 --steps 32 --jobs 2

@@ -4,6 +4,7 @@ The config checks need no verl; the import test runs only where verl is installe
 """
 
 import importlib
+import os
 import sys
 from types import SimpleNamespace
 
@@ -88,22 +89,9 @@ def _verl():
 
 
 def _actor_config(mode="troll", troll=None, agg="token-mean", **extra):
-    from omegaconf import OmegaConf
-    from verl.utils.config import omega_conf_to_dataclass
+    from _verl_cpu import actor_config
 
-    cfg = {
-        "_target_": "troll.integrations.verl.TrollFSDPActorConfig",
-        "strategy": "fsdp",
-        "ppo_mini_batch_size": 4,
-        "ppo_micro_batch_size_per_gpu": 2,
-        "rollout_n": 1,
-        "use_dynamic_bsz": False,
-        "loss_agg_mode": agg,
-        "policy_loss": {"_target_": "verl.workers.config.PolicyLossConfig", "loss_mode": mode},
-        "troll": dict(SETTINGS if troll is None else troll),
-        **extra,
-    }
-    return omega_conf_to_dataclass(OmegaConf.create(cfg))
+    return actor_config(mode, SETTINGS if troll is None else troll, agg, **extra)
 
 
 def _nested(rows, lens):
@@ -495,3 +483,99 @@ def test_trainer_mixin_sets_flags_and_keeps_the_captured_old_policy():
     Trainer._compute_old_log_prob = lambda self, batch: (SimpleNamespace(batch={}), 0.0)  # no capture call
     with pytest.raises(RuntimeError, match="nothing was captured"):
         trainer._compute_old_log_prob(None)
+
+
+# ---- the entry point (troll.integrations.verl_main) ----
+
+
+def _main():
+    _verl()
+    return importlib.import_module("troll.integrations.verl_main")
+
+
+def _recipe_config(*extra):
+    from _verl_cpu import RECIPE, compose
+
+    return compose([*RECIPE, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", *extra])
+
+
+def test_check_config_reads_the_recipe():
+    main = _main()
+    settings = main.check_config(_recipe_config())
+    want = {"kl_bound": 0.05, "alpha": 1.0, "top_k": 64, "delta": 1e-5}
+    assert settings == {**want, "level": "token", "agg": "token-mean"}
+    seq = main.check_config(_recipe_config("actor_rollout_ref.actor.policy_loss.loss_mode=troll_seq"))
+    assert seq["level"] == "sequence"
+    assert main.check_config(_recipe_config("actor_rollout_ref.actor.policy_loss.loss_mode=vanilla")) is None
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("actor_rollout_ref.actor._target_=verl.workers.config.FSDPActorConfig", r"actor\._target_=troll\.integr"),
+        ("actor_rollout_ref.model.use_remove_padding=False", r"model\.use_remove_padding=True"),
+        ("actor_rollout_ref.actor.use_kl_loss=True", r"actor\.use_kl_loss=False"),
+        ("actor_rollout_ref.actor.entropy_coeff=0.01", r"actor\.entropy_coeff=0\.0"),
+        ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", r"ulysses_sequence_parallel_size=1"),
+        ("actor_rollout_ref.model.use_fused_kernels=True", r"model\.use_fused_kernels=False"),
+        ("actor_rollout_ref.actor.troll.top_k=null", r"actor_rollout_ref\.actor\.troll\.top_k"),
+    ],
+)
+def test_check_config_names_the_key_to_fix(override, message):
+    main = _main()
+    with pytest.raises(ValueError, match=message):
+        main.check_config(_recipe_config(override))
+
+
+def test_the_plugin_is_added_to_the_ray_runtime_env():
+    main = _main()
+    config = _recipe_config("+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES=my.mod")
+    main.add_plugin_to_runtime_env(config)
+    main.add_plugin_to_runtime_env(config)  # idempotent
+    env = config.ray_kwargs.ray_init.runtime_env.env_vars
+    assert env.VERL_USE_EXTERNAL_MODULES == "my.mod,troll.integrations.verl_plugin"
+    fresh = _recipe_config()
+    main.add_plugin_to_runtime_env(fresh)
+    assert fresh.ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES == main.PLUGIN
+
+
+def test_trainer_class_puts_the_mixin_before_verls_trainer():
+    main = _main()
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    mro = main.TrollRayPPOTrainer.__mro__
+    assert mro.index(importlib.import_module("troll.integrations.verl").TrollTrainerMixin) < mro.index(RayPPOTrainer)
+
+
+def test_entry_point_rejects_a_bad_config_before_ray_starts():
+    _verl()
+    from conftest import run_script
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "troll.integrations.verl_main",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=troll",
+        "+actor_rollout_ref.actor.troll.kl_bound=0.05",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    ]
+    code, err = run_script(cmd, env, timeout=120)
+    assert code != 0
+    assert "actor_rollout_ref.actor._target_=troll.integrations.verl.TrollFSDPActorConfig" in err
+    assert "Started a local Ray instance" not in err and "TaskRunner" not in err  # Ray never started
+
+
+def test_task_runner_builds_the_troll_trainer(monkeypatch):
+    """verl's v0 TaskRunner.run builds ``RayPPOTrainer`` by its module-level name; TrollTaskRunner rebinds it."""
+    main = _main()
+    from verl.trainer import main_ppo_v0
+
+    seen = {}
+    base = main_ppo_v0.TaskRunner.__ray_actor_class__
+    monkeypatch.setattr(base, "run", lambda self, config: seen.setdefault("trainer", main_ppo_v0.RayPPOTrainer))
+    monkeypatch.setattr(main_ppo_v0, "RayPPOTrainer", main_ppo_v0.RayPPOTrainer)  # restored after the test
+    monkeypatch.setattr(main, "register", lambda: seen.setdefault("registered", True))
+    runner = main.TrollTaskRunner.__ray_actor_class__
+    runner.run(object.__new__(runner), None)
+    assert seen == {"registered": True, "trainer": main.TrollRayPPOTrainer}

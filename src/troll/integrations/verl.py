@@ -1,11 +1,12 @@
 """TROLL for verl 0.9 (https://github.com/volcengine/verl): the loss, the old-policy capture and the engine hook.
 
-Status (see docs/verl.md): the loss adapter (:func:`troll_ppo_loss`), the capture rows, the engine subclass
-(:class:`TrollFSDPEngine`, remove-padding path, no sequence parallelism), :func:`register` and the trainer mixin
-(:class:`TrollTrainerMixin`, which sets the TROLL batch flags and keeps the captured old policy that verl's
-``_compute_old_log_prob`` would drop) are written and tested on CPU against troll's own functions and stand-ins
-for verl's worker group and trainer. Not done: an entry point that builds a trainer with the mixin, and any run
-through verl's real engine, trainer, Ray or a GPU.
+The pieces (docs/verl.md has the recipe and what is tested): the loss (:func:`troll_ppo_loss`, a drop-in for
+verl's ``ppo_loss``), the old-policy capture in the engine (:class:`TrollFSDPEngine`, remove-padding path, no
+sequence parallelism), :func:`register`, which makes verl's workers use both, and the trainer mixin
+(:class:`TrollTrainerMixin`), which sets the TROLL batch flags and keeps the captured old policy that verl's
+``_compute_old_log_prob`` would drop. The entry point is ``python -m troll.integrations.verl_main``. Tested on CPU
+through verl's real TrainingWorker, FSDP2 engine and RayPPOTrainer methods (1 and 2 processes); not run in Ray,
+with a rollout engine, or on a GPU.
 
 Importing this module checks the installed verl against :data:`SUPPORTED_VERL` and fails with a clear message
 outside it.
@@ -236,16 +237,26 @@ class TrollActorGroup:
 
 
 class TrollTrainerMixin:
-    """Put before verl's ``RayPPOTrainer`` (``class T(TrollTrainerMixin, RayPPOTrainer)``) to keep the old policy.
+    """Put before verl's ``RayPPOTrainer`` (``class T(TrollTrainerMixin, RayPPOTrainer)``) to train with TROLL.
 
-    verl's ``_compute_old_log_prob`` keeps only the outputs it names; this adds the captured ``troll_old_*`` fields,
-    padded to (B, T_resp, K), to the DataProto it returns. Not run inside verl's trainer yet (docs/verl.md).
+    Three overrides, each calling verl's method first:
+
+    - ``init_workers`` wraps ``actor_rollout_wg`` in :class:`TrollActorGroup` (the TROLL batch flags);
+    - ``_compute_old_log_prob`` adds the captured ``troll_old_*`` fields, padded to (B, T_resp, K), to the DataProto
+      verl returns (verl keeps only the outputs it names, and would drop them);
+    - ``_update_actor`` logs the loss's ``troll/*`` metrics under ``troll/`` (verl prefixes every actor metric
+      with ``actor/``).
+
+    :class:`troll.integrations.verl_main.TrollRayPPOTrainer` is this mixin on verl 0.9's ``RayPPOTrainer``.
     """
 
     def init_workers(self):
         super().init_workers()
+        self._troll_wrap_workers()
+
+    def _troll_wrap_workers(self) -> None:
         settings = troll_settings(self.config.actor_rollout_ref.actor)
-        if settings is not None:
+        if settings is not None and not isinstance(self.actor_rollout_wg, TrollActorGroup):
             capture = {"top_k": settings["top_k"], "delta": settings["delta"]}
             self.actor_rollout_wg = TrollActorGroup(self.actor_rollout_wg, capture)
 
@@ -260,6 +271,16 @@ class TrollTrainerMixin:
             for key, value in old_policy_to_padded(output, batch_td).items():
                 old.batch[key] = value
         return old, mfu
+
+    def _update_actor(self, batch):
+        output = super()._update_actor(batch)
+        metrics = output.meta_info.get("metrics")
+        if metrics:
+            prefix = "actor/troll/"
+            output.meta_info["metrics"] = {
+                (k[len("actor/") :] if k.startswith(prefix) else k): v for k, v in metrics.items()
+            }
+        return output
 
 
 @dataclass

@@ -1,0 +1,116 @@
+"""``python -m troll.integrations.verl_main <verl overrides>``: verl 0.9's PPO/GRPO entry point, with TROLL.
+
+The same Hydra config and overrides as ``python -m verl.trainer.main_ppo`` (docs/verl.md lists the keys to change
+from a stock GRPO run). What differs:
+
+1. The trainer is :class:`TrollRayPPOTrainer`, verl's ``RayPPOTrainer`` with :class:`TrollTrainerMixin`: the old
+   sparse policy is captured in ``compute_log_prob`` and kept in the batch for the update.
+2. Every Ray process imports ``troll.integrations.verl_plugin`` (``VERL_USE_EXTERNAL_MODULES`` in the Ray runtime
+   environment), so the workers build :class:`TrollFSDPEngine` and install troll's ``ppo_loss``.
+3. It runs verl's ``RayPPOTrainer`` (the trainer of ``main_ppo_v0``) whatever ``trainer.use_v1`` says: verl's v1
+   trainers (transfer-queue based) are not supported yet.
+4. The TROLL settings are checked before Ray starts (:func:`check_config`), each error naming the Hydra key.
+
+Not run end to end here: a verl run needs a rollout server (vLLM, SGLang or TensorRT-LLM) and GPUs.
+"""
+
+from __future__ import annotations
+
+import os
+
+import hydra
+import ray
+from omegaconf import OmegaConf
+from verl.trainer import main_ppo, main_ppo_v0
+from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+from troll.integrations.verl import TrollTrainerMixin, register, troll_settings
+
+PLUGIN = "troll.integrations.verl_plugin"
+ACTOR_CONFIG = "troll.integrations.verl.TrollFSDPActorConfig"
+_ACTOR = "actor_rollout_ref.actor"
+
+
+class TrollRayPPOTrainer(TrollTrainerMixin, RayPPOTrainer):
+    """verl 0.9's ``RayPPOTrainer`` that trains with TROLL when the actor's loss_mode is "troll" or "troll_seq"."""
+
+
+def check_config(config) -> dict | None:
+    """The TROLL settings of a composed verl config, or None for a stock loss mode; a ValueError names the key.
+
+    Checks what the plug-in needs beyond :func:`troll_settings`: the actor config class, the remove-padding path,
+    no KL loss, no entropy bonus, no Ulysses sequence parallelism, no fused kernels, an FSDP strategy and no
+    distillation.
+    """
+    actor = config.actor_rollout_ref.actor
+    mode = actor.get("policy_loss", {}).get("loss_mode", "vanilla")
+    if mode not in ("troll", "troll_seq"):
+        return None
+    if actor.get("_target_") != ACTOR_CONFIG:
+        raise ValueError(
+            f"policy_loss.loss_mode={mode!r} needs the actor config class with a troll section: add "
+            f"{_ACTOR}._target_={ACTOR_CONFIG} (docs/verl.md)."
+        )
+    settings = troll_settings(actor)
+    model = config.actor_rollout_ref.model
+    required = [
+        (f"{_ACTOR}.strategy", actor.get("strategy"), ("fsdp", "fsdp2")),
+        ("actor_rollout_ref.model.use_remove_padding", model.get("use_remove_padding", False), (True,)),
+        ("actor_rollout_ref.model.use_fused_kernels", model.get("use_fused_kernels", False), (False,)),
+        (f"{_ACTOR}.use_kl_loss", actor.get("use_kl_loss", False), (False,)),
+        (f"{_ACTOR}.entropy_coeff", float(actor.get("entropy_coeff", 0.0)), (0.0,)),
+        (f"{_ACTOR}.ulysses_sequence_parallel_size", actor.get("ulysses_sequence_parallel_size", 1), (1,)),
+        ("distillation.enabled", bool(config.get("distillation", {}).get("enabled", False)), (False,)),
+    ]
+    for key, value, allowed in required:
+        if value not in allowed:
+            want = " or ".join(str(a) for a in allowed)
+            raise ValueError(f"TROLL in verl supports {key}={want} only, got {value!r}; set {key}={allowed[0]}.")
+    return settings
+
+
+def add_plugin_to_runtime_env(config) -> None:
+    """Add :data:`PLUGIN` to ``VERL_USE_EXTERNAL_MODULES`` in ``ray_kwargs.ray_init.runtime_env`` (kept if set).
+
+    verl's ``run_ppo`` merges that runtime environment into its own before ``ray.init``, so every Ray process
+    imports the plug-in when it imports verl.
+    """
+    key = "ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES"
+    current = [m for m in str(OmegaConf.select(config, key, default="") or "").split(",") if m]
+    if PLUGIN not in current:
+        OmegaConf.update(config, key, ",".join([*current, PLUGIN]), force_add=True)
+
+
+@ray.remote
+class TrollTaskRunner(main_ppo_v0.TaskRunner.__ray_actor_class__):
+    """verl's v0 TaskRunner, building :class:`TrollRayPPOTrainer` instead of ``RayPPOTrainer``.
+
+    ``TaskRunner.run`` builds the trainer inline through its module's ``RayPPOTrainer`` name, with no hook to
+    choose the class; this rebinds that name in the TaskRunner's own Ray process, and nowhere else.
+    """
+
+    def run(self, config):
+        register()
+        main_ppo_v0.RayPPOTrainer = TrollRayPPOTrainer
+        return super().run(config)
+
+
+_CONFIG_DIR = os.path.join(os.path.dirname(main_ppo.__file__), "config")
+
+
+@hydra.main(config_path=_CONFIG_DIR, config_name="ppo_trainer", version_base=None)
+def main(config) -> None:
+    """verl's ``main_ppo.main`` with :class:`TrollTaskRunner` and the plug-in in every Ray process."""
+    check_config(config)
+    add_plugin_to_runtime_env(config)
+    main_ppo.auto_set_device(config)
+    main_ppo.validate_config(
+        config=config,
+        use_reference_policy=main_ppo.need_reference_policy(config),
+        use_critic=main_ppo.need_critic(config),
+    )
+    main_ppo.run_ppo(config, task_runner_class=TrollTaskRunner)
+
+
+if __name__ == "__main__":
+    main()
