@@ -18,7 +18,8 @@ worker (``compute_log_prob`` -> ``infer_batch``, ``update_actor`` -> ``train_min
    clipping), so that the step is ``-lr * grad`` and the gathered parameter change gives verl's gradient. The
    reference is ``troll.troll_loss`` on the unsharded copy, over the whole global batch, with the same stored old
    policy.
-3. a stock loss mode ("vanilla") through TrollFSDPEngine and troll's ``ppo_loss`` against a second worker on verl's
+3. verl's KL-to-reference loss (low_var_kl) and entropy bonus added to TROLL, against the same terms written out.
+4. a stock loss mode ("vanilla") through TrollFSDPEngine and troll's ``ppo_loss`` against a second worker on verl's
    own FSDPEngineWithLMHead and ``verl.workers.utils.losses.ppo_loss``, from the same weights.
 
 Rank 0 writes the measured deviations to OUT/result.json. Usage:
@@ -201,6 +202,11 @@ def capture_check(old: dict, logits: torch.Tensor, batch: dict, rows: slice) -> 
     return {"rows_mismatched": mismatched, "logp_max_abs": worst, "sampled_missing": sampled_missing}
 
 
+def _trainer_update(trainer, batch) -> dict:
+    """verl's RayPPOTrainer._update_actor (through the mixin); the metrics it would log."""
+    return trainer._update_actor(batch).meta_info["metrics"]
+
+
 def gather_rows(local: dict) -> dict:
     """Every rank's rows of ``local`` (B_local, ...) tensors, in rank order."""
     parts = [None] * dist.get_world_size()
@@ -264,7 +270,7 @@ def main() -> None:
         logits = reference_logits(reference, batch)
         ref = troll_loss(logits, old, batch["responses"], batch["advantages"], mask, **settings)
         ref.loss.backward()
-        metrics = trainer._update_actor(local).meta_info["metrics"]
+        metrics = _trainer_update(trainer, local)
         after = full_state(worker)
         grads = {k: p.grad for k, p in reference.named_parameters()}
         # norm-wise over all parameters: a norm weight near 1 loses ~1e-7/LR to fp32 rounding of its step
@@ -285,6 +291,43 @@ def main() -> None:
             }
         )
     result["update"] = steps
+
+    # 2b. verl's KL-to-reference loss and entropy bonus on top of TROLL, as ppo_loss adds them
+    extras = {"use_kl_loss": True, "kl_loss_coef": 0.1, "kl_loss_type": "low_var_kl", "entropy_coeff": 0.01}
+    extra_overrides = [f"actor_rollout_ref.actor.{k}={v}" for k, v in extras.items()]
+    config_extra = _verl_cpu.compose(overrides_for(model_dir) + extra_overrides)
+    worker_extra = training_worker(model_dir)
+    actor_extra = omega_conf_to_dataclass(config_extra.actor_rollout_ref.actor)
+    worker_extra.set_loss_fn(partial(engine_workers.ppo_loss, config=actor_extra))
+    g = torch.Generator().manual_seed(5)
+    ref_logp = old_global["old_log_probs"] + 0.3 * torch.randn(old_global["old_log_probs"].shape, generator=g)
+    local_extra = local.union(DataProto.from_single_dict({"ref_log_prob": ref_logp[rows]}))
+    before = full_state(worker_extra)
+    reference.load_state_dict(before)
+    reference.zero_grad()
+    logits = reference_logits(reference, batch)
+    ref = troll_loss(logits, old, batch["responses"], batch["advantages"], mask, **settings)
+    full = torch.log_softmax(logits, -1)
+    logp = full.gather(-1, batch["responses"].unsqueeze(-1)).squeeze(-1)
+    entropy = -(full.exp() * full).sum(-1)
+    kl = (ref_logp - logp).clamp(-20, 20)
+    kld = (kl.exp() - kl - 1).clamp(-10, 10)  # verl's low_var_kl (k3), written out
+    token_mean = lambda x: (x * mask).sum() / mask.sum()  # noqa: E731
+    total = ref.loss + 0.1 * token_mean(kld) - 0.01 * token_mean(entropy)
+    total.backward()
+    metrics = _trainer_update(trainer_for(worker_extra, config_extra), local_extra)
+    after = full_state(worker_extra)
+    grads = {k: p.grad for k, p in reference.named_parameters()}
+    diff = sum((((before[k] - after[k]) / LR - g) ** 2).sum() for k, g in grads.items()).sqrt()
+    result["extras"] = {
+        "loss": float(metrics["actor/loss"][0]),
+        "loss_ref": total.item(),
+        "kl_loss": float(metrics["actor/kl_loss"][0]) if "actor/kl_loss" in metrics else None,
+        "kl_loss_ref": token_mean(kld).item(),
+        "entropy_loss": float(metrics["actor/entropy_loss"][0]) if "actor/entropy_loss" in metrics else None,
+        "entropy_loss_ref": token_mean(entropy).item(),
+        "grad_max_rel": (diff / sum((g**2).sum() for g in grads.values()).sqrt()).item(),
+    }
 
     # 3. a stock loss mode through troll's engine and loss equals verl's own engine and ppo_loss
     vanilla = _verl_cpu.actor_config("vanilla", TROLL)

@@ -275,7 +275,7 @@ def test_troll_ppo_loss_errors_are_clear():
         verl_mod.troll_ppo_loss(_actor_config(troll={"alpha": 1.0, "top_k": 4, "delta": 0.0}), out, data)
     with pytest.raises(KeyError, match="troll_logits"):
         verl_mod.troll_ppo_loss(_actor_config(), {}, data)
-    with pytest.raises(NotImplementedError, match="use_kl_loss"):
+    with pytest.raises(KeyError, match="ref_log_prob"):
         verl_mod.troll_ppo_loss(_actor_config(use_kl_loss=True), out, data)
     with pytest.raises(KeyError, match="troll_old_"):
         verl_mod.troll_ppo_loss(_actor_config(), out, data.exclude("troll_old_logp"))
@@ -514,8 +514,8 @@ def test_check_config_reads_the_recipe():
     [
         ("actor_rollout_ref.actor._target_=verl.workers.config.FSDPActorConfig", r"actor\._target_=troll\.integr"),
         ("actor_rollout_ref.model.use_remove_padding=False", r"model\.use_remove_padding=True"),
-        ("actor_rollout_ref.actor.use_kl_loss=True", r"actor\.use_kl_loss=False"),
-        ("actor_rollout_ref.actor.entropy_coeff=0.01", r"actor\.entropy_coeff=0\.0"),
+        ("actor_rollout_ref.actor.strategy=megatron", r"actor\.strategy=fsdp or fsdp2"),
+        ("distillation.enabled=True", r"distillation\.enabled=False"),
         ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", r"ulysses_sequence_parallel_size=1"),
         ("actor_rollout_ref.model.use_fused_kernels=True", r"model\.use_fused_kernels=False"),
         ("actor_rollout_ref.actor.troll.top_k=null", r"actor_rollout_ref\.actor\.troll\.top_k"),

@@ -96,6 +96,14 @@ def test_every_row_stays_within_the_kl_bound(run):
     assert off["kl_after_max"] == pytest.approx(off["ref_kl_after_max"], rel=1e-6)
 
 
+def test_kl_loss_and_entropy_bonus_are_added_as_verl_adds_them(run):
+    e = run["extras"]
+    assert e["kl_loss"] == pytest.approx(e["kl_loss_ref"], rel=1e-5)
+    assert e["entropy_loss"] == pytest.approx(e["entropy_loss_ref"], rel=1e-5)
+    assert e["loss"] == pytest.approx(e["loss_ref"], rel=1e-5, abs=1e-7)
+    assert e["grad_max_rel"] < 1e-5
+
+
 def test_parameters_change(run):
     for s in run["update"]:
         assert s["params_changed"] == s["params"] > 0

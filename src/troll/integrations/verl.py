@@ -29,7 +29,8 @@ from troll.integrations._verl_config import (
 
 check_verl_version()
 
-from verl.utils import tensordict_utils as tu  # noqa: E402  (after the version guard)
+from verl.trainer.ppo.core_algos import agg_loss, kl_penalty  # noqa: E402  (after the version guard)
+from verl.utils import tensordict_utils as tu  # noqa: E402
 from verl.utils.metric import AggregationType, Metric  # noqa: E402
 from verl.workers.config import FSDPActorConfig  # noqa: E402
 from verl.workers.engine.base import EngineRegistry  # noqa: E402
@@ -104,11 +105,6 @@ def troll_ppo_loss(config, model_output, data, dp_group=None):
     settings = troll_settings(config)
     if settings is None:
         return ppo_loss(config, model_output, data, dp_group)
-    if config.use_kl_loss or float(config.entropy_coeff) != 0.0:
-        raise NotImplementedError(
-            "TROLL in verl: use_kl_loss and a non-zero entropy_coeff are not supported yet; set "
-            "actor_rollout_ref.actor.use_kl_loss=False and actor_rollout_ref.actor.entropy_coeff=0."
-        )
     if TROLL_LOGITS not in model_output:
         raise KeyError(
             f"TROLL loss: model_output has no {TROLL_LOGITS!r}; the actor must run on TrollFSDPEngine "
@@ -132,7 +128,24 @@ def troll_ppo_loss(config, model_output, data, dp_group=None):
     metrics = {f"troll/{k}": Metric(value=v.item(), aggregation=AggregationType.MEAN) for k, v in out.metrics.items()}
     loss_agg = AggregationType.SUM if summed else AggregationType.MEAN
     metrics["actor/pg_loss"] = Metric(value=out.loss.detach().item(), aggregation=loss_agg)
-    return out.loss, metrics
+    loss = out.loss
+    # verl's entropy bonus and KL-to-reference loss, added exactly as ppo_loss adds them (same helpers, same mask)
+    if model_output.get("entropy") is not None:
+        entropy = no_padding_2_padding(model_output["entropy"], data)
+        entropy_loss = agg_loss(entropy, mask, config.loss_agg_mode, **config.global_batch_info)
+        loss = loss - config.entropy_coeff * entropy_loss
+        metrics["actor/entropy_loss"] = Metric(value=entropy_loss.detach().item(), aggregation=loss_agg)
+    if config.use_kl_loss:
+        if "ref_log_prob" not in data.keys():
+            raise KeyError("TROLL loss: use_kl_loss=True needs ref_log_prob in the batch (a reference policy).")
+        log_prob = no_padding_2_padding(model_output["log_probs"], data)
+        ref = _padded(data["ref_log_prob"], log_prob.shape[1])
+        kld = kl_penalty(logprob=log_prob, ref_logprob=ref, kl_penalty=config.kl_loss_type)
+        kl_loss = agg_loss(kld, mask, config.loss_agg_mode, **config.global_batch_info)
+        loss = loss + kl_loss * config.kl_loss_coef
+        metrics["kl_loss"] = Metric(value=kl_loss.detach().item(), aggregation=loss_agg)
+        metrics["kl_coef"] = config.kl_loss_coef
+    return loss, metrics
 
 
 class TrollFSDPEngine(FSDPEngineWithLMHead):

@@ -39,8 +39,7 @@ def check_config(config) -> dict | None:
     """The TROLL settings of a composed verl config, or None for a stock loss mode; a ValueError names the key.
 
     Checks what the plug-in needs beyond :func:`troll_settings`: the actor config class, the remove-padding path,
-    no KL loss, no entropy bonus, no Ulysses sequence parallelism, no fused kernels, an FSDP strategy and no
-    distillation.
+    no Ulysses sequence parallelism, no fused kernels, an FSDP strategy and no distillation.
     """
     actor = config.actor_rollout_ref.actor
     mode = actor.get("policy_loss", {}).get("loss_mode", "vanilla")
@@ -57,8 +56,6 @@ def check_config(config) -> dict | None:
         (f"{_ACTOR}.strategy", actor.get("strategy"), ("fsdp", "fsdp2")),
         ("actor_rollout_ref.model.use_remove_padding", model.get("use_remove_padding", False), (True,)),
         ("actor_rollout_ref.model.use_fused_kernels", model.get("use_fused_kernels", False), (False,)),
-        (f"{_ACTOR}.use_kl_loss", actor.get("use_kl_loss", False), (False,)),
-        (f"{_ACTOR}.entropy_coeff", float(actor.get("entropy_coeff", 0.0)), (0.0,)),
         (f"{_ACTOR}.ulysses_sequence_parallel_size", actor.get("ulysses_sequence_parallel_size", 1), (1,)),
         ("distillation.enabled", bool(config.get("distillation", {}).get("enabled", False)), (False,)),
     ]
