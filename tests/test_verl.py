@@ -363,19 +363,15 @@ def test_engine_without_logits_is_a_clear_error():
 
 def test_register_replaces_the_fsdp_language_model_engine(monkeypatch):
     verl_mod = _verl()
-    import types
-
+    import verl.workers.engine_workers as workers
     from verl.workers.engine.base import EngineRegistry
+    from verl.workers.utils.losses import ppo_loss
 
-    # verl.workers.engine_workers needs uvicorn (verl's rollout server), which .venv-verl lacks: a stand-in module
-    # checks the rebinding of its ppo_loss name.
-    workers = types.ModuleType("verl.workers.engine_workers")
-    workers.ppo_loss = object()
-    monkeypatch.setitem(sys.modules, "verl.workers.engine_workers", workers)
-    monkeypatch.setattr(sys.modules["verl.workers"], "engine_workers", workers, raising=False)
+    monkeypatch.setattr(workers, "ppo_loss", workers.ppo_loss)  # restored after the test
     table = EngineRegistry._engines["language_model"]
     for backend in ("fsdp", "fsdp2"):
         monkeypatch.setitem(table, backend, dict(table[backend]))
+    assert workers.ppo_loss is ppo_loss
     verl_mod.register(devices=("cuda", "npu", "cpu"))
     for backend in ("fsdp", "fsdp2"):
         for device in ("cuda", "npu", "cpu"):
@@ -429,9 +425,9 @@ def test_captured_old_policy_reaches_the_loss_layout():
 
 
 def test_trainer_mixin_sets_flags_and_keeps_the_captured_old_policy():
-    """verl's trainer does not import in .venv-verl (cachetools, uvicorn missing), so a stand-in base with the same
-    contract (init_workers sets actor_rollout_wg; _compute_old_log_prob calls compute_log_prob on a no-padding batch
-    and returns (DataProto, mfu)) checks the mixin's flags and the stored fields."""
+    """The mixin's contract on a stand-in base (init_workers sets actor_rollout_wg; _compute_old_log_prob calls
+    compute_log_prob on a no-padding batch and returns (DataProto, mfu)); tests/test_verl_engine.py runs it on
+    verl's real RayPPOTrainer methods."""
     verl_mod = _verl()
     import torch
     from tensordict import TensorDict
