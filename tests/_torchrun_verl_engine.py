@@ -280,7 +280,7 @@ def main() -> None:
             {
                 "loss": float(metrics["actor/loss"][0]),
                 "loss_ref": ref.loss.item(),
-                "grad_max_rel": rel,
+                "grad_rel": rel,
                 "params_changed": sum(int(not torch.equal(before[k], after[k])) for k in before),
                 "params": len(before),
                 "kl_after_max": max(float(v) for v in metrics["troll/kl_after/max"]),
@@ -326,7 +326,7 @@ def main() -> None:
         "kl_loss_ref": token_mean(kld).item(),
         "entropy_loss": float(metrics["actor/entropy_loss"][0]) if "actor/entropy_loss" in metrics else None,
         "entropy_loss_ref": token_mean(entropy).item(),
-        "grad_max_rel": (diff / sum((g**2).sum() for g in grads.values()).sqrt()).item(),
+        "grad_rel": (diff / sum((g**2).sum() for g in grads.values()).sqrt()).item(),
     }
 
     # 3. a stock loss mode through troll's engine and loss equals verl's own engine and ppo_loss
