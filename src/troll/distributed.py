@@ -1,4 +1,4 @@
-"""The LM head's weight under a sharding engine, gathered so that the chunked path can use it.
+"""The LM head's weight under a sharding engine (FSDP2, DeepSpeed ZeRO-3), gathered so that the chunked path can use it.
 
 :func:`troll.troll_loss_from_hidden` needs the head's full (V, H) weight (and (V,) bias) next to the hidden states
 of the model's own forward. Under FSDP2 (``torch.distributed.fsdp.fully_shard``) the weight is a DTensor sharded
@@ -12,13 +12,23 @@ Memory: the gathered weight is (V, H) on every rank, as when FSDP unshards the h
 152k x 3584 in bf16 = 1.1 GB), freed once the loss's backward has run; the chunked path then adds its
 O(N x C) chunk and a (V, H) gradient buffer in the compute dtype (fp32), before the reduce-scatter.
 
-DeepSpeed ZeRO-3 parameters (``ds_id``) are not gathered here: :func:`is_zero3_param` lets a caller detect them
-and keep the dense path (see docs/trl.md).
+DeepSpeed ZeRO-3 partitions a parameter (``ds_id``) outside the forward of the modules that own it; its hooks
+gather the full weight just before a module's forward and again before that module's backward, and reduce-scatter
+the gradient afterwards. :func:`call_in_forward` therefore runs the head computation as the LM head module's own
+forward call, with the hidden states as its input: ZeRO-3 then gathers, re-gathers for backward, reduces the
+gradient over ranks (the mean, as for every other parameter) and releases the full copy, exactly as for the
+model's own ``lm_head(hidden)``. :func:`with_lm_head` picks the right one of the two for a head module.
 """
 
 from __future__ import annotations
 
+import types
+from collections.abc import Callable
+from typing import Any
+
 import torch
+
+from troll.losses import LossOutput
 
 
 def is_dtensor(t) -> bool:
@@ -36,6 +46,12 @@ def is_fsdp2_model(model: torch.nn.Module) -> bool:
 def is_zero3_param(t) -> bool:
     """True for a DeepSpeed ZeRO-3 partitioned parameter (it carries ``ds_id`` / ``ds_status``)."""
     return hasattr(t, "ds_id") and hasattr(t, "ds_status")
+
+
+def full_shape(t: torch.Tensor) -> torch.Size:
+    """The shape of the whole parameter: a ZeRO-3 partition's ``ds_shape`` (its local data is empty), else ``shape``
+    (a DTensor's shape is already the global one)."""
+    return torch.Size(t.ds_shape) if is_zero3_param(t) else t.shape
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
@@ -56,15 +72,79 @@ def gather_lm_head(weight: torch.Tensor, bias: torch.Tensor | None = None) -> tu
     A plain tensor is returned as is (one process, DDP, or an FSDP2 unit still unsharded after its forward). A
     DTensor sharded by FSDP2 is all-gathered with ``full_tensor``; call this inside the loss computation (after the
     model's forward), once per loss call, so the gathered copy lives only as long as the loss's graph. Raises a
-    ValueError for a DeepSpeed ZeRO-3 parameter (gather it with ``deepspeed.zero.GatheredParameters`` instead).
+    ValueError for a DeepSpeed ZeRO-3 parameter (use :func:`call_in_forward` or :func:`with_lm_head` instead).
     """
     if is_zero3_param(weight):
         raise ValueError(
             "the LM head's weight is a DeepSpeed ZeRO-3 partition; gather_lm_head handles FSDP2 DTensors only. "
-            "Use the dense path (troll_lm_head='dense') under ZeRO-3."
+            "Run the head computation with troll.distributed.with_lm_head (or call_in_forward) instead."
         )
     if is_dtensor(weight):
         weight = _full(weight)
     if bias is not None and is_dtensor(bias):
         bias = _full(bias)
     return weight, bias
+
+
+class _Opaque:
+    """Hides a result from the module hooks, which walk the tensors of a forward's output (ZeRO-3 wraps them)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+
+def call_in_forward(module: torch.nn.Module, fn: Callable[..., Any], *tensors: torch.Tensor) -> Any:
+    """``fn(module, *tensors)``, computed as ``module``'s own forward call, so that its hooks run around it.
+
+    Under DeepSpeed ZeRO-3 this is how a partitioned head is used outside the model's forward: the pre-forward hook
+    gathers ``module``'s parameters; the hook on the output re-gathers them before the backward; the hook on the
+    inputs (``tensors``: pass the hidden states here, not through a closure) releases them after it; the gradient
+    hooks reduce-scatter the weight's gradient. ``fn`` must use the tensors it is given, which the hooks may have
+    wrapped. If ``fn`` returns a :class:`~troll.losses.LossOutput` whose loss needs a gradient, that loss is
+    routed through the module's output, so that the backward from it fires the hooks; anything else is returned
+    untouched. The module's forward is restored afterwards, also on error.
+    """
+
+    def forward(self, *args):
+        out = fn(self, *args)
+        if isinstance(out, LossOutput) and out.loss.requires_grad:
+            return out.loss, _Opaque(out.metrics)
+        return (_Opaque(out),)
+
+    had_own = "forward" in module.__dict__
+    own = module.__dict__.get("forward")
+    module.forward = types.MethodType(forward, module)
+    try:
+        result = module(*tensors)
+    finally:
+        if had_own:
+            module.forward = own
+        else:
+            del module.forward
+    if len(result) == 2:
+        return LossOutput(result[0], result[1].value)
+    return result[0].value
+
+
+def with_lm_head(head: torch.nn.Module, fn: Callable[..., Any], *tensors: torch.Tensor) -> Any:
+    """``fn(weight, bias, *tensors)`` with the head's full weight (V, H) and bias (V,) or None, on any engine.
+
+    ZeRO-3 partitions: through :func:`call_in_forward` where autograd records (the loss); under ``torch.no_grad``
+    gathered by ``deepspeed.zero.GatheredParameters`` for the duration of ``fn`` (the old policy's capture: call it
+    outside the model's forward, so that ZeRO-3's trace of module calls stays that of the model; ``fn``'s result
+    must not keep the weight). Otherwise :func:`gather_lm_head` (FSDP2 DTensors are all-gathered; plain tensors,
+    as in one process or DDP, are used as they are). Gradients flow back to the parameters, sharded or not.
+    """
+    weight, bias = head.weight, getattr(head, "bias", None)
+    if is_zero3_param(weight):
+        if torch.is_grad_enabled():
+            return call_in_forward(head, lambda m, *t: fn(m.weight, getattr(m, "bias", None), *t), *tensors)
+        # No gradient: gather for the duration of fn (outside any forward, so ZeRO-3's module trace is untouched).
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters([p for p in (weight, bias) if p is not None]):
+            return fn(weight, bias, *tensors)
+    weight, bias = gather_lm_head(weight, getattr(head, "bias", None))
+    return fn(weight, bias, *tensors)

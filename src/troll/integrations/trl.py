@@ -22,8 +22,9 @@ TROLL and clipping share one code path. How the TROLL loss types depart from TRL
   after the final norm (the LM head's input), and the logits of one position only. The LM head's parameters are
   then used directly: they are the same Parameters, so their gradients (a tied embedding's too) accumulate and are
   reduced as usual; under FSDP2 a sharded head is all-gathered in the loss call, its gradient reduce-scattered
-  back (see docs/trl.md). The chunked path falls back to "dense", with a warning, where it cannot be exact: FSDP1 or
-  DeepSpeed ZeRO-3 (the head's weight is sharded outside the forward), a DTensor outside FSDP2, no linear output
+  back; under DeepSpeed ZeRO-3 the loss runs as the head module's own forward call, where ZeRO-3 gathers it (see
+  docs/trl.md). The chunked path falls back to "dense", with a warning, where it cannot be exact: FSDP1 (the head's
+  weight is flattened and sharded outside the forward), a DTensor outside FSDP2, no linear output
   embeddings, a config that rescales or soft-caps the logits (Gemma's final_logit_softcapping, logit_scale, ...),
   or a probe forward whose logits are not last-hidden-state @ weight.T + bias (checked once, on 4 tokens).
 - No clipping: TRL's ``epsilon``, ``epsilon_high`` and ``delta`` do not apply.
@@ -66,7 +67,7 @@ from packaging.version import Version
 
 from troll.chunked import sparsify_from_hidden, troll_loss_from_hidden
 from troll.defaults import ALPHA, DELTA, KL_BOUND, TOP_K
-from troll.distributed import gather_lm_head, is_dtensor, is_fsdp2_model
+from troll.distributed import full_shape, is_dtensor, is_fsdp2_model, with_lm_head
 from troll.integrations import hf
 from troll.losses import AGGREGATIONS, LossOutput, troll_loss
 from troll.sparse import SparseLogProbs, sparsify
@@ -163,7 +164,7 @@ class TrollGRPOConfig(GRPOConfig):
         metadata={
             "help": "TROLL: 'chunked' (LM head in vocabulary chunks from the final hidden states, never the (B, T, V) "
             "logits) or 'dense' (the model's full logits). Falls back to 'dense' with a warning where 'chunked' "
-            "cannot be exact (FSDP1, ZeRO-3, soft-capped or scaled logits)."
+            "cannot be exact (FSDP1, soft-capped or scaled logits; FSDP2 and ZeRO-3 keep it)."
         },
     )
 
@@ -243,8 +244,8 @@ class TrollGRPOTrainer(GRPOTrainer):
     Overrides: ``_generate_and_score_completions`` (captures the old policy with the batch), ``_compute_loss``
     (TROLL loss types; anything else goes to TRL) and ``log`` (window max/min of TROLL's max/min metrics).
     Extension points: :meth:`_troll_capture_old` (where the old policy comes from), :meth:`_troll_compute_loss`
-    (how the current policy's loss is computed), :meth:`_troll_head_inputs` (chunked) and :meth:`_troll_logits`
-    (dense). :attr:`troll_lm_head` says which LM-head path is in use.
+    (how the current policy's loss is computed), :meth:`_troll_head_hidden` with :meth:`_troll_with_head` (chunked)
+    and :meth:`_troll_logits` (dense). :attr:`troll_lm_head` says which LM-head path is in use.
     """
 
     _tag_names = ["trl", "grpo", "troll"]
@@ -302,37 +303,46 @@ class TrollGRPOTrainer(GRPOTrainer):
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
         """TRL's per-token log-probs; during a rollout batch's no-grad scoring forward, also TROLL's old policy.
 
-        A forward hook on the backbone sees each chunk's final hidden states (the LM head's input, the same
-        tensor TRL's fused head reads) and sparsifies their completion positions with the head's weight. TRL's
-        computation is not touched, so its old log-probs stay exactly what they were.
+        A forward hook on the backbone keeps each chunk's final hidden states at the completion positions (the LM
+        head's input, the same tensor TRL's fused head reads); a hook on the model sparsifies them with the head's
+        weight once the model's forward has returned (where FSDP2 or ZeRO-3 may gather the head without disturbing
+        the forward). TRL's computation is not touched, so its old log-probs stay exactly what they were.
         """
         if self._troll_pending is None or torch.is_grad_enabled():
             return super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
             )
-        backbone = self.accelerator.unwrap_model(model).base_model
-        hook = backbone.register_forward_hook(self._troll_capture_hook(logits_to_keep), with_kwargs=True)
+        unwrapped = self.accelerator.unwrap_model(model)
+        keep, capture = self._troll_capture_hooks(logits_to_keep)
+        hooks = [
+            unwrapped.base_model.register_forward_hook(keep, with_kwargs=True),
+            unwrapped.register_forward_hook(capture),
+        ]
         try:
             return super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
             )
         finally:
-            hook.remove()
+            for hook in hooks:
+                hook.remove()
 
-    def _troll_capture_hook(self, t: int):
-        """A backbone forward hook that appends the sparse old policy of the chunk's last ``t`` positions."""
+    def _troll_capture_hooks(self, t: int):
+        """(backbone hook, model hook): the first keeps a chunk's hidden states and tokens at its last ``t``
+        positions, the second appends their sparse old policy to ``_troll_pending``."""
+        kept = []
 
-        def hook(module, args, kwargs, output):
+        def keep(module, args, kwargs, output):
             input_ids = kwargs.get("input_ids", args[0] if args else None)
-            hidden = output.last_hidden_state[:, -(t + 1) : -1]
-            weight, bias = self._troll_head_gathered(self._troll_output_embeddings(self.model))  # FSDP2: gathered
-            tokens = input_ids[:, -t:]
-            # The hook runs inside the model's forward, where mixed precision may have turned autocast on: the
-            # capture computes in fp32 (as it does outside), whatever the backbone ran in.
-            with torch.autocast(hidden.device.type, enabled=False):
-                self._troll_pending.append(self._troll_sparsify_hidden(hidden, weight, bias, tokens))
+            kept.append((output.last_hidden_state[:, -(t + 1) : -1], input_ids[:, -t:]))
 
-        return hook
+        def capture(module, args, output):
+            hidden, tokens = kept.pop()
+            # Mixed precision may have turned autocast on around the forward: the capture computes in fp32 (as it
+            # does outside), whatever the backbone ran in.
+            with torch.autocast(hidden.device.type, enabled=False):
+                self._troll_pending.append(self._troll_sparsify_with_head(self.model, hidden, tokens))
+
+        return keep, capture
 
     # ------------------------------------------------------------------------------------------ the LM-head path
 
@@ -356,19 +366,15 @@ class TrollGRPOTrainer(GRPOTrainer):
     def _troll_chunked_blocker(self) -> str | None:
         """Why the chunked path would not reproduce this model's logits, or None if it does.
 
-        FSDP2 is supported: :meth:`_troll_head_gathered` all-gathers the sharded head inside the loss call. FSDP1
-        (flattened parameters) and DeepSpeed ZeRO-3 (partitions gathered only inside the module's forward) are not.
+        FSDP2 and DeepSpeed ZeRO-3 are supported (:meth:`_troll_with_head` gathers the sharded head inside the loss
+        call); FSDP1 (flattened parameters, sharded outside the forward of the model's root unit) is not.
         """
-        from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
-
         fsdp2 = bool(getattr(self.accelerator, "is_fsdp2", False)) or is_fsdp2_model(self.model)
         if getattr(self, "is_fsdp_enabled", False) and not fsdp2:
             return "FSDP1 flattens and shards the LM head's weight outside the model's forward (FSDP2 is supported)"
-        if is_deepspeed_zero3_enabled():
-            return "DeepSpeed ZeRO-3 shards the LM head's weight outside the model's forward"
         head = self._troll_output_embeddings(self.model)
         weight = getattr(head, "weight", None)
-        if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        if not isinstance(weight, torch.Tensor) or len(full_shape(weight)) != 2:
             return "the model has no linear output embeddings (get_output_embeddings() with a (V, H) weight)"
         if is_dtensor(weight) and not fsdp2:
             return "the LM head's weight is a DTensor outside FSDP2 (tensor parallelism)"
@@ -376,17 +382,22 @@ class TrollGRPOTrainer(GRPOTrainer):
         if reason is not None:
             return reason
         try:
-            with torch.no_grad():
-                weight, bias = self._troll_head_gathered(head)
+            with torch.no_grad():  # a full copy: a ZeRO-3 partition is released after the head's forward
+                weight, bias = self._troll_with_head(
+                    self.model, lambda w, b: (w.detach().clone(), None if b is None else b.detach().clone())
+                )
         except ValueError as err:
             return str(err)
         gathered = types.SimpleNamespace(weight=weight, bias=bias)
         return hf.probe_linear_head(self.model, gathered, self.accelerator.device, autocast=self.accelerator.autocast())
 
-    def _troll_head_gathered(self, head) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The head's (weight (V, H), bias (V,) or None), all-gathered if FSDP2 sharded them (gradient flows back
-        to the shards, averaged over processes); see :func:`troll.distributed.gather_lm_head` for the memory."""
-        return gather_lm_head(head.weight, getattr(head, "bias", None))
+    def _troll_with_head(self, model, fn, *tensors):
+        """``fn(weight (V, H), bias (V,) or None, *tensors)`` with the full LM head of ``model``, gradients flowing
+        back to its parameters: FSDP2 shards are all-gathered (:func:`troll.distributed.gather_lm_head`), a
+        DeepSpeed ZeRO-3 partition is used inside the head's own forward call, where ZeRO-3 gathers it
+        (:func:`troll.distributed.call_in_forward`; pass the hidden states as ``tensors``). docs/trl.md, "Sharded
+        models", has the memory."""
+        return with_lm_head(self._troll_output_embeddings(model), fn, *tensors)
 
     def _troll_output_embeddings(self, model):
         """The LM head module of ``model`` (unwrapped from DDP and the like), or None."""
@@ -402,13 +413,12 @@ class TrollGRPOTrainer(GRPOTrainer):
         """
         return hf.final_hidden(model, *_sequence(inputs), autocast=self.accelerator.autocast())
 
-    def _troll_head_inputs(self, model, inputs: dict):
-        """(hidden (B, T, H) at the positions that score the completion, weight (V, H), bias (V,) or None)."""
+    def _troll_head_hidden(self, model, inputs: dict) -> torch.Tensor:
+        """(B, T, H) final hidden states at the positions that score the completion (the LM head's input)."""
         hidden, _ = self._troll_final_hidden(model, inputs)
         t = inputs["completion_ids"].size(1)
-        weight, bias = self._troll_head_gathered(self._troll_output_embeddings(model))  # after the forward
         # Position i predicts token i + 1: the last t + 1 positions minus the final one score the completion.
-        return hidden[:, -(t + 1) : -1], weight, bias
+        return hidden[:, -(t + 1) : -1]
 
     def _troll_logits(self, model, inputs: dict) -> torch.Tensor:
         """(B, T, V) logits (fp32, or fp64 for a fp64 model) at the completion positions, divided by the sampling
@@ -435,8 +445,8 @@ class TrollGRPOTrainer(GRPOTrainer):
             chunk = {key: batch[key][start : start + size] for key in _FORWARD_KEYS}
             tokens = chunk["completion_ids"]
             if self.troll_lm_head == "chunked":
-                hidden, weight, bias = self._troll_head_inputs(self.model, chunk)
-                parts.append(self._troll_sparsify_hidden(hidden, weight, bias, tokens))
+                hidden = self._troll_head_hidden(self.model, chunk)
+                parts.append(self._troll_sparsify_with_head(self.model, hidden, tokens))
                 del hidden
             else:
                 logits = self._troll_logits(self.model, chunk)
@@ -447,6 +457,10 @@ class TrollGRPOTrainer(GRPOTrainer):
     def _troll_kept(self) -> dict:
         """The sparsification rule (docs/method.md, kept rule) as keywords of sparsify / sparsify_from_hidden."""
         return dict(top_k=self.args.troll_top_k, delta=self.args.troll_delta)
+
+    def _troll_sparsify_with_head(self, model, hidden, tokens) -> SparseLogProbs:
+        """The sparse policy of ``hidden`` (B, T, H) through ``model``'s LM head (FSDP2 / ZeRO-3: gathered)."""
+        return self._troll_with_head(model, lambda w, b, h, t: self._troll_sparsify_hidden(h, w, b, t), hidden, tokens)
 
     def _troll_sparsify_hidden(self, hidden, weight, bias, tokens) -> SparseLogProbs:
         return sparsify_from_hidden(
@@ -482,22 +496,25 @@ class TrollGRPOTrainer(GRPOTrainer):
         """
         tokens, mask, adv = inputs["completion_ids"], _loss_mask(inputs), inputs["advantages"]
         if self.troll_lm_head == "chunked":
-            hidden, weight, bias = self._troll_head_inputs(model, inputs)
-            old = self._troll_stored_old(inputs, weight.shape[0])
-            if old is None:
-                old = self._troll_sparsify_hidden(hidden, weight, bias, tokens)
-            out = troll_loss_from_hidden(
-                hidden,
-                weight,
-                old,
-                tokens,
-                adv,
-                mask,
-                bias=bias,
-                temperature=self.temperature,
-                entropy=True,
-                **self._troll_loss_kwargs(),
-            )
+
+            def chunked_loss(weight, bias, hidden):
+                old = self._troll_stored_old(inputs, weight.shape[0])
+                if old is None:
+                    old = self._troll_sparsify_hidden(hidden, weight, bias, tokens)
+                return troll_loss_from_hidden(
+                    hidden,
+                    weight,
+                    old,
+                    tokens,
+                    adv,
+                    mask,
+                    bias=bias,
+                    temperature=self.temperature,
+                    entropy=True,
+                    **self._troll_loss_kwargs(),
+                )
+
+            out = self._troll_with_head(model, chunked_loss, self._troll_head_hidden(model, inputs))
             entropy = out.metrics.pop("entropy/mean")
         else:
             logits = self._troll_logits(model, inputs)
