@@ -109,3 +109,8 @@ if __name__ == "__main__":
     # Never outlive the test: a hung collective dumps the stacks and exits.
     faulthandler.dump_traceback_later(float(os.environ.get("TROLL_TORCHRUN_TIMEOUT", "120")), exit=True)
     main(Path(sys.argv[1]))
+    # With DeepSpeed installed (transformers and accelerate import it), the interpreter's exit can abort in native
+    # code ("terminate called without an active exception") after all the work is done: leave without it.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
