@@ -23,7 +23,8 @@ worker (``compute_log_prob`` -> ``infer_batch``, ``update_actor`` -> ``train_min
    own FSDPEngineWithLMHead and ``verl.workers.utils.losses.ppo_loss``, from the same weights.
 
 Rank 0 writes the measured deviations to OUT/result.json. Usage:
-torchrun --standalone --nproc_per_node N tests/_torchrun_verl_engine.py MODEL_DIR OUT
+torchrun --standalone --nproc_per_node N tests/_torchrun_verl_engine.py MODEL_DIR OUT LM_HEAD
+(LM_HEAD: "chunked" or "dense", the actor's troll.lm_head)
 """
 
 from __future__ import annotations
@@ -155,9 +156,9 @@ def update_batch(batch: dict, rows: slice, old_global: dict) -> TensorDict:
     return td
 
 
-def overrides_for(model_dir: str) -> list[str]:
+def overrides_for(model_dir: str, lm_head: str) -> list[str]:
     """The recipe with this test's settings and sizes (one mini-batch of the 4 sequences, one PPO epoch per call)."""
-    troll = [f"+actor_rollout_ref.actor.troll.{k}={v}" for k, v in TROLL.items()]
+    troll = [f"+actor_rollout_ref.actor.troll.{k}={v}" for k, v in {**TROLL, "lm_head": lm_head}.items()]
     return [
         *[o for o in _verl_cpu.RECIPE if not o.startswith("+actor_rollout_ref.actor.troll.")],
         *troll,
@@ -215,7 +216,7 @@ def gather_rows(local: dict) -> dict:
 
 
 def main() -> None:
-    model_dir, out_dir = sys.argv[1], Path(sys.argv[2])
+    model_dir, out_dir, lm_head = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -225,7 +226,7 @@ def main() -> None:
 
     troll_verl.register(devices=("cpu",))
     assert engine_workers.ppo_loss is troll_verl.troll_ppo_loss
-    config = _verl_cpu.compose(overrides_for(model_dir))
+    config = _verl_cpu.compose(overrides_for(model_dir, lm_head))
     settings = check_config(config)
     actor_config = omega_conf_to_dataclass(config.actor_rollout_ref.actor)  # as ActorRolloutRefWorker.init_model
     worker = training_worker(model_dir)
@@ -243,6 +244,7 @@ def main() -> None:
 
     # 1. compute_log_prob through verl's _compute_old_log_prob and the mixin
     old_proto, _ = trainer._compute_old_log_prob(local)
+    result["paths"] = {"capture": worker.engine._troll_last_path}
     old_local = {k: old_proto.batch[k] for k in old_proto.batch.keys() if k.startswith("troll_old_")}
     old_local["old_log_probs"] = old_proto.batch["old_log_probs"]
     with torch.no_grad():
@@ -271,6 +273,7 @@ def main() -> None:
         ref = troll_loss(logits, old, batch["responses"], batch["advantages"], mask, **settings)
         ref.loss.backward()
         metrics = _trainer_update(trainer, local)
+        result["paths"]["update"] = worker.engine._troll_last_path
         after = full_state(worker)
         grads = {k: p.grad for k, p in reference.named_parameters()}
         # norm-wise over all parameters: a norm weight near 1 loses ~1e-7/LR to fp32 rounding of its step
@@ -292,10 +295,13 @@ def main() -> None:
         )
     result["update"] = steps
 
-    # 2b. verl's KL-to-reference loss and entropy bonus on top of TROLL, as ppo_loss adds them
-    extras = {"use_kl_loss": True, "kl_loss_coef": 0.1, "kl_loss_type": "low_var_kl", "entropy_coeff": 0.01}
+    # 2b. verl's KL-to-reference loss and entropy bonus on top of TROLL, as ppo_loss adds them. The chunked head
+    # gives the KL loss's log-probs with their gradient; an entropy bonus needs the dense one (the mixin falls back
+    # with a warning), so the chunked run checks the KL loss alone.
+    coef = 0.01 if lm_head == "dense" else 0.0
+    extras = {"use_kl_loss": True, "kl_loss_coef": 0.1, "kl_loss_type": "low_var_kl", "entropy_coeff": coef}
     extra_overrides = [f"actor_rollout_ref.actor.{k}={v}" for k, v in extras.items()]
-    config_extra = _verl_cpu.compose(overrides_for(model_dir) + extra_overrides)
+    config_extra = _verl_cpu.compose(overrides_for(model_dir, lm_head) + extra_overrides)
     worker_extra = training_worker(model_dir)
     actor_extra = omega_conf_to_dataclass(config_extra.actor_rollout_ref.actor)
     worker_extra.set_loss_fn(partial(engine_workers.ppo_loss, config=actor_extra))
@@ -313,9 +319,10 @@ def main() -> None:
     kl = (ref_logp - logp).clamp(-20, 20)
     kld = (kl.exp() - kl - 1).clamp(-10, 10)  # verl's low_var_kl (k3), written out
     token_mean = lambda x: (x * mask).sum() / mask.sum()  # noqa: E731
-    total = ref.loss + 0.1 * token_mean(kld) - 0.01 * token_mean(entropy)
+    total = ref.loss + 0.1 * token_mean(kld) - coef * token_mean(entropy)
     total.backward()
     metrics = _trainer_update(trainer_for(worker_extra, config_extra), local_extra)
+    result["paths"]["extras"] = worker_extra.engine._troll_last_path
     after = full_state(worker_extra)
     grads = {k: p.grad for k, p in reference.named_parameters()}
     diff = sum((((before[k] - after[k]) / LR - g) ** 2).sum() for k, g in grads.items()).sqrt()

@@ -272,13 +272,17 @@ def test_troll_ppo_loss_errors_are_clear():
     logits, data, _ = _micro_batch()
     out = {"troll_logits": _nested(logits, [5, 4, 5])}
     with pytest.raises(ValueError, match=r"actor_rollout_ref\.actor\.troll\.kl_bound"):
-        verl_mod.troll_ppo_loss(_actor_config(troll={"alpha": 1.0, "top_k": 4, "delta": 0.0}), out, data)
+        verl_mod.troll_ppo_loss(_actor_config(troll={"alpha": 1.0, "top_k": 4, "delta": 0.0}), dict(out), data)
     with pytest.raises(KeyError, match="troll_logits"):
         verl_mod.troll_ppo_loss(_actor_config(), {}, data)
     with pytest.raises(KeyError, match="ref_log_prob"):
-        verl_mod.troll_ppo_loss(_actor_config(use_kl_loss=True), out, data)
+        verl_mod.troll_ppo_loss(_actor_config(use_kl_loss=True), dict(out), data)
     with pytest.raises(KeyError, match="troll_old_"):
-        verl_mod.troll_ppo_loss(_actor_config(), out, data.exclude("troll_old_logp"))
+        verl_mod.troll_ppo_loss(_actor_config(), dict(out), data.exclude("troll_old_logp"))
+    # the loss takes what it needs out of model_output: verl keeps every micro-batch's outputs until the mini-batch
+    # ends, and the (tokens, V) logits must not stay there
+    verl_mod.troll_ppo_loss(_actor_config(), out, data)
+    assert "troll_logits" not in out
 
 
 def _engine_inputs(flags, pad_size=2, temperature=0.7):
@@ -359,6 +363,113 @@ def test_engine_without_logits_is_a_clear_error():
     output, args, micro_batch, _, _ = _engine_inputs({"troll_logits": True})
     with pytest.raises(ValueError, match="linear LM head"):
         engine.prepare_model_outputs(SimpleNamespace(logits=None), args, micro_batch, None)
+
+
+def _hidden_engine_inputs(flags, temperatures=(0.7, 0.7, 0.7), pad_size=2):
+    """A tiny fp64 Llama's final hidden states and full logits, packed as the remove-padding path packs them, and
+    an engine on that model: the chunked path's inputs next to the dense path's."""
+    import torch
+    from tensordict import TensorDict
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.dataset.dataset_utils import DatasetPadMode
+    from verl.utils.torch_functional import entropy_from_logits
+
+    config = LlamaConfig(
+        vocab_size=300, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).double()
+    lens = [4, 6, 3]
+    ids = torch.randint(0, 300, (sum(lens),), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        hidden = torch.cat([model.model(input_ids=seq.unsqueeze(0)).last_hidden_state[0] for seq in ids.split(lens)])
+    pad_rows = torch.randn(pad_size, 16, dtype=hidden.dtype, generator=torch.Generator().manual_seed(5))
+    hidden = torch.cat([hidden, pad_rows])  # the packing pad rows (the model's states at pad tokens)
+    logits = model.lm_head(hidden).detach()
+    rolled = torch.roll(torch.cat([ids, torch.zeros(pad_size, dtype=ids.dtype)]), shifts=-1)
+    temps = torch.cat([torch.full((n,), t, dtype=torch.float32) for n, t in zip(lens, temperatures)])
+    temps = torch.cat([temps, torch.ones(pad_size, dtype=torch.float32)])  # verl pads the temperatures with 1
+    output_args = {
+        "input_ids_rmpad_rolled": rolled,
+        "temperature_rmpad": temps,
+        "pad_size": pad_size,
+        "temperature_is_one": False,
+    }
+    offsets = torch.tensor([0, *lens]).cumsum(0)
+
+    def micro_batch(lm_head):
+        td = TensorDict({"input_ids": torch.nested.nested_tensor_from_jagged(ids, offsets)}, batch_size=[3])
+        tu.assign_non_tensor(td, use_remove_padding=True, pad_mode=DatasetPadMode.NO_PADDING, **flags)
+        tu.assign_non_tensor(td, troll_lm_head=lm_head)
+        return td
+
+    engine = _engine()
+    engine.module = model
+    engine.engine_config = SimpleNamespace(entropy_checkpointing=False, entropy_from_logits_with_chunking=False)
+    engine.compute_entropy_from_logits = entropy_from_logits
+    dense = SimpleNamespace(logits=logits.unsqueeze(0))
+    chunked = SimpleNamespace(logits=logits[-1:].unsqueeze(0), hidden_states=(hidden.unsqueeze(0),))
+    return engine, dense, chunked, output_args, micro_batch, hidden[:-pad_size]
+
+
+@pytest.mark.parametrize("temperatures", [(0.7, 0.7, 0.7), (0.7, 1.0, 1.3)], ids=["one", "per-sample"])
+def test_engine_chunked_outputs_equal_the_dense_ones(temperatures):
+    import torch
+
+    from troll.sparse import SparseLogProbs
+
+    flags = {"troll_capture": {"top_k": 5, "delta": 1e-3}, "calculate_entropy": True}
+    engine, dense, chunked, args, micro_batch, _ = _hidden_engine_inputs(flags, temperatures)
+    want = engine.prepare_model_outputs(dense, args, micro_batch("dense"), None)
+    assert engine._troll_last_path == "dense"
+    got = engine.prepare_model_outputs(chunked, args, micro_batch("chunked"), None)
+    assert engine._troll_last_path == "chunked"
+    assert (
+        set(got)
+        == set(want)
+        == {"log_probs", "entropy", *(f"troll_old_{k}" for k in ("ids", "logp", "mask", "log_rest", "vocab"))}
+    )
+    for key in ("log_probs", "entropy"):
+        assert got[key].offsets().tolist() == want[key].offsets().tolist()
+        torch.testing.assert_close(got[key].values(), want[key].values(), rtol=0, atol=1e-12)
+    old_got, old_want = (
+        SparseLogProbs.from_dict({k: v.values() for k, v in out.items() if k.startswith("troll_old_")})
+        for out in (got, want)
+    )
+    for row in range(old_want.ids.shape[0]):
+        kept = old_got.ids[row][old_got.mask[row]]
+        assert sorted(kept.tolist()) == sorted(old_want.ids[row][old_want.mask[row]].tolist())
+        order = [kept.tolist().index(i) for i in old_want.ids[row][old_want.mask[row]].tolist()]
+        logp = old_got.logp[row][old_got.mask[row]][order]
+        torch.testing.assert_close(logp, old_want.logp[row][old_want.mask[row]], rtol=0, atol=1e-12)
+    torch.testing.assert_close(old_got.log_rest, old_want.log_rest, rtol=0, atol=1e-9)
+
+
+def test_engine_chunked_loss_outputs_and_probe():
+    import torch
+
+    verl_mod = _verl()
+    engine, _, chunked, args, micro_batch, hidden = _hidden_engine_inputs({"troll_logits": True})
+    out = engine.prepare_model_outputs(chunked, args, micro_batch("chunked"), None)
+    assert "troll_logits" not in out
+    torch.testing.assert_close(out[verl_mod.TROLL_HIDDEN].values(), hidden, rtol=0, atol=0)
+    head = out[verl_mod.TROLL_HEAD]
+    assert head.module is engine.module.lm_head and head.temperature == pytest.approx(0.7)
+    # logits that are not hidden @ weight.T (a soft-cap, a scale) are caught on the row the model returned
+    chunked.logits = chunked.logits * 1.5
+    with pytest.raises(ValueError, match="troll.lm_head=dense"):
+        engine.prepare_model_outputs(chunked, args, micro_batch("chunked"), None)
+    with pytest.raises(ValueError, match="troll.lm_head=dense"):
+        engine.prepare_model_outputs(SimpleNamespace(logits=chunked.logits), args, micro_batch("chunked"), None)
+
+
+def test_lm_head_setting_is_checked_and_defaults_to_chunked():
+    verl_mod = _verl()
+    assert verl_mod.troll_lm_head(_actor_config()) == "chunked"
+    assert verl_mod.troll_lm_head(_actor_config(troll={**TROLL, "lm_head": "dense"})) == "dense"
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.actor\.troll\.lm_head='sparse'"):
+        verl_mod.troll_lm_head(_actor_config(troll={**TROLL, "lm_head": "sparse"}))
 
 
 def test_register_replaces_the_fsdp_language_model_engine(monkeypatch):
@@ -481,6 +592,43 @@ def test_trainer_mixin_sets_flags_and_keeps_the_captured_old_policy():
         trainer._compute_old_log_prob(None)
 
 
+@pytest.mark.parametrize(
+    ("extra", "lm_head", "logprob_grad"),
+    [
+        ({}, "chunked", False),
+        ({"use_kl_loss": True}, "chunked", True),
+        ({"troll": {**SETTINGS, "lm_head": "dense"}}, "dense", False),
+        ({"entropy_coeff": 0.01}, "dense", False),
+    ],
+    ids=["default", "kl-loss", "dense", "entropy-bonus"],
+)
+def test_mixin_sets_the_lm_head_flags(extra, lm_head, logprob_grad):
+    """The update's flags: troll.lm_head (default chunked); log-probs with a gradient for verl's KL loss; an entropy
+    bonus falls back to the dense head with a warning (the chunked head gives no entropy gradient)."""
+    verl_mod = _verl()
+    import warnings
+
+    from tensordict import TensorDict
+    from verl.utils import tensordict_utils as tu
+
+    troll = extra.pop("troll", None)
+
+    class Group:
+        def update_actor(self, td):
+            return {k: tu.get_non_tensor_data(td, k, None) for k in ("troll_lm_head", "troll_logprob_grad")}
+
+    trainer = object.__new__(verl_mod.TrollTrainerMixin)
+    trainer.config = SimpleNamespace(actor_rollout_ref=SimpleNamespace(actor=_actor_config(troll=troll, **extra)))
+    trainer.actor_rollout_wg = Group()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer._troll_wrap_workers()
+    fell_back = [w for w in caught if "falls back to dense" in str(w.message)]
+    assert len(fell_back) == int("entropy_coeff" in extra)
+    flags = trainer.actor_rollout_wg.update_actor(TensorDict({}, batch_size=[1]))
+    assert flags == {"troll_lm_head": lm_head, "troll_logprob_grad": logprob_grad}
+
+
 # ---- the entry point (troll.integrations.verl_main) ----
 
 
@@ -515,6 +663,7 @@ def test_check_config_reads_the_recipe():
         ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", r"ulysses_sequence_parallel_size=1"),
         ("actor_rollout_ref.model.use_fused_kernels=True", r"model\.use_fused_kernels=False"),
         ("actor_rollout_ref.actor.troll.top_k=null", r"actor_rollout_ref\.actor\.troll\.top_k"),
+        ("+actor_rollout_ref.actor.troll.lm_head=sparse", r"actor_rollout_ref\.actor\.troll\.lm_head='sparse'"),
     ],
 )
 def test_check_config_names_the_key_to_fix(override, message):

@@ -1,6 +1,7 @@
 """TROLL through verl 0.9's real actor and trainer methods on CPU (run in .venv-verl; skipped without verl).
 
-tests/_torchrun_verl_engine.py runs under torchrun with 1 and 2 processes (gloo, FSDP2 sharded across them). It
+tests/_torchrun_verl_engine.py runs under torchrun with 1 and 2 processes (gloo, FSDP2 sharded across them), with
+the chunked LM head (troll.lm_head=chunked, the default) and the dense one. It
 builds verl's TrainingWorker with TrollFSDPEngine, and drives it through verl's own
 ``RayPPOTrainer._compute_old_log_prob`` and ``_update_actor`` (as ``TrollRayPPOTrainer``, with the config composed
 from verl's ppo_trainer.yaml and docs/verl.md's overrides). The reference is troll's own float32 functions on an
@@ -43,13 +44,18 @@ def _qwen2_dir(folder: Path) -> Path:
     return folder
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["1proc", "2proc"])
+@pytest.fixture(
+    scope="module",
+    params=[(1, "chunked"), (2, "chunked"), (1, "dense"), (2, "dense")],
+    ids=["1proc-chunked", "2proc-chunked", "1proc-dense", "2proc-dense"],
+)
 def run(request, tmp_path_factory):
     pytest.importorskip("verl")
     import json
 
+    procs, lm_head = request.param
     model = _qwen2_dir(tmp_path_factory.mktemp("qwen2"))
-    out = tmp_path_factory.mktemp(f"verl-engine-{request.param}")
+    out = tmp_path_factory.mktemp(f"verl-engine-{procs}-{lm_head}")
     src = str(HERE.parent / "src")
     env = {
         **os.environ,
@@ -58,15 +64,21 @@ def run(request, tmp_path_factory):
         "VERL_PLATFORM": "cpu",
         "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]),
     }
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(request.param)]
-    code, err = run_script([*torchrun, str(SCRIPT), str(model), str(out)], env, timeout=300)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(procs)]
+    code, err = run_script([*torchrun, str(SCRIPT), str(model), str(out), lm_head], env, timeout=300)
     assert code == 0, err[-3000:]
-    return json.loads((out / "result.json").read_text())
+    return {**json.loads((out / "result.json").read_text()), "lm_head": lm_head}
 
 
 def test_the_actor_runs_on_trolls_engine_and_config(run):
     assert run["engine"] == "TrollFSDPEngine"
     assert run["actor_config"] == "TrollFSDPActorConfig"
+
+
+def test_the_lm_head_path_is_the_configured_one(run):
+    """troll.lm_head=chunked: the capture, the update and verl's KL loss run from the hidden states, never the
+    (tokens, V) logits; dense: from the model's logits."""
+    assert run["paths"] == {"capture": run["lm_head"], "update": run["lm_head"], "extras": run["lm_head"]}
 
 
 def test_compute_log_prob_returns_the_sparse_old_policy(run):
@@ -99,7 +111,8 @@ def test_every_row_stays_within_the_kl_bound(run):
 def test_kl_loss_and_entropy_bonus_are_added_as_verl_adds_them(run):
     e = run["extras"]
     assert e["kl_loss"] == pytest.approx(e["kl_loss_ref"], rel=1e-5)
-    assert e["entropy_loss"] == pytest.approx(e["entropy_loss_ref"], rel=1e-5)
+    if run["lm_head"] == "dense":  # the chunked run checks the KL loss alone (entropy_coeff=0)
+        assert e["entropy_loss"] == pytest.approx(e["entropy_loss_ref"], rel=1e-5)
     assert e["loss"] == pytest.approx(e["loss_ref"], rel=1e-5, abs=1e-7)
     assert e["grad_rel"] < 1e-5
 

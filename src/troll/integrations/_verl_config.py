@@ -12,6 +12,8 @@ from troll.losses import AGGREGATIONS, check_troll_args
 SUPPORTED_VERL = ">=0.9,<0.10"
 TROLL_LOSS_MODES = ("troll", "troll_seq")
 TROLL_KEYS = ("kl_bound", "alpha", "top_k", "delta")
+# The optional ``troll.lm_head`` key: how the plug-in evaluates the LM head (the same numbers either way).
+LM_HEADS = ("chunked", "dense")
 # verl's loss_agg_mode values that map one to one onto troll's aggregations (the same names).
 VERL_AGGREGATIONS = AGGREGATIONS
 # The prefix of the old sparse policy's tensors in verl's batch (SparseLogProbs.to_dict / from_dict).
@@ -78,3 +80,17 @@ def troll_settings(actor_config) -> dict | None:
     settings.update(level="token" if mode == "troll" else "sequence", agg=agg)
     check_troll_args(**settings)
     return settings
+
+
+def troll_lm_head(actor_config) -> str:
+    """``actor_rollout_ref.actor.troll.lm_head``: "chunked" (the default: final hidden states and the LM head in
+    vocabulary chunks, never the (tokens, V) logits) or "dense" (the model's logits). A bad value is a ValueError."""
+    section = _get(actor_config, "troll")
+    value = _get(section, "lm_head") if section is not None else None
+    value = "chunked" if value is None else value
+    if value not in LM_HEADS:
+        raise ValueError(
+            f"actor_rollout_ref.actor.troll.lm_head={value!r} is not supported; set it to 'chunked' (the default) "
+            "or 'dense'."
+        )
+    return value

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from troll.chunked import troll_loss_from_hidden
 from troll.integrations._verl_config import OLD_PREFIX
 from troll.losses import LossOutput, troll_loss
 from troll.sparse import SparseLogProbs, sparsify
@@ -31,10 +32,14 @@ def capture_rows(logits: torch.Tensor, tokens: torch.Tensor, *, top_k: int, delt
     tokens: (N,) the next token of each row (verl's ``input_ids_rmpad_rolled``). Returns
     ``SparseLogProbs.to_dict(prefix)`` with K = :func:`capture_width` (padding: id 0, logp -inf, mask False).
     """
-    old = sparsify(logits, top_k=top_k, delta=delta, include=tokens)
+    return pad_capture(sparsify(logits, top_k=top_k, delta=delta, include=tokens), top_k, prefix)
+
+
+def pad_capture(old: SparseLogProbs, top_k: int, prefix: str = OLD_PREFIX) -> dict[str, torch.Tensor]:
+    """``old`` (N rows) padded to K = :func:`capture_width` kept ids and packed as ``old.to_dict(prefix)``."""
     pad = capture_width(top_k) - old.ids.shape[-1]
     if pad < 0:  # cannot happen: sparsify keeps at most top_k + len(include) ids
-        raise RuntimeError(f"capture_rows: sparsify kept {old.ids.shape[-1]} ids, more than top_k + 1.")
+        raise RuntimeError(f"pad_capture: sparsify kept {old.ids.shape[-1]} ids, more than top_k + 1.")
     padded = SparseLogProbs(
         torch.nn.functional.pad(old.ids, (0, pad), value=0),
         torch.nn.functional.pad(old.logp, (0, pad), value=float("-inf")),
@@ -71,10 +76,12 @@ def verl_scale(
     return nonempty.clamp_min(1) / seqs.clamp_min(1) * dp, None
 
 
-def troll_loss_verl(logits, old, tokens, advantages, mask, settings: dict, global_info: dict) -> LossOutput:
+def troll_loss_verl(logits, old, tokens, advantages, mask, settings: dict, global_info: dict, head=None) -> LossOutput:
     """:func:`troll.troll_loss` on a padded verl micro-batch, normalised as verl's ``agg_loss`` normalises.
 
-    logits: (B, T, V) at the response positions, already divided by the temperature; old: SparseLogProbs (B, T, K);
+    logits: (B, T, V) at the response positions, already divided by the temperature, or None with ``head`` =
+    (hidden (B, T, H), weight (V, H), bias (V,) or None, temperature) for :func:`troll.troll_loss_from_hidden`
+    (the same loss without the logits); old: SparseLogProbs (B, T, K);
     tokens, advantages, mask: (B, T). ``settings`` from :func:`troll_settings`; ``global_info`` is verl's
     ``config.global_batch_info`` (dp_size, batch_num_tokens, global_batch_size, loss_scale_factor).
     Note: verl counts every response token; troll drops a token the old policy excludes (a data error counted in
@@ -82,5 +89,10 @@ def troll_loss_verl(logits, old, tokens, advantages, mask, settings: dict, globa
     """
     mask = mask.bool()
     factor, max_len = verl_scale(settings["agg"], mask, **global_info)
-    out = troll_loss(logits, old, tokens, advantages, mask, **settings, max_len=max_len)
+    if head is None:
+        out = troll_loss(logits, old, tokens, advantages, mask, **settings, max_len=max_len)
+    else:
+        hidden, weight, bias, temperature = head
+        kwargs = dict(bias=bias, temperature=temperature, max_len=max_len, **settings)
+        out = troll_loss_from_hidden(hidden, weight, old, tokens, advantages, mask, **kwargs)
     return LossOutput(out.loss * factor.to(out.loss), out.metrics)

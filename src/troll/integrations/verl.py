@@ -14,6 +14,8 @@ outside it.
 
 from __future__ import annotations
 
+import types
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -23,7 +25,9 @@ from troll.integrations._verl_config import (
     SUPPORTED_VERL,
     TROLL_KEYS,
     TROLL_LOSS_MODES,
+    _get,
     check_verl_version,
+    troll_lm_head,
     troll_settings,
 )
 
@@ -38,13 +42,18 @@ from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead  # no
 from verl.workers.utils.losses import ppo_loss  # noqa: E402
 from verl.workers.utils.padding import no_padding_2_padding  # noqa: E402
 
-from troll.integrations._verl_glue import capture_rows, troll_loss_verl  # noqa: E402
+from troll.chunked import ChunkedLMHead, sparsify_from_hidden  # noqa: E402
+from troll.distributed import gather_lm_head  # noqa: E402
+from troll.integrations import hf  # noqa: E402
+from troll.integrations._verl_glue import capture_rows, pad_capture, troll_loss_verl  # noqa: E402
 from troll.sparse import SparseLogProbs  # noqa: E402
 
 __all__ = [
     "OLD_PREFIX",
     "SUPPORTED_VERL",
     "TROLL_KEYS",
+    "TROLL_HEAD",
+    "TROLL_HIDDEN",
     "TROLL_LOGITS",
     "TROLL_LOSS_MODES",
     "TrollActorGroup",
@@ -55,12 +64,18 @@ __all__ = [
     "old_policy_from_batch",
     "old_policy_to_padded",
     "register",
+    "troll_lm_head",
     "troll_ppo_loss",
     "troll_settings",
 ]
 
-# model_output key of the current (temperature-scaled) logits at every position, for the loss.
+# model_output keys for the loss (each popped by it, so none stays in the outputs verl keeps per micro-batch):
+# the dense LM-head path's current logits at every position, divided by the temperature,
 TROLL_LOGITS = "troll_logits"
+# the chunked path's final hidden states at every position (the LM head's input; divided by the per-row temperature
+# when the rows' temperatures differ), and the head to apply to them (_HeadRef: module and temperature).
+TROLL_HIDDEN = "troll_hidden"
+TROLL_HEAD = "troll_head"
 _FIELDS = ("ids", "logp", "mask", "log_rest", "vocab")
 
 
@@ -105,12 +120,20 @@ def troll_ppo_loss(config, model_output, data, dp_group=None):
     settings = troll_settings(config)
     if settings is None:
         return ppo_loss(config, model_output, data, dp_group)
-    if TROLL_LOGITS not in model_output:
+    logits, hidden = model_output.pop(TROLL_LOGITS, None), model_output.pop(TROLL_HIDDEN, None)
+    head = model_output.pop(TROLL_HEAD, None)
+    if logits is None and (hidden is None or head is None):
         raise KeyError(
-            f"TROLL loss: model_output has no {TROLL_LOGITS!r}; the actor must run on TrollFSDPEngine "
-            "(VERL_USE_EXTERNAL_MODULES=troll.integrations.verl_plugin) with the troll_logits flag set (docs/verl.md)."
+            f"TROLL loss: model_output has no {TROLL_LOGITS!r} (nor {TROLL_HIDDEN!r}); the actor must run on "
+            "TrollFSDPEngine (VERL_USE_EXTERNAL_MODULES=troll.integrations.verl_plugin) with the troll_logits flag "
+            "set (docs/verl.md)."
         )
-    logits = no_padding_2_padding(model_output[TROLL_LOGITS], data)  # (B, T, V)
+    if hidden is not None and config.entropy_coeff != 0:
+        raise ValueError(
+            "TROLL loss: an entropy bonus (entropy_coeff != 0) needs the entropy's gradient, which the chunked LM "
+            "head does not give; set actor_rollout_ref.actor.troll.lm_head=dense (TrollTrainerMixin does)."
+        )
+    current = no_padding_2_padding(logits if hidden is None else hidden, data)  # (B, T, V) or (B, T, H)
     info = {
         "dp_size": data["dp_size"],
         "batch_num_tokens": data["batch_num_tokens"],
@@ -118,11 +141,17 @@ def troll_ppo_loss(config, model_output, data, dp_group=None):
         "loss_scale_factor": config.loss_scale_factor,
     }
     config.global_batch_info.update(info)
-    length = logits.shape[1]
+    length = current.shape[1]
     mask, adv, tokens = (_padded(data[k], length) for k in ("response_mask", "advantages", "responses"))
     mask = mask.bool()
     old = old_policy_from_batch(data, mask)
-    out = troll_loss_verl(logits, old, tokens, adv, mask, settings, info)
+    if hidden is None:
+        out = troll_loss_verl(current, old, tokens, adv, mask, settings, info)
+    else:
+        with torch.autocast(current.device.type, enabled=False):  # the chunked head computes in fp32
+            weight, bias = gather_lm_head(head.module.weight, getattr(head.module, "bias", None))
+            head = (current, weight, bias, head.temperature)
+            out = troll_loss_verl(None, old, tokens, adv, mask, settings, info, head=head)
     summed = data["dp_size"] > 1 or any(info[k] is not None for k in ("batch_num_tokens", "global_batch_size"))
     summed = summed or config.loss_scale_factor is not None
     metrics = {f"troll/{k}": Metric(value=v.item(), aggregation=AggregationType.MEAN) for k, v in out.metrics.items()}
@@ -148,24 +177,54 @@ def troll_ppo_loss(config, model_output, data, dp_group=None):
     return loss, metrics
 
 
+class _HeadRef(types.SimpleNamespace):
+    """The LM head module and the temperature its logits are divided by (None: already in the hidden states)."""
+
+
 class TrollFSDPEngine(FSDPEngineWithLMHead):
-    """FSDPEngineWithLMHead that also returns TROLL's per-token outputs; only ``prepare_model_outputs`` changes.
+    """FSDPEngineWithLMHead that also returns TROLL's per-token outputs; only the model's inputs and outputs change.
 
     Non-tensor flags on the micro-batch select what is added (nothing without them, so stock runs are unchanged):
     ``troll_capture={"top_k": k, "delta": d}`` in compute_log_prob adds the packed old policy
     (``SparseLogProbs.to_dict(OLD_PREFIX)``, K = top_k + 1 per token), and ``troll_logits=True`` in the update adds
-    ``TROLL_LOGITS``. Remove-padding path only, without Ulysses sequence parallelism and fused kernels.
+    what the loss needs. ``troll_lm_head`` picks how: "chunked" asks the model for its final hidden states and the
+    logits of one position only (``output_hidden_states=True, logits_to_keep=1``) and computes everything from the
+    hidden states and the LM head's weight in vocabulary chunks, never the (tokens, V) logits: the old policy, verl's
+    log-probs (and entropy, when asked), and for the loss :data:`TROLL_HIDDEN` and :data:`TROLL_HEAD`; with
+    ``troll_logprob_grad`` (verl's KL loss) the log-probs carry a gradient. "dense" (the default) takes the model's
+    logits, and the loss gets :data:`TROLL_LOGITS`. Remove-padding path only, without Ulysses sequence
+    parallelism and fused kernels.
     """
 
-    def prepare_model_outputs(self, output, output_args, micro_batch, logits_processor_func):
+    _troll_last_path = None  # "chunked" or "dense": the LM-head path of the last micro-batch with TROLL flags
+
+    def _troll_flags(self, micro_batch):
         capture = tu.get_non_tensor_data(data=micro_batch, key="troll_capture", default=None)
-        want_logits = tu.get_non_tensor_data(data=micro_batch, key="troll_logits", default=False)
+        want_loss = tu.get_non_tensor_data(data=micro_batch, key="troll_logits", default=False)
+        chunked = (capture is not None or want_loss) and (
+            tu.get_non_tensor_data(data=micro_batch, key="troll_lm_head", default="dense") == "chunked"
+            and not tu.get_non_tensor_data(data=micro_batch, key="calculate_sum_pi_squared", default=False)
+        )
+        return capture, want_loss, chunked
+
+    def prepare_model_inputs(self, micro_batch):
+        model_inputs, output_args = super().prepare_model_inputs(micro_batch)
+        if self._troll_flags(micro_batch)[2]:
+            self._troll_check_layout(micro_batch)
+            model_inputs.update(output_hidden_states=True, logits_to_keep=1)
+        return model_inputs, output_args
+
+    def prepare_model_outputs(self, output, output_args, micro_batch, logits_processor_func):
+        capture, want_loss, chunked = self._troll_flags(micro_batch)
+        if chunked:
+            return self._troll_outputs_from_hidden(output, output_args, micro_batch, capture, want_loss)
         extra = {}
-        if capture is not None or want_logits:
+        if capture is not None or want_loss:
+            self._troll_last_path = "dense"
             logits, tokens = self._troll_logits(output, output_args, micro_batch)
             if capture is not None:
                 extra.update(capture_rows(logits.detach(), tokens, top_k=capture["top_k"], delta=capture["delta"]))
-            if want_logits:
+            if want_loss:
                 extra[TROLL_LOGITS] = logits
             cu_seqlens = micro_batch["input_ids"].offsets()
             extra = {k: torch.nested.nested_tensor_from_jagged(v, cu_seqlens) for k, v in extra.items()}
@@ -173,8 +232,7 @@ class TrollFSDPEngine(FSDPEngineWithLMHead):
         model_output.update(extra)
         return model_output
 
-    def _troll_logits(self, output, output_args, micro_batch):
-        """(total_nnz, V) logits / temperature and the (total_nnz,) next tokens, packing padding removed."""
+    def _troll_check_layout(self, micro_batch) -> None:
         use_rmpad = tu.get_non_tensor_data(data=micro_batch, key="use_remove_padding", default=True)
         fused = tu.get_non_tensor_data(data=micro_batch, key="use_fused_kernels", default=False)
         if not use_rmpad or fused or self.use_ulysses_sp:
@@ -182,15 +240,99 @@ class TrollFSDPEngine(FSDPEngineWithLMHead):
                 "TrollFSDPEngine supports use_remove_padding=True without fused kernels and without Ulysses "
                 "sequence parallelism only."
             )
+
+    def _troll_logits(self, output, output_args, micro_batch):
+        """(total_nnz, V) logits / temperature and the (total_nnz,) next tokens, packing padding removed."""
+        self._troll_check_layout(micro_batch)
         if getattr(output, "logits", None) is None:
             raise ValueError("TrollFSDPEngine: the model returned no logits; TROLL needs a linear LM head.")
         logits = output.logits.squeeze(0)  # (total_nnz + pad, V)
-        logits = logits / output_args["temperature_rmpad"].unsqueeze(-1).to(logits.dtype)
+        logits = logits / output_args["temperature_rmpad"].reshape(-1, 1).to(logits.dtype)
         pad = output_args["pad_size"]
         tokens = output_args["input_ids_rmpad_rolled"].reshape(-1)
         if pad:
             logits, tokens = logits[:-pad], tokens[:-pad]
         return logits, tokens
+
+    def _troll_head(self, output):
+        """(head module, weight, bias): the model's linear LM head, checked against the one logit row it returned."""
+        head = hf.output_embeddings(self.module)
+        hidden_states = getattr(output, "hidden_states", None)
+        if head is None or getattr(head, "weight", None) is None or hidden_states is None:
+            raise ValueError(
+                "TrollFSDPEngine: troll.lm_head=chunked needs a linear LM head (get_output_embeddings()) and the "
+                "model's final hidden states; set actor_rollout_ref.actor.troll.lm_head=dense for this model."
+            )
+        weight, bias = gather_lm_head(head.weight, getattr(head, "bias", None))
+        # The model also returned the logits of its last position: they must be hidden @ weight.T + bias, or the
+        # chunked path would not reproduce the model (a logit scale, a soft-cap, a norm after the hidden states).
+        last = hidden_states[-1].reshape(-1, hidden_states[-1].shape[-1])[-1:]
+        with torch.no_grad():  # under the forward's autocast, as the model's own head
+            expected = torch.nn.functional.linear(last, weight, bias).float()
+        got = output.logits.detach().reshape(-1, output.logits.shape[-1])[-1:].float()
+        error = float((got - expected).abs().max())
+        if not error <= hf.PROBE_TOL * (float(expected.abs().max()) + 1):
+            raise ValueError(
+                f"TrollFSDPEngine: the model's logits are not last_hidden_state @ lm_head.weight.T + bias (max "
+                f"deviation {error:.3g}); set actor_rollout_ref.actor.troll.lm_head=dense for this model."
+            )
+        return head, weight, bias
+
+    def _troll_outputs_from_hidden(self, output, output_args, micro_batch, capture, want_loss):
+        """verl's model outputs plus TROLL's, from the final hidden states and the LM head in vocabulary chunks."""
+        self._troll_last_path = "chunked"
+        head, weight, bias = self._troll_head(output)
+        hidden = output.hidden_states[-1].squeeze(0)  # (total_nnz + pad, H)
+        tokens = output_args["input_ids_rmpad_rolled"].reshape(-1)
+        temps = output_args["temperature_rmpad"].reshape(-1)
+        real = temps[: temps.shape[0] - output_args["pad_size"]]  # verl pads the packing rows' temperatures with 1
+        if real.numel() == 0 or bool((real == real[0]).all()):
+            temperature = float(real[0]) if real.numel() else 1.0
+        elif bias is None:  # per-sample temperatures: logits / t = (hidden / t) @ weight.T
+            hidden, temperature = hidden / temps.unsqueeze(-1).to(hidden.dtype), 1.0
+        else:
+            raise NotImplementedError(
+                "TrollFSDPEngine: per-sample temperatures with a biased LM head; set "
+                "actor_rollout_ref.actor.troll.lm_head=dense."
+            )
+        entropy = tu.get_non_tensor_data(data=micro_batch, key="calculate_entropy", default=False)
+        grad = torch.is_grad_enabled() and tu.get_non_tensor_data(micro_batch, "troll_logprob_grad", False)
+        with torch.autocast(hidden.device.type, enabled=False), torch.set_grad_enabled(grad):
+            rows = ChunkedLMHead(hidden if grad else hidden.detach(), weight, bias, temperature, entropy=entropy)
+            log_probs = (rows.at(tokens.unsqueeze(-1)) - rows.lse).squeeze(-1)
+        # verl's fused-kernel layout: (1, tokens) log-probs and entropy instead of logits, so verl's own code unpads
+        # and nests them exactly as it does for its fused kernels.
+        fused = types.SimpleNamespace(log_probs=log_probs.unsqueeze(0), entropy=None)
+        if entropy:
+            fused.entropy = rows.entropy.unsqueeze(0)
+        tu.assign_non_tensor(micro_batch, use_fused_kernels=True)
+        try:
+            model_output = super().prepare_model_outputs(fused, output_args, micro_batch, None)
+        finally:
+            tu.assign_non_tensor(micro_batch, use_fused_kernels=False)
+        pad = output_args["pad_size"]
+        if pad:
+            hidden, tokens = hidden[:-pad], tokens[:-pad]
+        cu_seqlens = micro_batch["input_ids"].offsets()
+        extra = {}
+        if capture is not None:
+            with torch.no_grad(), torch.autocast(hidden.device.type, enabled=False):
+                old = sparsify_from_hidden(
+                    hidden.detach(),
+                    weight.detach(),
+                    bias=None if bias is None else bias.detach(),
+                    temperature=temperature,
+                    top_k=capture["top_k"],
+                    delta=capture["delta"],
+                    include=tokens,
+                )
+            extra.update(pad_capture(old, capture["top_k"]))
+        if want_loss:
+            extra[TROLL_HIDDEN] = hidden
+        model_output.update({k: torch.nested.nested_tensor_from_jagged(v, cu_seqlens) for k, v in extra.items()})
+        if want_loss:
+            model_output[TROLL_HEAD] = _HeadRef(module=head, temperature=temperature)
+        return model_output
 
 
 def register(backends=("fsdp", "fsdp2"), devices=("cuda", "npu")) -> None:
@@ -232,20 +374,22 @@ class TrollActorGroup:
     Every attribute other than ``compute_log_prob`` and ``update_actor`` goes to the wrapped worker group.
     """
 
-    def __init__(self, group, capture: dict):
+    def __init__(self, group, capture: dict, lm_head: str = "dense", logprob_grad: bool = False):
         self._group, self._capture, self.last = group, capture, None
+        self._lm_head, self._logprob_grad = lm_head, logprob_grad
 
     def __getattr__(self, name):
         return getattr(self._group, name)
 
     def compute_log_prob(self, batch_td):
-        tu.assign_non_tensor(batch_td, troll_capture=self._capture)
+        tu.assign_non_tensor(batch_td, troll_capture=self._capture, troll_lm_head=self._lm_head)
         output = self._group.compute_log_prob(batch_td)
         self.last = (output, batch_td)
         return output
 
     def update_actor(self, batch_td):
-        tu.assign_non_tensor(batch_td, troll_logits=True)
+        flags = {"troll_logits": True, "troll_lm_head": self._lm_head, "troll_logprob_grad": self._logprob_grad}
+        tu.assign_non_tensor(batch_td, **flags)
         return self._group.update_actor(batch_td)
 
 
@@ -268,10 +412,20 @@ class TrollTrainerMixin:
         self._troll_wrap_workers()
 
     def _troll_wrap_workers(self) -> None:
-        settings = troll_settings(self.config.actor_rollout_ref.actor)
+        actor = self.config.actor_rollout_ref.actor
+        settings = troll_settings(actor)
         if settings is not None and not isinstance(self.actor_rollout_wg, TrollActorGroup):
             capture = {"top_k": settings["top_k"], "delta": settings["delta"]}
-            self.actor_rollout_wg = TrollActorGroup(self.actor_rollout_wg, capture)
+            lm_head = troll_lm_head(actor)
+            if lm_head == "chunked" and float(_get(actor, "entropy_coeff", 0) or 0) != 0:
+                warnings.warn(
+                    "troll.lm_head=chunked falls back to dense (full logits): an entropy bonus (entropy_coeff != 0) "
+                    "needs the entropy's gradient, which the chunked LM head does not give.",
+                    stacklevel=2,
+                )
+                lm_head = "dense"
+            logprob_grad = bool(_get(actor, "use_kl_loss", False))  # verl's KL loss differentiates the log-probs
+            self.actor_rollout_wg = TrollActorGroup(self.actor_rollout_wg, capture, lm_head, logprob_grad)
 
     def _compute_old_log_prob(self, batch):
         old, mfu = super()._compute_old_log_prob(batch)
@@ -298,7 +452,7 @@ class TrollTrainerMixin:
 
 @dataclass
 class TrollFSDPActorConfig(FSDPActorConfig):
-    """verl's FSDPActorConfig with a ``troll`` section (kl_bound, alpha, top_k, delta).
+    """verl's FSDPActorConfig with a ``troll`` section (kl_bound, alpha, top_k, delta; optional lm_head).
 
     verl builds the actor config dataclass from Hydra and rejects unknown keys, so
     ``+actor_rollout_ref.actor.troll.*`` alone fails; select this class with

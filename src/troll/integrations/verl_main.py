@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 from verl.trainer import main_ppo, main_ppo_v0
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
-from troll.integrations.verl import TrollTrainerMixin, register, troll_settings
+from troll.integrations.verl import TrollTrainerMixin, register, troll_lm_head, troll_settings
 
 PLUGIN = "troll.integrations.verl_plugin"
 ACTOR_CONFIG = "troll.integrations.verl.TrollFSDPActorConfig"
@@ -51,6 +51,8 @@ def check_config(config) -> dict | None:
             f"{_ACTOR}._target_={ACTOR_CONFIG} (docs/verl.md)."
         )
     settings = troll_settings(actor)
+    if settings is not None:
+        troll_lm_head(actor)  # a bad troll.lm_head names itself here, before Ray starts
     model = config.actor_rollout_ref.model
     required = [
         (f"{_ACTOR}.strategy", actor.get("strategy"), ("fsdp", "fsdp2")),
