@@ -2,11 +2,12 @@
 
 The pieces (docs/verl.md has the recipe and what is tested): the loss (:func:`troll_ppo_loss`, a drop-in for
 verl's ``ppo_loss``), the old-policy capture in the engine (:class:`TrollFSDPEngine`, remove-padding path, no
-sequence parallelism), :func:`register`, which makes verl's workers use both, and the trainer mixin
-(:class:`TrollTrainerMixin`), which sets the TROLL batch flags and keeps the captured old policy that verl's
-``_compute_old_log_prob`` would drop. The entry point is ``python -m troll.integrations.verl_main``. Tested on CPU
-through verl's real TrainingWorker, FSDP2 engine and RayPPOTrainer methods (1 and 2 processes); not run in Ray,
-with a rollout engine, or on a GPU.
+sequence parallelism; by default the LM head in vocabulary chunks from the final hidden states, never the
+(tokens, V) logits: ``troll.lm_head`` in the actor config), :func:`register`, which makes verl's workers use
+both, and the trainer mixin (:class:`TrollTrainerMixin`), which sets the TROLL batch flags and keeps the
+captured old policy that verl's ``_compute_old_log_prob`` would drop. The entry point is
+``python -m troll.integrations.verl_main``. Tested on CPU through verl's real TrainingWorker, FSDP2 engine and
+RayPPOTrainer methods (1 and 2 processes); not run in Ray, with a rollout engine, or on a GPU.
 
 Importing this module checks the installed verl against :data:`SUPPORTED_VERL` and fails with a clear message
 outside it.
