@@ -192,8 +192,9 @@ class TrollFSDPEngine(FSDPEngineWithLMHead):
     logits of one position only (``output_hidden_states=True, logits_to_keep=1``) and computes everything from the
     hidden states and the LM head's weight in vocabulary chunks, never the (tokens, V) logits: the old policy, verl's
     log-probs (and entropy, when asked), and for the loss :data:`TROLL_HIDDEN` and :data:`TROLL_HEAD`; with
-    ``troll_logprob_grad`` (verl's KL loss) the log-probs carry a gradient. "dense" (the default) takes the model's
-    logits, and the loss gets :data:`TROLL_LOGITS`. Remove-padding path only, without Ulysses sequence
+    ``troll_logprob_grad`` (verl's KL loss) the log-probs carry a gradient. "dense" (also when the flag is absent;
+    the mixin sets it from ``troll.lm_head``, whose default is "chunked") takes the model's logits, and the loss gets
+    :data:`TROLL_LOGITS`. Remove-padding path only, without Ulysses sequence
     parallelism and fused kernels.
     """
 
