@@ -368,6 +368,7 @@ def test_engine_without_logits_is_a_clear_error():
 def _hidden_engine_inputs(flags, temperatures=(0.7, 0.7, 0.7), pad_size=2):
     """A tiny fp64 Llama's final hidden states and full logits, packed as the remove-padding path packs them, and
     an engine on that model: the chunked path's inputs next to the dense path's."""
+    _verl()
     import torch
     from tensordict import TensorDict
     from transformers import LlamaConfig, LlamaForCausalLM
