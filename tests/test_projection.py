@@ -361,6 +361,20 @@ def test_infeasible_reproducer_is_flagged_at_the_least_kl_point():
     assert troll.infeasible(ok.kl_after, EPS).tolist() == [False]  # the banned token holds ~0.8% < 1 - e^-eps
 
 
+@pytest.mark.parametrize("excess", [7e-4, 1e-5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_row_just_above_an_unreachable_bound_is_flagged(excess, dtype):
+    """Found by hypothesis: a one-hot new policy whose least reachable KL is the bound times (1 + 7e-4). No
+    projection can move it, so it stays above the bound: infeasible() must say so (its tolerance was once 1e-3)."""
+    kl_bound = 1.0
+    least = kl_bound * (1 + excess)  # -log old p(token 1): the KL of every policy the new one allows
+    p1 = math.exp(-least)
+    old = torch.tensor([[math.log((1 - p1) / 2), math.log(p1), math.log((1 - p1) / 2)]], dtype=torch.float64)
+    out = troll.project(torch.tensor([[NEG_INF, 0.0, NEG_INF]], dtype=dtype), old.to(dtype), kl_bound)
+    assert out.kl_after.item() == pytest.approx(least, rel=1e-6)
+    assert troll.infeasible(out.kl_after, kl_bound).tolist() == [True]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("eps", [1e-4, 1e-6, 1e-7])
 def test_small_bounds_hold_in_low_precision(dtype, eps):
