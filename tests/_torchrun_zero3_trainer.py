@@ -36,6 +36,7 @@ from _torchrun_trl import GLOBAL_BATCH, fixed_batch  # noqa: E402
 from tiny import reward_letter_a, tiny_dataset, tiny_model, tiny_tokenizer  # noqa: E402
 
 from troll import sparsify  # noqa: E402
+from troll.distributed import with_lm_head  # noqa: E402
 from troll.integrations import hf  # noqa: E402
 from troll.integrations.trl import TrollGRPOConfig, TrollGRPOTrainer, _pack_old  # noqa: E402
 
@@ -155,6 +156,20 @@ class Checks(TrainerCallback):
         tr._troll_head_mode = None
         tr._metrics["train"].clear()
         tr.loss_type = "troll"
+
+        # with_lm_head returning a plain tensor that needs a gradient (not a LossOutput): its backward must reach the
+        # partitioned weight, gathered again, as the loss's does. The same input on every rank, so the mean over
+        # ranks is the one-process gradient 2 (h W.T).T h of sum((h W.T)^2).
+        hidden = torch.randn(3, head.weight.ds_shape[1], generator=torch.Generator().manual_seed(2))
+        logits = with_lm_head(head, lambda w, b, h: h @ w.T, hidden)
+        engine.backward(logits.square().sum())
+        full = self.reference.lm_head.weight.detach()
+        expected = 2 * (hidden @ full.T).T @ hidden
+        grad = safe_get_full_grad(head.weight)
+        result["tensor_result/logits"] = ((logits.detach() - hidden @ full.T).abs().max()).reshape(1).double()
+        result["tensor_result/grad"] = ((grad - expected).abs().max() / expected.abs().max()).reshape(1).double()
+        result["tensor_result/head_held"] = torch.tensor([float(head.weight.numel() != 0)], dtype=torch.float64)
+        engine.optimizer.zero_grad()
 
 
 def main(out: Path, tied: bool) -> None:

@@ -26,7 +26,7 @@ from troll import SparseLogProbs, old_token_logp  # noqa: E402
 from troll.integrations.trl import OLD_KEYS, TrollGRPOConfig, TrollGRPOTrainer, check_trl_version  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from conftest import run_script  # noqa: E402
+from conftest import check_torchrun, run_script  # noqa: E402
 from tiny import PROMPTS, reward_letter_a, tiny_dataset, tiny_model, tiny_tokenizer  # noqa: E402
 
 HERE = Path(__file__).parent
@@ -319,9 +319,7 @@ def test_two_processes_match_one(tmp_path):
     _torchrun_trl.main(tmp_path / "one")
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     code, err = run_script([*torchrun, script, str(tmp_path / "two")], env)
-    if not (tmp_path / "two" / "ready").exists():
-        pytest.skip(f"torchrun with gloo could not start here: {err[-500:]}")
-    assert code == 0, err[-3000:]
+    check_torchrun(code, err, tmp_path / "two" / "ready")
     one, two = torch.load(tmp_path / "one" / "result.pt"), torch.load(tmp_path / "two" / "result.pt")
     assert one["troll/metric/troll/projected_frac"] > 0  # the projection engaged on the fixed batch
     assert one.keys() == two.keys()

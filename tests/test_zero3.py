@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import run_script
+from conftest import check_torchrun, run_script
 
 from troll.distributed import call_in_forward, full_shape, with_lm_head
 from troll.losses import LossOutput
@@ -35,9 +35,7 @@ def test_zero3_trainer_keeps_chunked(tmp_path, tied):
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     script = [str(HERE / "_torchrun_zero3_trainer.py"), str(tmp_path)] + (["--tied"] if tied else [])
     code, err = run_script([*torchrun, *script], env, timeout=200)
-    if not (tmp_path / "ready").exists():
-        pytest.skip(f"torchrun with gloo could not start here: {err[-500:]}")
-    assert code == 0, err[-3000:]
+    check_torchrun(code, err, tmp_path / "ready")
     result = torch.load(tmp_path / "result.pt")
     assert result["fallback_warnings"] == 0
     assert result["capture"] < 1e-5 and result["hook_capture"] < 1e-5
@@ -46,15 +44,25 @@ def test_zero3_trainer_keeps_chunked(tmp_path, tied):
         for mode in ("chunked", "dense"):
             key = f"{loss_type}/{mode}"
             assert result[f"{key}/loss_size"] > 1e-3
-            assert result[f"{key}/loss"] < 1e-5 * result[f"{key}/loss_size"]
+            assert result[f"{key}/loss"] < 1e-6 * result[f"{key}/loss_size"]
             assert result[f"{key}/head_held"] == 0
             grads = [k for k in result if k.startswith(f"{key}/grad/")]
             assert f"{key}/grad/model.embed_tokens.weight" in grads and len(grads) >= 19
             assert tied or f"{key}/grad/lm_head.weight" in grads
             for k in grads:
                 assert result["size/" + k[len(key) + 6 :]] > 1e-6, k  # a gradient that is there to compare
-                assert result[k] < 1e-4, (k, float(result[k]))
+                assert result[k] < 2e-6, (k, float(result[k]))
+    # A plain tensor result of with_lm_head (not a LossOutput) carries its gradient back to the partition.
+    assert result["tensor_result/logits"] < 1e-5 and result["tensor_result/grad"] < 1e-5
+    assert result["tensor_result/head_held"] == 0
     assert result["train_steps_logged"] >= 1 and torch.isfinite(result["train_kl_after_max"])
+    losses = [float(result[k] / result[k + "_size"]) for k in result if k.endswith("/loss")]
+    grads = [float(result[k]) for k in result if "/grad/" in k and not k.startswith("size/")]
+    print(  # the figures docs/trl.md quotes (pytest -s)
+        f"ZeRO-3 {'tied' if tied else 'untied'} vs one unsharded process: capture max |d log p| "
+        f"{float(max(result['capture'], result['hook_capture'])):.2g}, loss max relative difference "
+        f"{max(losses):.2g}, gradient max relative difference {max(grads):.2g}"
+    )
 
 
 class _FakeZero3Head(torch.nn.Module):
@@ -90,9 +98,19 @@ def test_call_in_forward_runs_inside_the_hooks_and_restores_forward():
     assert head.calls == [1]  # one forward call, the hidden states passed as its input
     torch.testing.assert_close(out.loss, (hidden @ full.T).square().sum())
     assert "forward" not in head.__dict__ and head.weight.numel() == 0
-    # A result that is not a LossOutput comes back untouched, and an error restores the forward too.
+    # A result without a gradient comes back untouched, and an error restores the forward too.
     copied = call_in_forward(head, lambda m: m.weight.detach().clone())
     torch.testing.assert_close(copied, full)
+    # A tensor that needs a gradient is the module's output, so that ZeRO-3's output hook sees it; one inside a
+    # container would bypass the hooks and is refused.
+    seen = []
+    handle = head.register_forward_hook(lambda module, args, output: seen.append(output))
+    logits = call_in_forward(head, lambda m, h: h @ m.weight.T, hidden)
+    handle.remove()
+    torch.testing.assert_close(logits, hidden @ full.T)
+    assert logits.requires_grad and seen[0][0] is logits
+    with pytest.raises(TypeError, match="return that tensor itself"):
+        call_in_forward(head, lambda m, h: {"logits": h @ m.weight.T}, hidden)
     with pytest.raises(RuntimeError, match="boom"):
         call_in_forward(head, lambda m: (_ for _ in ()).throw(RuntimeError("boom")))
     assert "forward" not in head.__dict__

@@ -95,6 +95,17 @@ class _Opaque:
         self.value = value
 
 
+def _needs_grad(value) -> bool:
+    """Whether ``value`` is, or holds in a tuple, list or dict, a tensor that needs a gradient."""
+    if isinstance(value, torch.Tensor):
+        return value.requires_grad
+    if isinstance(value, (tuple, list)):
+        return any(_needs_grad(x) for x in value)
+    if isinstance(value, dict):
+        return any(_needs_grad(x) for x in value.values())
+    return False
+
+
 def call_in_forward(module: torch.nn.Module, fn: Callable[..., Any], *tensors: torch.Tensor) -> Any:
     """``fn(module, *tensors)``, computed as ``module``'s own forward call, so that its hooks run around it.
 
@@ -102,15 +113,25 @@ def call_in_forward(module: torch.nn.Module, fn: Callable[..., Any], *tensors: t
     gathers ``module``'s parameters; the hook on the output re-gathers them before the backward; the hook on the
     inputs (``tensors``: pass the hidden states here, not through a closure) releases them after it; the gradient
     hooks reduce-scatter the weight's gradient. ``fn`` must use the tensors it is given, which the hooks may have
-    wrapped. If ``fn`` returns a :class:`~troll.losses.LossOutput` whose loss needs a gradient, that loss is
-    routed through the module's output, so that the backward from it fires the hooks; anything else is returned
-    untouched. The module's forward is restored afterwards, also on error.
+    wrapped. ``fn`` returns a tensor, a :class:`~troll.losses.LossOutput`, or anything without a tensor that needs
+    a gradient. A tensor (a LossOutput's loss) that needs a gradient is routed through the module's output, so that
+    the backward from it fires the hooks; the rest is returned untouched. Any other tensor that needs a gradient
+    would reach a released partition in its backward, so it is refused with a TypeError. The module's forward is
+    restored afterwards, also on error.
     """
 
     def forward(self, *args):
         out = fn(self, *args)
         if isinstance(out, LossOutput) and out.loss.requires_grad:
-            return out.loss, _Opaque(out.metrics)
+            return out.loss, _Opaque(lambda loss: LossOutput(loss, out.metrics))
+        if isinstance(out, torch.Tensor) and out.requires_grad:
+            return out, _Opaque(lambda tensor: tensor)
+        if _needs_grad(out):
+            raise TypeError(
+                "call_in_forward: fn returned a tensor that needs a gradient inside a "
+                f"{type(out).__name__}; return that tensor itself (or a LossOutput with it as the loss), so that its "
+                "backward runs through the module's hooks."
+            )
         return (_Opaque(out),)
 
     had_own = "forward" in module.__dict__
@@ -124,7 +145,7 @@ def call_in_forward(module: torch.nn.Module, fn: Callable[..., Any], *tensors: t
         else:
             del module.forward
     if len(result) == 2:
-        return LossOutput(result[0], result[1].value)
+        return result[1].value(result[0])
     return result[0].value
 
 
