@@ -19,6 +19,7 @@ from verl.plugin.platform.platform_manager import PlatformRegistry
 RECIPE = [
     "actor_rollout_ref.actor._target_=troll.integrations.verl.TrollFSDPActorConfig",
     "actor_rollout_ref.actor.policy_loss.loss_mode=troll",
+    "actor_rollout_ref.actor.strategy=fsdp2",
     "+actor_rollout_ref.actor.troll.kl_bound=0.05",
     "+actor_rollout_ref.actor.troll.alpha=1.0",
     "+actor_rollout_ref.actor.troll.top_k=64",
@@ -124,7 +125,7 @@ def actor_config(mode: str, troll: dict, agg="token-mean", **extra):
 
     cfg = {
         "_target_": "troll.integrations.verl.TrollFSDPActorConfig",
-        "strategy": "fsdp",
+        "strategy": "fsdp2",
         "ppo_mini_batch_size": 4,
         "ppo_micro_batch_size_per_gpu": 2,
         "rollout_n": 1,

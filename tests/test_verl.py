@@ -410,8 +410,17 @@ def _hidden_engine_inputs(flags, temperatures=(0.7, 0.7, 0.7), pad_size=2):
     engine.engine_config = SimpleNamespace(entropy_checkpointing=False, entropy_from_logits_with_chunking=False)
     engine.compute_entropy_from_logits = entropy_from_logits
     dense = SimpleNamespace(logits=logits.unsqueeze(0))
-    chunked = SimpleNamespace(logits=logits[-1:].unsqueeze(0), hidden_states=(hidden.unsqueeze(0),))
-    return engine, dense, chunked, output_args, micro_batch, hidden[:-pad_size]
+    chunked = SimpleNamespace(logits=logits[-1:].unsqueeze(0))
+
+    def chunked_outputs(output, args, micro_batch, hook=True):
+        """compute_log_prob: the backbone hook kept the hidden states; the update: the model returned them."""
+        if hook:
+            engine._troll_hidden = hidden.unsqueeze(0)
+        else:
+            output = SimpleNamespace(logits=output.logits, hidden_states=(None, hidden.unsqueeze(0)))
+        return engine.prepare_model_outputs(output, args, micro_batch, None)
+
+    return engine, dense, chunked, output_args, micro_batch, hidden[:-pad_size], chunked_outputs
 
 
 @pytest.mark.parametrize("temperatures", [(0.7, 0.7, 0.7), (0.7, 1.0, 1.3)], ids=["one", "per-sample"])
@@ -421,10 +430,10 @@ def test_engine_chunked_outputs_equal_the_dense_ones(temperatures):
     from troll.sparse import SparseLogProbs
 
     flags = {"troll_capture": {"top_k": 5, "delta": 1e-3}, "calculate_entropy": True}
-    engine, dense, chunked, args, micro_batch, _ = _hidden_engine_inputs(flags, temperatures)
+    engine, dense, chunked, args, micro_batch, _, chunked_outputs = _hidden_engine_inputs(flags, temperatures)
     want = engine.prepare_model_outputs(dense, args, micro_batch("dense"), None)
     assert engine._troll_last_path == "dense"
-    got = engine.prepare_model_outputs(chunked, args, micro_batch("chunked"), None)
+    got = chunked_outputs(chunked, args, micro_batch("chunked"))
     assert engine._troll_last_path == "chunked"
     assert (
         set(got)
@@ -451,18 +460,27 @@ def test_engine_chunked_loss_outputs_and_probe():
     import torch
 
     verl_mod = _verl()
-    engine, _, chunked, args, micro_batch, hidden = _hidden_engine_inputs({"troll_logits": True})
-    out = engine.prepare_model_outputs(chunked, args, micro_batch("chunked"), None)
-    assert "troll_logits" not in out
+    engine, _, chunked, args, micro_batch, hidden, chunked_outputs = _hidden_engine_inputs({"troll_logits": True})
+    out = chunked_outputs(chunked, args, micro_batch("chunked"), hook=False)
+    assert "troll_logits" not in out and engine._troll_hidden is None
+    torch.testing.assert_close(out[verl_mod.TROLL_HIDDEN].values(), hidden, rtol=0, atol=0)
+    out = chunked_outputs(chunked, args, micro_batch("chunked"))
+    assert engine._troll_hidden is None  # the hook's hidden states are handed on, not kept
     torch.testing.assert_close(out[verl_mod.TROLL_HIDDEN].values(), hidden, rtol=0, atol=0)
     head = out[verl_mod.TROLL_HEAD]
     assert head.module is engine.module.lm_head and head.temperature == pytest.approx(0.7)
+    # the hook kept no hidden states (a backbone without last_hidden_state): refused, with the setting to change
+    with pytest.raises(ValueError, match="last_hidden_state.*troll.lm_head=dense"):
+        engine.prepare_model_outputs(chunked, args, micro_batch("chunked"), None)
+    # a config that announces a logit soft-cap is refused before any computation
+    engine.module.config.final_logit_softcapping = 30.0
+    with pytest.raises(ValueError, match="final_logit_softcapping.*troll.lm_head=dense"):
+        chunked_outputs(chunked, args, micro_batch("chunked"))
+    engine.module.config.final_logit_softcapping = None
     # logits that are not hidden @ weight.T (a soft-cap, a scale) are caught on the row the model returned
     chunked.logits = chunked.logits * 1.5
-    with pytest.raises(ValueError, match="troll.lm_head=dense"):
-        engine.prepare_model_outputs(chunked, args, micro_batch("chunked"), None)
-    with pytest.raises(ValueError, match="troll.lm_head=dense"):
-        engine.prepare_model_outputs(SimpleNamespace(logits=chunked.logits), args, micro_batch("chunked"), None)
+    with pytest.raises(ValueError, match="not last_hidden_state @ lm_head.weight.T.*troll.lm_head=dense"):
+        chunked_outputs(chunked, args, micro_batch("chunked"))
 
 
 def test_lm_head_setting_is_checked_and_defaults_to_chunked():
@@ -600,12 +618,13 @@ def test_trainer_mixin_sets_flags_and_keeps_the_captured_old_policy():
         ({"use_kl_loss": True}, "chunked", True),
         ({"troll": {**SETTINGS, "lm_head": "dense"}}, "dense", False),
         ({"entropy_coeff": 0.01}, "dense", False),
+        ({"strategy": "fsdp"}, "dense", False),
     ],
-    ids=["default", "kl-loss", "dense", "entropy-bonus"],
+    ids=["default", "kl-loss", "dense", "entropy-bonus", "fsdp1"],
 )
 def test_mixin_sets_the_lm_head_flags(extra, lm_head, logprob_grad):
     """The update's flags: troll.lm_head (default chunked); log-probs with a gradient for verl's KL loss; an entropy
-    bonus falls back to the dense head with a warning (the chunked head gives no entropy gradient)."""
+    bonus, and FSDP1 (untested with the chunked head), fall back to the dense head with a warning."""
     verl_mod = _verl()
     import warnings
 
@@ -625,7 +644,7 @@ def test_mixin_sets_the_lm_head_flags(extra, lm_head, logprob_grad):
         warnings.simplefilter("always")
         trainer._troll_wrap_workers()
     fell_back = [w for w in caught if "falls back to dense" in str(w.message)]
-    assert len(fell_back) == int("entropy_coeff" in extra)
+    assert len(fell_back) == int("entropy_coeff" in extra or "strategy" in extra)
     flags = trainer.actor_rollout_wg.update_actor(TensorDict({}, batch_size=[1]))
     assert flags == {"troll_lm_head": lm_head, "troll_logprob_grad": logprob_grad}
 

@@ -67,7 +67,18 @@ def run(request, tmp_path_factory):
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(procs)]
     code, err = run_script([*torchrun, str(SCRIPT), str(model), str(out), lm_head], env, timeout=300)
     assert code == 0, err[-3000:]
-    return {**json.loads((out / "result.json").read_text()), "lm_head": lm_head}
+    result = {**json.loads((out / "result.json").read_text()), "lm_head": lm_head}
+    update, extras = result["update"], result["extras"]
+    print(  # the figures docs/verl.md quotes (pytest -s)
+        f"verl {procs} proc {lm_head}: capture {result['capture']['rows_mismatched']} rows differ, max |d log p| "
+        f"{result['capture']['logp_max_abs']:.2g}; "
+        + "; ".join(
+            f"epoch {i + 1} loss {u['loss']:.8f} vs {u['loss_ref']:.8f}, gradient {u['grad_rel']:.2g}"
+            for i, u in enumerate(update)
+        )
+        + f"; with KL loss {extras['loss']:.8f} vs {extras['loss_ref']:.8f}, gradient {extras['grad_rel']:.2g}"
+    )
+    return result
 
 
 def test_the_actor_runs_on_trolls_engine_and_config(run):

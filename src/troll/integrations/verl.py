@@ -125,9 +125,9 @@ def troll_ppo_loss(config, model_output, data, dp_group=None):
     head = model_output.pop(TROLL_HEAD, None)
     if logits is None and (hidden is None or head is None):
         raise KeyError(
-            f"TROLL loss: model_output has no {TROLL_LOGITS!r} (nor {TROLL_HIDDEN!r}); the actor must run on "
-            "TrollFSDPEngine (VERL_USE_EXTERNAL_MODULES=troll.integrations.verl_plugin) with the troll_logits flag "
-            "set (docs/verl.md)."
+            f"TROLL loss: model_output has no {TROLL_LOGITS!r} (nor both {TROLL_HIDDEN!r} and {TROLL_HEAD!r}); the "
+            "actor must run on TrollFSDPEngine (VERL_USE_EXTERNAL_MODULES=troll.integrations.verl_plugin) with the "
+            "troll_logits flag set (docs/verl.md)."
         )
     if hidden is not None and config.entropy_coeff != 0:
         raise ValueError(
@@ -179,7 +179,7 @@ def troll_ppo_loss(config, model_output, data, dp_group=None):
 
 
 class _HeadRef(types.SimpleNamespace):
-    """The LM head module and the temperature its logits are divided by (None: already in the hidden states)."""
+    """The LM head module and the temperature its logits are divided by (1.0 where the hidden states already are)."""
 
 
 class TrollFSDPEngine(FSDPEngineWithLMHead):
@@ -188,9 +188,10 @@ class TrollFSDPEngine(FSDPEngineWithLMHead):
     Non-tensor flags on the micro-batch select what is added (nothing without them, so stock runs are unchanged):
     ``troll_capture={"top_k": k, "delta": d}`` in compute_log_prob adds the packed old policy
     (``SparseLogProbs.to_dict(OLD_PREFIX)``, K = top_k + 1 per token), and ``troll_logits=True`` in the update adds
-    what the loss needs. ``troll_lm_head`` picks how: "chunked" asks the model for its final hidden states and the
-    logits of one position only (``output_hidden_states=True, logits_to_keep=1``) and computes everything from the
-    hidden states and the LM head's weight in vocabulary chunks, never the (tokens, V) logits: the old policy, verl's
+    what the loss needs. ``troll_lm_head`` picks how: "chunked" takes the model's final hidden states (with
+    ``output_hidden_states`` in the update, from a hook on the backbone in compute_log_prob), asks for the logits of
+    one position only (``logits_to_keep=1``) and computes everything from the hidden states and the LM head's weight
+    in vocabulary chunks, never the (tokens, V) logits: the old policy, verl's
     log-probs (and entropy, when asked), and for the loss :data:`TROLL_HIDDEN` and :data:`TROLL_HEAD`; with
     ``troll_logprob_grad`` (verl's KL loss) the log-probs carry a gradient. "dense" (also when the flag is absent;
     the mixin sets it from ``troll.lm_head``, whose default is "chunked") takes the model's logits, and the loss gets
@@ -199,6 +200,9 @@ class TrollFSDPEngine(FSDPEngineWithLMHead):
     """
 
     _troll_last_path = None  # "chunked" or "dense": the LM-head path of the last micro-batch with TROLL flags
+    _troll_hidden = None  # the final hidden states of the running no-grad micro-batch (chunked), from the hook
+    _troll_keep_hidden = False  # whether the backbone hook keeps them
+    _troll_hook = None  # (backbone, hook handle)
 
     def _troll_flags(self, micro_batch):
         capture = tu.get_non_tensor_data(data=micro_batch, key="troll_capture", default=None)
@@ -211,10 +215,36 @@ class TrollFSDPEngine(FSDPEngineWithLMHead):
 
     def prepare_model_inputs(self, micro_batch):
         model_inputs, output_args = super().prepare_model_inputs(micro_batch)
-        if self._troll_flags(micro_batch)[2]:
+        chunked = self._troll_flags(micro_batch)[2]
+        self._troll_hidden, self._troll_keep_hidden = None, False
+        if chunked:
             self._troll_check_layout(micro_batch)
-            model_inputs.update(output_hidden_states=True, logits_to_keep=1)
+            model_inputs.update(logits_to_keep=1)
+            if torch.is_grad_enabled():
+                # The update: the hidden states must be an output of the model's forward, so that FSDP2 unshards the
+                # root unit's parameters (the final norm) for the backward through them; every layer's output is
+                # saved for the backward anyway, so returning them all costs no memory.
+                model_inputs.update(output_hidden_states=True)
+            else:
+                # compute_log_prob: every layer's output would outlive the forward, and the transformers versions
+                # verl 0.9 allows cannot select the last one alone; a hook keeps just the last.
+                self._troll_hook_backbone()
+                self._troll_keep_hidden = True
         return model_inputs, output_args
+
+    def _troll_hook_backbone(self) -> None:
+        """A forward hook on the backbone that keeps its ``last_hidden_state`` (the LM head's input) when asked."""
+        getter = getattr(self.module, "get_decoder", None)
+        backbone = getter() if getter is not None else getattr(self.module, "base_model", None)
+        if backbone is None or (self._troll_hook is not None and self._troll_hook[0] is backbone):
+            return
+
+        def keep(module, args, output):
+            if self._troll_keep_hidden:
+                self._troll_hidden = getattr(output, "last_hidden_state", None)
+                self._troll_keep_hidden = False
+
+        self._troll_hook = (backbone, backbone.register_forward_hook(keep))
 
     def prepare_model_outputs(self, output, output_args, micro_batch, logits_processor_func):
         capture, want_loss, chunked = self._troll_flags(micro_batch)
@@ -256,19 +286,27 @@ class TrollFSDPEngine(FSDPEngineWithLMHead):
             logits, tokens = logits[:-pad], tokens[:-pad]
         return logits, tokens
 
-    def _troll_head(self, output):
+    def _troll_head(self, output, hidden):
         """(head module, weight, bias): the model's linear LM head, checked against the one logit row it returned."""
         head = hf.output_embeddings(self.module)
-        hidden_states = getattr(output, "hidden_states", None)
-        if head is None or getattr(head, "weight", None) is None or hidden_states is None:
+        weight = getattr(head, "weight", None)
+        reason = None
+        if weight is None or hidden is None or getattr(output, "logits", None) is None:
+            reason = "needs a linear LM head (get_output_embeddings()), the backbone's last_hidden_state and logits"
+        else:
+            reason = hf.logit_transform(getattr(self.module, "config", None))
+        if reason is None:
+            weight, bias = gather_lm_head(weight, getattr(head, "bias", None))
+            if weight.dim() != 2 or tuple(weight.shape) != (output.logits.shape[-1], hidden.shape[-1]):
+                reason = f"the LM head's weight here has shape {tuple(weight.shape)}, not (V, H) (a sharded weight?)"
+        if reason is not None:
             raise ValueError(
-                "TrollFSDPEngine: troll.lm_head=chunked needs a linear LM head (get_output_embeddings()) and the "
-                "model's final hidden states; set actor_rollout_ref.actor.troll.lm_head=dense for this model."
+                f"TrollFSDPEngine: troll.lm_head=chunked: {reason}; set actor_rollout_ref.actor.troll.lm_head=dense "
+                "for this model."
             )
-        weight, bias = gather_lm_head(head.weight, getattr(head, "bias", None))
         # The model also returned the logits of its last position: they must be hidden @ weight.T + bias, or the
         # chunked path would not reproduce the model (a logit scale, a soft-cap, a norm after the hidden states).
-        last = hidden_states[-1].reshape(-1, hidden_states[-1].shape[-1])[-1:]
+        last = hidden.reshape(-1, hidden.shape[-1])[-1:]
         with torch.no_grad():  # under the forward's autocast, as the model's own head
             expected = torch.nn.functional.linear(last, weight, bias).float()
         got = output.logits.detach().reshape(-1, output.logits.shape[-1])[-1:].float()
@@ -283,8 +321,11 @@ class TrollFSDPEngine(FSDPEngineWithLMHead):
     def _troll_outputs_from_hidden(self, output, output_args, micro_batch, capture, want_loss):
         """verl's model outputs plus TROLL's, from the final hidden states and the LM head in vocabulary chunks."""
         self._troll_last_path = "chunked"
-        head, weight, bias = self._troll_head(output)
-        hidden = output.hidden_states[-1].squeeze(0)  # (total_nnz + pad, H)
+        hidden, self._troll_hidden = self._troll_hidden, None
+        if hidden is None and getattr(output, "hidden_states", None) is not None:
+            hidden = output.hidden_states[-1]
+        head, weight, bias = self._troll_head(output, hidden)
+        hidden = hidden.squeeze(0)  # (total_nnz + pad, H)
         tokens = output_args["input_ids_rmpad_rolled"].reshape(-1)
         temps = output_args["temperature_rmpad"].reshape(-1)
         real = temps[: temps.shape[0] - output_args["pad_size"]]  # verl pads the packing rows' temperatures with 1
@@ -395,6 +436,18 @@ class TrollActorGroup:
         return self._group.update_actor(batch_td)
 
 
+def _chunked_blocker(actor) -> str | None:
+    """Why the actor config rules out the chunked LM head, or None."""
+    if float(_get(actor, "entropy_coeff", 0) or 0) != 0:
+        return "an entropy bonus (entropy_coeff != 0) needs the entropy's gradient, which the chunked head lacks"
+    if _get(actor, "strategy") == "fsdp":
+        return (
+            "strategy=fsdp (FSDP1, flattened parameters) is not tested with the chunked LM head (verl's FSDP1 engine "
+            "cannot run without a GPU); set actor_rollout_ref.actor.strategy=fsdp2 for the chunked head"
+        )
+    return None
+
+
 class TrollTrainerMixin:
     """Put before verl's ``RayPPOTrainer`` (``class T(TrollTrainerMixin, RayPPOTrainer)``) to train with TROLL.
 
@@ -419,12 +472,9 @@ class TrollTrainerMixin:
         if settings is not None and not isinstance(self.actor_rollout_wg, TrollActorGroup):
             capture = {"top_k": settings["top_k"], "delta": settings["delta"]}
             lm_head = troll_lm_head(actor)
-            if lm_head == "chunked" and float(_get(actor, "entropy_coeff", 0) or 0) != 0:
-                warnings.warn(
-                    "troll.lm_head=chunked falls back to dense (full logits): an entropy bonus (entropy_coeff != 0) "
-                    "needs the entropy's gradient, which the chunked LM head does not give.",
-                    stacklevel=2,
-                )
+            reason = _chunked_blocker(actor) if lm_head == "chunked" else None
+            if reason is not None:
+                warnings.warn(f"troll.lm_head=chunked falls back to dense (full logits): {reason}.", stacklevel=2)
                 lm_head = "dense"
             logprob_grad = bool(_get(actor, "use_kl_loss", False))  # verl's KL loss differentiates the log-probs
             self.actor_rollout_wg = TrollActorGroup(self.actor_rollout_wg, capture, lm_head, logprob_grad)
