@@ -54,6 +54,11 @@ def test_dense_projection_meets_the_bound_or_reports(problem):
     after = recomputed_kl(out.logp.detach(), old)
     flagged = troll.infeasible(out.kl_after, eps)
     assert bool((flagged | (after <= eps * (1 + BOUND_TOL))).all()), (after / eps, flagged)
+    # ... and a flagged row is one whose bound no policy on the new support reaches: the least KL there,
+    # -log(old mass on the tokens the new policy allows), is above the bound.
+    allowed = torch.where(new.double() > -math.inf, torch.softmax(old.double(), -1), 0.0).sum(-1)
+    least = -torch.log(allowed)
+    assert bool((~flagged | (least > eps * (1 - 1e-6))).all()), (least / eps, flagged)
     assert not torch.isnan(out.logp).any()
     (grad,) = torch.autograd.grad(torch.where(out.logp > -math.inf, out.logp, 0.0).sum(), x)
     assert torch.isfinite(grad.double()).all()
