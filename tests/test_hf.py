@@ -81,6 +81,19 @@ def test_probe_catches_an_unannounced_logit_transform(model):
         del model.forward
 
 
+def test_probe_with_a_gathering_callback_uses_the_weight_it_is_given(model):
+    """``with_head`` (a sharded head gathered for the call) supplies the weight; the probe compares against it."""
+    head = hf.output_embeddings(model)
+    calls = []
+
+    def with_head(fn, scale=1.0):
+        calls.append(1)
+        return fn(head.weight * scale, getattr(head, "bias", None))
+
+    assert hf.probe_linear_head(model, head, with_head=with_head) is None and calls == [1]
+    assert "max deviation" in hf.probe_linear_head(model, head, with_head=lambda fn: with_head(fn, 2.0))
+
+
 def test_model_without_linear_head():
     class NoHead(torch.nn.Module):
         def get_output_embeddings(self):

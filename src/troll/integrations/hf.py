@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 
 from troll.chunked import sparsify_from_hidden
+from troll.distributed import full_shape
 from troll.sparse import SparseLogProbs, cat_sparse, sparsify
 
 # Config fields that rescale or soft-cap the logits after the LM head (the ones TRL's fused head reads too), with
@@ -77,14 +78,23 @@ def final_hidden(
 
 
 @torch.no_grad()
-def probe_linear_head(model: torch.nn.Module, head, device=None, *, autocast=None) -> str | None:
+def probe_linear_head(model: torch.nn.Module, head, device=None, *, autocast=None, with_head=None) -> str | None:
     """One forward of 4 tokens: are the returned logits last-hidden-state @ weight.T + bias? None if so, else why.
 
     Fails e.g. where the hidden state is not the head's input (a norm after it) or the forward transforms the logits
-    in a way no config field announces. The model's train/eval mode is restored.
+    in a way no config field announces. The model's train/eval mode is restored. ``with_head(fn)``, if given, calls
+    ``fn(weight, bias)`` with the head's full weight (a sharded head is gathered only for that call, which returns
+    one row of logits, never a copy of the weight); by default ``head.weight`` and ``head.bias`` are used.
     """
-    device = head.weight.device if device is None else device
-    ids = torch.arange(1, 5, device=device).remainder(head.weight.shape[0]).unsqueeze(0)
+    if with_head is None:
+        device = head.weight.device if device is None else device
+        vocab = head.weight.shape[0]
+
+        def with_head(fn):
+            return fn(head.weight, getattr(head, "bias", None))
+    else:
+        vocab = full_shape(head.weight)[0]
+    ids = torch.arange(1, 5, device=device).remainder(vocab).unsqueeze(0)
     was_training = model.training
     model.eval()
     try:
@@ -93,10 +103,12 @@ def probe_linear_head(model: torch.nn.Module, head, device=None, *, autocast=Non
         return f"a forward with output_hidden_states failed ({type(err).__name__}: {err})"
     finally:
         model.train(was_training)
-    bias = getattr(head, "bias", None)
-    expected = torch.nn.functional.linear(
-        hidden[:, -1].float().to(head.weight.device), head.weight.float(), None if bias is None else bias.float()
-    )
+    last = hidden[:, -1].detach()
+
+    def head_row(weight, bias):  # in the weight's dtype: no float copy of a (V, H) bf16 weight
+        return torch.nn.functional.linear(last.to(weight.device, weight.dtype), weight, bias).float()
+
+    expected = with_head(head_row)
     error = float((logits[:, -1].float().to(expected.device) - expected).abs().max())
     if not error <= PROBE_TOL * (float(expected.abs().max()) + 1):
         return f"its logits are not last_hidden_state @ weight.T + bias (max deviation {error:.3g} on a probe)"

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import difflib
 import math
-import types
 import warnings
 from dataclasses import dataclass, field
 from numbers import Real
@@ -382,14 +381,15 @@ class TrollGRPOTrainer(GRPOTrainer):
         if reason is not None:
             return reason
         try:
-            with torch.no_grad():  # a full copy: a ZeRO-3 partition is released after the head's forward
-                weight, bias = self._troll_with_head(
-                    self.model, lambda w, b: (w.detach().clone(), None if b is None else b.detach().clone())
-                )
+            return hf.probe_linear_head(
+                self.model,
+                head,
+                self.accelerator.device,
+                autocast=self.accelerator.autocast(),
+                with_head=lambda fn: self._troll_with_head(self.model, fn),  # gathered for the one probe row
+            )
         except ValueError as err:
             return str(err)
-        gathered = types.SimpleNamespace(weight=weight, bias=bias)
-        return hf.probe_linear_head(self.model, gathered, self.accelerator.device, autocast=self.accelerator.autocast())
 
     def _troll_with_head(self, model, fn, *tensors):
         """``fn(weight (V, H), bias (V,) or None, *tensors)`` with the full LM head of ``model``, gradients flowing
