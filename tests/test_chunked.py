@@ -187,6 +187,16 @@ def test_sparsify_matches_dense_float64(top_k, delta, chunk_size, include):
     assert_sparse_equal(out, ref, rtol=1e-12, atol=1e-12)
 
 
+def test_sparsify_returns_the_entropy_of_the_same_pass():
+    hidden, weight, b, _, tokens, *_ = make_inputs(torch.float64, seed=3)
+    logp = torch.log_softmax(logits_of(hidden, weight, b, 0.9), -1)
+    expected = -(logp.exp() * logp).sum(-1)
+    kwargs = dict(bias=b, temperature=0.9, top_k=8, delta=1e-3, include=tokens, chunk_size=5)
+    sparse, entropy = troll.sparsify_from_hidden(hidden, weight, return_entropy=True, **kwargs)
+    torch.testing.assert_close(entropy, expected, rtol=1e-12, atol=1e-12)
+    assert_sparse_equal(sparse, troll.sparsify_from_hidden(hidden, weight, **kwargs), rtol=0, atol=0)
+
+
 def test_sparsify_matches_dense_float32():
     ref, out = sparsify_both(torch.float32, top_k=8, delta=1e-3, chunk_size=5)
     assert_sparse_equal(out, ref, rtol=1e-5, atol=1e-5)

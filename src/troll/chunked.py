@@ -335,11 +335,13 @@ def sparsify_from_hidden(
     delta: float = DELTA,
     include: torch.Tensor | None = None,
     chunk_size: int | None = None,
-) -> SparseLogProbs:
+    return_entropy: bool = False,
+) -> SparseLogProbs | tuple[SparseLogProbs, torch.Tensor]:
     """:func:`troll.sparsify` of ``(hidden @ weight.T + bias) / temperature`` in two chunked no-grad passes.
 
     Args:
         hidden: (..., H); weight: (V, H); bias: (V,) or None. ``top_k``, ``delta``, ``include``: as in sparsify.
+        return_entropy: also return each row's entropy (...,), from the first pass at no extra pass.
 
     Pass 1 (:func:`_scan`) finds each row's maximum, log-normaliser and top-k, hence the kept ids; pass 2 gathers
     the logits at the kept ids and sums exp(z - max) over the *unkept* ids directly, so ``log_rest`` is exact for a
@@ -355,7 +357,7 @@ def sparsify_from_hidden(
     chunk = chunk_size or default_chunk_size(h.shape[0], vocab)
     w, b = weight.detach(), None if bias is None else bias.detach()
 
-    m, log_norm, top, ids, _ = _scan(h, w, b, temperature, chunk, min(top_k, vocab))
+    m, log_norm, top, ids, ent = _scan(h, w, b, temperature, chunk, min(top_k, vocab), return_entropy)
     check_lse(LOGITS, m + log_norm)
     ids, mask = trim_kept(ids, mass_rule(top - m - log_norm, delta))
     if extra is not None:
@@ -365,9 +367,10 @@ def sparsify_from_hidden(
     logp = (x - m - log_norm).masked_fill(~mask, NEG_INF)
     log_rest = rest.log() - log_norm.squeeze(-1)
     k = ids.shape[-1]
-    return SparseLogProbs(
+    sparse = SparseLogProbs(
         ids.reshape(*lead, k), logp.reshape(*lead, k), mask.reshape(*lead, k), vocab, log_rest.reshape(lead)
     )
+    return (sparse, ent.reshape(lead)) if return_entropy else sparse
 
 
 def _kept_and_rest(h, w, b, temperature, chunk, ids, mask, m):

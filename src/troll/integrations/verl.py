@@ -340,14 +340,37 @@ class TrollFSDPEngine(FSDPEngineWithLMHead):
             )
         entropy = tu.get_non_tensor_data(data=micro_batch, key="calculate_entropy", default=False)
         grad = torch.is_grad_enabled() and tu.get_non_tensor_data(micro_batch, "troll_logprob_grad", False)
-        with torch.autocast(hidden.device.type, enabled=False), torch.set_grad_enabled(grad):
-            rows = ChunkedLMHead(hidden if grad else hidden.detach(), weight, bias, temperature, entropy=entropy)
-            log_probs = (rows.at(tokens.unsqueeze(-1)) - rows.lse).squeeze(-1)
+        old = ent = None
+        if capture is not None:
+            if grad:
+                raise NotImplementedError(
+                    "TrollFSDPEngine: the old policy is captured without gradient (compute_log_prob)."
+                )
+            # compute_log_prob: the old policy keeps the sampled token with its exact log-prob, and the same scan
+            # gives the entropy, so one sparsification (two vocabulary passes) serves verl's outputs too.
+            with torch.no_grad(), torch.autocast(hidden.device.type, enabled=False):
+                old, ent = sparsify_from_hidden(
+                    hidden.detach(),
+                    weight.detach(),
+                    bias=None if bias is None else bias.detach(),
+                    temperature=temperature,
+                    top_k=capture["top_k"],
+                    delta=capture["delta"],
+                    include=tokens,
+                    return_entropy=True,
+                )
+                at = (old.ids == tokens.unsqueeze(-1)) & old.mask  # exactly one kept position per row
+                log_probs = old.logp.gather(-1, at.int().argmax(-1, keepdim=True)).squeeze(-1)
+        else:
+            with torch.autocast(hidden.device.type, enabled=False), torch.set_grad_enabled(grad):
+                rows = ChunkedLMHead(hidden if grad else hidden.detach(), weight, bias, temperature, entropy=entropy)
+                log_probs = (rows.at(tokens.unsqueeze(-1)) - rows.lse).squeeze(-1)
+            ent = rows.entropy
         # verl's fused-kernel layout: (1, tokens) log-probs and entropy instead of logits, so verl's own code unpads
         # and nests them exactly as it does for its fused kernels.
         fused = types.SimpleNamespace(log_probs=log_probs.unsqueeze(0), entropy=None)
         if entropy:
-            fused.entropy = rows.entropy.unsqueeze(0)
+            fused.entropy = ent.unsqueeze(0)
         tu.assign_non_tensor(micro_batch, use_fused_kernels=True)
         try:
             model_output = super().prepare_model_outputs(fused, output_args, micro_batch, None)
@@ -359,17 +382,7 @@ class TrollFSDPEngine(FSDPEngineWithLMHead):
         cu_seqlens = micro_batch["input_ids"].offsets()
         extra = {}
         if capture is not None:
-            with torch.no_grad(), torch.autocast(hidden.device.type, enabled=False):
-                old = sparsify_from_hidden(
-                    hidden.detach(),
-                    weight.detach(),
-                    bias=None if bias is None else bias.detach(),
-                    temperature=temperature,
-                    top_k=capture["top_k"],
-                    delta=capture["delta"],
-                    include=tokens,
-                )
-            extra.update(pad_capture(old, capture["top_k"]))
+            extra.update(pad_capture(old[:-pad] if pad else old, capture["top_k"]))
         if want_loss:
             extra[TROLL_HIDDEN] = hidden
         model_output.update({k: torch.nested.nested_tensor_from_jagged(v, cu_seqlens) for k, v in extra.items()})
