@@ -93,9 +93,16 @@ def run_script(cmd: list[str], env: dict, timeout: float = 300) -> tuple[int, st
     return proc.returncode, err
 
 
-# What torchrun's workers print when the process group itself cannot start here (no network device for gloo, a port
-# in use); any other failure before a helper writes its "ready" file is a failure of the code under test.
-LAUNCH_FAILURES = ("gloo", "Rendezvous", "rendezvous", "DistNetworkError", "DistStoreError", "Address already in use")
+# What torchrun prints when the process group itself cannot start here (its store or rendezvous, a port in use, no
+# network device for gloo); any other failure before a helper writes its "ready" file is a failure of the code
+# under test. (Not "gloo" alone: a rank that outlives a crashed peer prints gloo's "Connection closed by peer".)
+LAUNCH_FAILURES = (
+    "DistNetworkError",
+    "DistStoreError",
+    "RendezvousConnectionError",
+    "Address already in use",
+    "gloo/transport/tcp/device",
+)
 
 
 def check_torchrun(code: int, err: str, ready: Path) -> None:

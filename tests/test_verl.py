@@ -470,7 +470,9 @@ def test_engine_chunked_loss_outputs_and_probe():
     head = out[verl_mod.TROLL_HEAD]
     assert head.module is engine.module.lm_head and head.temperature == pytest.approx(0.7)
     # the hook kept no hidden states (a backbone without last_hidden_state): refused, with the setting to change
-    with pytest.raises(ValueError, match="last_hidden_state.*troll.lm_head=dense"):
+    with torch.no_grad(), pytest.raises(ValueError, match="no last_hidden_state.*troll.lm_head=dense"):
+        engine.prepare_model_outputs(chunked, args, micro_batch("chunked"), None)
+    with pytest.raises(ValueError, match="returned no hidden_states.*troll.lm_head=dense"):  # the update's
         engine.prepare_model_outputs(chunked, args, micro_batch("chunked"), None)
     # a config that announces a logit soft-cap is refused before any computation
     engine.module.config.final_logit_softcapping = 30.0
@@ -481,6 +483,49 @@ def test_engine_chunked_loss_outputs_and_probe():
     chunked.logits = chunked.logits * 1.5
     with pytest.raises(ValueError, match="not last_hidden_state @ lm_head.weight.T.*troll.lm_head=dense"):
         chunked_outputs(chunked, args, micro_batch("chunked"))
+
+
+def test_engine_inputs_keep_only_the_last_hidden_state_without_gradient(monkeypatch):
+    """compute_log_prob (no grad): logits of one position, no output_hidden_states; the backbone hook keeps the
+    last hidden state of the flagged forward only. The update (grad): output_hidden_states=True (FSDP2's backward
+    needs the hidden states among the forward's outputs). Unflagged micro-batches are left as verl builds them."""
+    import torch
+    from tensordict import TensorDict
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+
+    config = LlamaConfig(vocab_size=50, hidden_size=8, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    ids = torch.randint(0, 50, (1, 7))
+    monkeypatch.setattr(FSDPEngineWithLMHead, "prepare_model_inputs", lambda self, mb: ({"input_ids": ids}, {}))
+    engine = _engine()
+    engine.module = model
+
+    def micro_batch(**flags):
+        td = TensorDict({}, batch_size=[1])
+        tu.assign_non_tensor(td, use_remove_padding=True, **flags)
+        return td
+
+    flagged = micro_batch(troll_capture={"top_k": 4, "delta": 1e-3}, troll_lm_head="chunked")
+    with torch.no_grad():
+        inputs, _ = engine.prepare_model_inputs(flagged)
+        assert inputs == {"input_ids": ids, "logits_to_keep": 1}
+        out = model(**inputs)
+        kept = engine._troll_hidden
+        assert out.logits.shape == (1, 1, 50) and out.hidden_states is None
+        torch.testing.assert_close(kept, model.model(input_ids=ids).last_hidden_state, rtol=0, atol=0)
+        assert engine._troll_hidden is kept  # the second, unflagged forward did not replace it
+        assert engine.prepare_model_inputs(micro_batch())[0] == {"input_ids": ids}
+        assert engine._troll_hidden is None  # reset for every micro-batch
+        model(input_ids=ids)
+        assert engine._troll_hidden is None
+    update = micro_batch(troll_logits=True, troll_lm_head="chunked")
+    inputs, _ = engine.prepare_model_inputs(update)
+    assert inputs == {"input_ids": ids, "logits_to_keep": 1, "output_hidden_states": True}
+    engine.prepare_model_inputs(flagged)  # the hook is registered once
+    assert len(model.model._forward_hooks) == 1
 
 
 def test_lm_head_setting_is_checked_and_defaults_to_chunked():
@@ -606,6 +651,12 @@ def test_trainer_mixin_sets_flags_and_keeps_the_captured_old_policy():
     for key, value in want.items():
         torch.testing.assert_close(old.batch[key], value, rtol=0, atol=0)
     assert old.batch["troll_old_ids"].shape == (3, 4, SETTINGS["top_k"] + 1)
+    # verl's reference pass through the LoRA actor (ref_in_actor) is not a capture: no flags, the capture kept
+    ref_td = TensorDict({}, batch_size=[3])
+    tu.assign_non_tensor(ref_td, no_lora_adapter=True)
+    last = trainer.actor_rollout_wg.last
+    trainer.actor_rollout_wg._group.compute_log_prob = lambda td: tu.get_non_tensor_data(td, "troll_capture", None)
+    assert trainer.actor_rollout_wg.compute_log_prob(ref_td) is None and trainer.actor_rollout_wg.last is last
     Trainer._compute_old_log_prob = lambda self, batch: (SimpleNamespace(batch={}), 0.0)  # no capture call
     with pytest.raises(RuntimeError, match="nothing was captured"):
         trainer._compute_old_log_prob(None)

@@ -15,6 +15,7 @@ from conftest import check_torchrun, run_script
 
 from troll.distributed import call_in_forward, full_shape, with_lm_head
 from troll.losses import LossOutput
+from troll.sparse import SparseLogProbs
 
 HERE = Path(__file__).parent
 SRC = HERE.parent / "src"
@@ -109,8 +110,14 @@ def test_call_in_forward_runs_inside_the_hooks_and_restores_forward():
     handle.remove()
     torch.testing.assert_close(logits, hidden @ full.T)
     assert logits.requires_grad and seen[0][0] is logits
-    with pytest.raises(TypeError, match="return that tensor itself"):
-        call_in_forward(head, lambda m, h: {"logits": h @ m.weight.T}, hidden)
+    for boxed in (
+        lambda m, h: {"logits": h @ m.weight.T},
+        lambda m, h: LossOutput((h @ m.weight.T).sum(), {"row": h @ m.weight.T}),  # a metric with a gradient
+        lambda m, h: SparseLogProbs(torch.zeros(2, 1, dtype=torch.long), h @ m.weight[:1].T, torch.ones(2, 1) > 0, 7),
+    ):
+        with pytest.raises(TypeError, match="return that tensor itself"):
+            call_in_forward(head, boxed, hidden)
+    assert "forward" not in head.__dict__
     with pytest.raises(RuntimeError, match="boom"):
         call_in_forward(head, lambda m: (_ for _ in ()).throw(RuntimeError("boom")))
     assert "forward" not in head.__dict__

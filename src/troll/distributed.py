@@ -22,6 +22,7 @@ model's own ``lm_head(hidden)``. :func:`with_lm_head` picks the right one of the
 
 from __future__ import annotations
 
+import dataclasses
 import types
 from collections.abc import Callable
 from typing import Any
@@ -96,14 +97,14 @@ class _Opaque:
 
 
 def _needs_grad(value) -> bool:
-    """Whether ``value`` is, or holds in a tuple, list or dict, a tensor that needs a gradient."""
+    """Whether ``value`` is, or holds in a tuple, list, dict or dataclass, a tensor that needs a gradient."""
     if isinstance(value, torch.Tensor):
         return value.requires_grad
-    if isinstance(value, (tuple, list)):
-        return any(_needs_grad(x) for x in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = [getattr(value, f.name) for f in dataclasses.fields(value)]
     if isinstance(value, dict):
-        return any(_needs_grad(x) for x in value.values())
-    return False
+        value = list(value.values())
+    return isinstance(value, (tuple, list)) and any(_needs_grad(x) for x in value)
 
 
 def call_in_forward(module: torch.nn.Module, fn: Callable[..., Any], *tensors: torch.Tensor) -> Any:
@@ -122,7 +123,7 @@ def call_in_forward(module: torch.nn.Module, fn: Callable[..., Any], *tensors: t
 
     def forward(self, *args):
         out = fn(self, *args)
-        if isinstance(out, LossOutput) and out.loss.requires_grad:
+        if isinstance(out, LossOutput) and out.loss.requires_grad and not _needs_grad(out.metrics):
             return out.loss, _Opaque(lambda loss: LossOutput(loss, out.metrics))
         if isinstance(out, torch.Tensor) and out.requires_grad:
             return out, _Opaque(lambda tensor: tensor)

@@ -93,6 +93,7 @@ def probe_linear_head(model: torch.nn.Module, head, device=None, *, autocast=Non
         def with_head(fn):
             return fn(head.weight, getattr(head, "bias", None))
     else:
+        device = next(model.parameters()).device if device is None else device
         vocab = full_shape(head.weight)[0]
     ids = torch.arange(1, 5, device=device).remainder(vocab).unsqueeze(0)
     was_training = model.training

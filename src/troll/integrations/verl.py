@@ -222,8 +222,9 @@ class TrollFSDPEngine(FSDPEngineWithLMHead):
             model_inputs.update(logits_to_keep=1)
             if torch.is_grad_enabled():
                 # The update: the hidden states must be an output of the model's forward, so that FSDP2 unshards the
-                # root unit's parameters (the final norm) for the backward through them; every layer's output is
-                # saved for the backward anyway, so returning them all costs no memory.
+                # root unit's parameters (the final norm) for the backward through them; autograd saves every
+                # layer's output for the backward anyway (with verl's activation offload, the tuple keeps them on
+                # the device until the loss has run).
                 model_inputs.update(output_hidden_states=True)
             else:
                 # compute_log_prob: every layer's output would outlive the forward, and the transformers versions
@@ -290,9 +291,16 @@ class TrollFSDPEngine(FSDPEngineWithLMHead):
         """(head module, weight, bias): the model's linear LM head, checked against the one logit row it returned."""
         head = hf.output_embeddings(self.module)
         weight = getattr(head, "weight", None)
-        reason = None
-        if weight is None or hidden is None or getattr(output, "logits", None) is None:
-            reason = "needs a linear LM head (get_output_embeddings()), the backbone's last_hidden_state and logits"
+        if weight is None:
+            reason = "the model has no linear LM head (get_output_embeddings() with a weight)"
+        elif hidden is None:
+            reason = (
+                "the model returned no hidden_states (update)"
+                if torch.is_grad_enabled()
+                else "the backbone (get_decoder()) gave no last_hidden_state to the forward hook (compute_log_prob)"
+            )
+        elif getattr(output, "logits", None) is None:
+            reason = "the model returned no logits"
         else:
             reason = hf.logit_transform(getattr(self.module, "config", None))
         if reason is None:
@@ -325,70 +333,84 @@ class TrollFSDPEngine(FSDPEngineWithLMHead):
         if hidden is None and getattr(output, "hidden_states", None) is not None:
             hidden = output.hidden_states[-1]
         head, weight, bias = self._troll_head(output, hidden)
-        hidden = hidden.squeeze(0)  # (total_nnz + pad, H)
+        hidden, temperature = _scaled_hidden(hidden.squeeze(0), output_args, bias)  # (total_nnz + pad, H)
         tokens = output_args["input_ids_rmpad_rolled"].reshape(-1)
-        temps = output_args["temperature_rmpad"].reshape(-1)
-        real = temps[: temps.shape[0] - output_args["pad_size"]]  # verl pads the packing rows' temperatures with 1
-        if real.numel() == 0 or bool((real == real[0]).all()):
-            temperature = float(real[0]) if real.numel() else 1.0
-        elif bias is None:  # per-sample temperatures: logits / t = (hidden / t) @ weight.T
-            hidden, temperature = hidden / temps.unsqueeze(-1).to(hidden.dtype), 1.0
-        else:
-            raise NotImplementedError(
-                "TrollFSDPEngine: per-sample temperatures with a biased LM head; set "
-                "actor_rollout_ref.actor.troll.lm_head=dense."
-            )
         entropy = tu.get_non_tensor_data(data=micro_batch, key="calculate_entropy", default=False)
         grad = torch.is_grad_enabled() and tu.get_non_tensor_data(micro_batch, "troll_logprob_grad", False)
-        old = ent = None
-        if capture is not None:
-            if grad:
-                raise NotImplementedError(
-                    "TrollFSDPEngine: the old policy is captured without gradient (compute_log_prob)."
-                )
-            # compute_log_prob: the old policy keeps the sampled token with its exact log-prob, and the same scan
-            # gives the entropy, so one sparsification (two vocabulary passes) serves verl's outputs too.
-            with torch.no_grad(), torch.autocast(hidden.device.type, enabled=False):
-                old, ent = sparsify_from_hidden(
-                    hidden.detach(),
-                    weight.detach(),
-                    bias=None if bias is None else bias.detach(),
-                    temperature=temperature,
-                    top_k=capture["top_k"],
-                    delta=capture["delta"],
-                    include=tokens,
-                    return_entropy=True,
-                )
-                at = (old.ids == tokens.unsqueeze(-1)) & old.mask  # exactly one kept position per row
-                log_probs = old.logp.gather(-1, at.int().argmax(-1, keepdim=True)).squeeze(-1)
-        else:
-            with torch.autocast(hidden.device.type, enabled=False), torch.set_grad_enabled(grad):
-                rows = ChunkedLMHead(hidden if grad else hidden.detach(), weight, bias, temperature, entropy=entropy)
-                log_probs = (rows.at(tokens.unsqueeze(-1)) - rows.lse).squeeze(-1)
-            ent = rows.entropy
+        if capture is not None and grad:
+            raise NotImplementedError(
+                "TrollFSDPEngine: the old policy is captured without gradient (compute_log_prob)."
+            )
+        with torch.autocast(hidden.device.type, enabled=False):
+            if capture is not None:
+                old, log_probs, ent = _capture_from_hidden(hidden, weight, bias, temperature, tokens, capture, entropy)
+            else:
+                with torch.set_grad_enabled(grad):
+                    rows = ChunkedLMHead(
+                        hidden if grad else hidden.detach(), weight, bias, temperature, entropy=entropy
+                    )
+                    log_probs = (rows.at(tokens.unsqueeze(-1)) - rows.lse).squeeze(-1)
+                old, ent = None, rows.entropy
         # verl's fused-kernel layout: (1, tokens) log-probs and entropy instead of logits, so verl's own code unpads
         # and nests them exactly as it does for its fused kernels.
-        fused = types.SimpleNamespace(log_probs=log_probs.unsqueeze(0), entropy=None)
-        if entropy:
-            fused.entropy = ent.unsqueeze(0)
+        fused = types.SimpleNamespace(log_probs=log_probs.unsqueeze(0), entropy=ent.unsqueeze(0) if entropy else None)
         tu.assign_non_tensor(micro_batch, use_fused_kernels=True)
         try:
             model_output = super().prepare_model_outputs(fused, output_args, micro_batch, None)
         finally:
             tu.assign_non_tensor(micro_batch, use_fused_kernels=False)
         pad = output_args["pad_size"]
-        if pad:
-            hidden, tokens = hidden[:-pad], tokens[:-pad]
-        cu_seqlens = micro_batch["input_ids"].offsets()
+        keep = slice(0, hidden.shape[0] - pad)  # without the packing's pad rows
         extra = {}
         if capture is not None:
-            extra.update(pad_capture(old[:-pad] if pad else old, capture["top_k"]))
+            extra.update(pad_capture(old[keep], capture["top_k"]))
         if want_loss:
-            extra[TROLL_HIDDEN] = hidden
+            extra[TROLL_HIDDEN] = hidden[keep]
+        cu_seqlens = micro_batch["input_ids"].offsets()
         model_output.update({k: torch.nested.nested_tensor_from_jagged(v, cu_seqlens) for k, v in extra.items()})
         if want_loss:
             model_output[TROLL_HEAD] = _HeadRef(module=head, temperature=temperature)
         return model_output
+
+
+def _scaled_hidden(hidden, output_args, bias):
+    """(hidden, temperature) such that the logits / verl's per-row temperatures are (hidden @ W.T + b) / temperature.
+
+    One temperature over the real rows (verl pads the packing rows' temperatures with 1): the hidden states as they
+    are. Per-sample temperatures: each row divided by its own, and 1.0 (exact only without a bias).
+    """
+    temps = output_args["temperature_rmpad"].reshape(-1)
+    real = temps[: temps.shape[0] - output_args["pad_size"]]
+    if real.numel() == 0 or bool((real == real[0]).all()):
+        return hidden, float(real[0]) if real.numel() else 1.0
+    if bias is None:  # logits / t = (hidden / t) @ weight.T
+        return hidden / temps.unsqueeze(-1).to(hidden.dtype), 1.0
+    raise NotImplementedError(
+        "TrollFSDPEngine: per-sample temperatures with a biased LM head; set "
+        "actor_rollout_ref.actor.troll.lm_head=dense."
+    )
+
+
+@torch.no_grad()
+def _capture_from_hidden(hidden, weight, bias, temperature, tokens, capture, entropy):
+    """(old policy, log-probs of ``tokens``, entropy or None) of every row, from one chunked sparsification.
+
+    The old policy keeps the sampled token with its exact log-prob, and the first of the two vocabulary passes also
+    gives the entropy, so verl's own compute_log_prob outputs cost no third pass.
+    """
+    out = sparsify_from_hidden(
+        hidden.detach(),
+        weight.detach(),
+        bias=None if bias is None else bias.detach(),
+        temperature=temperature,
+        top_k=capture["top_k"],
+        delta=capture["delta"],
+        include=tokens,
+        return_entropy=bool(entropy),
+    )
+    old, ent = out if entropy else (out, None)
+    at = (old.ids == tokens.unsqueeze(-1)) & old.mask  # exactly one kept position per row
+    return old, old.logp.gather(-1, at.int().argmax(-1, keepdim=True)).squeeze(-1), ent
 
 
 def register(backends=("fsdp", "fsdp2"), devices=("cuda", "npu")) -> None:
@@ -427,7 +449,9 @@ def old_policy_to_padded(output, batch_td, prefix: str = OLD_PREFIX) -> dict[str
 class TrollActorGroup:
     """A proxy for the trainer's ``actor_rollout_wg`` that sets the TROLL flags and keeps the capture's output.
 
-    Every attribute other than ``compute_log_prob`` and ``update_actor`` goes to the wrapped worker group.
+    Every attribute other than ``compute_log_prob`` and ``update_actor`` goes to the wrapped worker group. A
+    ``compute_log_prob`` call for the reference policy (verl's ``no_lora_adapter`` flag, where the LoRA actor is its
+    own reference) is passed through untouched: nothing is captured there.
     """
 
     def __init__(self, group, capture: dict, lm_head: str = "dense", logprob_grad: bool = False):
@@ -438,6 +462,8 @@ class TrollActorGroup:
         return getattr(self._group, name)
 
     def compute_log_prob(self, batch_td):
+        if tu.get_non_tensor_data(batch_td, "no_lora_adapter", False):
+            return self._group.compute_log_prob(batch_td)
         tu.assign_non_tensor(batch_td, troll_capture=self._capture, troll_lm_head=self._lm_head)
         output = self._group.compute_log_prob(batch_td)
         self.last = (output, batch_td)
