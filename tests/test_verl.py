@@ -489,6 +489,7 @@ def test_engine_inputs_keep_only_the_last_hidden_state_without_gradient(monkeypa
     """compute_log_prob (no grad): logits of one position, no output_hidden_states; the backbone hook keeps the
     last hidden state of the flagged forward only. The update (grad): output_hidden_states=True (FSDP2's backward
     needs the hidden states among the forward's outputs). Unflagged micro-batches are left as verl builds them."""
+    _verl()
     import torch
     from tensordict import TensorDict
     from transformers import LlamaConfig, LlamaForCausalLM
