@@ -47,6 +47,7 @@ from troll.chunked import ChunkedLMHead, sparsify_from_hidden  # noqa: E402
 from troll.distributed import gather_lm_head  # noqa: E402
 from troll.integrations import hf  # noqa: E402
 from troll.integrations._verl_glue import capture_rows, pad_capture, troll_loss_verl  # noqa: E402
+from troll.losses import old_token_logp  # noqa: E402
 from troll.sparse import SparseLogProbs  # noqa: E402
 
 __all__ = [
@@ -399,9 +400,9 @@ def _capture_from_hidden(hidden, weight, bias, temperature, tokens, capture, ent
     gives the entropy, so verl's own compute_log_prob outputs cost no third pass.
     """
     out = sparsify_from_hidden(
-        hidden.detach(),
-        weight.detach(),
-        bias=None if bias is None else bias.detach(),
+        hidden,
+        weight,
+        bias=bias,
         temperature=temperature,
         top_k=capture["top_k"],
         delta=capture["delta"],
@@ -409,8 +410,7 @@ def _capture_from_hidden(hidden, weight, bias, temperature, tokens, capture, ent
         return_entropy=bool(entropy),
     )
     old, ent = out if entropy else (out, None)
-    at = (old.ids == tokens.unsqueeze(-1)) & old.mask  # exactly one kept position per row
-    return old, old.logp.gather(-1, at.int().argmax(-1, keepdim=True)).squeeze(-1), ent
+    return old, old_token_logp(old, tokens).to(old.logp.dtype), ent  # the sampled token is kept: its stored value
 
 
 def register(backends=("fsdp", "fsdp2"), devices=("cuda", "npu")) -> None:
