@@ -6,9 +6,10 @@ import pytest
 import torch
 
 import troll
-from troll.chunked import ChunkedLMHead
-from troll.policy import CurrentPolicy, DenseLogits, blocked_logsumexp, coarse_support
+from troll.lm_head import ChunkedLMHead
+from troll.policy import CurrentPolicy, DenseLogits, blocked_logsumexp
 from troll.sparse import kept_ids
+from troll.sparse_projection import coarse_support
 
 NEG_INF = float("-inf")
 

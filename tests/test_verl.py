@@ -224,8 +224,8 @@ def test_verl_scale_matches_verls_agg_loss(agg, info):
     import torch
     from verl.trainer.ppo.core_algos import agg_loss
 
+    from troll.batch import aggregate
     from troll.integrations._verl_glue import verl_scale
-    from troll.losses import aggregate
 
     gen = torch.Generator().manual_seed(2)
     values = torch.randn(4, 6, dtype=torch.float64, generator=gen)

@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 from conftest import check_torchrun, run_script
 
+from troll.batch import LossOutput
 from troll.distributed import call_in_forward, full_shape, with_lm_head
-from troll.losses import LossOutput
 from troll.sparse import SparseLogProbs
 
 HERE = Path(__file__).parent

@@ -6,10 +6,12 @@ the numerical choices in docs/numerics.md.
 """
 
 from troll.baselines import cispo_loss, clip_loss
-from troll.chunked import ChunkedLMHead, sparsify_from_hidden, troll_loss_from_hidden
-from troll.losses import AGGREGATIONS, LossOutput, aggregate, old_token_logp, troll_loss
+from troll.batch import LossOutput, aggregate
+from troll.defaults import AGGREGATIONS
+from troll.lm_head import ChunkedLMHead, sparsify_from_hidden
+from troll.losses import troll_loss, troll_loss_from_hidden
 from troll.projection import Projection, infeasible, project
-from troll.sparse import SparseLogProbs, sparsify
+from troll.sparse import SparseLogProbs, old_token_logp, sparsify
 from troll.sparse_projection import SparseProjection, project_sparse
 
 __version__ = "0.1.0"

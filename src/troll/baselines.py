@@ -11,12 +11,12 @@ from __future__ import annotations
 import torch
 
 from troll._checks import check_choice, check_delta, check_lse, check_positive, check_top_k
-from troll._common import check_logits_batch, check_old, masked_mean, masked_stats, sequence_weight
-from troll.defaults import CISPO_EPS_HIGH, CLIP_EPS, DELTA, TOP_K
-from troll.losses import AGGREGATIONS, LEVELS, LossOutput, _old_token_logp, aggregate
-from troll.policy import DenseLogits, coarse_support
+from troll.batch import LossOutput, aggregate, check_logits_batch, check_old, masked_mean, masked_stats, sequence_weight
+from troll.defaults import AGGREGATIONS, CISPO_EPS_HIGH, CLIP_EPS, DELTA, LEVELS, TOP_K
+from troll.policy import DenseLogits
 from troll.projection import compute_dtype, kl_divergence
 from troll.sparse import SparseLogProbs
+from troll.sparse_projection import coarse_support
 
 
 def _policy_terms(logits, old, tokens, advantages, mask):
@@ -33,7 +33,7 @@ def _policy_terms(logits, old, tokens, advantages, mask):
     x = logits.to(compute_dtype(logits.dtype))
     lse = torch.logsumexp(x, dim=-1)
     check_lse("logits", lse)
-    old_tok = _old_token_logp(old, tokens).to(x.dtype)  # detached
+    old_tok = (old.token_logp(tokens) if isinstance(old, SparseLogProbs) else old.detach().double()).to(x.dtype)
     # A sampled token the old policy excludes is dropped from the loss (as in troll_loss; docs/numerics.md).
     excluded = mask & torch.isneginf(old_tok)
     mask = mask & ~excluded

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from troll.losses import LossOutput
+from troll.batch import LossOutput
 
 
 def is_dtensor(t) -> bool:
@@ -114,7 +114,7 @@ def call_in_forward(module: torch.nn.Module, fn: Callable[..., Any], *tensors: t
     gathers ``module``'s parameters; the hook on the output re-gathers them before the backward; the hook on the
     inputs (``tensors``: pass the hidden states here, not through a closure) releases them after it; the gradient
     hooks reduce-scatter the weight's gradient. ``fn`` must use the tensors it is given, which the hooks may have
-    wrapped. ``fn`` returns a tensor, a :class:`~troll.losses.LossOutput`, or anything without a tensor that needs
+    wrapped. ``fn`` returns a tensor, a :class:`~troll.batch.LossOutput`, or anything without a tensor that needs
     a gradient. A tensor (a LossOutput's loss) that needs a gradient is routed through the module's output, so that
     the backward from it fires the hooks; the rest is returned untouched. Any other tensor that needs a gradient
     would reach a released partition in its backward, so it is refused with a TypeError. The module's forward is

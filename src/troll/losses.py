@@ -1,87 +1,37 @@
-"""Policy-gradient losses on per-token logits: TROLL and the clip-family baselines, with one call shape.
+"""The TROLL loss (docs/method.md, "The loss"), from per-token logits or from the LM head's input.
 
-Shapes: B sequences, T response positions, V vocabulary, K stored old ids.
+Shapes: B sequences, T response positions, V vocabulary, K stored old ids, H hidden size.
     logits     (B, T, V)  current policy, already divided by the sampling temperature
-    old        SparseLogProbs (B, T, K) of the old policy (clip losses also take old per-token log-probs (B, T))
+    hidden     (B, T, H)  or the LM head's input, with its weight (V, H) (troll_loss_from_hidden)
+    old        SparseLogProbs (B, T, K) of the old policy
     tokens     (B, T)     sampled ids
     advantages (B,) or (B, T)
     mask       (B, T)     True on response tokens
-Each returns a :class:`LossOutput`: the scalar ``loss`` and a dict of detached scalar ``metrics``.
+Each returns a :class:`troll.batch.LossOutput`: the scalar ``loss`` and a dict of detached scalar ``metrics``. The
+clip-family baselines, with the same call shape, are in :mod:`troll.baselines`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
-from troll._checks import (
-    check_choice,
-    check_delta,
-    check_ids,
-    check_int,
-    check_lse,
-    check_number,
-    check_shape,
-    check_sparse,
-    check_tensor,
-    check_top_k,
+from troll._checks import check_lse, check_troll_settings
+from troll.batch import (
+    LossOutput,
+    aggregate,
+    check_batch,
+    check_logits_batch,
+    check_old,
+    masked_mean,
+    masked_stats,
+    sequence_weight,
 )
-from troll._common import check_logits_batch, check_old, masked_mean, masked_stats, sequence_weight
 from troll.defaults import ALPHA, DELTA, KL_BOUND, TOP_K
-from troll.policy import DenseLogits, coarse_support
+from troll.lm_head import ChunkedLMHead, check_chunk_size, check_head, head_dtype
+from troll.policy import DenseLogits
 from troll.projection import infeasible, kl_divergence, project_log_probs
 from troll.sparse import SparseLogProbs
-
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
-LEVELS = ("token", "sequence")
-
-
-@dataclass
-class LossOutput:
-    loss: torch.Tensor
-    metrics: dict[str, torch.Tensor] = field(default_factory=dict)
-
-
-def aggregate(values: torch.Tensor, mask: torch.Tensor, agg: str, *, max_len: int | None = None) -> torch.Tensor:
-    """Reduce per-token ``values`` (B, T) over ``mask`` (B, T) to a scalar.
-
-    token-mean:              sum(v m) / sum(m)                                (DAPO; the paper's GRPO)
-    seq-mean-token-mean:     mean over non-empty sequences of sum_t(v m) / sum_t(m)   (original GRPO)
-    seq-mean-token-sum:      mean over non-empty sequences of sum_t(v m)
-    seq-mean-token-sum-norm: sum(v m) / (B * max_len), max_len defaults to T   (Dr. GRPO)
-    Empty denominators give 0, so an all-masked batch has loss 0.
-    """
-    check_choice("agg", agg, AGGREGATIONS)
-    if max_len is not None:
-        check_int("max_len", max_len, hint="; pass the maximum completion length, or None for T")
-    # Select, never multiply by the mask: a NaN / inf at a padded position must not reach the sum.
-    per_seq = torch.where(mask, values, 0.0).sum(-1)
-    count = mask.to(values.dtype).sum(-1)
-    if agg == "token-mean":
-        return per_seq.sum() / count.sum().clamp_min(1)
-    if agg == "seq-mean-token-sum-norm":
-        length = values.shape[-1] if max_len is None else max_len
-        if length < values.shape[-1]:
-            raise ValueError(
-                f"max_len={max_len} is shorter than the sequences (T = {values.shape[-1]}); Dr. GRPO's constant is the "
-                "maximum completion length, at least T. Pass that, or None for T."
-            )
-        return per_seq.sum() / (values.shape[0] * length)
-    nonempty = count > 0
-    if agg == "seq-mean-token-mean":
-        per_seq = per_seq / count.clamp_min(1)
-    return per_seq.sum() / nonempty.sum().clamp_min(1)
-
-
-def check_troll_args(*, kl_bound, alpha, top_k, delta, level, agg) -> None:
-    """The hyper-parameter checks shared by every TROLL loss entry point."""
-    check_number("kl_bound", kl_bound, hint="; the paper uses kl_bound=0.05")
-    check_number("alpha", alpha, strict=False, hint="; the paper uses alpha=1.0")
-    check_top_k(top_k)
-    check_delta(delta)
-    check_choice("level", level, LEVELS)
-    check_choice("agg", agg, AGGREGATIONS)
+from troll.sparse_projection import coarse_support
 
 
 def troll_loss(
@@ -111,7 +61,7 @@ def troll_loss(
     max), loss/pg and loss/reg, all over response tokens.
     """
     params = dict(kl_bound=kl_bound, alpha=alpha, top_k=top_k, delta=delta, level=level, agg=agg)
-    check_troll_args(**params)
+    check_troll_settings(**params)
     tokens, adv, mask = check_logits_batch(logits, tokens, advantages, mask)
     bsz, seq, vocab = logits.shape
     check_old(old, bsz, seq, vocab)
@@ -134,7 +84,7 @@ def troll_loss_from_policy(new, old, tokens, adv, mask, *, kl_bound, alpha, top_
     # from the loss and counted in old_excluded_frac (docs/numerics.md).
     with torch.no_grad():
         old_zero = torch.isneginf(b.gather(-1, at).reshape(bsz, seq))
-        old_zero |= torch.isneginf(_old_token_logp(old, tokens.reshape(-1)).reshape(bsz, seq))
+        old_zero |= torch.isneginf(old.token_logp(tokens.reshape(-1)).reshape(bsz, seq))
     excluded = mask & old_zero
     kept = mask & ~excluded
     # Positions outside the loss get old = new: inactive, finite, and no solver work.
@@ -175,25 +125,51 @@ def troll_loss_from_policy(new, old, tokens, adv, mask, *, kl_bound, alpha, top_
     return LossOutput(loss, metrics)
 
 
-def old_token_logp(old: SparseLogProbs | torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """Old per-token log-probs (B, T): the stored value at the sampled id, else its share of the unkept mass."""
-    check_tensor("tokens", tokens)
-    if torch.is_tensor(old):
-        check_shape("old", old, tuple(tokens.shape), " (one old log-prob per token)")
-        return old.detach().double()
-    if not isinstance(old, SparseLogProbs):
-        raise ValueError(f"old must be a SparseLogProbs (from troll.sparsify) or a tensor, got {type(old).__name__}.")
-    check_shape("old.ids", old.ids[..., 0], tuple(tokens.shape), " (old must cover the same positions as tokens)")
-    check_sparse(old, old.vocab_size)
-    check_ids("tokens", tokens, old.vocab_size)
-    return _old_token_logp(old, tokens)
+def troll_loss_from_hidden(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    old: SparseLogProbs,
+    tokens: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    kl_bound: float = KL_BOUND,
+    alpha: float = ALPHA,
+    top_k: int = TOP_K,
+    delta: float = DELTA,
+    level: str = "token",
+    agg: str = "token-mean",
+    max_len: int | None = None,
+    chunk_size: int | None = None,
+    entropy: bool = False,
+) -> LossOutput:
+    """:func:`troll.troll_loss` of ``logits = (hidden @ weight.T + bias) / temperature``, without the logits.
 
+    Args:
+        hidden:  (B, T, H) the LM head's input at the response positions (gradient flows to it).
+        weight:  (V, H) the LM head's weight (``lm_head.weight``); bias: (V,) or None.
+        old, tokens, advantages, mask, and the keywords: as in :func:`troll.troll_loss`.
+        chunk_size: vocabulary columns per pass (default about 2**24 / (B T)); a speed / memory trade-off only.
+        entropy: also report metrics["entropy/mean"], the current policy's entropy (nats, at the temperature)
+            averaged over the mask, from the scan's vocabulary pass (no extra matmul).
 
-def _old_token_logp(old: SparseLogProbs | torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-    """:func:`old_token_logp` on inputs the caller has checked."""
-    if torch.is_tensor(old):
-        return old.detach().double()
-    hit = (old.ids == tokens.unsqueeze(-1)) & old.mask
-    stored = torch.where(hit, old.logp.double(), 0.0).sum(-1)
-    n_tail = (old.vocab_size - old.mask.sum(-1)).double().clamp_min(1)
-    return torch.where(hit.any(-1), stored, old.log_rest_mass() - n_tail.log())
+    Memory: O(B T x chunk_size) + O(B T x U) plus weight's gradient, instead of O(B T x V). Same value, gradients
+    (to hidden, weight, bias) and metrics as the dense path up to float rounding.
+    """
+    params = dict(kl_bound=kl_bound, alpha=alpha, top_k=top_k, delta=delta, level=level, agg=agg)
+    check_troll_settings(**params)
+    check_chunk_size(chunk_size)
+    vocab = check_head(hidden, weight, bias, temperature, lead_dims=2)
+    bsz, seq, _ = hidden.shape
+    tokens, adv, mask = check_batch(tokens, advantages, mask, bsz, seq, vocab, source="hidden")
+    check_old(old, bsz, seq, vocab)
+
+    new = ChunkedLMHead(hidden.reshape(bsz * seq, -1), weight, bias, temperature, chunk_size, entropy)
+    out = troll_loss_from_policy(new, old.flatten(), tokens, adv, mask, **params, max_len=max_len)
+    if entropy:
+        ent = torch.where(mask, new.entropy.double().reshape(bsz, seq), 0.0)
+        out.metrics["entropy/mean"] = ent.sum() / mask.double().sum().clamp_min(1)
+    fp64 = head_dtype(hidden, weight) == torch.float64
+    return LossOutput(out.loss if fp64 else out.loss.float(), out.metrics)

@@ -24,9 +24,8 @@ from typing import NamedTuple
 import torch
 
 from troll._checks import check_logits, check_positive, check_shape
+from troll.rootfind import solve_log_step
 
-V_MIN = -60.0  # lower end of the bracket on log s: eta = exp(60) - 1, far beyond any real projection
-MAX_ITER = 100
 # kl_after above kl_bound * (1 + this) marks a row as infeasible. A row that meets the bound ends within ~1e-7 of
 # it (fp64 solve, fp32 output aimed FP32_MARGIN inside, kl_after recomputed from the rounded output), so anything
 # more than 1e-6 above is a row the bound could not be met on. (1e-3 once let such rows through unreported.)
@@ -78,36 +77,24 @@ def kl_divergence(p_logp: torch.Tensor, q_logp: torch.Tensor) -> torch.Tensor:
     return (p * diff).sum(-1)
 
 
-@torch.no_grad()
 def solve_step(a: torch.Tensor, b: torch.Tensor, kl_bound: float, *, rtol: float | None = None) -> torch.Tensor:
     """Solve ``KL(pi_s || pi_old) = kl_bound`` for s = 1 / (1 + eta) on rows that violate the bound.
 
     a, b: (N, C) normalised log-probs, all rows with KL(exp a || exp b) > kl_bound. Returns s: (N,) in (0, 1).
     The root is approached from a target ``kl_bound * (1 - rtol / 2)`` and accepted within ``rtol / 2``, so a
     converged row ends in [kl_bound * (1 - rtol), kl_bound]: inside the region, never just outside it.
+    ``d KL / d log s = Var_pi[c]`` (docs/method.md) is the slope :func:`troll.rootfind.solve_log_step` needs.
     """
     if rtol is None:
         rtol = 1e-9 if a.dtype == torch.float64 else 1e-5
+
+    def stats(v, rows):
+        _, _, kl, var = kl_stats(interpolate(a[rows], b[rows], v.exp()), b[rows])
+        return kl, var
+
     target = kl_bound * (1 - rtol / 2)
-    log_target = math.log(target)
-    n = a.shape[0]
-    lo = torch.full((n,), V_MIN, dtype=a.dtype, device=a.device)
-    hi = torch.zeros_like(lo)
-    v = torch.full_like(lo, -1.0)  # eta = e - 1: a neutral first guess; Newton takes over from there
-    for _ in range(MAX_ITER):
-        _, _, kl, var = kl_stats(interpolate(a, b, v.exp()), b)
-        above = kl > target
-        hi = torch.where(above, v, hi)
-        lo = torch.where(above, lo, v)
-        done = (kl - target).abs() <= rtol / 2 * kl_bound
-        if bool(done.all()):
-            break
-        # Newton on g(v) = log KL - log target, g' = Var / KL; bisect when it leaves the bracket.
-        step = v - (kl.log() - log_target) * kl / var
-        bad = ~torch.isfinite(step) | (step <= lo) | (step >= hi)
-        v = torch.where(done, v, torch.where(bad, (lo + hi) / 2, step))
-    # A row that did not converge keeps the feasible end of its bracket, never an infeasible point.
-    return torch.where(done, v, lo).exp()
+    v, _ = solve_log_step(stats, a.shape[0], target, rtol / 2 * kl_bound, dtype=a.dtype, device=a.device)
+    return v.exp()
 
 
 class _ProjectFn(torch.autograd.Function):

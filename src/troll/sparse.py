@@ -6,8 +6,17 @@ from dataclasses import dataclass
 
 import torch
 
-from troll._checks import check_delta, check_ids, check_logits, check_lse, check_shape, check_top_k
-from troll.defaults import DELTA, TOP_K
+from troll._checks import (
+    check_delta,
+    check_ids,
+    check_logits,
+    check_lse,
+    check_shape,
+    check_sparse,
+    check_tensor,
+    check_top_k,
+)
+from troll.defaults import DELTA, OLD_PREFIX, TOP_K
 
 
 @dataclass
@@ -59,7 +68,15 @@ class SparseLogProbs:
         kept = self.logp.double().exp().sum(-1)
         return (1 - kept).clamp_min(0).log()
 
-    def to_dict(self, prefix: str = "troll_old_") -> dict[str, torch.Tensor]:
+    def token_logp(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(...) fp64 log-probs of ``tokens`` (...): the stored value where kept, else an equal share of the unkept
+        mass (docs/method.md, the uniform tail). Unchecked: :func:`old_token_logp` is the checked public form."""
+        hit = (self.ids == tokens.unsqueeze(-1)) & self.mask
+        stored = torch.where(hit, self.logp.double(), 0.0).sum(-1)
+        n_tail = (self.vocab_size - self.mask.sum(-1)).double().clamp_min(1)
+        return torch.where(hit.any(-1), stored, self.log_rest_mass() - n_tail.log())
+
+    def to_dict(self, prefix: str = OLD_PREFIX) -> dict[str, torch.Tensor]:
         """Plain tensors for a batch container that slices every entry along the leading dims (e.g. verl's DataProto).
 
         Keys ``{prefix}ids`` (..., K) long, ``{prefix}logp`` (..., K), ``{prefix}mask`` (..., K) bool,
@@ -76,7 +93,7 @@ class SparseLogProbs:
         }
 
     @classmethod
-    def from_dict(cls, tensors, prefix: str = "troll_old_") -> SparseLogProbs:
+    def from_dict(cls, tensors, prefix: str = OLD_PREFIX) -> SparseLogProbs:
         """The :class:`SparseLogProbs` packed by :meth:`to_dict` (any mapping holding its five keys)."""
         names = ("ids", "logp", "mask", "log_rest", "vocab")
         missing = [f"{prefix}{n}" for n in names if f"{prefix}{n}" not in tensors]
@@ -257,3 +274,20 @@ def cat_sparse(parts: list[SparseLogProbs], dim: int = 0) -> SparseLogProbs:
     mask = torch.cat([pad(p.mask, False) for p in parts], dim)
     rest = torch.cat([p.log_rest_mass().to(p.logp.dtype) if p.log_rest is None else p.log_rest for p in parts], dim)
     return SparseLogProbs(ids, logp, mask, vocab.pop(), rest)
+
+
+def old_token_logp(old: SparseLogProbs | torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Old per-token log-probs (B, T) in fp64: the stored value at the sampled id, else its share of the unkept mass.
+
+    ``old`` is a :class:`SparseLogProbs` (B, T, K), or already the per-token log-probs (B, T) (returned detached).
+    """
+    check_tensor("tokens", tokens)
+    if torch.is_tensor(old):
+        check_shape("old", old, tuple(tokens.shape), " (one old log-prob per token)")
+        return old.detach().double()
+    if not isinstance(old, SparseLogProbs):
+        raise ValueError(f"old must be a SparseLogProbs (from troll.sparsify) or a tensor, got {type(old).__name__}.")
+    check_shape("old.ids", old.ids[..., 0], tuple(tokens.shape), " (old must cover the same positions as tokens)")
+    check_sparse(old, old.vocab_size)
+    check_ids("tokens", tokens, old.vocab_size)
+    return old.token_logp(tokens)

@@ -12,6 +12,7 @@ It equals the dense projection when U is the whole vocabulary (the rest category
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -26,9 +27,52 @@ from troll._checks import (
     check_sparse,
     check_top_k,
 )
-from troll.policy import MASS_FLOOR, DenseLogits, coarse_support  # noqa: F401  (their former home)
+from troll.policy import CurrentPolicy, DenseLogits
 from troll.projection import project_log_probs
-from troll.sparse import SparseLogProbs
+from troll.sparse import SparseLogProbs, merge_ids
+
+# Masses below this are rounding noise of fp32 log-probs; the floor keeps every log finite (docs/numerics.md).
+MASS_FLOOR = 1e-30
+NEG_INF = float("-inf")
+
+
+def coarse_support(new: CurrentPolicy, old: SparseLogProbs, *, top_k, delta, extra=None):
+    """Build the (|U| + 1)-category new and old log-probs over flat rows.
+
+    new: a :class:`CurrentPolicy` over N rows; old: flat (N, K); extra: (N, m) ids to add.
+    Returns ``ids`` (N, U), ``mask`` (N, U + 1), ``a`` and ``b`` (N, U + 1) fp64 normalised log-probs with
+    -inf on padding (and on the rest when U is the whole vocabulary).
+    """
+    vocab = new.vocab_size
+    with torch.no_grad():
+        new_ids, new_mask = new.kept(top_k, delta)
+        cand = [old.ids.long(), new_ids] + ([] if extra is None else [extra])
+        cand_mask = [old.mask, new_mask] + ([] if extra is None else [torch.ones_like(extra, dtype=torch.bool)])
+        ids, mask, src = merge_ids(torch.cat(cand, -1), torch.cat(cand_mask, -1))
+        n_out = vocab - mask.sum(-1, keepdim=True)  # ids outside U
+        has_rest = n_out > 0
+        b, b_rest = _old_on_support(old, src, mask, n_out)
+    a = torch.where(mask, (new.at(ids) - new.lse).double(), NEG_INF)
+    # The new rest is 1 - sum over U in fp64; rounding may push it to <= 0, hence the floor.
+    a_rest = (1 - a.exp().sum(-1, keepdim=True)).clamp_min(MASS_FLOOR).log()
+    a = torch.log_softmax(torch.cat([a, torch.where(has_rest, a_rest, NEG_INF)], -1), dim=-1)
+    b = torch.log_softmax(torch.cat([b, torch.where(has_rest, b_rest, NEG_INF)], -1), dim=-1)
+    return ids, torch.cat([mask, has_rest], -1), a, b
+
+
+def _old_on_support(old: SparseLogProbs, src: torch.Tensor, mask: torch.Tensor, n_out: torch.Tensor):
+    """Old log-probs on U and on the rest (N, 1).
+
+    Stored values where the old policy kept the id; elsewhere its unkept mass shared uniformly by the
+    ``n_tail`` ids it did not keep, of which ``n_out`` lie outside U and make up the rest category.
+    """
+    k_old = old.ids.shape[-1]
+    stored = old.logp.double().gather(-1, src.clamp_max(k_old - 1))
+    n_tail = (old.vocab_size - old.mask.sum(-1, keepdim=True)).double().clamp_min(1)
+    log_unkept = old.log_rest_mass().unsqueeze(-1).clamp_min(math.log(MASS_FLOOR))
+    b = torch.where(mask, torch.where(src < k_old, stored, log_unkept - n_tail.log()), NEG_INF)
+    b_rest = log_unkept + n_out.double().clamp_min(1).log() - n_tail.log()
+    return b, b_rest
 
 
 class SparseProjection(NamedTuple):

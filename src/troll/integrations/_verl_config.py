@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from troll.losses import AGGREGATIONS, check_troll_args
+from troll._checks import check_troll_settings
+from troll.defaults import AGGREGATIONS
 
 SUPPORTED_VERL = ">=0.9,<0.10"
 TROLL_LOSS_MODES = ("troll", "troll_seq")
@@ -78,7 +79,7 @@ def troll_settings(actor_config) -> dict | None:
     settings.update(kl_bound=float(settings["kl_bound"]), alpha=float(settings["alpha"]))
     settings["delta"] = float(settings["delta"])
     settings.update(level="token" if mode == "troll" else "sequence", agg=agg)
-    check_troll_args(**settings)
+    check_troll_settings(**settings)
     return settings
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from troll.chunked import troll_loss_from_hidden
+from troll.batch import LossOutput
 from troll.integrations._verl_config import OLD_PREFIX
-from troll.losses import LossOutput, troll_loss
+from troll.losses import troll_loss, troll_loss_from_hidden
 from troll.sparse import SparseLogProbs, sparsify
 
 

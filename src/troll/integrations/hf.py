@@ -16,8 +16,8 @@ from collections.abc import Callable
 
 import torch
 
-from troll.chunked import sparsify_from_hidden
 from troll.distributed import full_shape
+from troll.lm_head import sparsify_from_hidden
 from troll.sparse import SparseLogProbs, cat_sparse, sparsify
 
 # Config fields that rescale or soft-cap the logits after the LM head (the ones TRL's fused head reads too), with

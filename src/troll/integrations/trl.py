@@ -64,11 +64,12 @@ except ImportError as err:  # pragma: no cover - only without TRL
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from troll.chunked import sparsify_from_hidden, troll_loss_from_hidden
-from troll.defaults import ALPHA, DELTA, KL_BOUND, TOP_K
+from troll.batch import LossOutput
+from troll.defaults import AGGREGATIONS, ALPHA, DELTA, KL_BOUND, TOP_K
 from troll.distributed import full_shape, is_dtensor, is_fsdp2_model, with_lm_head
 from troll.integrations import hf
-from troll.losses import AGGREGATIONS, LossOutput, troll_loss
+from troll.lm_head import sparsify_from_hidden
+from troll.losses import troll_loss, troll_loss_from_hidden
 from troll.sparse import SparseLogProbs, sparsify
 
 __all__ = [

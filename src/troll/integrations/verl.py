@@ -43,12 +43,14 @@ from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead  # no
 from verl.workers.utils.losses import ppo_loss  # noqa: E402
 from verl.workers.utils.padding import no_padding_2_padding  # noqa: E402
 
-from troll.chunked import ChunkedLMHead, sparsify_from_hidden  # noqa: E402
 from troll.distributed import gather_lm_head  # noqa: E402
 from troll.integrations import hf  # noqa: E402
 from troll.integrations._verl_glue import capture_rows, pad_capture, troll_loss_verl  # noqa: E402
-from troll.losses import old_token_logp  # noqa: E402
-from troll.sparse import SparseLogProbs  # noqa: E402
+from troll.lm_head import ChunkedLMHead, sparsify_from_hidden  # noqa: E402
+from troll.sparse import (
+    SparseLogProbs,  # noqa: E402
+    old_token_logp,  # noqa: E402
+)
 
 __all__ = [
     "OLD_PREFIX",

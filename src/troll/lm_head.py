@@ -13,8 +13,9 @@ gradient:
 
 That is the same matmul count as a fused log-prob kernel (TRL's ChunkedLogProbFunction): one forward pass, one
 recomputation and two gradient products. :class:`ChunkedLMHead` is a drop-in for
-:class:`troll.policy.DenseLogits`, so the support, the projection and the loss are the dense path's code.
-:func:`sparsify_from_hidden` captures the old policy the same way, matching :func:`troll.sparsify`.
+:class:`troll.policy.DenseLogits`, so the support, the projection and the loss are the dense path's code
+(:func:`troll.troll_loss_from_hidden` in :mod:`troll.losses`). :func:`sparsify_from_hidden` captures the old policy
+the same way, matching :func:`troll.sparsify`.
 
 Shapes: B sequences, T positions, N = B*T rows, H hidden size, V vocabulary, C chunk columns, U support ids.
 """
@@ -24,9 +25,7 @@ from __future__ import annotations
 import torch
 
 from troll._checks import check_delta, check_lse, check_number, check_shape, check_tensor, check_top_k
-from troll._common import check_batch, check_old
-from troll.defaults import ALPHA, DELTA, KL_BOUND, TOP_K
-from troll.losses import LossOutput, check_troll_args, troll_loss_from_policy
+from troll.defaults import DELTA, TOP_K
 from troll.sparse import SparseLogProbs, include_ids, mass_rule, merge_ids, trim_kept
 
 # A chunk's logits take about this many elements (64 MB in fp32): C = CHUNK_ELEMENTS // N, at least MIN_CHUNK.
@@ -44,7 +43,7 @@ def default_chunk_size(rows: int, vocab: int) -> int:
     return max(1, min(vocab, max(MIN_CHUNK, CHUNK_ELEMENTS // max(rows, 1))))
 
 
-def _compute_dtype(*tensors) -> torch.dtype:
+def head_dtype(*tensors) -> torch.dtype:
     """fp64 if any input is fp64, else fp32 (bf16 / fp16 inputs are computed in fp32, as in the dense path)."""
     return torch.float64 if any(t is not None and t.dtype == torch.float64 for t in tensors) else torch.float32
 
@@ -142,7 +141,7 @@ class _LMHeadFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, ids, temperature, chunk_size, lse=None):
-        h = hidden.to(_compute_dtype(hidden, weight))
+        h = hidden.to(head_dtype(hidden, weight))
         if lse is None:
             m, log_norm, _, _, _ = _scan(h, weight, bias, temperature, chunk_size, 0)
             lse = m + log_norm
@@ -215,7 +214,7 @@ class ChunkedLMHead:
 
     def _stats(self, top_k: int):
         if self._scanned is None or self._scanned[-1] < top_k:
-            h = self.hidden.detach().to(_compute_dtype(self.hidden, self.weight))
+            h = self.hidden.detach().to(head_dtype(self.hidden, self.weight))
             bias = None if self.bias is None else self.bias.detach()
             w = self.weight.detach()
             m, log_norm, top, ids, ent = _scan(h, w, bias, self.temperature, self.chunk_size, top_k, self._want_entropy)
@@ -249,7 +248,7 @@ class ChunkedLMHead:
         return vals
 
 
-def _check_head(hidden, weight, bias, temperature, lead_dims=None):
+def check_head(hidden, weight, bias, temperature, lead_dims=None):
     """Validate hidden (..., H), weight (V, H), bias (V,) and the temperature (shapes; values: ``check_lse``)."""
     for name, t in (("hidden", hidden), ("weight", weight)):
         check_tensor(name, t)
@@ -269,59 +268,9 @@ def _check_head(hidden, weight, bias, temperature, lead_dims=None):
     return vocab
 
 
-def _check_chunk_size(chunk_size) -> None:
+def check_chunk_size(chunk_size) -> None:
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
         raise ValueError(f"chunk_size must be a positive integer or None (automatic), got {chunk_size!r}.")
-
-
-def troll_loss_from_hidden(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    old: SparseLogProbs,
-    tokens: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    *,
-    bias: torch.Tensor | None = None,
-    temperature: float = 1.0,
-    kl_bound: float = KL_BOUND,
-    alpha: float = ALPHA,
-    top_k: int = TOP_K,
-    delta: float = DELTA,
-    level: str = "token",
-    agg: str = "token-mean",
-    max_len: int | None = None,
-    chunk_size: int | None = None,
-    entropy: bool = False,
-) -> LossOutput:
-    """:func:`troll.troll_loss` of ``logits = (hidden @ weight.T + bias) / temperature``, without the logits.
-
-    Args:
-        hidden:  (B, T, H) the LM head's input at the response positions (gradient flows to it).
-        weight:  (V, H) the LM head's weight (``lm_head.weight``); bias: (V,) or None.
-        old, tokens, advantages, mask, and the keywords: as in :func:`troll.troll_loss`.
-        chunk_size: vocabulary columns per pass (default about 2**24 / (B T)); a speed / memory trade-off only.
-        entropy: also report metrics["entropy/mean"], the current policy's entropy (nats, at the temperature)
-            averaged over the mask, from the scan's vocabulary pass (no extra matmul).
-
-    Memory: O(B T x chunk_size) + O(B T x U) plus weight's gradient, instead of O(B T x V). Same value, gradients
-    (to hidden, weight, bias) and metrics as the dense path up to float rounding.
-    """
-    params = dict(kl_bound=kl_bound, alpha=alpha, top_k=top_k, delta=delta, level=level, agg=agg)
-    check_troll_args(**params)
-    _check_chunk_size(chunk_size)
-    vocab = _check_head(hidden, weight, bias, temperature, lead_dims=2)
-    bsz, seq, _ = hidden.shape
-    tokens, adv, mask = check_batch(tokens, advantages, mask, bsz, seq, vocab, source="hidden")
-    check_old(old, bsz, seq, vocab)
-
-    new = ChunkedLMHead(hidden.reshape(bsz * seq, -1), weight, bias, temperature, chunk_size, entropy)
-    out = troll_loss_from_policy(new, old.flatten(), tokens, adv, mask, **params, max_len=max_len)
-    if entropy:
-        ent = torch.where(mask, new.entropy.double().reshape(bsz, seq), 0.0)
-        out.metrics["entropy/mean"] = ent.sum() / mask.double().sum().clamp_min(1)
-    fp64 = _compute_dtype(hidden, weight) == torch.float64
-    return LossOutput(out.loss if fp64 else out.loss.float(), out.metrics)
 
 
 @torch.no_grad()
@@ -349,11 +298,11 @@ def sparsify_from_hidden(
     """
     check_top_k(top_k)
     check_delta(delta)
-    _check_chunk_size(chunk_size)
-    vocab = _check_head(hidden, weight, bias, temperature)
+    check_chunk_size(chunk_size)
+    vocab = check_head(hidden, weight, bias, temperature)
     lead = hidden.shape[:-1]
     extra = None if include is None else include_ids(include, lead, vocab)
-    h = hidden.detach().reshape(-1, hidden.shape[-1]).to(_compute_dtype(hidden, weight))
+    h = hidden.detach().reshape(-1, hidden.shape[-1]).to(head_dtype(hidden, weight))
     chunk = chunk_size or default_chunk_size(h.shape[0], vocab)
     w, b = weight.detach(), None if bias is None else bias.detach()
 

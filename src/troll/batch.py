@@ -1,15 +1,69 @@
-"""Helpers shared by the TROLL loss and the clip-family baselines: batch checks, masked statistics, the GSPO weight.
+"""A policy-gradient batch as every loss sees it: its checks, its aggregation over tokens, masked statistics, the
+GSPO sequence weight, and the :class:`LossOutput` every loss returns.
 
-Shapes: B sequences, T positions, V vocabulary, K stored old ids (as in :mod:`troll.losses`).
+Shapes: B sequences, T positions, V vocabulary, K stored old ids.
+    tokens     (B, T)     sampled ids
+    advantages (B,) or (B, T)
+    mask       (B, T)     True on response tokens
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 
-from troll._checks import check_ids, check_logits, check_mask, check_shape, check_sparse, check_tensor
-from troll.defaults import MAX_LOG_RATIO
+from troll._checks import (
+    check_choice,
+    check_ids,
+    check_int,
+    check_logits,
+    check_mask,
+    check_shape,
+    check_sparse,
+    check_tensor,
+)
+from troll.defaults import AGGREGATIONS, MAX_LOG_RATIO
 from troll.sparse import SparseLogProbs
+
+
+@dataclass
+class LossOutput:
+    """A loss: the scalar ``loss`` and a dict of detached scalar ``metrics`` (keys as logged, e.g. ``kl_after/max``)."""
+
+    loss: torch.Tensor
+    metrics: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def aggregate(values: torch.Tensor, mask: torch.Tensor, agg: str, *, max_len: int | None = None) -> torch.Tensor:
+    """Reduce per-token ``values`` (B, T) over ``mask`` (B, T) to a scalar.
+
+    token-mean:              sum(v m) / sum(m)                                (DAPO; the paper's GRPO)
+    seq-mean-token-mean:     mean over non-empty sequences of sum_t(v m) / sum_t(m)   (original GRPO)
+    seq-mean-token-sum:      mean over non-empty sequences of sum_t(v m)
+    seq-mean-token-sum-norm: sum(v m) / (B * max_len), max_len defaults to T   (Dr. GRPO)
+    Empty denominators give 0, so an all-masked batch has loss 0.
+    """
+    check_choice("agg", agg, AGGREGATIONS)
+    if max_len is not None:
+        check_int("max_len", max_len, hint="; pass the maximum completion length, or None for T")
+    # Select, never multiply by the mask: a NaN / inf at a padded position must not reach the sum.
+    per_seq = torch.where(mask, values, 0.0).sum(-1)
+    count = mask.to(values.dtype).sum(-1)
+    if agg == "token-mean":
+        return per_seq.sum() / count.sum().clamp_min(1)
+    if agg == "seq-mean-token-sum-norm":
+        length = values.shape[-1] if max_len is None else max_len
+        if length < values.shape[-1]:
+            raise ValueError(
+                f"max_len={max_len} is shorter than the sequences (T = {values.shape[-1]}); Dr. GRPO's constant is the "
+                "maximum completion length, at least T. Pass that, or None for T."
+            )
+        return per_seq.sum() / (values.shape[0] * length)
+    nonempty = count > 0
+    if agg == "seq-mean-token-mean":
+        per_seq = per_seq / count.clamp_min(1)
+    return per_seq.sum() / nonempty.sum().clamp_min(1)
 
 
 def check_logits_batch(logits, tokens, advantages, mask):
