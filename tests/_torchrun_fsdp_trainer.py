@@ -25,7 +25,7 @@ from torch.distributed.tensor import distribute_tensor  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parent))
 from _torchrun_trl import fixed_batch, make_trainer  # noqa: E402
 
-from troll.integrations.trl import _pack_old  # noqa: E402
+from troll.sparse import cat_sparse  # noqa: E402
 
 
 def loss_and_grads(tr, batch, mode):
@@ -60,7 +60,7 @@ def main(out: Path) -> None:
     fully_shard(tr.model)
     tr.model.train()
     batch, mine = fixed_batch(tok, rank, world)
-    batch.update(tr._troll_capture_old(batch))
+    batch.update(tr._troll_capture_old(batch).to_dict())
     assert type(tr.model.lm_head.weight).__name__ == "DTensor"
     # The capture that rides on TRL's own no-grad scoring forward (a hook on the backbone) gathers the sharded
     # head too, and equals the separate capture.
@@ -70,7 +70,7 @@ def main(out: Path) -> None:
     tr._troll_pending = []
     with torch.no_grad():
         tr._get_per_token_logps_and_entropies(tr.model, ids, mask, batch["completion_ids"].shape[1], batch_size=4)
-    hooked, tr._troll_pending = _pack_old(tr._troll_pending), None
+    hooked, tr._troll_pending = cat_sparse(tr._troll_pending).to_dict(), None
     hook_dev = max(float((hooked[k].double() - batch[k].double()).abs().max()) for k in hooked)
     tr.model.reshard()  # the root stays unsharded after its forward; perturb the shards, the source of truth
     with torch.no_grad():  # move away from the old policy (same noise on every rank, each adds its shard)

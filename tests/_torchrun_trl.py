@@ -103,7 +103,7 @@ def main(out: Path) -> None:
 
     batch, mine = fixed_batch(tok, rank, world)
     tr.model.train()
-    batch.update(tr._troll_capture_old(batch))
+    batch.update(tr._troll_capture_old(batch).to_dict())
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for param in tr.model.parameters():

@@ -38,7 +38,8 @@ from tiny import reward_letter_a, tiny_dataset, tiny_model, tiny_tokenizer  # no
 from troll import sparsify  # noqa: E402
 from troll.distributed import with_lm_head  # noqa: E402
 from troll.integrations import hf  # noqa: E402
-from troll.integrations.trl import TrollGRPOConfig, TrollGRPOTrainer, _pack_old  # noqa: E402
+from troll.integrations.trl import TrollGRPOConfig, TrollGRPOTrainer  # noqa: E402
+from troll.sparse import cat_sparse  # noqa: E402
 
 DEEPSPEED = {
     "train_micro_batch_size_per_gpu": "auto",
@@ -55,7 +56,7 @@ def reference_old(model, batch, tr) -> dict[str, torch.Tensor]:
     mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
     with torch.no_grad():
         logits = hf.completion_logits(model, ids, mask, batch["completion_ids"].size(1), tr.temperature)
-        return _pack_old([sparsify(logits, include=batch["completion_ids"], **tr._troll_kept())])
+        return sparsify(logits, include=batch["completion_ids"], **tr._troll_kept()).to_dict()
 
 
 def old_deviation(a: dict, b: dict) -> float:
@@ -120,13 +121,13 @@ class Checks(TrainerCallback):
             assert tr.troll_lm_head == "chunked"
 
         batch, expected = self.batch, self.expected_old
-        captured = tr._troll_capture_old(batch)
+        captured = tr._troll_capture_old(batch).to_dict()
         ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
         mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
         tr._troll_pending = []
         with torch.no_grad():
             tr._get_per_token_logps_and_entropies(engine, ids, mask, batch["completion_ids"].size(1), batch_size=4)
-        hooked, tr._troll_pending = _pack_old(tr._troll_pending), None
+        hooked, tr._troll_pending = cat_sparse(tr._troll_pending).to_dict(), None
         result = self.result
         result["capture"] = torch.tensor([old_deviation(captured, expected)], dtype=torch.float64)
         result["hook_capture"] = torch.tensor([old_deviation(hooked, expected)], dtype=torch.float64)

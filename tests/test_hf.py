@@ -46,21 +46,51 @@ def test_capture_old_matches_sparsify_of_the_models_logits(model, chunked):
     assert torch.allclose(old.log_rest.double(), ref.log_rest, atol=1e-3)
 
 
-def test_head_inputs_reproduce_the_logits(model):
+def test_final_hidden_and_the_head_reproduce_the_logits(model):
     ids, att, tokens = _batch(model.config.vocab_size)
     t = tokens.shape[1]
+    head = hf.output_embeddings(model)
     with torch.no_grad():
-        hidden, weight, bias = hf.head_inputs(model, ids, att, t)
+        hidden, last = hf.final_hidden(model, ids, att)
         logits = hf.completion_logits(model, ids, att, t, 1.0)
-    assert bias is None and hidden.shape == (5, t, model.config.hidden_size)
-    assert torch.allclose(hidden @ weight.T, logits, atol=1e-5)
+    assert getattr(head, "bias", None) is None and hidden.shape == (5, ids.shape[1], model.config.hidden_size)
+    assert torch.allclose(hidden[:, -(t + 1) : -1] @ head.weight.T, logits, atol=1e-5)
+    assert last.shape == (5, 1, model.config.vocab_size)  # logits_to_keep=1: the last position only
+    assert hf.logits_mismatch(last[:, -1][:1], hidden[:1, -1], head.weight, None) is None
+    assert "max deviation" in hf.logits_mismatch(2 * last[:, -1][:1], hidden[:1, -1], head.weight, None)
 
 
-def test_linear_head_blocker(model):
-    assert hf.linear_head_blocker(model) is None
+def test_sparsify_head_through_a_gathering_callback(model):
+    """The chunked capture both integrations use: the head's weight comes from ``with_head``, the sampled token is
+    kept, and the values equal troll.sparsify of the logits."""
+    ids, att, tokens = _batch(model.config.vocab_size)
+    t = tokens.shape[1]
+    head = hf.output_embeddings(model)
+    calls = []
+
+    def with_head(fn, *tensors):
+        calls.append(len(tensors))
+        return fn(head.weight, None, *tensors)
+
+    with torch.no_grad():
+        hidden, _ = hf.final_hidden(model, ids, att)
+        logits = hf.completion_logits(model, ids, att, t, 0.5)
+    old, entropy = hf.sparsify_head(
+        hidden[:, -(t + 1) : -1], tokens, with_head=with_head, temperature=0.5, top_k=5, delta=0.0, return_entropy=True
+    )
+    ref = sparsify(logits, top_k=5, delta=0.0, include=tokens)
+    assert calls == [2] and entropy.shape == tokens.shape
+    torch.testing.assert_close(old.token_logp(tokens), ref.token_logp(tokens))
+    torch.testing.assert_close(old.log_rest, ref.log_rest, rtol=1e-4, atol=1e-5)
+    expected = torch.special.entr(torch.softmax(logits.double(), -1)).sum(-1)
+    torch.testing.assert_close(entropy.double(), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_head_blocker(model):
+    assert hf.head_blocker(model) is None
     model.config.logit_scale = 2.0
     try:
-        assert "config.logit_scale=2.0" in hf.linear_head_blocker(model)
+        assert "config.logit_scale=2.0" in hf.head_blocker(model)
     finally:
         del model.config.logit_scale
 
@@ -99,7 +129,7 @@ def test_model_without_linear_head():
         def get_output_embeddings(self):
             return torch.nn.Identity()
 
-    assert "no linear output embeddings" in hf.linear_head_blocker(NoHead())
+    assert "no linear output embeddings" in hf.head_blocker(NoHead())
     assert hf.output_embeddings(torch.nn.Linear(2, 2)) is None
 
 

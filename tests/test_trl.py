@@ -23,7 +23,10 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 from trl.trainer.utils import split_tensor_dict  # noqa: E402
 
 from troll import SparseLogProbs, old_token_logp  # noqa: E402
-from troll.integrations.trl import OLD_KEYS, TrollGRPOConfig, TrollGRPOTrainer, check_trl_version  # noqa: E402
+from troll.defaults import OLD_PREFIX  # noqa: E402
+from troll.integrations.trl import TrollGRPOConfig, TrollGRPOTrainer, check_trl_version  # noqa: E402
+
+OLD_KEYS = tuple(OLD_PREFIX + k for k in ("ids", "logp", "mask", "log_rest", "vocab"))  # SparseLogProbs.to_dict
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conftest import check_torchrun, run_script  # noqa: E402
@@ -175,9 +178,9 @@ def test_ratio_one_matches_trl_normalisation(tmp_path, troll, trl_loss, level, s
     assert metrics["troll/projected_frac"][-1] == 0
 
 
-def stored_old(inputs, vocab_size):
-    ids, logp, mask, log_rest = (inputs[key] for key in OLD_KEYS)
-    return SparseLogProbs(ids, logp, mask, vocab_size, log_rest)
+def stored_old(inputs):
+    """The old policy a batch carries (the wire format is SparseLogProbs.to_dict)."""
+    return SparseLogProbs.from_dict(inputs)
 
 
 def test_stored_old_policy_is_aligned_after_shuffle_and_split(tmp_path):
@@ -187,7 +190,7 @@ def test_stored_old_policy_is_aligned_after_shuffle_and_split(tmp_path):
         fresh = tr._troll_capture_old(chunk)
         # Compared where a near-tie swapping two kept ids under rounding cannot matter: at the sampled tokens
         # (always kept) and the mass outside the kept ids.
-        stored, recomputed = (stored_old(old, tr.model.config.vocab_size) for old in (chunk, fresh))
+        stored, recomputed = stored_old(chunk), fresh
         tokens = chunk["completion_ids"]
         torch.testing.assert_close(old_token_logp(stored, tokens), old_token_logp(recomputed, tokens))
         torch.testing.assert_close(stored.log_rest, recomputed.log_rest)
@@ -218,7 +221,7 @@ def test_capture_rides_on_trls_old_log_prob_forward(tmp_path):
     with torch.no_grad():
         plain, _, _ = tr._get_per_token_logps_and_entropies(tr.model, ids, mask, t, batch_size=size)
     assert torch.equal(plain, inputs["old_per_token_logps"])
-    separate = tr._troll_capture_old(inputs)
+    separate = tr._troll_capture_old(inputs).to_dict()
     for key in OLD_KEYS:
         assert torch.equal(inputs[key], separate[key]), key
 
@@ -407,9 +410,9 @@ def test_chunked_capture_matches_dense(tmp_path):
     captured = {}
     for mode in ("chunked", "dense"):
         use_head(tr, mode)
-        captured[mode] = stored_old(tr._troll_capture_old(inputs), tr.model.config.vocab_size)
+        captured[mode] = tr._troll_capture_old(inputs)
     chunked, dense = captured["chunked"], captured["dense"]
-    assert chunked.ids.shape == dense.ids.shape and chunked.ids.dtype == dense.ids.dtype == torch.int32
+    assert chunked.ids.shape == dense.ids.shape and chunked.ids.dtype == dense.ids.dtype == torch.int64
     torch.testing.assert_close(dense_view(chunked), dense_view(dense), rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(chunked.log_rest, dense.log_rest, rtol=1e-9, atol=1e-12)
 

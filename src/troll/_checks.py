@@ -177,7 +177,8 @@ def check_troll_settings(
 
     def fail(key: str, value, rule: str, meaning: str, paper) -> None:
         name = names.get(key, key)
-        raise ValueError(f"{name} must be {rule}, got {value!r}: it is {meaning} (the paper uses {paper}).")
+        fix = f"{name}={paper!r}" if name.isidentifier() else f"{name} {paper!r}"
+        raise ValueError(f"{name} must be {rule}, got {value!r}: it is {meaning}. Set e.g. {fix} (the paper's value).")
 
     if not _finite(kl_bound) or not kl_bound > 0:
         fail("kl_bound", kl_bound, "> 0 and finite", "the per-token KL bound eps of the trust region", KL_BOUND)

@@ -1,9 +1,12 @@
-"""The transformers LM-head plumbing shared by the TRL and verl integrations.
+"""The transformers LM-head plumbing shared by the TRL and verl integrations: the head, the probe, the capture.
 
 A causal LM from transformers scores a completion with ``logits = final_hidden @ lm_head.weight.T + bias``; the
-chunked TROLL path (docs/method.md) needs that hidden state and weight instead of the (B, T, V) logits. These
-functions find the head, check that the model's logits really are that linear map (a probe), run the forward that
-returns the final hidden state, and capture the old sparse policy of a rollout batch in chunks of sequences.
+chunked TROLL path (docs/method.md) needs that hidden state and weight instead of the (B, T, V) logits. Both
+integrations find the head and rule out what the chunked path cannot reproduce with :func:`head_blocker`, compare
+one row of the model's logits with the head applied to its hidden state with :func:`logits_mismatch` (the probe),
+and capture the old sparse policy with :func:`sparsify_head` (chunked) or :func:`troll.sparsify` (dense). The TRL
+trainer also runs its own forwards through :func:`final_hidden`, :func:`completion_logits` and
+:func:`capture_old`; verl's engine reads the hidden states and logits off verl's forward.
 
 Shapes: B sequences, S prompt + completion positions, T completion positions, H hidden size, V vocabulary,
 K kept ids per position.
@@ -16,7 +19,7 @@ from collections.abc import Callable
 
 import torch
 
-from troll.distributed import full_shape
+from troll.distributed import full_shape, is_dtensor
 from troll.lm_head import sparsify_from_hidden
 from troll.sparse import SparseLogProbs, cat_sparse, sparsify
 
@@ -77,6 +80,37 @@ def final_hidden(
     return states[-1], out.logits
 
 
+def head_blocker(model: torch.nn.Module, *, sharded: bool = False) -> str | None:
+    """Why the chunked path cannot reproduce ``model``'s logits from its structure alone, or None.
+
+    Checks: a linear output embedding with a (V, H) weight (the full shape, for a ZeRO-3 partition), no sharded
+    DTensor unless ``sharded`` (the caller gathers FSDP2 shards itself), and no logit transform in the config. The
+    probe (:func:`probe_linear_head` or :func:`logits_mismatch`) checks the values.
+    """
+    head = output_embeddings(model)
+    weight = getattr(head, "weight", None)
+    if not isinstance(weight, torch.Tensor) or len(full_shape(weight)) != 2:
+        return "the model has no linear output embeddings (get_output_embeddings() with a (V, H) weight)"
+    if is_dtensor(weight) and not sharded:
+        return "the LM head's weight is a sharded DTensor outside FSDP2 (tensor parallelism)"
+    return logit_transform(getattr(model, "config", None))
+
+
+def logits_mismatch(logits_row: torch.Tensor, hidden_row: torch.Tensor, weight, bias) -> str | None:
+    """None if ``logits_row`` (1, V) equals ``hidden_row`` (1, H) @ weight.T + bias to :data:`PROBE_TOL`, else why.
+
+    The probe's comparison, computed in the weight's dtype (no float copy of a (V, H) bf16 weight): it catches a
+    norm after the hidden state or a logit transform that no config field announces.
+    """
+    with torch.no_grad():
+        expected = torch.nn.functional.linear(hidden_row.to(weight.device, weight.dtype), weight, bias).float()
+        got = logits_row.detach().float().to(expected.device)
+    error = float((got - expected).abs().max())
+    if not error <= PROBE_TOL * (float(expected.abs().max()) + 1):
+        return f"its logits are not last_hidden_state @ weight.T + bias (max deviation {error:.3g} on a probe)"
+    return None
+
+
 @torch.no_grad()
 def probe_linear_head(model: torch.nn.Module, head, device=None, *, autocast=None, with_head=None) -> str | None:
     """One forward of 4 tokens: are the returned logits last-hidden-state @ weight.T + bias? None if so, else why.
@@ -105,44 +139,7 @@ def probe_linear_head(model: torch.nn.Module, head, device=None, *, autocast=Non
     finally:
         model.train(was_training)
     last = hidden[:, -1].detach()
-
-    def head_row(weight, bias):  # in the weight's dtype: no float copy of a (V, H) bf16 weight
-        return torch.nn.functional.linear(last.to(weight.device, weight.dtype), weight, bias).float()
-
-    expected = with_head(head_row)
-    error = float((logits[:, -1].float().to(expected.device) - expected).abs().max())
-    if not error <= PROBE_TOL * (float(expected.abs().max()) + 1):
-        return f"its logits are not last_hidden_state @ weight.T + bias (max deviation {error:.3g} on a probe)"
-    return None
-
-
-def linear_head_blocker(model: torch.nn.Module) -> str | None:
-    """Why the chunked path would not reproduce ``model``'s logits (sharding aside), or None if it does.
-
-    Checks: a linear output embedding with a (V, H) weight, not a sharded DTensor, no logit transform in the
-    config, and the probe. The caller adds what only it knows (FSDP / ZeRO-3 wrapping).
-    """
-    head = output_embeddings(model)
-    weight = getattr(head, "weight", None)
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
-        return "the model has no linear output embeddings (get_output_embeddings() with a (V, H) weight)"
-    if type(weight).__name__ == "DTensor" or type(weight.data).__name__ == "DTensor":
-        return "the LM head's weight is a sharded DTensor (tensor parallelism or FSDP2)"
-    reason = logit_transform(getattr(model, "config", None))
-    return reason if reason is not None else probe_linear_head(model, head)
-
-
-def head_inputs(model: torch.nn.Module, input_ids, attention_mask, completion_len: int, *, autocast=None, wrapped=None):
-    """(hidden (B, T, H) at the positions that score the last ``completion_len`` tokens, weight (V, H), bias).
-
-    Position i predicts token i + 1: the last T + 1 positions minus the final one score the completion.
-    ``model`` is the unwrapped model (it owns the head); ``wrapped``, if given, is the one called (e.g. DDP's).
-    """
-    call = model if wrapped is None else wrapped
-    hidden, _ = final_hidden(call, input_ids, attention_mask, autocast=autocast)
-    head = output_embeddings(model)
-    t = completion_len
-    return hidden[:, -(t + 1) : -1], head.weight, getattr(head, "bias", None)
+    return with_head(lambda weight, bias: logits_mismatch(logits[:, -1], last, weight, bias))
 
 
 def completion_logits(
@@ -154,6 +151,31 @@ def completion_logits(
         out = model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=t + 1, use_cache=False)
     logits = out.logits[:, -(t + 1) : -1]
     return (logits if logits.dtype == torch.float64 else logits.float()) / temperature
+
+
+def sparsify_head(
+    hidden: torch.Tensor,
+    tokens: torch.Tensor,
+    *,
+    with_head: Callable,
+    temperature: float,
+    top_k: int,
+    delta: float,
+    return_entropy: bool = False,
+):
+    """The old sparse policy of ``hidden`` (..., H) through the LM head, the sampled ``tokens`` (...) kept.
+
+    ``with_head(fn, *tensors)`` calls ``fn(weight, bias, *tensors)`` with the head's full weight (a sharded head
+    gathered for the call, e.g. :func:`troll.distributed.with_lm_head`). Returns :func:`troll.sparsify_from_hidden`'s
+    result (and the rows' entropy with ``return_entropy``), computed in fp32 whatever autocast is on.
+    """
+
+    def capture(weight, bias, h, t):
+        with torch.autocast(h.device.type, enabled=False):
+            kwargs = dict(bias=bias, temperature=temperature, top_k=top_k, delta=delta, return_entropy=return_entropy)
+            return sparsify_from_hidden(h, weight, include=t, **kwargs)
+
+    return with_head(capture, hidden, tokens)
 
 
 @torch.no_grad()
@@ -170,34 +192,38 @@ def capture_old(
     batch_size: int,
     autocast=None,
     wrapped: Callable | None = None,
+    with_head: Callable | None = None,
 ) -> SparseLogProbs:
     """The old sparse policy (B, T, K) of a rollout batch at the current weights, ``batch_size`` sequences at a time.
 
     input_ids, attention_mask: (B, S) prompt + completion; completion_ids: (B, T), the last T of them, always kept
-    (the sampled token). ``chunked``: the chunked LM head (needs :func:`linear_head_blocker` to be None) instead of
-    the dense logits. ``wrapped``: the model to call if the forward must go through a wrapper (default ``model``).
+    (the sampled token). ``chunked``: the chunked LM head (:func:`head_blocker` and the probe must have passed)
+    instead of the dense logits. ``wrapped``: the model to call if the forward must go through a wrapper (default
+    ``model``, which owns the head). ``with_head``: how to reach the head's full weight (default: its parameters
+    as they are; pass :func:`troll.distributed.with_lm_head` bound to the head for FSDP2 / ZeRO-3). ``autocast``: a
+    callable returning a fresh context manager for each forward (e.g. ``accelerator.autocast``), or None.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size!r}.")
     call = model if wrapped is None else wrapped
+    if with_head is None:
+        head = output_embeddings(model)
+
+        def with_head(fn, *tensors):
+            return fn(head.weight, getattr(head, "bias", None), *tensors)
+
+    kept = dict(temperature=temperature, top_k=top_k, delta=delta)
     t, parts = completion_ids.shape[1], []
     for start in range(0, input_ids.shape[0], batch_size):
         rows = slice(start, start + batch_size)
         ids, att, tokens = input_ids[rows], attention_mask[rows], completion_ids[rows]
         if chunked:
-            hidden, weight, bias = head_inputs(model, ids, att, t, autocast=autocast, wrapped=wrapped)
-            parts.append(
-                sparsify_from_hidden(
-                    hidden,
-                    weight,
-                    bias=bias,
-                    temperature=temperature,
-                    top_k=top_k,
-                    delta=delta,
-                    include=tokens,
-                )
-            )
+            hidden, _ = final_hidden(call, ids, att, autocast=None if autocast is None else autocast())
+            # Position i predicts token i + 1: the last t + 1 positions minus the final one score the completion.
+            parts.append(sparsify_head(hidden[:, -(t + 1) : -1], tokens, with_head=with_head, **kept))
         else:
-            logits = completion_logits(call, ids, att, t, temperature, autocast=autocast)
+            logits = completion_logits(
+                call, ids, att, t, temperature, autocast=None if autocast is None else autocast()
+            )
             parts.append(sparsify(logits, top_k=top_k, delta=delta, include=tokens))
     return cat_sparse(parts)

@@ -1,0 +1,411 @@
+"""TROLL in TRL's GRPOTrainer: ``loss_type="troll"`` and ``"troll_seq"`` next to TRL's own loss types.
+
+Generation, rewards, advantages, buffering, checkpointing and logging are TRL's; every TRL loss type ("dapo", "grpo",
+"dr_grpo", "bnpo", "cispo", ..., with either importance-sampling level) runs through TRL's own ``_compute_loss``, so
+TROLL and clipping share one code path. How the TROLL loss types depart from TRL's clipped objective:
+
+- Old policy (docs/method.md, "Where the old policy comes from"). When a rollout batch feeds more than one optimiser
+  step (steps_per_generation > gradient_accumulation_steps, or num_iterations > 1; TRL's own criterion for computing old
+  log-probs), the batch's old policy is captured while TRL scores it: the pre-update weights at the sampling
+  temperature, sparsified to the top tokens of each completion position plus the sampled one, stored in the batch as
+  ``SparseLogProbs.to_dict()`` (``troll_old_*`` tensors with the batch dim first), so that TRL's shuffling and
+  splitting slice them along with the rest. With the chunked head the capture reads the final hidden states of TRL's
+  own no-grad forward for its old log-probs (a forward hook on the backbone), so a rollout batch costs one no-grad
+  forward, as with TRL's losses; the dense head runs a second one. Otherwise old = current, and the loss sparsifies
+  its own (detached) logits: the projection is then the identity, as it should be.
+- Current policy. By default (``troll_lm_head="chunked"``) from the final hidden states and the LM head's weight in
+  vocabulary chunks (:func:`troll.troll_loss_from_hidden`, :func:`troll.sparsify_from_hidden`), never the (B, T, V)
+  logits; ``"dense"`` takes the model's full logits of the completion positions. Both divide by the temperature.
+  TRL's fused LM head returns only the sampled tokens' log-probs, not enough for a projection.
+- Hidden states. The model's own forward (through DDP or any wrapper, so gradient hooks stay armed) with
+  ``output_hidden_states=-1, logits_to_keep=1``: the last hidden state, which transformers ties to the output
+  after the final norm (the LM head's input), and the logits of one position only. The LM head's parameters are
+  then used directly: they are the same Parameters, so their gradients (a tied embedding's too) accumulate and are
+  reduced as usual; under FSDP2 a sharded head is all-gathered in the loss call, its gradient reduce-scattered
+  back; under DeepSpeed ZeRO-3 the loss runs as the head module's own forward call, where ZeRO-3 gathers it (see
+  docs/trl.md). The chunked path falls back to "dense", with a warning, where it cannot be exact: FSDP1 (the head's
+  weight is flattened and sharded outside the forward), a DTensor outside FSDP2, no linear output
+  embeddings, a config that rescales or soft-caps the logits (Gemma's final_logit_softcapping, logit_scale, ...),
+  or a probe forward whose logits are not last-hidden-state @ weight.T + bias (checked once, on 4 tokens).
+- No clipping: TRL's ``epsilon``, ``epsilon_high`` and ``delta`` do not apply.
+- Normalisation. "troll" aggregates token-mean, the normalisation of TRL's default "dapo" (token sum over the number
+  of loss tokens in the global accumulated batch); "troll_seq" seq-mean-token-mean, as TRL's "grpo" (the GSPO setup).
+  Each is scaled for gradient accumulation and processes exactly as TRL scales that loss type, so at ratio 1 "troll"
+  equals "dapo" and "troll_seq" equals "grpo" with importance_sampling_level="sequence", in value and gradient.
+  ``troll_agg`` picks another aggregation (seq-mean-token-sum-norm uses max_completion_length, as "dr_grpo").
+- Metrics go to TRL's ``_metrics`` (hence to any ``report_to``) under ``troll/``, e.g. ``troll/kl_after/max``,
+  reduced over processes (max/min as such, the rest weighted by loss tokens) and over the logging window (a max
+  stays a max); TRL's ``entropy`` is logged too.
+- The model card names TROLL and cites it beside GRPO.
+
+TRL internals this trainer relies on, and how an upgrade is checked: docs/trl.md, "Upgrading TRL"; the test
+tests/test_trl_contract.py pins each one.
+
+Not supported with the TROLL loss types (rejected by the config): beta != 0, the entropy bonus, top-entropy and
+off-policy masking, the vLLM importance-sampling correction; at construction: MoE auxiliary losses.
+Multimodal inputs are rejected at the first forward.
+"""
+
+from __future__ import annotations
+
+import textwrap
+import warnings
+
+import torch
+from trl import GRPOConfig, GRPOTrainer
+
+from troll.batch import LossOutput
+from troll.defaults import OLD_PREFIX, TROLL_LOSSES
+from troll.distributed import is_fsdp2_model, with_lm_head
+from troll.integrations import hf
+from troll.integrations.trl.config import TrollGRPOConfig, check_trl_version
+from troll.lm_head import sparsify_from_hidden
+from troll.losses import troll_loss, troll_loss_from_hidden
+from troll.sparse import SparseLogProbs, cat_sparse, sparsify
+
+_MULTIMODAL_KEYS = ("pixel_values", "image_grid_thw", "pixel_attention_mask", "image_sizes", "token_type_ids")
+# The model card's method and citation (TRL writes the card from these attributes), TROLL's beside TRL's GRPO.
+TROLL_PAPER = {
+    "title": "Trust Region Optimization for Large Language Models",
+    "id": "2510.03817",
+    "citation": textwrap.dedent("""\
+        @article{becker2025troll,
+            title        = {{TROLL: Trust Regions improve Reinforcement Learning for Large Language Models}},
+            author       = {Philipp Becker and Niklas Freymuth and Serge Thilges and Fabian Otto and Gerhard Neumann},
+            year         = 2025,
+            eprint       = {arXiv:2510.03817},
+        }"""),
+}
+
+
+class TrollGRPOTrainer(GRPOTrainer):
+    """:class:`trl.GRPOTrainer` with the TROLL loss types; a drop-in replacement taking the same arguments.
+
+    Overrides three private TRL methods, each pinned by tests/test_trl_contract.py: ``_generate_and_score_completions``
+    (captures the old policy with the batch), ``_get_per_token_logps_and_entropies`` (the capture rides on TRL's own
+    no-grad scoring forward) and ``_compute_loss`` (TROLL loss types; anything else goes to TRL).
+    Extension points: :meth:`_troll_capture_old` (where the old policy comes from), :meth:`_troll_compute_loss`
+    (how the current policy's loss is computed), :meth:`_troll_head_hidden` with :meth:`_troll_with_head` (chunked)
+    and :meth:`_troll_logits` (dense). :attr:`troll_lm_head` says which LM-head path is in use.
+    """
+
+    _tag_names = ["trl", "grpo", "troll"]
+
+    def __init__(self, model, reward_funcs=None, args: GRPOConfig | None = None, *pargs, **kwargs):
+        check_trl_version()
+        if args is None:
+            name = model if isinstance(model, str) else getattr(model.config, "_name_or_path", "") or "model"
+            args = TrollGRPOConfig(output_dir=f"{name.split('/')[-1]}-TROLL")
+        if args.loss_type in TROLL_LOSSES and not isinstance(args, TrollGRPOConfig):
+            raise TypeError(
+                f"loss_type={args.loss_type!r} needs a TrollGRPOConfig (it carries TROLL's hyper-parameters), got "
+                f"{type(args).__name__}. Build the config with troll.integrations.trl.TrollGRPOConfig(...)."
+            )
+        self._troll_head_mode = None  # resolved on first use by troll_lm_head
+        self._troll_pending = None  # old-policy chunks collected during TRL's scoring forward (a list while armed)
+        super().__init__(model, reward_funcs, args, *pargs, **kwargs)
+        if self._troll_enabled and self.aux_loss_enabled:
+            raise ValueError(
+                f"loss_type={self.loss_type!r} does not support the MoE load-balancing auxiliary loss yet; set "
+                "router_aux_loss_coef=0.0 in the config."
+            )
+        if self._troll_enabled:  # the model card TRL writes: TROLL, citing it and GRPO
+            self._name = f"TROLL ({self.loss_type}, GRPO with a KL trust-region projection)"
+            self._paper = {**TROLL_PAPER, "citation": TROLL_PAPER["citation"] + "\n\n" + GRPOTrainer._paper["citation"]}
+
+    @property
+    def _troll_enabled(self) -> bool:
+        return self.loss_type in TROLL_LOSSES
+
+    def _troll_agg(self) -> str:
+        """The token aggregation: troll_agg, else token-mean for "troll" (as "dapo"), seq-mean-token-mean for
+        "troll_seq" (as "grpo", the GSPO setup)."""
+        if self.args.troll_agg is not None:
+            return self.args.troll_agg
+        return "seq-mean-token-mean" if self.loss_type == "troll_seq" else "token-mean"
+
+    def _troll_needs_old(self) -> bool:
+        """Whether a rollout batch feeds more than one optimiser step (TRL's criterion for old log-probs)."""
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        return self.args.gradient_accumulation_steps % generate_every != 0
+
+    # ------------------------------------------------------------------------------------------ capture
+
+    def _generate_and_score_completions(self, inputs):
+        capture = self._troll_enabled and self.model.training and self._troll_needs_old()
+        # Chunked head: the capture rides on TRL's own no-grad forward for old log-probs (one forward, not two).
+        self._troll_pending = [] if capture and self.troll_lm_head == "chunked" else None
+        try:
+            batch = super()._generate_and_score_completions(inputs)
+        finally:
+            pending, self._troll_pending = self._troll_pending, None
+        if capture:
+            old = cat_sparse(pending) if pending else None
+            if old is None or tuple(old.ids.shape[:2]) != tuple(batch["completion_ids"].shape):
+                old = self._troll_capture_old(batch)  # dense head, or TRL ran no old-log-prob forward
+            batch.update(old.to_dict())
+        return batch
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+        """TRL's per-token log-probs; during a rollout batch's no-grad scoring forward, also TROLL's old policy.
+
+        A forward hook on the backbone keeps each chunk's final hidden states at the completion positions (the LM
+        head's input, the same tensor TRL's fused head reads); a hook on the model sparsifies them with the head's
+        weight once the model's forward has returned (where FSDP2 or ZeRO-3 may gather the head without disturbing
+        the forward). TRL's computation is not touched, so its old log-probs stay exactly what they were.
+        """
+        if self._troll_pending is None or torch.is_grad_enabled():
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
+            )
+        unwrapped = self.accelerator.unwrap_model(model)
+        keep, capture = self._troll_capture_hooks(logits_to_keep)
+        hooks = [
+            unwrapped.base_model.register_forward_hook(keep, with_kwargs=True),
+            unwrapped.register_forward_hook(capture),
+        ]
+        try:
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
+            )
+        finally:
+            for hook in hooks:
+                hook.remove()
+
+    def _troll_capture_hooks(self, t: int):
+        """(backbone hook, model hook): the first keeps a chunk's hidden states and tokens at its last ``t``
+        positions, the second appends their sparse old policy to ``_troll_pending``."""
+        kept = []
+
+        def keep(module, args, kwargs, output):
+            input_ids = kwargs.get("input_ids", args[0] if args else None)
+            kept.append((output.last_hidden_state[:, -(t + 1) : -1], input_ids[:, -t:]))
+
+        def capture(module, args, output):
+            hidden, tokens = kept.pop()
+            self._troll_pending.append(self._troll_sparsify_head(self.model, hidden, tokens))
+
+        return keep, capture
+
+    @torch.no_grad()
+    def _troll_capture_old(self, batch: dict) -> SparseLogProbs:
+        """The old policy (B, T, K) of a scored rollout batch, before any update on it (docs/method.md).
+
+        Runs the current weights at the sampling temperature in chunks of per_device_train_batch_size sequences
+        (:func:`troll.integrations.hf.capture_old`) and keeps, per completion position, the top tokens (mass
+        1 - troll_delta, at most troll_top_k) plus the sampled one.
+        """
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        return hf.capture_old(
+            unwrapped,
+            *_sequence(batch),
+            batch["completion_ids"],
+            temperature=self.temperature,
+            chunked=self.troll_lm_head == "chunked",
+            batch_size=self.args.per_device_train_batch_size,
+            autocast=self.accelerator.autocast,
+            wrapped=self.model,
+            with_head=lambda fn, *tensors: self._troll_with_head(self.model, fn, *tensors),
+            **self._troll_kept(),
+        )
+
+    def _troll_kept(self) -> dict:
+        """The sparsification rule (docs/method.md, kept rule) as keywords of sparsify / sparsify_from_hidden."""
+        return dict(top_k=self.args.troll_top_k, delta=self.args.troll_delta)
+
+    def _troll_sparsify_head(self, model, hidden, tokens) -> SparseLogProbs:
+        """The sparse policy of ``hidden`` (B, T, H) through ``model``'s LM head (FSDP2 / ZeRO-3: gathered)."""
+
+        def with_head(fn, *tensors):
+            return self._troll_with_head(model, fn, *tensors)
+
+        return hf.sparsify_head(hidden, tokens, with_head=with_head, temperature=self.temperature, **self._troll_kept())
+
+    def _troll_stored_old(self, inputs: dict) -> SparseLogProbs | None:
+        """The old policy captured with the rollout batch; None when the batch feeds a single optimiser step."""
+        return SparseLogProbs.from_dict(inputs) if f"{OLD_PREFIX}ids" in inputs else None
+
+    # ------------------------------------------------------------------------------------------ the LM-head path
+
+    @property
+    def troll_lm_head(self) -> str:
+        """The LM-head path in use: ``args.troll_lm_head``, except "dense" where "chunked" cannot be exact (decided
+        once, on first use, with a warning; see :meth:`_troll_chunked_blocker`)."""
+        if self._troll_head_mode is None:
+            mode = getattr(self.args, "troll_lm_head", "dense")
+            reason = self._troll_chunked_blocker() if mode == "chunked" else None
+            if reason is not None:
+                warnings.warn(
+                    f"troll_lm_head='chunked' falls back to 'dense' (full (B, T, V) logits, more memory): {reason}. "
+                    "Set troll_lm_head='dense' to silence this warning.",
+                    stacklevel=2,
+                )
+                mode = "dense"
+            self._troll_head_mode = mode
+        return self._troll_head_mode
+
+    def _troll_chunked_blocker(self) -> str | None:
+        """Why the chunked path would not reproduce this model's logits, or None if it does.
+
+        FSDP2 and DeepSpeed ZeRO-3 are supported (:meth:`_troll_with_head` gathers the sharded head inside the loss
+        call); FSDP1 (flattened parameters, sharded outside the forward of the model's root unit) is not. The rest
+        is :func:`troll.integrations.hf.head_blocker` and one probe forward.
+        """
+        fsdp2 = bool(getattr(self.accelerator, "is_fsdp2", False)) or is_fsdp2_model(self.model)
+        if getattr(self, "is_fsdp_enabled", False) and not fsdp2:
+            return "FSDP1 flattens and shards the LM head's weight outside the model's forward (FSDP2 is supported)"
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        reason = hf.head_blocker(unwrapped, sharded=fsdp2)
+        if reason is not None:
+            return reason
+        try:
+            return hf.probe_linear_head(
+                self.model,
+                hf.output_embeddings(unwrapped),
+                self.accelerator.device,
+                autocast=self.accelerator.autocast(),
+                with_head=lambda fn: self._troll_with_head(self.model, fn),  # gathered for the one probe row
+            )
+        except ValueError as err:
+            return str(err)
+
+    def _troll_with_head(self, model, fn, *tensors):
+        """``fn(weight (V, H), bias (V,) or None, *tensors)`` with the full LM head of ``model``, gradients flowing
+        back to its parameters: FSDP2 shards are all-gathered (:func:`troll.distributed.gather_lm_head`), a
+        DeepSpeed ZeRO-3 partition is used inside the head's own forward call, where ZeRO-3 gathers it
+        (:func:`troll.distributed.call_in_forward`; pass the hidden states as ``tensors``). docs/trl.md, "Sharded
+        models", has the memory."""
+        return with_lm_head(hf.output_embeddings(self.accelerator.unwrap_model(model)), fn, *tensors)
+
+    def _troll_head_hidden(self, model, inputs: dict) -> torch.Tensor:
+        """(B, T, H) final hidden states at the positions that score the completion (the LM head's input).
+
+        The model's own forward (:func:`troll.integrations.hf.final_hidden`), so that DDP or any wrapper sees the
+        call and arms its gradient hooks.
+        """
+        hidden, _ = hf.final_hidden(model, *_sequence(inputs), autocast=self.accelerator.autocast())
+        t = inputs["completion_ids"].size(1)
+        # Position i predicts token i + 1: the last t + 1 positions minus the final one score the completion.
+        return hidden[:, -(t + 1) : -1]
+
+    def _troll_logits(self, model, inputs: dict) -> torch.Tensor:
+        """(B, T, V) logits (fp32, or fp64 for a fp64 model) at the completion positions, divided by the sampling
+        temperature: the dense path, the model's plain forward (not TRL's fused LM head)."""
+        t = inputs["completion_ids"].size(1)
+        return hf.completion_logits(
+            model, *_sequence(inputs), t, self.temperature, autocast=self.accelerator.autocast()
+        )
+
+    # ------------------------------------------------------------------------------------------ the loss
+
+    def _troll_loss_kwargs(self) -> dict:
+        args = self.args
+        return dict(
+            kl_bound=args.troll_kl_bound,
+            alpha=args.troll_alpha,
+            top_k=args.troll_top_k,
+            delta=args.troll_delta,
+            level="sequence" if self.loss_type == "troll_seq" else "token",
+            agg=self._troll_agg(),
+            max_len=self.max_completion_length,
+        )
+
+    def _troll_compute_loss(self, model, inputs: dict) -> LossOutput:
+        """The TROLL loss of one micro-batch, aggregated over that micro-batch alone.
+
+        :meth:`_compute_loss` scales it as TRL scales the matching loss type and logs the metrics, which are keyed as
+        logged: ``troll/...`` plus TRL's ``entropy``. Without a stored old policy (one optimiser step per rollout
+        batch) old = current, detached: the projection is the identity. Override this method for another way of
+        evaluating the current policy; keep the signature and the metric keys.
+        """
+        tokens, mask, adv = inputs["completion_ids"], _loss_mask(inputs), inputs["advantages"]
+        old = self._troll_stored_old(inputs)
+        if self.troll_lm_head == "chunked":
+
+            def chunked_loss(weight, bias, hidden):
+                own = old
+                if own is None:
+                    own = sparsify_from_hidden(
+                        hidden, weight, bias=bias, temperature=self.temperature, include=tokens, **self._troll_kept()
+                    )
+                kwargs = dict(bias=bias, temperature=self.temperature, entropy=True, **self._troll_loss_kwargs())
+                return troll_loss_from_hidden(hidden, weight, own, tokens, adv, mask, **kwargs)
+
+            out = self._troll_with_head(model, chunked_loss, self._troll_head_hidden(model, inputs))
+            entropy = out.metrics.pop("entropy/mean")
+        else:
+            logits = self._troll_logits(model, inputs)
+            if old is None:
+                old = sparsify(logits.detach(), include=tokens, **self._troll_kept())
+            out = troll_loss(logits, old, tokens, adv, mask, **self._troll_loss_kwargs())
+            with torch.no_grad():
+                per_token = torch.special.entr(torch.softmax(logits.detach(), dim=-1)).sum(-1)
+                m = mask.to(per_token.dtype)
+                entropy = (per_token * m).sum() / m.sum().clamp_min(1)
+        metrics = {f"troll/{key}": value for key, value in out.metrics.items()}
+        metrics["entropy"] = entropy
+        return LossOutput(out.loss, metrics)
+
+    def _compute_loss(self, model, inputs):
+        if not self._troll_enabled:
+            return super()._compute_loss(model, inputs)
+        out = self._troll_compute_loss(model, inputs)
+        mask = _loss_mask(inputs)
+        self._troll_log(out.metrics, mask)
+        return out.loss * self._troll_loss_scale(inputs, mask)
+
+    def _troll_loss_scale(self, inputs: dict, mask: torch.Tensor):
+        """Factor turning the micro-batch aggregate into the loss TRL would return for the same normalisation.
+
+        token-mean is TRL's "dapo": the token sum over the loss tokens of one accumulation window of the global batch
+        (``num_items_in_batch`` counts the whole generation batch on all processes; DDP averages over processes).
+        The per-sequence aggregations are TRL's "grpo" / "dr_grpo": a local mean divided by the accumulation steps.
+        """
+        train = self.model.training  # eval batches are neither split nor accumulated
+        accumulation = self.current_gradient_accumulation_steps if train else 1
+        if self._troll_agg() != "token-mean":
+            return 1.0 / accumulation
+        normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+        if train:
+            normalizer = normalizer * accumulation / self.args.steps_per_generation
+        return mask.sum() / normalizer
+
+    def _troll_log(self, metrics: dict[str, torch.Tensor], mask: torch.Tensor) -> None:
+        """Append the metrics to TRL's, reduced over processes so that they equal the one-process values.
+
+        */max and */min are reduced as such, also over TRL's logging window: TRL logs the mean of each metric's list,
+        so a max (min) is kept as a one-element list holding the window's max (min). Per-token means are weighted by
+        loss tokens; ``troll/loss/*`` like the aggregation (by tokens for token-mean, evenly for the per-sequence
+        ones: every process holds the same number of sequences).
+        """
+        mode = "train" if self.model.training else "eval"
+        keys = sorted(metrics)
+        local = torch.stack([metrics[key].detach().double() for key in keys] + [mask.sum().double()])
+        rows = self.accelerator.gather(local.unsqueeze(0)).reshape(-1, len(keys) + 1)
+        tokens = rows[:, -1]
+        nonempty = rows[tokens > 0] if bool((tokens > 0).any()) else rows
+        even = self._troll_agg() != "token-mean"
+        for i, key in enumerate(keys):
+            window = self._metrics[mode][key]
+            if key.endswith(("/max", "/min")):
+                pick = max if key.endswith("/max") else min
+                window[:] = [pick([*window, float(getattr(nonempty[:, i], pick.__name__)())])]
+                continue
+            weight = torch.ones_like(tokens) if even and key.startswith("troll/loss/") else tokens
+            window.append(float((rows[:, i] * weight).sum() / weight.sum().clamp_min(1)))
+
+
+def _sequence(inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompt + completion ids and attention mask (B, S); multimodal inputs are rejected."""
+    if any(inputs.get(key) is not None for key in _MULTIMODAL_KEYS):
+        raise NotImplementedError("The TROLL loss types support text-only models and datasets for now.")
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    return ids, torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+
+
+def _loss_mask(inputs: dict) -> torch.Tensor:
+    """(B, T) bool: completion tokens that enter the loss (tool-output tokens excluded, as in TRL)."""
+    mask = inputs["completion_mask"]
+    if inputs.get("tool_mask") is not None:
+        mask = mask * inputs["tool_mask"]
+    return mask.bool()
