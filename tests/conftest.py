@@ -1,12 +1,19 @@
-"""Shared fixtures and generators for the troll test suite.
+"""Shared fixtures and generators for the troll test suite, and the guard that keeps CI from passing by skipping.
 
 Every generator takes an explicit ``torch.Generator`` so each test is reproducible on its own; the float64
 reference (``troll.reference``) is what the fast paths are compared against.
+
+``--require MOD1,MOD2`` (what ``make test`` passes for each environment): every listed module must import before
+any test runs, and every skipped test fails the run unless its reason matches one of :data:`ALLOWED_SKIPS`. A broken
+install therefore stops the run with the import error instead of showing as a few more skips. Without
+``--require`` (a developer's partial run) skips are reported as usual.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -15,6 +22,54 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+# The skips CI accepts, as regular expressions on the skip reason: the one place that lists them. Empty: in the
+# environments make test builds, every collected test must run.
+ALLOWED_SKIPS: tuple[str, ...] = ()
+_session_skips: list[tuple[str, str]] = []  # (node id, reason) of every skip in this session
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--require",
+        default="",
+        help="comma-separated modules that must import; then any skip not in conftest.ALLOWED_SKIPS fails the run",
+    )
+
+
+def pytest_configure(config):
+    required = [m.strip() for m in config.getoption("--require").split(",") if m.strip()]
+    config._troll_strict = bool(required)
+    config._troll_skips = []
+    for name in required:
+        try:
+            importlib.import_module(name)
+        except Exception as err:  # noqa: BLE001 -- any import failure is a broken install
+            raise pytest.UsageError(
+                f"--require: {name} failed to import ({type(err).__name__}: {err}); the suites that need it would "
+                "be skipped. Rebuild the environment (make clean && make test)."
+            ) from err
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        _session_skips.append((report.nodeid, reason))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if not getattr(session.config, "_troll_strict", False):
+        return
+    unexpected = [(n, r) for n, r in _session_skips if not any(re.search(p, r) for p in ALLOWED_SKIPS)]
+    if unexpected:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        lines = [f"  {node}: {reason}" for node, reason in unexpected]
+        message = "\n".join(
+            [f"{len(unexpected)} test(s) skipped under --require (only conftest.ALLOWED_SKIPS may skip):", *lines]
+        )
+        if reporter is not None:
+            reporter.write_line(message, red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def gen(seed: int) -> torch.Generator:
