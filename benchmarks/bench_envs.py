@@ -1,0 +1,107 @@
+"""Environment throughput: env steps per second of each episodic environment, in one process and over workers.
+
+For each environment and each mode (``workers=0``: every episode in this process; ``workers=N``: the episodes split
+over N worker processes), build it once, then time ``--repeats`` rounds of reset(seed) + run(desired trajectory)
+of a batch of E episodes and report the medians: reset and run seconds, the whole batch (what a TCE iteration
+spends in the environment), and env steps per second of the run (E * T / run seconds); for the in-process modes
+also per CPU second of this process, what one idle core would do whatever else the machine runs. The desired
+trajectory is a smooth move away from the start (the toy: its hand-made via-point solution), so that the
+controllers work as in training. The toy env is vectorised in-process and has a single mode.
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_envs.py                       # all, E = 16 (toy: 1024), 2 workers
+    OMP_NUM_THREADS=1 python benchmarks/bench_envs.py --envs metaworld/reach-v3 --repeats 5
+Writes benchmarks/results/bench_envs.csv and prints a markdown table. The load average printed with each row says
+how busy the machine was: on a shared machine the figures are preliminary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from _report import write_results
+
+from troll.episodic.envs import make_env
+from troll.episodic.envs.toy import straight_through
+
+RESULTS = Path(__file__).parent / "results"
+DEFAULT_ENVS = ("toy/viapoint", "gym/reacher", "metaworld/reach-v3", "metaworld/push-v3", "metaworld/pick-place-v3")
+
+
+def trajectory(env, start) -> tuple[torch.Tensor, torch.Tensor]:
+    """(E, T+1, D) desired positions and velocities: a minimum-jerk move over 60% of the episode, then rest."""
+    if env.name.startswith("toy/"):
+        return straight_through(start.pos, start.context[:, :2], start.context[:, 2:], env.horizon, env.dt)
+    offset = torch.full((env.dof,), 0.5 if env.name.startswith("gym/") else 0.1)
+    if env.dof == 4:
+        offset[3] = 0.0  # Meta-World's gripper command stays open
+    move = int(0.6 * env.horizon)
+    s = (torch.arange(env.horizon + 1).clamp(max=move) / move)[None, :, None]
+    pos = start.pos[:, None] + offset * (10 * s**3 - 15 * s**4 + 6 * s**5)
+    vel = offset * (30 * s**2 - 60 * s**3 + 30 * s**4) / (move * env.dt)
+    return pos, vel.expand_as(pos).contiguous()
+
+
+def measure(name: str, *, episodes: int, workers: int, repeats: int) -> dict:
+    """Build ``name`` once, then the medians over ``repeats`` batches of reset + run."""
+    t0 = time.perf_counter()
+    env = make_env(name, num_episodes=episodes, workers=workers)
+    build = time.perf_counter() - t0
+    resets, runs, cpus = [], [], []
+    with env:
+        for r in range(repeats + 1):  # the first round warms up (imports, caches) and is not counted
+            t0 = time.perf_counter()
+            start = env.reset(seed=r)
+            t1 = time.perf_counter()
+            pos, vel = trajectory(env, start)
+            t2, c2 = time.perf_counter(), time.process_time()
+            env.run(pos, vel)
+            t3, c3 = time.perf_counter(), time.process_time()
+            if r:
+                resets.append(t1 - t0)
+                runs.append(t3 - t2)
+                cpus.append(c3 - c2)
+    reset_s, run_s, cpu_s = statistics.median(resets), statistics.median(runs), statistics.median(cpus)
+    mode = "in-process (vectorised)" if name.startswith("toy/") else ("one process" if workers == 0 else "workers")
+    return {
+        "env": name,
+        "mode": mode,
+        "workers": workers if not name.startswith("toy/") else 0,
+        "episodes x steps": f"{episodes} x {env.horizon}",
+        "build_s": round(build, 2),
+        "reset_s": round(reset_s, 3),
+        "run_s": round(run_s, 3),
+        "batch_s": round(reset_s + run_s, 3),
+        "steps_per_s": round(episodes * env.horizon / run_s),
+        # in-process modes only: CPU time of this process, i.e. what the run would take on an idle core
+        "steps_per_cpu_s": round(episodes * env.horizon / cpu_s) if workers == 0 or name.startswith("toy/") else "",
+        "load_avg_1min": round(os.getloadavg()[0], 2),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--envs", nargs="+", default=list(DEFAULT_ENVS))
+    parser.add_argument("--episodes", type=int, default=16, help="E for the MuJoCo envs (TCE: 16 on Meta-World)")
+    parser.add_argument("--toy-episodes", type=int, default=1024)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads in this process")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    rows = []
+    for name in args.envs:
+        if name.startswith("toy/"):
+            rows.append(measure(name, episodes=args.toy_episodes, workers=0, repeats=args.repeats))
+            continue
+        for workers in (0, args.workers):
+            rows.append(measure(name, episodes=args.episodes, workers=workers, repeats=args.repeats))
+    write_results(rows, RESULTS / "bench_envs.csv", f"# episodic env throughput ({os.cpu_count()} cores)")
+
+
+if __name__ == "__main__":
+    main()
