@@ -50,7 +50,7 @@ def isolated_cache(tmp_path, monkeypatch):
         (["--loss", "ppo"], "unknown loss 'ppo'; choose one of: troll, troll_seq, grpo"),
         (["--task", "chain_summ"], "Did you mean: chain_sum"),
         (["--task", "no_such_task"], "e.g. chain_sum, basic_arithmetic"),
-        (["--eps", "0"], "--eps must be a finite number > 0"),
+        (["--eps", "0"], "--eps must be > 0 and finite, got 0.0: it is the per-token KL bound"),
         (["--eps", "-0.1", "--loss", "grpo"], "clip range"),
         (["--model", "/nonexistent/model"], "no such file or folder"),
         (["--model", "./missing-folder"], "no such file or folder"),
@@ -58,7 +58,8 @@ def isolated_cache(tmp_path, monkeypatch):
         (["--generations", "1"], "--generations must be >= 2"),
         (["--steps", "0"], "--steps must be a whole number > 0"),
         (["--lr", "-1"], "--lr must be a finite number > 0"),
-        (["--delta", "1.5"], "--delta must lie in [0, 1)"),
+        (["--delta", "1.5"], "--delta must be in [0, 1), got 1.5"),
+        (["--save-every", "1"], "--save-every 1 is not a multiple of --steps-per-rollout 2"),
         (["--overwrite", "--resume"], "exclude each other"),
     ],
 )
@@ -102,6 +103,34 @@ def test_console_entry_point(tmp_path):
     assert proc.returncode == 2
     assert "troll train: error: unknown loss 'nope'" in proc.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_a_provider_adds_subcommands(tmp_path, capsys, monkeypatch):
+    """The hook of troll.cli: a provider module registers `troll tce ...`; an absent one is skipped."""
+    import troll.cli
+
+    package = tmp_path / "fakeprov"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "cli.py").write_text(
+        "from troll.study import UsageError\n"
+        "def add_commands(sub):\n"
+        "    tce = sub.add_parser('tce').add_subparsers(required=True)\n"
+        "    train = tce.add_parser('train')\n"
+        "    train.add_argument('--env')\n"
+        "    train.set_defaults(run=run, name='tce train')\n"
+        "def run(args):\n"
+        "    if args.env != 'reach':\n"
+        "        raise UsageError(f'unknown env {args.env!r}')\n"
+        "    print('ran', args.env)\n"
+        "    return 0\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(troll.cli, "PROVIDERS", ("troll.cli.lm", "fakeprov.cli", "fakeprov.absent"))
+    assert main(["tce", "train", "--env", "reach"]) == 0 and "ran reach" in capsys.readouterr().out
+    code, err = run_cli(capsys, "tce", "train", "--env", "moon")
+    assert code == 2 and "troll tce train: error: unknown env 'moon'" in err
+    assert "{train,compare,study,tce}" in troll.cli.build_parser().format_help()
 
 
 # ---------------------------------------------------------------- default model: packaged GGUF and its cache
@@ -149,12 +178,16 @@ def test_run_folder_refusal(tmp_path, capsys):
     code, err = run_cli(capsys, "train", "--out", str(out), "--overwrite")
     assert code == 2 and "refusing to delete" in err
     assert (out / "notes.txt").read_text() == "mine"
-    # an earlier run (config.json) may be replaced, but only with --overwrite; --resume needs a checkpoint
+    # an earlier run (config.json) may be replaced, but only with --overwrite
     (out / options.CONFIG_FILE).write_text(json.dumps({"options": RunOptions().to_json()}))
     assert options.check_folder(out, overwrite=True, resume=False) is True
-    with pytest.raises(UsageError, match="no checkpoint"):
+    # --resume: an interrupted run without a complete checkpoint starts over; a finished one cannot be extended
+    assert options.check_folder(out, overwrite=False, resume=True) is False
+    (out / "checkpoint-2").mkdir()  # a checkpoint whose write was interrupted (no mark): it does not count
+    (out / "summary.json").write_text("{}")
+    with pytest.raises(UsageError, match="no complete checkpoint"):
         options.check_folder(out, overwrite=False, resume=True)
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "notes.txt"]
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-2", "config.json", "notes.txt", "summary.json"]
     assert options.check_folder(tmp_path / "fresh", overwrite=False, resume=False) is False
 
 
@@ -235,6 +268,7 @@ def test_train_end_to_end_and_resume(tmp_path, capsys, tiny_model_dir, isolated_
     assert "reward" in train_rows[0]  # logged where a rollout is generated: one rollout feeds steps 1 and 2
     assert json.loads((out / "config.json").read_text())["options"]["steps"] == 2
     assert not isolated_cache.exists()  # a local model never touches the cache
+    _check_card(out, tiny_model_dir, summary)
 
     # a second run into the same folder is refused; --resume continues from checkpoint-2 to step 4
     code, err = run_cli(capsys, "train", "--model", str(tiny_model_dir), "--out", str(out), *TINY_RUN)
@@ -247,6 +281,22 @@ def test_train_end_to_end_and_resume(tmp_path, capsys, tiny_model_dir, isolated_
     assert [r["step"] for r in rows if "troll/kl_after/max" in r] == [1, 2, 3, 4]
     # finished without --keep-checkpoints: its checkpoints are gone, the model stays
     assert not list(out.glob("checkpoint-*")) and (out / "model" / "config.json").is_file()
+
+
+def _check_card(out: Path, base: Path, summary: dict) -> None:
+    """model/README.md states the run's facts and cites TROLL and GRPO; TRL's draft card is not written."""
+    card = (out / "model" / "README.md").read_text()
+    assert not (out / "README.md").exists()
+    assert f"`--model {base}`: the model saved in `{base.resolve()}` (llama, " in card
+    assert "'s `chain_sum` with the settings min_terms=2, max_terms=2" in card
+    for row in ["| eps | 0.05 |", "| alpha | 1 |", "| top_k | 64 |", "| delta | 1e-05 |"]:
+        assert row in card
+    assert "2 optimiser steps, constant learning rate 1e-05" in card and "of 4 prompts x 4 samples" in card
+    before, after = summary["heldout_accuracy_before"], summary["heldout_accuracy_after"]
+    assert f"| before training (step 0) | {before:.3f} |" in card
+    assert f"| after training (step 2) | {after:.3f} |" in card
+    assert "@article{becker2025troll," in card and "arXiv:2510.03817" in card and "arXiv:2402.03300" in card
+    assert "[None]" not in card
 
 
 def test_compare_end_to_end(tmp_path, capsys, tiny_model_dir):
@@ -293,8 +343,8 @@ def _exit_code(argv: list[str]) -> int:
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--alpha", "nan"], "--alpha must be a finite number >= 0"),
-        (["--alpha", "inf"], "--alpha must be a finite number >= 0"),
+        (["--alpha", "nan"], "--alpha must be >= 0 and finite"),
+        (["--alpha", "inf"], "--alpha must be >= 0 and finite"),
         (["--out", ""], "--out is empty"),
         (["--seed", "-1"], "--seed must be a whole number in [0, 2**32)"),
         (["--seed", str(2**32)], "--seed must be a whole number in [0, 2**32)"),
@@ -356,7 +406,7 @@ def _bad_values(flag: str, kind: type) -> list[str]:
 
 
 def _flags(command: str) -> list[tuple[str, type]]:
-    from troll.cli import RUN_ARGS
+    from troll.cli.lm import RUN_ARGS
 
     flags = [(f, k) for f, k, _ in RUN_ARGS if not (command == "study" and f == "--seed")]
     flags.append(("--eps", float))

@@ -17,7 +17,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from conftest import run_cli  # noqa: E402
 
-from troll.train import stats, study, study_report  # noqa: E402
+from troll.study import parse_seeds, stats  # noqa: E402
+from troll.study.report import mean_curve  # noqa: E402
+from troll.train import study  # noqa: E402
 from troll.train.options import RunOptions, UsageError  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -81,12 +83,12 @@ def test_cell_metrics_and_curves_by_hand():
         {"step": 4, "entropy": 0.5, "troll/kl_after/max": 0.05, "heldout/accuracy": 0.5},
     ]
     summary = {"heldout_accuracy_before": 0.25, "heldout_accuracy_after": 0.5, "reward_last_quarter_mean": 0.3}
-    m = study_report.cell_metrics(summary, rows, steps_per_rollout=2)
+    m = study.cell_metrics(summary, rows, steps_per_rollout=2)
     assert m == {"acc_before": 0.25, "acc_after": 0.5, "reward_last_quarter": 0.3, "entropy_final": 0.5,
                  "kl_after_max": 0.05, "clipped_share": None}  # fmt: skip
     clip_rows = [{"step": s, "clip_ratio/region_mean": v} for s, v in [(1, 0.9), (2, 0.1), (3, 0.8), (4, 0.3)]]
-    assert study_report.cell_metrics({}, clip_rows, 2)["clipped_share"] == pytest.approx(0.2)  # steps 2 and 4
-    curve = study_report.mean_curve([rows, [{"step": 4, "heldout/accuracy": 1.0}]], "heldout/accuracy")
+    assert study.cell_metrics({}, clip_rows, 2)["clipped_share"] == pytest.approx(0.2)  # steps 2 and 4
+    curve = mean_curve([rows, [{"step": 4, "heldout/accuracy": 1.0}]], "heldout/accuracy")
     assert curve["step"] == [0, 4] and curve["n"] == [1, 2]
     assert curve["mean"] == [0.25, 0.75] and curve["se"][0] is None and curve["se"][1] == pytest.approx(0.25)
 
@@ -95,16 +97,16 @@ def test_cell_metrics_and_curves_by_hand():
 
 
 def test_parse_grid():
-    assert study.parse_seeds("3") == [0, 1, 2] and study.parse_seeds("4,0,7") == [4, 0, 7]
-    assert study.parse_seeds("5,") == [5]
+    assert parse_seeds("3") == [0, 1, 2] and parse_seeds("4,0,7") == [4, 0, 7]
+    assert parse_seeds("5,") == [5]
     types = {"steps_per_rollout": int, "lr": float, "task": str, "seed": int}
     assert study.parse_sweep("steps-per-rollout=2,4,8", types) == ("steps_per_rollout", [2, 4, 8])
     assert study.parse_sweep("lr=1e-6, 1e-5", types) == ("lr", [1e-6, 1e-5])
     spec = study.StudySpec(RunOptions(steps=2), ["troll", "grpo"], [0, 1], "eps", [0.01, 0.1], clip_eps=0.3)
     cells = study.plan(spec, Path("st"))
-    assert [(c.value, c.loss, c.seed) for c in cells][:3] == [(0.01, "troll", 0), (0.01, "grpo", 0), (0.01, "troll", 1)]
-    assert {c.opts.eps for c in cells if c.loss == "grpo"} == {0.3}  # --sweep eps is TROLL's bound only
-    assert cells[-1].opts.out == str(Path("st/eps=0.1/grpo/seed1")) and cells[-1].opts.eval_every == 1
+    assert [(c.value, c.arm, c.seed) for c in cells][:3] == [(0.01, "troll", 0), (0.01, "grpo", 0), (0.01, "troll", 1)]
+    assert {c.options.eps for c in cells if c.arm == "grpo"} == {0.3}  # --sweep eps is TROLL's bound only
+    assert cells[-1].options.out == str(Path("st/eps=0.1/grpo/seed1")) and cells[-1].options.eval_every == 1
     assert study.StudySpec.from_json(json.loads(json.dumps(spec.to_json()))) == spec
 
 
@@ -124,7 +126,7 @@ def test_parse_grid():
         (["--sweep", "steps=2,2"], "names a value twice"),
         (["--sweep", "steps-per-rollout=2,3"], "--sweep steps-per-rollout=3 (troll): a rollout batch"),
         (["--sweep", "lr=1e-5,-1"], "--sweep lr=-1.0 (troll): --lr must be a finite number > 0"),
-        (["--sweep", "alpha=nan"], "--alpha must be a finite number >= 0"),
+        (["--sweep", "alpha=nan"], "--sweep alpha=nan (troll): --alpha must be >= 0 and finite"),
         (["--sweep", "clip-eps=0.2,0"], "--eps must be a finite number > 0"),
         (["--jobs", "0"], "--jobs must be >= 1"),
         (["--jobs=-2"], "--jobs must be >= 1"),
@@ -134,7 +136,7 @@ def test_parse_grid():
         (["--seeds", "1,1"], "names a seed twice"),
         (["--seeds=-1,2"], "each seed must lie in"),
         (["--clip-eps", "nan"], "--clip-eps must be a finite number > 0"),
-        (["--eps", "inf"], "--eps must be a finite number > 0"),
+        (["--eps", "inf"], "--eps must be > 0 and finite, got inf"),
         (["--steps", "0"], "--steps must be a whole number > 0"),
         (["--task", "no_such_task"], "unknown task"),
         (["--model", "/nonexistent/model"], "no such file or folder"),

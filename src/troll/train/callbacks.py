@@ -1,13 +1,15 @@
-"""Trainer callbacks of a run: metrics to JSONL with a tqdm bar, and periodic greedy held-out evaluation."""
+"""Trainer callbacks of a run: metrics to JSONL with a tqdm bar, periodic greedy held-out evaluation, and the mark
+that makes a checkpoint count (:mod:`troll.train.checkpoints`)."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 from transformers import TrainerCallback
 
+from troll.study.files import append_jsonl
+from troll.train import checkpoints
 from troll.train.evaluate import heldout_accuracy
 from troll.train.tasks import Task
 
@@ -16,18 +18,22 @@ BAR_KEYS = {"reward": "reward", "troll/kl_after/max": "kl_max", "clip_ratio/regi
 
 
 class RunLog(TrainerCallback):
-    """Appends one JSON line per log event ({"step": N, **logs}) and drives a tqdm bar over the optimiser steps."""
+    """Appends one JSON line per log event ({"step": N, **logs}) and drives a tqdm bar over the optimiser steps.
 
-    def __init__(self, path: Path, total: int):
+    ``lines`` counts the lines of the file (``lines`` already there when a resumed run starts): a checkpoint records
+    it, so that resuming from that checkpoint cuts the file back to exactly what had been logged.
+    """
+
+    def __init__(self, path: Path, total: int, lines: int = 0):
         self.path = Path(path)
         self.total = total
+        self.lines = lines
         self.bar = None
         self.postfix: dict[str, str] = {}
 
     def write(self, step: int, values: dict) -> None:
-        row = {"step": step, **{k: _plain(v) for k, v in values.items()}}
-        with self.path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+        append_jsonl(self.path, {"step": step, **{k: _plain(v) for k, v in values.items()}})
+        self.lines += 1
         for key, short in [*BAR_KEYS.items(), ("heldout/accuracy", "heldout")]:
             if key in values and isinstance(values[key], int | float):
                 self.postfix[short] = f"{values[key]:.3g}"
@@ -45,7 +51,9 @@ class RunLog(TrainerCallback):
             self.bar.update(state.global_step - self.bar.n)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if logs:
+        # Not the Trainer's end-of-training line (runtime, throughput, mean loss of this train() call): after a
+        # resume it would describe only the resumed part; summary.json has the times.
+        if logs and "train_runtime" not in logs:
             self.write(state.global_step, logs)
 
     def on_train_end(self, args, state, control, **kwargs):
@@ -75,6 +83,18 @@ class HeldoutEval(TrainerCallback):
         # The last step is evaluated by the caller after training, once.
         if self.every and step % self.every == 0 and step < state.max_steps and model is not None:
             self.run(model, step)
+
+
+class Checkpoints(TrainerCallback):
+    """Marks ``checkpoint-N`` complete once the Trainer has written all of it (``on_save`` comes after the whole
+    save), with the number of metrics lines logged so far, then removes the older checkpoints."""
+
+    def __init__(self, out: Path, log: RunLog):
+        self.out, self.log = Path(out), log
+
+    def on_save(self, args, state, control, **kwargs):
+        folder = self.out / f"{checkpoints.PREFIX}{state.global_step}"
+        checkpoints.mark_complete(folder, step=state.global_step, metrics_lines=self.log.lines)
 
 
 def _plain(value):

@@ -11,7 +11,10 @@ import json
 import shutil
 from pathlib import Path
 
+from troll.study.files import CONFIG_FILE, SUMMARY_FILE, write_json
+from troll.study.grid import parse_arms
 from troll.train import options
+from troll.train.metrics import off_policy_rows, read_metrics
 from troll.train.options import LOSSES, TROLL_LOSSES, RunOptions, UsageError
 
 PLOT_FILE = "compare.png"
@@ -20,15 +23,8 @@ TABLE_FILE = "compare.md"
 
 def plan(base: RunOptions, losses: list[str], *, troll_eps: float | None, clip_eps: float | None) -> list[RunOptions]:
     """One resolved, value-checked RunOptions per loss, in ``<out>/<loss>``."""
-    if not losses:
-        raise UsageError("--losses is empty; give e.g. --losses troll,grpo.")
-    unknown = [loss for loss in losses if loss not in LOSSES]
-    if unknown:
-        raise UsageError(f"unknown loss {unknown[0]!r} in --losses; choose from: {', '.join(LOSSES)}.")
-    if len(set(losses)) != len(losses):
-        raise UsageError(f"--losses names a loss twice: {','.join(losses)}.")
-    if clip_eps is not None and not (options._is_number(clip_eps) and clip_eps > 0):
-        raise UsageError(f"--clip-eps must be a finite number > 0 (the clip losses' clip range), got {clip_eps}.")
+    parse_losses(",".join(losses))
+    options.check_clip_eps(clip_eps)
     out = Path(base.out or f"runs/compare-{base.task}-seed{base.seed}")
     runs = []
     for loss in losses:
@@ -37,6 +33,11 @@ def plan(base: RunOptions, losses: list[str], *, troll_eps: float | None, clip_e
         options.check_values(opts)
         runs.append(opts.resolved())
     return runs
+
+
+def parse_losses(text: str) -> list[str]:
+    """``--losses troll,grpo`` of compare and study: known losses, each once."""
+    return parse_arms(text, LOSSES, flag="--losses", noun="loss", example="troll,grpo")
 
 
 def check_folder(out: Path, *, overwrite: bool, resume: bool, runs: list[RunOptions] | None = None) -> bool:
@@ -54,10 +55,8 @@ def check_folder(out: Path, *, overwrite: bool, resume: bool, runs: list[RunOpti
         if resume:
             raise UsageError(f"--resume: {out} holds no earlier comparison; start it without --resume.")
         return False
-    if not (out / options.CONFIG_FILE).is_file():
-        raise UsageError(
-            f"{out} is not empty and holds no {options.CONFIG_FILE}: not a troll folder; choose another --out."
-        )
+    if not (out / CONFIG_FILE).is_file():
+        raise UsageError(f"{out} is not empty and holds no {CONFIG_FILE}: not a troll folder; choose another --out.")
     if resume:
         check_saved_runs(out, runs)
         return False
@@ -68,7 +67,7 @@ def check_folder(out: Path, *, overwrite: bool, resume: bool, runs: list[RunOpti
 
 def check_saved_runs(out: Path, runs: list[RunOptions] | None) -> None:
     """--resume: config.json must be a comparison's (``command`` "compare", a ``runs`` list) with ``runs``' options."""
-    path = out / options.CONFIG_FILE
+    path = out / CONFIG_FILE
     data = options.read_config(out)
     if not (isinstance(data, dict) and data.get("command") == "compare" and isinstance(data.get("runs"), list)):
         raise UsageError(
@@ -96,13 +95,13 @@ def check_saved_runs(out: Path, runs: list[RunOptions] | None) -> None:
 def run(out: Path, runs: list[RunOptions], *, clear: bool, resume: bool) -> str:
     """Train every run (skipping finished ones when resuming), then write the plot and the table; returns the table."""
     from troll.train import plots
-    from troll.train.run import SUMMARY_FILE, read_metrics, train
+    from troll.train.run import train
 
     if clear:
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     config = {"command": "compare", "runs": [r.to_json() for r in runs]}
-    (out / options.CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    write_json(out / CONFIG_FILE, config)
     summaries = {}
     for opts in runs:
         folder = Path(opts.out)
@@ -118,7 +117,7 @@ def run(out: Path, runs: list[RunOptions], *, clear: bool, resume: bool) -> str:
     title = f"{r.task}, {r.model}, seed {r.seed}, {r.steps} steps"
     plots.plot_compare(metrics, out / PLOT_FILE, steps_per_rollout=r.steps_per_rollout, title=title)
     table = markdown(runs, summaries, metrics)
-    (out / TABLE_FILE).write_text(table)
+    (out / TABLE_FILE).write_text(table)  # after every run finished; a rerun with --resume rewrites it
     return table
 
 
@@ -127,8 +126,6 @@ def markdown(runs: list[RunOptions], summaries: dict[str, dict], metrics: dict[s
     head = "| loss | eps | held-out acc. before | after | reward first -> last quarter | max KL after | "
     head += "projected / clipped | entropy (last) | train s |\n"
     head += "|---|---|---|---|---|---|---|---|---|\n"
-    from troll.train.plots import off_policy_rows
-
     lines = []
     for opts in runs:
         s, rows = summaries[opts.loss], metrics[opts.loss]

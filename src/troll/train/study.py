@@ -1,41 +1,47 @@
-"""``troll study``: one task, a grid of losses x seeds (optionally swept over one run option), and the statistics.
+"""``troll study``: the language-model frontend of the study engine (:mod:`troll.study`).
 
-Layout of the study folder ``<out>``::
-
-    config.json                      the grid (written first; --resume reads it)
-    <key>=<value>/<loss>/seed<k>/    one ``troll train`` run folder per cell (no ``<key>=<value>/`` level unswept)
-    <key>=<value>/<loss>/seed<k>.log that run's output
-    study.json, study.md, study.png  every cell's summary, the aggregates, the table and the curves
-
-Each cell runs as a subprocess ``python -m troll.cli train ...`` with every option spelled out, so a cell is
-exactly a ``troll train`` run, a crash of one cell leaves the others running, and ``--jobs N`` runs N cells side
-by side (one torch thread each by default). A finished cell (summary.json present) is never rerun; with
-``--resume`` an interrupted cell continues from its checkpoint, or starts over if it had none. Cells drop their
-checkpoints and final model when they finish unless ``--keep-checkpoints`` / ``--keep-model``: a cell then holds
-config.json, metrics.jsonl, summary.json and plots.png (a few hundred kB).
+The grid is losses x seeds, optionally swept over one ``troll train`` option; each cell is a ``troll train`` run,
+started as ``python -m troll.cli train ...`` with every option spelled out. What this module adds to the engine:
+the grid's options (:class:`StudySpec`: the base RunOptions, ``--eps`` as TROLL's bound and ``--clip-eps`` as the
+clip losses'), a cell's command line, the numbers of a cell (held-out accuracy before and after, reward of the last
+quarter, final entropy, and over the off-policy steps the largest KL after projection or the clipped share), the
+pairs (each TROLL loss minus each baseline) and the curves against optimiser steps. Cells drop their checkpoints and
+final model when they finish unless ``--keep-checkpoints`` / ``--keep-model``: a cell then holds config.json,
+metrics.jsonl, summary.json and plots.png (a few hundred kB).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import shutil
-import subprocess
+import functools
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from troll.train import options
-from troll.train.options import LOSSES, TROLL_LOSSES, RunOptions, UsageError
+from troll.defaults import TROLL_LOSSES
+from troll.study import Cell, Curve, Frontend, Grid, Number, Pairing, Study, UsageError, runner, stats
+from troll.study import grid as grid_lib
+from troll.train import checkpoints, options
+from troll.train.compare import parse_losses
+from troll.train.metrics import off_policy_rows
+from troll.train.options import RunOptions
 
-MAX_SEEDS = 1000  # a count beyond this is a typo, not a study
-JSON_FILE = "study.json"
-TABLE_FILE = "study.md"
-PLOT_FILE = "study.png"
+__all__ = [
+    "StudySpec",
+    "cell_argv",
+    "cell_metrics",
+    "check_folder",
+    "frontend",
+    "load_spec",
+    "parse_losses",
+    "parse_sweep",
+    "plan",
+    "run",
+]
+
+COMMAND = "study"  # config.json's "command": a folder is resumed only by the command that wrote it
 # Run options a sweep may not name: the grid already varies loss and seed, and out is the study's.
-NOT_SWEPT = {"loss", "seed", "out"}
+NOT_SWEPT = frozenset({"loss", "seed", "out"})
 # ``eps`` is TROLL's KL bound in a study (as --eps); ``clip_eps`` is the clip losses' (as --clip-eps).
 SWEEP_EXTRA = {"clip_eps": float}
 
@@ -50,6 +56,10 @@ class StudySpec:
     sweep_key: str | None = None  # a RunOptions field name, or "clip_eps"
     sweep_values: list = field(default_factory=list)
     clip_eps: float | None = None
+
+    @property
+    def grid(self) -> Grid:
+        return Grid(self.losses, self.seeds, self.sweep_key, self.sweep_values)
 
     def to_json(self) -> dict:
         return {
@@ -68,169 +78,54 @@ class StudySpec:
                    list(data.get("sweep_values") or []), data.get("clip_eps"))  # fmt: skip
 
 
-@dataclass
-class Cell:
-    """One run of the grid: its sweep value (None if unswept), loss, seed, resolved options and folder."""
-
-    value: object
-    loss: str
-    seed: int
-    opts: RunOptions
-
-    @property
-    def folder(self) -> Path:
-        return Path(self.opts.out)
-
-    @property
-    def log(self) -> Path:
-        return self.folder.with_name(self.folder.name + ".log")
-
-    @property
-    def label(self) -> str:
-        return self.folder.as_posix()
-
-
-# ---------------------------------------------------------------- parsing and planning (nothing written)
-
-
-def parse_losses(text: str) -> list[str]:
-    losses = [s.strip() for s in text.split(",")]
-    if not text.strip() or not all(losses):
-        raise UsageError(f"--losses {text!r} is empty or has an empty entry; give e.g. --losses troll,grpo.")
-    unknown = [loss for loss in losses if loss not in LOSSES]
-    if unknown:
-        raise UsageError(f"unknown loss {unknown[0]!r} in --losses; choose from: {', '.join(LOSSES)}.")
-    if len(set(losses)) != len(losses):
-        raise UsageError(f"--losses names a loss twice: {text}; list each once.")
-    return losses
-
-
-def parse_seeds(text: str) -> list[int]:
-    """``"3"``: three seeds 0, 1, 2; ``"0,4,7"`` (any comma): exactly those seeds."""
-    parts = [s.strip() for s in text.split(",")]
-    if "," in text:
-        parts = [p for p in parts if p]
-    try:
-        values = [int(p) for p in parts]
-    except ValueError:
-        values = []
-    if not values:
-        raise UsageError(f"--seeds {text!r}: give a count (--seeds 3: seeds 0,1,2) or a list (--seeds 0,1,2).")
-    if "," not in text:
-        if not 1 <= values[0] <= MAX_SEEDS:
-            raise UsageError(f"--seeds {text}: a count of seeds must lie in [1, {MAX_SEEDS}] (or list: --seeds 0,1).")
-        return list(range(values[0]))
-    if len(set(values)) != len(values):
-        raise UsageError(f"--seeds {text} names a seed twice; list each once.")
-    for seed in values:
-        if not 0 <= seed < 2**32:
-            raise UsageError(f"--seeds {text}: each seed must lie in [0, 2**32), got {seed}.")
-    return values
-
-
-def parse_sweep(text: str, types: dict[str, type]) -> tuple[str, list]:
-    """``"steps-per-rollout=2,4,8"`` -> ("steps_per_rollout", [2, 4, 8]); ``types`` maps field -> int/float/str."""
-    key, sep, raw = text.partition("=")
-    name = key.strip().removeprefix("--").replace("-", "_")
-    allowed = sorted(k.replace("_", "-") for k in types if k not in NOT_SWEPT)
-    if not sep or not key.strip():
-        raise UsageError(f"--sweep {text!r}: write KEY=V1,V2,..., e.g. --sweep steps-per-rollout=2,4,8.")
-    if name not in types or name in NOT_SWEPT:
-        raise UsageError(f"--sweep: unknown key {key.strip()!r}; sweep one of: {', '.join(allowed)}.")
-    parts = [p.strip() for p in raw.split(",")]
-    if not raw.strip() or not all(parts):
-        raise UsageError(f"--sweep {text!r}: the value list is empty or has an empty entry.")
-    try:
-        values = [types[name](p) for p in parts]
-    except ValueError:
-        raise UsageError(f"--sweep {text!r}: each value of {key.strip()} must be a {types[name].__name__}.") from None
-    if len(set(values)) != len(values):
-        raise UsageError(f"--sweep {text!r} names a value twice; list each once.")
-    return name, values
-
-
-def plan(spec: StudySpec, out: Path) -> list[Cell]:
-    """Every cell of the grid, resolved and value-checked (UsageError naming the flag otherwise)."""
-    cells = []
-    for value in spec.sweep_values if spec.sweep_key else [None]:
-        top = out / f"{spec.sweep_key.replace('_', '-')}={_slug(value)}" if spec.sweep_key else out
-        for seed in spec.seeds:
-            for loss in spec.losses:
-                troll = loss in TROLL_LOSSES
-                eps = spec.base.eps if troll else spec.clip_eps
-                opts = dataclasses.replace(
-                    spec.base, loss=loss, seed=seed, eps=eps, out=str(top / loss / f"seed{seed}")
-                )
-                if spec.sweep_key == "clip_eps":
-                    opts = opts if troll else dataclasses.replace(opts, eps=value)
-                elif spec.sweep_key == "eps":
-                    opts = dataclasses.replace(opts, eps=value) if troll else opts
-                elif spec.sweep_key:
-                    opts = dataclasses.replace(opts, **{spec.sweep_key: value})
-                try:
-                    options.check_values(opts)
-                except UsageError as err:
-                    if not spec.sweep_key:
-                        raise
-                    flag = spec.sweep_key.replace("_", "-")
-                    raise UsageError(f"--sweep {flag}={value} ({loss}): {err}") from None
-                cells.append(Cell(value, loss, seed, opts.resolved()))
-    return cells
-
-
-def _slug(value) -> str:
-    return str(value).replace("/", "_").replace(os.sep, "_")
-
-
-def check_folder(out: Path, *, overwrite: bool, resume: bool) -> bool:
-    """As :func:`troll.train.options.check_folder` for a study folder; True when ``overwrite`` may delete it."""
-    if overwrite and resume:
-        raise UsageError("--overwrite and --resume exclude each other: one discards the study, the other continues it.")
-    options.check_out_path(out, "study folder")
-    if not (out.is_dir() and any(out.iterdir())):
-        if resume:
-            raise UsageError(f"--resume: {out} holds no study; start it without --resume.")
-        return False
-    if not _is_study(out):
-        raise UsageError(
-            f"--out {out} is not empty and holds no study's {options.CONFIG_FILE}: it holds something else; "
-            "choose another --out."
-        )
-    if resume:
-        return False
-    if not overwrite:
-        raise UsageError(f"study folder {out} is not empty; pass --resume to continue it, --overwrite to replace it.")
-    return True
-
-
-def _is_study(out: Path) -> bool:
-    try:
-        return json.loads((out / options.CONFIG_FILE).read_text()).get("command") == "study"
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
 def load_spec(out: Path) -> StudySpec:
-    """The grid saved in a study folder's config.json (UsageError when it is damaged)."""
-    data = options.load_config(out, key="spec")
+    """The grid saved in a study folder's config.json (UsageError when it is missing or damaged)."""
+    data = runner.load_spec(out)
     try:
-        return StudySpec.from_json(data["spec"])
+        return StudySpec.from_json(data)
     except (KeyError, TypeError, ValueError) as err:
         raise UsageError(f"--resume: {out / options.CONFIG_FILE} holds a damaged study spec ({err}).") from err
 
 
-# ---------------------------------------------------------------- running the cells
+def check_folder(out: Path, *, overwrite: bool, resume: bool) -> bool:
+    """The engine's check of a study folder (:func:`troll.study.runner.check_folder`) for ``troll study``."""
+    return runner.check_folder(out, command=COMMAND, overwrite=overwrite, resume=resume)
+
+
+def parse_sweep(text: str, types: dict[str, type]) -> tuple[str, list]:
+    """``--sweep KEY=V1,V2``: one run option (or clip-eps), never the loss, the seed or the folder."""
+    return grid_lib.parse_sweep(text, types, NOT_SWEPT)
+
+
+def cell_options(spec: StudySpec, value, loss: str, seed: int, folder: Path) -> RunOptions:
+    """The resolved, value-checked options of one cell (UsageError naming the flag otherwise)."""
+    troll = loss in TROLL_LOSSES
+    eps = spec.base.eps if troll else spec.clip_eps
+    opts = dataclasses.replace(spec.base, loss=loss, seed=seed, eps=eps, out=str(folder))
+    if spec.sweep_key == "clip_eps":
+        opts = opts if troll else dataclasses.replace(opts, eps=value)
+    elif spec.sweep_key == "eps":
+        opts = dataclasses.replace(opts, eps=value) if troll else opts
+    elif spec.sweep_key:
+        opts = dataclasses.replace(opts, **{spec.sweep_key: value})
+    options.check_values(opts)
+    return opts.resolved()
+
+
+def plan(spec: StudySpec, out: Path) -> list[Cell]:
+    """Every cell of the grid (:func:`troll.study.plan`), its options resolved and checked."""
+    return grid_lib.plan(spec.grid, out, functools.partial(cell_options, spec))
 
 
 def cell_argv(cell: Cell, *, resume: bool, keep_checkpoints: bool, keep_model: bool) -> list[str]:
     """The ``troll train`` command line of a cell: every option spelled out (or --resume from its folder)."""
-    argv = [sys.executable, "-m", "troll.cli", "train", "--out", cell.opts.out]
+    argv = [sys.executable, "-m", "troll.cli", "train", "--out", str(cell.folder)]
     if resume:
         argv.append("--resume")
     else:
         for f in dataclasses.fields(RunOptions):
             if f.name != "out":
-                argv += ["--" + f.name.replace("_", "-"), str(getattr(cell.opts, f.name))]
+                argv += ["--" + f.name.replace("_", "-"), str(getattr(cell.options, f.name))]
     if keep_checkpoints:
         argv.append("--keep-checkpoints")
     if not keep_model:
@@ -238,95 +133,118 @@ def cell_argv(cell: Cell, *, resume: bool, keep_checkpoints: bool, keep_model: b
     return argv
 
 
-def run_cells(
-    cells: list[Cell], *, jobs: int, keep_checkpoints: bool, keep_model: bool, report, on_finish=None
-) -> dict[str, str]:
-    """Run the unfinished cells, ``jobs`` at a time; returns label -> "done" | "kept" | "failed (exit N)".
-
-    ``report(text)`` receives one line per started and finished cell; ``on_finish(status)`` is called after each
-    cell ends. A finished cell (summary.json) is kept; one with a checkpoint resumes from it; any other leftover
-    folder of an interrupted cell is started over.
-    """
-    from troll.train.run import SUMMARY_FILE
-
-    status, todo = {}, []
-    for cell in cells:
-        if (cell.folder / SUMMARY_FILE).is_file():
-            status[cell.label] = "kept"
-            if not keep_checkpoints:
-                _drop_checkpoints(cell.folder)
-        else:
-            todo.append(cell)
-    running: list[tuple[Cell, subprocess.Popen, object, float]] = []
-    env = {**os.environ, "OMP_NUM_THREADS": str(cells[0].opts.threads) if cells else "1"}
-    try:
-        while todo or running:
-            while todo and len(running) < jobs:
-                cell = todo.pop(0)
-                again = options.last_checkpoint(cell.folder) is not None
-                if cell.folder.exists() and not again:
-                    shutil.rmtree(cell.folder)  # ours (inside the study), interrupted before its first checkpoint
-                cell.folder.parent.mkdir(parents=True, exist_ok=True)
-                argv = cell_argv(cell, resume=again, keep_checkpoints=keep_checkpoints, keep_model=keep_model)
-                log = cell.log.open("a")
-                log.write(f"$ {' '.join(argv)}\n")
-                log.flush()
-                proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
-                running.append((cell, proc, log, time.time()))
-                report(f"started {cell.label}{' (resuming)' if again else ''}")
-            time.sleep(0.5)
-            for item in [r for r in running if r[1].poll() is not None]:
-                running.remove(item)
-                status[item[0].label] = _finish(item, report)
-                if on_finish is not None:
-                    on_finish(status)
-    finally:
-        for _cell, proc, log, _ in running:  # interrupted: stop the cells we started, they resume later
-            proc.terminate()
-            proc.wait()
-            log.close()
-    return status
+# ---------------------------------------------------------------- what a cell gives
 
 
-def _finish(item, report) -> str:
-    cell, proc, log, start = item
-    log.close()
-    minutes = (time.time() - start) / 60
-    if proc.returncode == 0:
-        report(f"finished {cell.label} in {minutes:.1f} min")
-        return "done"
-    tail = cell.log.read_text(errors="replace").splitlines()[-5:]
-    report(
-        f"FAILED {cell.label} (exit {proc.returncode}) after {minutes:.1f} min; see {cell.log}:\n  " + "\n  ".join(tail)
+CELL_METRICS = (
+    Number("acc_before", "held-out acc. before"),
+    Number("acc_after", "held-out acc. after"),
+    Number("reward_last_quarter", "reward, last quarter"),
+    Number("entropy_final", "entropy, final"),
+    Number("kl_after_max", "max KL after projection"),
+    Number("clipped_share", "clipped share"),
+)
+PAIRED_METRICS = (Number("acc_after", "held-out acc. after"), Number("reward_last_quarter", "reward, last quarter"))
+
+
+def cell_metrics(summary: dict, rows: list[dict], steps_per_rollout: int) -> dict:
+    """A cell's numbers: held-out accuracy before/after, mean reward of the last quarter of the logged rollouts,
+    the last logged entropy, and over the off-policy steps the largest KL after projection (TROLL losses) or the
+    mean clipped share (clip losses); None where not logged."""
+    off = off_policy_rows(rows, steps_per_rollout)
+    entropy = [r["entropy"] for r in rows if r.get("entropy") is not None]
+    kl = [r["troll/kl_after/max"] for r in off if r.get("troll/kl_after/max") is not None]
+    clipped = [r["clip_ratio/region_mean"] for r in off if r.get("clip_ratio/region_mean") is not None]
+    return {
+        "acc_before": summary.get("heldout_accuracy_before"),
+        "acc_after": summary.get("heldout_accuracy_after"),
+        "reward_last_quarter": summary.get("reward_last_quarter_mean"),
+        "entropy_final": entropy[-1] if entropy else None,
+        "kl_after_max": max(kl) if kl else None,
+        "clipped_share": stats.mean(clipped),
+    }
+
+
+def _off_policy(cell: Cell, rows: list[dict]) -> list[dict]:
+    return off_policy_rows(rows, cell.options.steps_per_rollout)
+
+
+CURVES = (
+    Curve("heldout/accuracy", "held-out greedy accuracy", ylim=(-0.02, 1.02)),
+    Curve("reward", "rollout reward"),
+    Curve("entropy", "entropy (nats / token)"),
+    Curve("troll/kl_after/max", "max KL after projection (TROLL) (off-policy steps)", rows=_off_policy),
+    Curve("clip_ratio/region_mean", "clipped share (clip losses) (off-policy steps)", rows=_off_policy),
+)
+
+
+def troll_minus_baselines(losses: list[str]) -> list[tuple[str, str]]:
+    """Each TROLL loss of the study against each baseline, TROLL first."""
+    trolls = [loss for loss in losses if loss in TROLL_LOSSES]
+    return [(t, b) for t in trolls for b in losses if b not in TROLL_LOSSES]
+
+
+PAIRING = Pairing(
+    troll_minus_baselines,
+    keys=("troll", "baseline"),
+    heading="TROLL minus baseline",
+    column="TROLL - baseline",
+    none=f"No paired comparison: the study needs a TROLL loss ({', '.join(TROLL_LOSSES)}) and a baseline.\n",
+)
+
+
+def _title(grid: Grid, cells: list[Cell]) -> str:
+    b = cells[0].options
+    seeds = f"{len(grid.seeds)} seed{'s' if len(grid.seeds) > 1 else ''}"
+    return f"{b.task}, {b.model}, {seeds}, {b.steps} steps"
+
+
+def _note(grid: Grid, cells: list[Cell]) -> str:
+    r = cells[0].options
+    eps = ", ".join(sorted({f"{c.arm} {c.options.eps:g}" for c in cells}))
+    return (
+        f"\nTask {r.task}, model {r.model}, seeds {', '.join(map(str, grid.seeds))}; {r.steps} optimiser steps, "
+        f"rollouts of {r.prompts_per_step} prompts x {r.generations} samples in {r.steps_per_rollout} steps "
+        f"(unless swept), {r.heldout} held-out items scored greedily; eps: {eps}. Standard errors use n - 1; the "
+        "95% interval is mean ± t(0.975, n - 1) x standard error of the per-seed differences (seeds pair the "
+        "data, the initial model and the held-out items). Max KL after projection (TROLL) and the clipped share "
+        "(clip losses) are over the off-policy steps (the 2nd to last of each rollout). The reward of the last "
+        "quarter is the mean over the last quarter of the logged rollout rewards; entropy is at the last logged "
+        "step.\n"
     )
-    return f"failed (exit {proc.returncode})"
 
 
-def _drop_checkpoints(folder: Path) -> None:
-    for path in folder.glob("checkpoint-*"):
-        if path.is_dir():
-            shutil.rmtree(path)
+def frontend(*, keep_checkpoints: bool = False, keep_model: bool = False, threads: int = 1) -> Frontend:
+    """The engine's view of ``troll study``; ``threads``: torch (and OpenMP) threads of each cell."""
+
+    def tidy(cell: Cell) -> None:
+        if not keep_checkpoints:
+            checkpoints.remove_all(cell.folder)
+
+    return Frontend(
+        command=COMMAND,
+        arm="loss",
+        cell_argv=lambda cell, resume: cell_argv(
+            cell, resume=resume, keep_checkpoints=keep_checkpoints, keep_model=keep_model
+        ),
+        numbers=lambda cell, summary, rows: cell_metrics(summary, rows, cell.options.steps_per_rollout),
+        table=CELL_METRICS,
+        paired=PAIRED_METRICS,
+        pairing=PAIRING,
+        curves=CURVES,
+        x_key="step",
+        x_label="optimiser step",
+        can_resume=lambda cell: checkpoints.last_checkpoint(cell.folder) is not None,
+        tidy=tidy,
+        title=_title,
+        note=_note,
+        env={"OMP_NUM_THREADS": str(threads)},
+    )
 
 
 def run(out: Path, spec: StudySpec, cells: list[Cell], *, clear: bool, jobs: int, keep_checkpoints: bool,
         keep_model: bool, report) -> dict[str, str]:  # fmt: skip
     """Write config.json, run the cells, then study.json / study.md / study.png; returns each cell's status."""
-    from troll.train import study_report
-
-    if clear:
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
-    config = {"command": "study", "spec": spec.to_json(), "argv": sys.argv}
-    (out / options.CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-
-    def partial(status: dict[str, str]) -> None:  # study.json / study.md so far, to read while the study runs
-        try:
-            study_report.write(out, spec, cells, status, plot=False)
-        except Exception as err:  # noqa: BLE001 -- a report must never stop the cells
-            report(f"could not update {JSON_FILE}: {err!r}")
-
-    status = run_cells(
-        cells, jobs=jobs, keep_checkpoints=keep_checkpoints, keep_model=keep_model, report=report, on_finish=partial
-    )
-    study_report.write(out, spec, cells, status)
-    return status
+    engine = frontend(keep_checkpoints=keep_checkpoints, keep_model=keep_model, threads=spec.base.threads)
+    study = Study(out, engine, spec.grid, spec.to_json(), cells)
+    return runner.run_study(study, clear=clear, jobs=jobs, report=report)

@@ -13,9 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from troll.train.options import UsageError
+from troll.train.options import DEFAULT_TASK, UsageError
 
-DEFAULT_TASK = "chain_sum"
 HELDOUT_SEED_OFFSET = 1_000_000  # items are seeded seed + index, so the two splits never share a generator seed
 
 # Task settings at which SmolLM2-135M-Instruct is right some of the time (greedy, 48 items, measured):

@@ -1,7 +1,8 @@
-"""The ``troll`` command: ``troll train`` (one GRPO run with TROLL or clipping), ``troll compare`` and ``troll study``.
+"""``troll train``, ``troll compare`` and ``troll study``: GRPO runs of a language model with TROLL or clipping.
 
-Every input is checked before a model is loaded or a file is written; a bad one exits with status 2 and a
-message saying how to fix it. Heavy imports (torch, transformers, TRL) happen only once a run starts.
+The provider of these three subcommands (see :mod:`troll.cli`). Every input is checked before a model is loaded
+or a file is written; a bad one exits with status 2 and a message saying how to fix it. Heavy imports
+(transformers, TRL, reasoning_gym's tasks, matplotlib) happen in the handlers, once a run starts.
 """
 
 from __future__ import annotations
@@ -9,14 +10,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import sys
 import time
 from pathlib import Path
 
-from troll.train.options import LOSSES, RunOptions, UsageError
+from troll.study import JSON_FILE, PLOT_FILE, TABLE_FILE
+from troll.study.files import CONFIG_FILE, UsageError, check_out_path
+from troll.train.options import DEFAULT_LOSSES, LOSSES, TROLL_LOSSES, RunOptions
 
 DEFAULTS = RunOptions()
+TROLL_EPS_HELP = f"KL bound of TROLL (default: {LOSSES[TROLL_LOSSES[0]].eps:g})"
 # Options that may differ from the saved config when resuming (they do not change what was already trained).
 RESUMABLE = {"steps", "eval_every", "save_every", "threads"}
 
@@ -62,7 +65,12 @@ RUN_ARGS: list[tuple[str, type, str]] = [
         "held-out evaluation every N steps, and before and after; 0: before and after only "
         "(default: every quarter of the run)",
     ),
-    ("--save-every", int, "checkpoint every N steps, for --resume; 0: none (default: half the run)"),
+    (
+        "--save-every",
+        int,
+        "checkpoint every N steps, for --resume; a multiple of --steps-per-rollout; 0: none "
+        "(default: half the run, in whole rollouts)",
+    ),
     ("--seed", int, f"seed of the data, sampling and training (default: {d.seed})"),
     ("--threads", int, f"torch threads; 1 is fastest on a busy shared machine (default: {d.threads})"),
 ]
@@ -76,14 +84,20 @@ def _add_run_args(p: argparse.ArgumentParser, out_help: str, skip: tuple[str, ..
             p.add_argument(flag, type=kind, default=argparse.SUPPRESS, help=text)
     p.add_argument("--out", default=argparse.SUPPRESS, help=out_help)
     p.add_argument("--overwrite", action="store_true", help="replace an earlier result in the folder")
-    p.add_argument("--resume", action="store_true", help="continue in the folder from the last checkpoint")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue in the folder from the last complete checkpoint (an interrupted run without one starts over)",
+    )
     p.add_argument("--list-tasks", action="store_true", help="list the reasoning_gym tasks and exit")
 
 
 def _add_study_parser(sub) -> None:
     study = sub.add_parser("study", help="losses x seeds (x one swept option), with statistics", description=STUDY_DOC)
     study.add_argument(
-        "--losses", default=argparse.SUPPRESS, help="comma-separated losses, each once (default: troll,grpo)"
+        "--losses",
+        default=argparse.SUPPRESS,
+        help=f"comma-separated losses, each once (default: {','.join(DEFAULT_LOSSES)})",
     )
     study.add_argument(
         "--seeds", default=argparse.SUPPRESS, help="a count (3: seeds 0,1,2) or a comma list (0,4,7) (default: 3)"
@@ -94,7 +108,7 @@ def _add_study_parser(sub) -> None:
         help="one run option and its values, KEY=V1,V2,... with KEY in flag form, e.g. steps-per-rollout=2,4,8 or "
         "lr=1e-6,1e-5 (eps: TROLL's bound; clip-eps: the clip losses')",
     )
-    study.add_argument("--eps", type=float, default=argparse.SUPPRESS, help="KL bound of TROLL (default: 0.05)")
+    study.add_argument("--eps", type=float, default=argparse.SUPPRESS, help=TROLL_EPS_HELP)
     study.add_argument(
         "--clip-eps", type=float, default=argparse.SUPPRESS, help="eps of the other losses (default: each loss's own)"
     )
@@ -102,19 +116,20 @@ def _add_study_parser(sub) -> None:
     study.add_argument("--keep-checkpoints", action="store_true", help="keep each cell's checkpoint-N/ (~1.1 GB)")
     study.add_argument("--keep-model", action="store_true", help="keep each cell's final model/ (~0.5 GB)")
     _add_run_args(study, "study folder (default: runs/study-<task>)", skip=("--seed",))
+    study.set_defaults(run=_listing(cmd_study), name="study")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="troll", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,compare,study}")
+def add_commands(sub) -> None:
+    """Register train, compare and study (the provider hook of :mod:`troll.cli`)."""
     train = sub.add_parser("train", help="one GRPO run with TROLL or a clipped loss", description=TRAIN_DOC)
     train.add_argument("--loss", default=argparse.SUPPRESS, help=f"one of {', '.join(LOSSES)} (default: troll)")
-    eps_defaults = ", ".join(f"{k} {v[2]:g}" for k, v in LOSSES.items())
+    eps_defaults = ", ".join(f"{k} {v.eps:g}" for k, v in LOSSES.items())
     train.add_argument(
         "--eps",
         type=float,
         default=argparse.SUPPRESS,
-        help=f"KL bound (troll, troll_seq), clip range (clip losses), ratio cap (cispo); default: {eps_defaults}",
+        help=f"KL bound ({', '.join(TROLL_LOSSES)}), clip range (clip losses), ratio cap (cispo); "
+        f"default: {eps_defaults}",
     )
     _add_run_args(train, "run folder (default: runs/<loss>-<task>-seed<seed>)")
     train.add_argument(
@@ -123,15 +138,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep checkpoint-N/ (~1.1 GB) after the run finishes, to extend it later with --resume --steps",
     )
     train.add_argument("--no-model", action="store_true", help="do not save the final model/ (~0.5 GB)")
+    train.set_defaults(run=_listing(cmd_train), name="train")
     compare = sub.add_parser("compare", help="TROLL against clipping on the same task and seeds", description=CMP_DOC)
-    compare.add_argument("--losses", default="troll,grpo", help="comma-separated losses (default: troll,grpo)")
-    compare.add_argument("--eps", type=float, default=argparse.SUPPRESS, help="KL bound of TROLL (default: 0.05)")
+    losses = ",".join(DEFAULT_LOSSES)
+    compare.add_argument("--losses", default=losses, help=f"comma-separated losses (default: {losses})")
+    compare.add_argument("--eps", type=float, default=argparse.SUPPRESS, help=TROLL_EPS_HELP)
     compare.add_argument(
-        "--clip-eps", type=float, default=None, help="eps of the other losses (default: each loss's own, grpo 0.2)"
+        "--clip-eps",
+        type=float,
+        default=None,
+        help=f"eps of the other losses (default: each loss's own, grpo {LOSSES['grpo'].eps:g})",
     )
     _add_run_args(compare, "comparison folder (default: runs/compare-<task>-seed<seed>)")
+    compare.set_defaults(run=_listing(cmd_compare), name="compare")
     _add_study_parser(sub)
-    return parser
+
+
+def _listing(handler):
+    """``--list-tasks`` on any of the three subcommands lists the tasks instead of running."""
+
+    def run(args: argparse.Namespace) -> int:
+        return list_tasks() if args.list_tasks else handler(args)
+
+    return run
 
 
 TRAIN_DOC = (
@@ -156,8 +185,6 @@ STUDY_DOC = (
 
 def options_from_args(args: argparse.Namespace) -> RunOptions:
     if hasattr(args, "out"):
-        from troll.train.options import check_out_path
-
         if not args.out.strip():
             raise UsageError("--out is empty; give a folder path, or leave --out out for the default folder.")
         check_out_path(Path(args.out), "folder")
@@ -167,7 +194,7 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
 
 def resume_options(args: argparse.Namespace) -> RunOptions:
     """The saved options of the run in --out, with the few that may change on resume taken from the command line."""
-    from troll.train.options import CONFIG_FILE, saved_options
+    from troll.train.options import saved_options
 
     if not hasattr(args, "out"):
         raise UsageError("--resume needs --out, the run folder to continue.")
@@ -213,6 +240,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         import shutil
 
         shutil.rmtree(opts.out)
+    if args.resume and options.last_checkpoint(Path(opts.out)) is None:
+        print(f"troll train: {opts.out} holds no complete checkpoint; the run starts over from step 0", file=sys.stderr)
     from troll.train.run import train
 
     _cache_note(opts.model)
@@ -223,9 +252,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from troll.train import compare
-    from troll.train.study import parse_losses
 
-    losses = parse_losses(args.losses)
+    losses = compare.parse_losses(args.losses)
     base = options_from_args(args)
     runs = compare.plan(base, losses, troll_eps=base.eps, clip_eps=args.clip_eps)
     for opts in runs:
@@ -242,15 +270,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def study_spec(args: argparse.Namespace):
     """(StudySpec, study folder) from the command line; with --resume, the saved grid, which flags may not change."""
-    from troll.train import study
-    from troll.train.options import CONFIG_FILE
+    from troll.study import parse_seeds
+    from troll.train import options, study
 
     saved = None
     if args.resume:
         if not hasattr(args, "out"):
             raise UsageError("--resume needs --out, the study folder to continue.")
-        if not (Path(args.out) / CONFIG_FILE).is_file():
-            raise UsageError(f"--resume: {Path(args.out) / CONFIG_FILE} not found; start the study without --resume.")
         saved = study.load_spec(Path(args.out))
     given = options_from_args(args)
     if saved:
@@ -263,12 +289,13 @@ def study_spec(args: argparse.Namespace):
     if hasattr(args, "sweep"):
         key, values = study.parse_sweep(args.sweep, types)
     clip_eps = args.clip_eps if hasattr(args, "clip_eps") else (saved.clip_eps if saved else None)
-    if clip_eps is not None and not (math.isfinite(clip_eps) and clip_eps > 0):
-        raise UsageError(f"--clip-eps must be a finite number > 0, got {clip_eps}.")
+    options.check_clip_eps(clip_eps)
     spec = study.StudySpec(
         dataclasses.replace(base, out="", seed=0),
-        study.parse_losses(args.losses) if hasattr(args, "losses") else (saved.losses if saved else ["troll", "grpo"]),
-        study.parse_seeds(args.seeds) if hasattr(args, "seeds") else (saved.seeds if saved else [0, 1, 2]),
+        study.parse_losses(args.losses)
+        if hasattr(args, "losses")
+        else (saved.losses if saved else list(DEFAULT_LOSSES)),
+        parse_seeds(args.seeds) if hasattr(args, "seeds") else (saved.seeds if saved else [0, 1, 2]),
         key,
         values,
         clip_eps,
@@ -311,14 +338,14 @@ def cmd_study(args: argparse.Namespace) -> int:
     spec, out = study_spec(args)
     cells = study.plan(spec, out)
     swept = f"--sweep {spec.sweep_key}: " if spec.sweep_key in ("model", "task") else ""
-    for model_name, task in sorted({(c.opts.model, c.opts.task) for c in cells}):
+    for model_name, task in sorted({(c.options.model, c.options.task) for c in cells}):
         try:
             tasks.check_task(task)
             model.resolve_model(model_name)
         except UsageError as err:
             raise UsageError(f"{swept}{err}") from err
     clear = study.check_folder(out, overwrite=args.overwrite, resume=args.resume)
-    _prepare_default_model({c.opts.model for c in cells})
+    _prepare_default_model({c.options.model for c in cells})
     start = time.time()
 
     def report(text: str) -> None:
@@ -336,7 +363,7 @@ def cmd_study(args: argparse.Namespace) -> int:
         report(f"interrupted; continue with: troll study --out {out} --resume")
         return 130
     failed = [label for label, s in status.items() if s.startswith("failed")]
-    print(f"wrote {out / study.JSON_FILE}, {out / study.TABLE_FILE} and {out / study.PLOT_FILE}")
+    print(f"wrote {out / JSON_FILE}, {out / TABLE_FILE} and {out / PLOT_FILE}")
     if failed:
         print(f"troll study: {len(failed)} cell(s) failed: {', '.join(failed)}; see their .log files", file=sys.stderr)
         return 1
@@ -390,22 +417,3 @@ def list_tasks() -> int:
         preset = f"  (preset: {PRESETS[name]})" if name in PRESETS else ""
         print(f"{name}{' [default]' if name == DEFAULT_TASK else ''}{preset}")
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        if args.list_tasks:
-            return list_tasks()
-        if args.command == "train":
-            return cmd_train(args)
-        if args.command == "study":
-            return cmd_study(args)
-        return cmd_compare(args)
-    except UsageError as err:
-        print(f"troll {args.command}: error: {err}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""The few statistics a ``troll study`` reports: mean, standard error over seeds, and a paired t-interval.
+"""The few statistics a study reports: mean, standard error over seeds, and a paired t-interval.
 
 Pure Python on lists of floats, no numpy or scipy. With n seeds:
 

@@ -1,0 +1,196 @@
+"""Running a study: its folder, its config.json, and every cell as a subprocess, ``jobs`` at a time.
+
+Layout of the study folder ``<out>``::
+
+    config.json                      {"command": ..., "spec": ..., "argv": ...}: the grid (written first)
+    <key>=<value>/<arm>/seed<k>/     one run folder per cell (no ``<key>=<value>/`` level unswept)
+    <key>=<value>/<arm>/seed<k>.log  that run's console output, one ``$ command`` line per start
+    study.json, study.md, study.png  the report (:mod:`troll.study.report`), rewritten as cells finish
+
+Why subprocesses: a cell is then exactly the command a user would type, a crash of one leaves the others running,
+and ``--jobs N`` runs N side by side. A cell is finished when its summary.json exists (its command writes it last,
+atomically); a finished cell is never rerun. An unfinished one, found when a study is resumed, continues from its
+checkpoint when the frontend says it can (:attr:`Frontend.can_resume`), and starts over otherwise.
+
+Faults. The study's own files are written atomically. On Linux each cell is started with ``PR_SET_PDEATHSIG``:
+when the study process dies, even by SIGKILL, its cells are killed with it, so that a resumed study never races a
+cell left running by the one before it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from troll.study import report as report_lib
+from troll.study.files import (
+    CONFIG_FILE,
+    SUMMARY_FILE,
+    UsageError,
+    check_out_path,
+    load_config,
+    read_config,
+    write_json,
+)
+from troll.study.frontend import Frontend
+from troll.study.grid import Cell, Study
+
+POLL_S = 0.25  # how often running cells are checked; a study's cells run for seconds to hours
+
+
+def check_folder(out: Path, *, command: str, overwrite: bool, resume: bool) -> bool:
+    """Check a study folder before anything is written; True when ``overwrite`` may delete it.
+
+    A non-empty folder must hold a study of ``command`` (its config.json says so); it is then continued with
+    ``resume`` or replaced with ``overwrite``, never silently reused. Touches nothing.
+    """
+    if overwrite and resume:
+        raise UsageError("--overwrite and --resume exclude each other: one discards the study, the other continues it.")
+    check_out_path(out, "study folder")
+    if not (out.is_dir() and any(out.iterdir())):
+        if resume:
+            raise UsageError(f"--resume: {out} holds no study; start it without --resume.")
+        return False
+    if not _is_study(out, command):
+        raise UsageError(
+            f"--out {out} is not empty and holds no study's {CONFIG_FILE}: it holds something else; "
+            "choose another --out."
+        )
+    if resume:
+        return False
+    if not overwrite:
+        raise UsageError(f"study folder {out} is not empty; pass --resume to continue it, --overwrite to replace it.")
+    return True
+
+
+def _is_study(out: Path, command: str) -> bool:
+    try:
+        data = read_config(out)
+    except UsageError:
+        return False
+    return isinstance(data, dict) and data.get("command") == command
+
+
+def load_spec(out: Path) -> dict:
+    """The ``spec`` object saved in a study folder's config.json (:class:`UsageError` when missing or damaged)."""
+    if not (out / CONFIG_FILE).is_file():
+        raise UsageError(f"--resume: {out / CONFIG_FILE} not found; start the study without --resume.")
+    return load_config(out, key="spec")["spec"]
+
+
+def run_study(study: Study, *, clear: bool, jobs: int, report: Callable[[str], None]) -> dict[str, str]:
+    """Write config.json, run the unfinished cells, then the report; returns each cell's status.
+
+    ``clear``: delete the folder first (what :func:`check_folder` allowed). ``report(text)`` receives the progress
+    lines. The report is also rewritten (without its plot) each time a cell ends, to read while the study runs.
+    """
+    if clear:
+        shutil.rmtree(study.out)
+    study.out.mkdir(parents=True, exist_ok=True)
+    write_json(study.out / CONFIG_FILE, {"command": study.frontend.command, "spec": study.spec, "argv": sys.argv})
+
+    def partial(status: dict[str, str]) -> None:
+        try:
+            report_lib.write(study, status, plot=False)
+        except Exception as err:  # noqa: BLE001 -- a report must never stop the cells
+            report(f"could not update {report_lib.JSON_FILE}: {err!r}")
+
+    status = run_cells(study.frontend, study.cells, jobs=jobs, report=report, on_finish=partial)
+    report_lib.write(study, status)
+    return status
+
+
+@dataclass
+class _Running:
+    cell: Cell
+    proc: subprocess.Popen
+    log: object
+    start: float
+
+
+def run_cells(
+    frontend: Frontend, cells: list[Cell], *, jobs: int, report: Callable[[str], None], on_finish=None
+) -> dict[str, str]:
+    """Run the unfinished cells, ``jobs`` at a time; returns label -> "done" | "kept" | "failed (exit N)".
+
+    A finished cell is kept (and tidied); a failed one is reported and the others go on. ``on_finish(status)`` is
+    called after each cell ends. Interrupted (KeyboardInterrupt), the running cells are stopped; they resume later.
+    """
+    status, todo = {}, []
+    for cell in cells:
+        if (cell.folder / SUMMARY_FILE).is_file():
+            status[cell.label] = "kept"
+            frontend.tidy(cell)
+        else:
+            todo.append(cell)
+    env = {**os.environ, **frontend.env}
+    running: list[_Running] = []
+    try:
+        while todo or running:
+            while todo and len(running) < jobs:
+                running.append(_start(frontend, todo.pop(0), env, report))
+            time.sleep(POLL_S)
+            for item in [r for r in running if r.proc.poll() is not None]:
+                running.remove(item)
+                status[item.cell.label] = _finish(item, report)
+                if on_finish is not None:
+                    on_finish(status)
+    finally:
+        for item in running:
+            item.proc.terminate()
+            item.proc.wait()
+            item.log.close()
+    return status
+
+
+def _start(frontend: Frontend, cell: Cell, env: dict, report) -> _Running:
+    again = frontend.can_resume(cell)
+    if cell.folder.exists() and not again:
+        shutil.rmtree(cell.folder)  # ours (inside the study), interrupted before anything it could continue from
+    cell.folder.parent.mkdir(parents=True, exist_ok=True)
+    argv = frontend.cell_argv(cell, again)
+    log = cell.log.open("a")
+    log.write(f"$ {' '.join(argv)}\n")
+    log.flush()
+    proc = subprocess.Popen(
+        argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, preexec_fn=_die_with_parent()
+    )
+    report(f"started {cell.label}{' (resuming)' if again else ''}")
+    return _Running(cell, proc, log, time.time())
+
+
+def _finish(item: _Running, report) -> str:
+    item.log.close()
+    minutes = (time.time() - item.start) / 60
+    code = item.proc.returncode
+    if code == 0:
+        report(f"finished {item.cell.label} in {minutes:.1f} min")
+        return "done"
+    tail = item.cell.log.read_text(errors="replace").splitlines()[-5:]
+    lines = "\n  ".join(tail)
+    report(f"FAILED {item.cell.label} (exit {code}) after {minutes:.1f} min; see {item.cell.log}:\n  {lines}")
+    return f"failed (exit {code})"
+
+
+def _die_with_parent():
+    """A ``preexec_fn`` asking Linux to SIGKILL the child when its parent dies; None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    parent = os.getpid()
+    pr_set_pdeathsig, sigkill = 1, 9
+
+    def arm() -> None:  # runs in the child between fork and exec: async-signal-safe calls only
+        libc.prctl(pr_set_pdeathsig, sigkill)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return arm
