@@ -2,20 +2,40 @@
 
 Replaces the PPO/GRPO clipped surrogate with a differentiable per-token KL trust-region projection of the
 next-token distribution over a sparse support of its most probable tokens. The method is in docs/method.md,
-the numerical choices in docs/numerics.md.
+the numerical choices in docs/numerics.md, the layout of the package in docs/architecture.md. The Gaussian
+projections are in :mod:`troll.gaussian`, episodic RL (TCE) in :mod:`troll.episodic`.
+
+The names below are imported on first use, so that ``import troll`` (and the ``troll`` command line, which
+validates its input before anything heavy loads) does not import torch until a function needs it.
 """
 
-from troll.baselines import cispo_loss, clip_loss
-from troll.batch import LossOutput, aggregate
-from troll.defaults import AGGREGATIONS
-from troll.lm_head import ChunkedLMHead, sparsify_from_hidden
-from troll.losses import troll_loss, troll_loss_from_hidden
-from troll.projection import Projection, infeasible, project
-from troll.sparse import SparseLogProbs, old_token_logp, sparsify
-from troll.sparse_projection import SparseProjection, project_sparse
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
+# name -> module that defines it
+_EXPORTS = {
+    "AGGREGATIONS": "troll.defaults",
+    "ChunkedLMHead": "troll.lm_head",
+    "LossOutput": "troll.batch",
+    "Projection": "troll.projection",
+    "SparseLogProbs": "troll.sparse",
+    "SparseProjection": "troll.sparse_projection",
+    "aggregate": "troll.batch",
+    "cispo_loss": "troll.baselines",
+    "clip_loss": "troll.baselines",
+    "infeasible": "troll.projection",
+    "old_token_logp": "troll.sparse",
+    "project": "troll.projection",
+    "project_sparse": "troll.sparse_projection",
+    "sparsify": "troll.sparse",
+    "sparsify_from_hidden": "troll.lm_head",
+    "troll_loss": "troll.losses",
+    "troll_loss_from_hidden": "troll.losses",
+}
 __all__ = [
     "AGGREGATIONS",
     "ChunkedLMHead",
@@ -35,3 +55,26 @@ __all__ = [
     "troll_loss",
     "troll_loss_from_hidden",
 ]
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from troll.baselines import cispo_loss, clip_loss
+    from troll.batch import LossOutput, aggregate
+    from troll.defaults import AGGREGATIONS
+    from troll.lm_head import ChunkedLMHead, sparsify_from_hidden
+    from troll.losses import troll_loss, troll_loss_from_hidden
+    from troll.projection import Projection, infeasible, project
+    from troll.sparse import SparseLogProbs, old_token_logp, sparsify
+    from troll.sparse_projection import SparseProjection, project_sparse
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'troll' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # the next access skips this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from troll._checks import check_lse, check_troll_settings
+from troll._checks import check_lse
+from troll._threads import one_thread
 from troll.batch import (
     LossOutput,
     aggregate,
@@ -30,6 +31,7 @@ from troll.defaults import ALPHA, DELTA, KL_BOUND, TOP_K
 from troll.lm_head import ChunkedLMHead, check_chunk_size, check_head, head_dtype
 from troll.policy import DenseLogits
 from troll.projection import infeasible, kl_divergence, project_log_probs
+from troll.settings import check_troll_settings
 from troll.sparse import SparseLogProbs
 from troll.sparse_projection import coarse_support
 
@@ -79,50 +81,51 @@ def troll_loss_from_policy(new, old, tokens, adv, mask, *, kl_bound, alpha, top_
     """
     bsz, seq = tokens.shape
     ids, support, a, b = coarse_support(new, old, top_k=top_k, delta=delta, extra=tokens.reshape(-1, 1))
-    at = (ids == tokens.reshape(-1, 1)).long().argmax(-1, keepdim=True)  # the sampled id's slot in U
-    # A sampled token the old policy excludes is a data error (sampler and old policy disagree): it is dropped
-    # from the loss and counted in old_excluded_frac (docs/numerics.md).
-    with torch.no_grad():
-        old_zero = torch.isneginf(b.gather(-1, at).reshape(bsz, seq))
-        old_zero |= torch.isneginf(old.token_logp(tokens.reshape(-1)).reshape(bsz, seq))
-    excluded = mask & old_zero
-    kept = mask & ~excluded
-    # Positions outside the loss get old = new: inactive, finite, and no solver work.
-    b = torch.where(kept.reshape(-1, 1), b, a.detach())
-    proj = project_log_probs(a, b, kl_bound)
+    with one_thread():  # small (rows, support) tensors (docs/numerics.md, "Threads")
+        at = (ids == tokens.reshape(-1, 1)).long().argmax(-1, keepdim=True)  # the sampled id's slot in U
+        # A sampled token the old policy excludes is a data error (sampler and old policy disagree): it is dropped
+        # from the loss and counted in old_excluded_frac (docs/numerics.md).
+        with torch.no_grad():
+            old_zero = torch.isneginf(b.gather(-1, at).reshape(bsz, seq))
+            old_zero |= torch.isneginf(old.token_logp(tokens.reshape(-1)).reshape(bsz, seq))
+        excluded = mask & old_zero
+        kept = mask & ~excluded
+        # Positions outside the loss get old = new: inactive, finite, and no solver work.
+        b = torch.where(kept.reshape(-1, 1), b, a.detach())
+        proj = project_log_probs(a, b, kl_bound)
 
-    def tok(t):  # select, so that a -inf at a padded position never reaches the arithmetic
-        return torch.where(kept, t.gather(-1, at).reshape(bsz, seq), 0.0)
+        def tok(t):  # select, so that a -inf at a padded position never reaches the arithmetic
+            return torch.where(kept, t.gather(-1, at).reshape(bsz, seq), 0.0)
 
-    logp_tok, old_tok = tok(proj.logp), tok(b)
-    mask = kept
-    if level == "token":
-        weight = torch.exp(logp_tok - old_tok)
-    else:
-        weight = sequence_weight(logp_tok, old_tok, mask)
-    pg = -adv.to(weight.dtype) * weight
-    reg = kl_divergence(a, proj.logp.detach()).reshape(bsz, seq)
-    pg_loss = aggregate(pg, mask, agg, max_len=max_len)
-    reg_loss = aggregate(reg, mask, agg, max_len=max_len)
-    loss = pg_loss + alpha * reg_loss
+        logp_tok, old_tok = tok(proj.logp), tok(b)
+        mask = kept
+        if level == "token":
+            weight = torch.exp(logp_tok - old_tok)
+        else:
+            weight = sequence_weight(logp_tok, old_tok, mask)
+        pg = -adv.to(weight.dtype) * weight
+        reg = kl_divergence(a, proj.logp.detach()).reshape(bsz, seq)
+        pg_loss = aggregate(pg, mask, agg, max_len=max_len)
+        reg_loss = aggregate(reg, mask, agg, max_len=max_len)
+        loss = pg_loss + alpha * reg_loss
 
-    with torch.no_grad():
-        view = {k: t.reshape(bsz, seq) for k, t in zip(("eta", "kl_before", "kl_after"), proj[1:])}
-        bad = infeasible(view["kl_after"], kl_bound)
-        metrics = {
-            **masked_stats("kl_before", view["kl_before"], mask, ("mean", "max")),
-            **masked_stats("kl_after", view["kl_after"], mask, ("mean", "max")),
-            "projected_frac": masked_mean((view["eta"] > 0).double(), mask),
-            "infeasible_frac": masked_mean(bad.double(), mask),
-            "old_excluded_frac": masked_mean(excluded.double(), excluded | mask),
-            # eta of an infeasible row is the end of the path (~1e26), not a step size: left out of its statistics
-            **masked_stats("eta", view["eta"], mask & ~bad, ("mean", "max")),
-            "support/mean": masked_mean(support[:, :-1].sum(-1).reshape(bsz, seq).double(), mask),
-            **masked_stats("ratio", torch.exp(logp_tok - old_tok), mask, ("mean", "min", "max")),
-            "loss/pg": pg_loss.detach(),
-            "loss/reg": reg_loss.detach(),
-        }
-    return LossOutput(loss, metrics)
+        with torch.no_grad():
+            view = {k: t.reshape(bsz, seq) for k, t in zip(("eta", "kl_before", "kl_after"), proj[1:])}
+            bad = infeasible(view["kl_after"], kl_bound)
+            metrics = {
+                **masked_stats("kl_before", view["kl_before"], mask, ("mean", "max")),
+                **masked_stats("kl_after", view["kl_after"], mask, ("mean", "max")),
+                "projected_frac": masked_mean((view["eta"] > 0).double(), mask),
+                "infeasible_frac": masked_mean(bad.double(), mask),
+                "old_excluded_frac": masked_mean(excluded.double(), excluded | mask),
+                # eta of an infeasible row is the end of the path (~1e26), not a step size: left out of its statistics
+                **masked_stats("eta", view["eta"], mask & ~bad, ("mean", "max")),
+                "support/mean": masked_mean(support[:, :-1].sum(-1).reshape(bsz, seq).double(), mask),
+                **masked_stats("ratio", torch.exp(logp_tok - old_tok), mask, ("mean", "min", "max")),
+                "loss/pg": pg_loss.detach(),
+                "loss/reg": reg_loss.detach(),
+            }
+        return LossOutput(loss, metrics)
 
 
 def troll_loss_from_hidden(

@@ -24,6 +24,7 @@ from typing import NamedTuple
 import torch
 
 from troll._checks import check_logits, check_positive, check_shape
+from troll._threads import one_thread
 from troll.rootfind import solve_log_step
 
 # kl_after above kl_bound * (1 + this) marks a row as infeasible. A row that meets the bound ends within ~1e-7 of
@@ -114,19 +115,24 @@ class _ProjectFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        logp, b, s, active = ctx.saved_tensors
-        pi, c, kl, var = kl_stats(logp, b)
-        h = g - pi * g.sum(-1, keepdim=True)  # log-softmax backward
-        hc = (h * c).sum(-1)
-        # d eta/d a = pi (c - KL) / Var; Var > 0 on every active row that is not degenerate.
-        # Rows with s = 1 are not on the bound (inactive, or only restricted to the old support): no eta term.
-        bound = active & (s < 1)
-        coef = torch.where(bound & (var > 0), hc / var, 0.0).unsqueeze(-1)
-        grad = s.unsqueeze(-1) * (h - coef * pi * (c - kl.unsqueeze(-1)))
-        # Off the bound the map is log_softmax alone; select, as c = +inf on a row whose supports do not meet.
-        grad = torch.where(bound.unsqueeze(-1), grad, h)
-        # Where pi = 0 (a token either policy excludes) log pi does not depend on a.
-        return torch.where(pi > 0, grad, 0.0), None, None, None
+        with one_thread():
+            return _project_backward(g, *ctx.saved_tensors)
+
+
+def _project_backward(g, logp, b, s, active):
+    """The closed-form backward of :class:`_ProjectFn` (docs/method.md, "The gradient")."""
+    pi, c, kl, var = kl_stats(logp, b)
+    h = g - pi * g.sum(-1, keepdim=True)  # log-softmax backward
+    hc = (h * c).sum(-1)
+    # d eta/d a = pi (c - KL) / Var; Var > 0 on every active row that is not degenerate.
+    # Rows with s = 1 are not on the bound (inactive, or only restricted to the old support): no eta term.
+    bound = active & (s < 1)
+    coef = torch.where(bound & (var > 0), hc / var, 0.0).unsqueeze(-1)
+    grad = s.unsqueeze(-1) * (h - coef * pi * (c - kl.unsqueeze(-1)))
+    # Off the bound the map is log_softmax alone; select, as c = +inf on a row whose supports do not meet.
+    grad = torch.where(bound.unsqueeze(-1), grad, h)
+    # Where pi = 0 (a token either policy excludes) log pi does not depend on a.
+    return torch.where(pi > 0, grad, 0.0), None, None, None
 
 
 def project_log_probs(a: torch.Tensor, b: torch.Tensor, kl_bound: float) -> Projection:
@@ -134,6 +140,11 @@ def project_log_probs(a: torch.Tensor, b: torch.Tensor, kl_bound: float) -> Proj
 
     This is the shared core of :func:`project` and the sparse projection. Gradient flows to ``a`` only.
     """
+    with one_thread():
+        return _project_log_probs(a, b, kl_bound)
+
+
+def _project_log_probs(a: torch.Tensor, b: torch.Tensor, kl_bound: float) -> Projection:
     with torch.no_grad():
         kl_before = kl_divergence(a.detach(), b)
         # A row whose new and old supports do not meet has no point on the path (KL = inf for every pi the new

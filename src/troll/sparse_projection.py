@@ -27,6 +27,7 @@ from troll._checks import (
     check_sparse,
     check_top_k,
 )
+from troll._threads import one_thread
 from troll.policy import CurrentPolicy, DenseLogits
 from troll.projection import project_log_probs
 from troll.sparse import SparseLogProbs, merge_ids
@@ -45,18 +46,21 @@ def coarse_support(new: CurrentPolicy, old: SparseLogProbs, *, top_k, delta, ext
     """
     vocab = new.vocab_size
     with torch.no_grad():
-        new_ids, new_mask = new.kept(top_k, delta)
+        new_ids, new_mask = new.kept(top_k, delta)  # a pass over the vocabulary: the caller's threads
+    with torch.no_grad(), one_thread():
         cand = [old.ids.long(), new_ids] + ([] if extra is None else [extra])
         cand_mask = [old.mask, new_mask] + ([] if extra is None else [torch.ones_like(extra, dtype=torch.bool)])
         ids, mask, src = merge_ids(torch.cat(cand, -1), torch.cat(cand_mask, -1))
         n_out = vocab - mask.sum(-1, keepdim=True)  # ids outside U
         has_rest = n_out > 0
         b, b_rest = _old_on_support(old, src, mask, n_out)
-    a = torch.where(mask, (new.at(ids) - new.lse).double(), NEG_INF)
-    # The new rest is 1 - sum over U in fp64; rounding may push it to <= 0, hence the floor.
-    a_rest = (1 - a.exp().sum(-1, keepdim=True)).clamp_min(MASS_FLOOR).log()
-    a = torch.log_softmax(torch.cat([a, torch.where(has_rest, a_rest, NEG_INF)], -1), dim=-1)
-    b = torch.log_softmax(torch.cat([b, torch.where(has_rest, b_rest, NEG_INF)], -1), dim=-1)
+    at, lse = new.at(ids), new.lse  # the chunked head's gather is a large product: the caller's threads
+    with one_thread():
+        a = torch.where(mask, (at - lse).double(), NEG_INF)
+        # The new rest is 1 - sum over U in fp64; rounding may push it to <= 0, hence the floor.
+        a_rest = (1 - a.exp().sum(-1, keepdim=True)).clamp_min(MASS_FLOOR).log()
+        a = torch.log_softmax(torch.cat([a, torch.where(has_rest, a_rest, NEG_INF)], -1), dim=-1)
+        b = torch.log_softmax(torch.cat([b, torch.where(has_rest, b_rest, NEG_INF)], -1), dim=-1)
     return ids, torch.cat([mask, has_rest], -1), a, b
 
 

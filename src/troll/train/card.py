@@ -13,26 +13,13 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from troll.citation import GRPO_BIBTEX, TROLL_BIBTEX
 from troll.defaults import TROLL_LOSSES
 from troll.train import model as model_lib
 from troll.train.options import LOSSES, RunOptions
 from troll.train.tasks import HELDOUT_SEED_OFFSET, PRESETS
 
 CARD_FILE = "README.md"
-
-TROLL_BIBTEX = """@article{becker2025troll,
-    title   = {{TROLL: Trust Regions improve Reinforcement Learning for Large Language Models}},
-    author  = {Philipp Becker and Niklas Freymuth and Serge Thilges and Fabian Otto and Gerhard Neumann},
-    year    = 2025,
-    eprint  = {arXiv:2510.03817},
-}"""
-GRPO_BIBTEX = """@article{shao2024deepseekmath,
-    title   = {{DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models}},
-    author  = {Zhihong Shao and Peiyi Wang and Qihao Zhu and Runxin Xu and Junxiao Song and Mingchuan Zhang and
-               Y. K. Li and Y. Wu and Daya Guo},
-    year    = 2024,
-    eprint  = {arXiv:2402.03300},
-}"""
 
 
 @dataclass

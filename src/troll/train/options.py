@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from troll import defaults
-from troll._checks import check_troll_settings
 from troll.defaults import TROLL_LOSSES
+from troll.settings import check_troll_settings
 from troll.study.files import CONFIG_FILE, SUMMARY_FILE, UsageError, check_out_path, load_config, read_config
 from troll.train.checkpoints import last_checkpoint
 

@@ -23,8 +23,8 @@ except ImportError as err:  # pragma: no cover - only without TRL
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from troll._checks import check_troll_settings
 from troll.defaults import AGGREGATIONS, ALPHA, DELTA, KL_BOUND, LM_HEAD, LM_HEADS, TOP_K, TROLL_LOSSES
+from troll.settings import check_troll_settings
 
 SUPPORTED_TRL = ">=1.16,<1.17"
 # The loss types TRL 1.16's GRPOTrainer implements (it checks them only when the loss runs, so a typo in a config

@@ -48,13 +48,13 @@ Multimodal inputs are rejected at the first forward.
 
 from __future__ import annotations
 
-import textwrap
 import warnings
 
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
 from troll.batch import LossOutput
+from troll.citation import TROLL_ARXIV, TROLL_BIBTEX, TROLL_TITLE
 from troll.defaults import OLD_PREFIX, TROLL_LOSSES
 from troll.distributed import is_fsdp2_model, with_lm_head
 from troll.integrations import hf
@@ -65,17 +65,7 @@ from troll.sparse import SparseLogProbs, cat_sparse, sparsify
 
 _MULTIMODAL_KEYS = ("pixel_values", "image_grid_thw", "pixel_attention_mask", "image_sizes", "token_type_ids")
 # The model card's method and citation (TRL writes the card from these attributes), TROLL's beside TRL's GRPO.
-TROLL_PAPER = {
-    "title": "Trust Region Optimization for Large Language Models",
-    "id": "2510.03817",
-    "citation": textwrap.dedent("""\
-        @article{becker2025troll,
-            title        = {{TROLL: Trust Regions improve Reinforcement Learning for Large Language Models}},
-            author       = {Philipp Becker and Niklas Freymuth and Serge Thilges and Fabian Otto and Gerhard Neumann},
-            year         = 2025,
-            eprint       = {arXiv:2510.03817},
-        }"""),
-}
+TROLL_PAPER = {"title": TROLL_TITLE, "id": TROLL_ARXIV, "citation": TROLL_BIBTEX}
 
 
 class TrollGRPOTrainer(GRPOTrainer):

@@ -1,0 +1,56 @@
+"""The check of TROLL's hyper-parameters, shared by the losses, ``TrollGRPOConfig``, verl's ``troll`` section and
+``troll train``; torch-free, so that the command line validates its input without importing torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from numbers import Real
+
+from troll.defaults import AGGREGATIONS, ALPHA, DELTA, KL_BOUND, LEVELS, TOP_K
+
+
+def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not supported; choose one of {', '.join(map(repr, choices))}.")
+
+
+def check_troll_settings(
+    *,
+    kl_bound,
+    alpha,
+    top_k,
+    delta,
+    level: str | None = None,
+    agg: str | None = None,
+    names: Mapping[str, str] | None = None,
+) -> None:
+    """The one check of TROLL's hyper-parameters, shared by the losses, ``TrollGRPOConfig``, verl's ``troll`` section
+    and ``troll train``. ``names`` maps a setting to what the caller calls it (e.g. ``{"kl_bound":
+    "troll_kl_bound"}`` or ``{"kl_bound": "--eps"}``), so that the message names the argument the user wrote.
+    ``level`` / ``agg`` are checked when given."""
+    names = names or {}
+
+    def fail(key: str, value, rule: str, meaning: str, paper) -> None:
+        name = names.get(key, key)
+        fix = f"{name}={paper!r}" if name.isidentifier() else f"{name} {paper!r}"
+        raise ValueError(f"{name} must be {rule}, got {value!r}: it is {meaning}. Set e.g. {fix} (the paper's value).")
+
+    if not _finite(kl_bound) or not kl_bound > 0:
+        fail("kl_bound", kl_bound, "> 0 and finite", "the per-token KL bound eps of the trust region", KL_BOUND)
+    if not _finite(alpha) or not alpha >= 0:
+        fail("alpha", alpha, ">= 0 and finite", "the weight of the regression to the projected policy", ALPHA)
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        fail("top_k", top_k, "an integer >= 1", "the most tokens kept per position", TOP_K)
+    if not _finite(delta) or not 0 <= delta < 1:
+        meaning = "the probability mass left out when sparsifying (0 keeps exactly top_k tokens)"
+        fail("delta", delta, "in [0, 1)", meaning, DELTA)
+    if level is not None:
+        check_choice(names.get("level", "level"), level, LEVELS)
+    if agg is not None:
+        check_choice(names.get("agg", "agg"), agg, AGGREGATIONS)
+
+
+def _finite(value) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
