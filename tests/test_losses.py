@@ -13,6 +13,9 @@ from troll import reference
 
 EPS = 0.05
 METRIC_KEYS = {
+    "kl_share/old_top8",
+    "kl_share/support",
+    "kl_share/rest",
     "kl_before/mean",
     "kl_before/max",
     "kl_after/mean",
@@ -482,3 +485,97 @@ def test_dr_grpo_constant_shorter_than_the_sequences_is_refused():
     assert troll.aggregate(values, mask, "seq-mean-token-sum-norm", max_len=4) == pytest.approx(6 / 8)
     with pytest.raises(ValueError, match="max_len=1 is shorter than the sequences"):
         troll.aggregate(values, mask, "seq-mean-token-sum-norm", max_len=1)
+
+
+# ------------------------------------------------------------------------------ the paper's sparse representation
+
+
+def flat_batch(seed: int, vocab: int = 12):
+    """Flat rows (every token above 1e-3) so that a small cap K binds, as on a real small model."""
+    g = gen(seed)
+    old = 0.5 * torch.randn(2, 3, vocab, generator=g, dtype=torch.float64)
+    new = old + 0.6 * torch.randn(2, 3, vocab, generator=g, dtype=torch.float64)
+    tokens = torch.randint(0, vocab, (2, 3), generator=g)
+    adv = torch.randn(2, generator=g, dtype=torch.float64)
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    return new, old, tokens, adv, mask
+
+
+def test_renormalize_equals_the_dense_projection_at_full_support():
+    new, old, tokens, adv, mask = make_batch(3, 4, 9, seed=11, scale=2.0)
+    dense = reference.troll_loss(new, old, tokens, adv, mask, kl_bound=EPS)
+    for tail in ("bucket", "renormalize"):
+        out = full(new, old, tokens, adv, mask, tail=tail)
+        torch.testing.assert_close(out.loss, dense, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("top_k", [3, 5])
+def test_renormalize_matches_its_reference_when_the_cap_binds(top_k):
+    new, old, tokens, adv, mask = flat_batch(top_k)
+    kw = dict(kl_bound=EPS, top_k=top_k, delta=1e-5)
+    old_sparse = troll.sparsify(old, top_k=top_k, delta=1e-5, include=tokens)
+    x = new.clone().requires_grad_()
+    out = troll.troll_loss(x, old_sparse, tokens, adv, mask, tail="renormalize", alpha=0.0, **kw)
+    assert float(out.metrics["projected_frac"]) > 0
+    ref = reference.troll_loss_renormalized(new, old, tokens, adv, mask, alpha=0.0, **kw)
+    torch.testing.assert_close(out.loss, ref, rtol=1e-9, atol=1e-11)
+    (grad,) = torch.autograd.grad(out.loss, x)
+
+    def ref_loss(y):
+        return reference.troll_loss_renormalized(y, old, tokens, adv, mask, alpha=0.0, **kw)
+
+    torch.testing.assert_close(grad, central_diff(ref_loss, new), rtol=1e-5, atol=1e-7)
+    with_reg = troll.troll_loss(new, old_sparse, tokens, adv, mask, tail="renormalize", **kw).loss
+    ref_reg = reference.troll_loss_renormalized(new, old, tokens, adv, mask, **kw)
+    # The regression term is large here (the old policy's fill of 1e-12 on ids only the new policy kept makes
+    # KL(pi~ || pi) ~8) and as sensitive to eta as the solver's 1e-9 tolerance allows.
+    torch.testing.assert_close(with_reg, ref_reg, rtol=1e-7, atol=1e-11)
+
+
+def test_the_tail_modes_differ_when_the_cap_binds():
+    """The rest bucket keeps the true tail mass, the paper's mode rescales it away: with K = 3 of 12 flat tokens the
+    two losses differ at the first digit, and both stay within the bound."""
+    new, old, tokens, adv, mask = flat_batch(0)
+    old_sparse = troll.sparsify(old, top_k=3, delta=1e-5, include=tokens)
+    outs = {t: troll.troll_loss(new, old_sparse, tokens, adv, mask, top_k=3, tail=t) for t in ("bucket", "renormalize")}
+    assert abs(float(outs["bucket"].loss - outs["renormalize"].loss)) > 1e-2
+    for out in outs.values():
+        assert float(out.metrics["kl_after/max"]) <= EPS * (1 + 1e-6)
+    assert float(outs["renormalize"].metrics["kl_share/rest"]) == 0  # no rest category in the paper's mode
+
+
+def test_renormalize_chunked_equals_dense():
+    new, old, tokens, adv, mask = flat_batch(2, vocab=40)
+    g = gen(3)
+    hidden = torch.randn(2, 3, 8, generator=g, dtype=torch.float64)
+    weight = torch.randn(40, 8, generator=g, dtype=torch.float64)
+    old_sparse = troll.sparsify(old, top_k=6, delta=1e-5, include=tokens)
+    kw = dict(kl_bound=EPS, top_k=6, tail="renormalize")
+    dense = troll.troll_loss(hidden @ weight.T, old_sparse, tokens, adv, mask, **kw)
+    chunked = troll.troll_loss_from_hidden(hidden, weight, old_sparse, tokens, adv, mask, chunk_size=7, **kw)
+    torch.testing.assert_close(chunked.loss, dense.loss, rtol=1e-10, atol=1e-12)
+
+
+def test_kl_shares_by_hand():
+    """At full support (no rest) the shares are the old policy's top-8 tokens' and the other tokens' terms of
+    KL(pi~ || pi_old) over the projected tokens, computed here from the softmax directly."""
+    new, old, tokens, adv, mask = make_batch(2, 3, 20, seed=5, scale=3.0)
+    out = full(new, old, tokens, adv, mask)
+    a, b = torch.log_softmax(new, -1), torch.log_softmax(old, -1)
+    terms = a.exp() * (a - b)
+    top8 = torch.zeros_like(terms, dtype=torch.bool).scatter_(-1, b.topk(8).indices, True)
+    share = (terms * top8).sum(-1) / terms.sum(-1)
+    projected = mask & (terms.sum(-1) > EPS)
+    assert projected.any()
+    torch.testing.assert_close(out.metrics["kl_share/old_top8"], share[projected].mean(), rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(out.metrics["kl_share/support"], 1 - share[projected].mean(), rtol=1e-9, atol=1e-12)
+    assert float(out.metrics["kl_share/rest"]) == 0
+
+
+def test_bad_tail_is_named():
+    new, old, tokens, adv, mask = make_batch()
+    old_sparse = troll.sparsify(old, include=tokens)
+    with pytest.raises(ValueError, match="tail='rest' is not supported"):
+        troll.troll_loss(new, old_sparse, tokens, adv, mask, tail="rest")
+    with pytest.raises(ValueError, match="fill must lie in"):
+        troll.troll_loss(new, old_sparse, tokens, adv, mask, tail="renormalize", fill=0.0)

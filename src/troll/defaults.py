@@ -25,5 +25,11 @@ AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-
 # in vocabulary chunks, never the (tokens, V) logits) or "dense" (the model's logits).
 LM_HEADS = ("chunked", "dense")
 LM_HEAD = "chunked"
+# How the mass outside the kept tokens enters the projection (docs/method.md, "The sparse support"): "bucket" keeps it
+# as one rest category on each side (this library's default); "renormalize" rescales each policy's kept tokens to sum
+# to one and gives every id of the support it did not keep the probability TAIL_FILL (the paper's code).
+TAILS = ("bucket", "renormalize")
+TAIL = "bucket"
+TAIL_FILL = 1e-12
 # Key prefix of the old sparse policy's tensors in a batch container (SparseLogProbs.to_dict / from_dict).
 OLD_PREFIX = "troll_old_"

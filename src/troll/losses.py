@@ -27,13 +27,15 @@ from troll.batch import (
     masked_stats,
     sequence_weight,
 )
-from troll.defaults import ALPHA, DELTA, KL_BOUND, TOP_K
+from troll.defaults import ALPHA, DELTA, KL_BOUND, TAIL, TAIL_FILL, TOP_K
 from troll.lm_head import ChunkedLMHead, check_chunk_size, check_head, head_dtype
 from troll.policy import DenseLogits
-from troll.projection import infeasible, kl_divergence, project_log_probs
-from troll.settings import check_troll_settings
+from troll.projection import NEG_INF, infeasible, kl_divergence, project_log_probs
+from troll.settings import check_tail, check_troll_settings
 from troll.sparse import SparseLogProbs
 from troll.sparse_projection import coarse_support
+
+KL_SHARE_TOP = 8  # the kl_share metrics split off the old policy's 8 most probable tokens
 
 
 def troll_loss(
@@ -50,6 +52,8 @@ def troll_loss(
     level: str = "token",
     agg: str = "token-mean",
     max_len: int | None = None,
+    tail: str = TAIL,
+    fill: float = TAIL_FILL,
 ) -> LossOutput:
     """The TROLL loss (docs/method.md, "The loss") on the sparse support with a rest bucket.
 
@@ -59,11 +63,18 @@ def troll_loss(
         reg_t = KL(pi~_t || sg(pi_t))               (0 where the projection is inactive)
         loss  = agg(pg) + alpha * agg(reg)
 
-    Metrics: kl_before/kl_after (mean, max), projected_frac, eta (mean, max), support (mean), ratio (mean, min,
-    max), loss/pg and loss/reg, all over response tokens.
+    ``tail="renormalize"`` replaces the rest bucket by the paper's representation (each policy's kept tokens
+    rescaled to one, ``fill`` for the support ids it did not keep; docs/method.md, "The sparse support").
+
+    Metrics: kl_before/kl_after (mean, max), projected_frac, infeasible_frac, old_excluded_frac, eta (mean, max),
+    support (mean), ratio (mean, min, max), loss/pg and loss/reg over response tokens, and over projected tokens the
+    shares of their KL before projection from the old policy's 8 most probable tokens, the rest of the support and
+    the rest bucket (kl_share/old_top8, kl_share/support, kl_share/rest; :func:`kl_shares`).
     """
     params = dict(kl_bound=kl_bound, alpha=alpha, top_k=top_k, delta=delta, level=level, agg=agg)
     check_troll_settings(**params)
+    check_tail(tail, fill)
+    params.update(tail=tail, fill=fill)
     tokens, adv, mask = check_logits_batch(logits, tokens, advantages, mask)
     bsz, seq, vocab = logits.shape
     check_old(old, bsz, seq, vocab)
@@ -74,13 +85,16 @@ def troll_loss(
     return LossOutput(out.loss if logits.dtype == torch.float64 else out.loss.float(), out.metrics)
 
 
-def troll_loss_from_policy(new, old, tokens, adv, mask, *, kl_bound, alpha, top_k, delta, level, agg, max_len):
+def troll_loss_from_policy(
+    new, old, tokens, adv, mask, *, kl_bound, alpha, top_k, delta, level, agg, max_len, tail=TAIL, fill=TAIL_FILL
+):
     """The TROLL loss for a validated batch; ``new`` is a :class:`DenseLogits` or a stand-in over B*T rows.
 
     old: flat SparseLogProbs (B*T, K); tokens, adv, mask: (B, T). Returns a fp64 :class:`LossOutput`.
     """
     bsz, seq = tokens.shape
-    ids, support, a, b = coarse_support(new, old, top_k=top_k, delta=delta, extra=tokens.reshape(-1, 1))
+    support_args = dict(top_k=top_k, delta=delta, extra=tokens.reshape(-1, 1), tail=tail, fill=fill)
+    ids, support, a, b = coarse_support(new, old, **support_args)
     with one_thread():  # small (rows, support) tensors (docs/numerics.md, "Threads")
         at = (ids == tokens.reshape(-1, 1)).long().argmax(-1, keepdim=True)  # the sampled id's slot in U
         # A sampled token the old policy excludes is a data error (sampler and old policy disagree): it is dropped
@@ -110,22 +124,53 @@ def troll_loss_from_policy(new, old, tokens, adv, mask, *, kl_bound, alpha, top_
         loss = pg_loss + alpha * reg_loss
 
         with torch.no_grad():
-            view = {k: t.reshape(bsz, seq) for k, t in zip(("eta", "kl_before", "kl_after"), proj[1:])}
-            bad = infeasible(view["kl_after"], kl_bound)
-            metrics = {
-                **masked_stats("kl_before", view["kl_before"], mask, ("mean", "max")),
-                **masked_stats("kl_after", view["kl_after"], mask, ("mean", "max")),
-                "projected_frac": masked_mean((view["eta"] > 0).double(), mask),
-                "infeasible_frac": masked_mean(bad.double(), mask),
-                "old_excluded_frac": masked_mean(excluded.double(), excluded | mask),
-                # eta of an infeasible row is the end of the path (~1e26), not a step size: left out of its statistics
-                **masked_stats("eta", view["eta"], mask & ~bad, ("mean", "max")),
-                "support/mean": masked_mean(support[:, :-1].sum(-1).reshape(bsz, seq).double(), mask),
+            metrics = _metrics(proj, a, b, ids, old, mask, excluded, support, kl_bound, (bsz, seq))
+            metrics.update(
                 **masked_stats("ratio", torch.exp(logp_tok - old_tok), mask, ("mean", "min", "max")),
-                "loss/pg": pg_loss.detach(),
-                "loss/reg": reg_loss.detach(),
-            }
+                **{"loss/pg": pg_loss.detach(), "loss/reg": reg_loss.detach()},
+            )
         return LossOutput(loss, metrics)
+
+
+def _metrics(proj, a, b, ids, old, mask, excluded, support, kl_bound, shape) -> dict[str, torch.Tensor]:
+    """The loss's metrics over the loss tokens ``mask`` (B, T): KL before / after, projected and infeasible shares,
+    eta, the support's size, and where the KL of a projected token comes from (:func:`kl_shares`)."""
+    view = {k: t.reshape(shape) for k, t in zip(("eta", "kl_before", "kl_after"), proj[1:])}
+    bad = infeasible(view["kl_after"], kl_bound)
+    projected = mask & (view["eta"] > 0)
+    shares = kl_shares(a, b, ids, old)
+    return {
+        **masked_stats("kl_before", view["kl_before"], mask, ("mean", "max")),
+        **masked_stats("kl_after", view["kl_after"], mask, ("mean", "max")),
+        "projected_frac": masked_mean(projected.double(), mask),
+        "infeasible_frac": masked_mean(bad.double(), mask),
+        "old_excluded_frac": masked_mean(excluded.double(), excluded | mask),
+        # eta of an infeasible row is the end of the path (~1e26), not a step size: left out of its statistics
+        **masked_stats("eta", view["eta"], mask & ~bad, ("mean", "max")),
+        "support/mean": masked_mean(support[:, :-1].sum(-1).reshape(shape).double(), mask),
+        **{f"kl_share/{k}": masked_mean(v.reshape(shape), projected) for k, v in shares.items()},
+    }
+
+
+def kl_shares(a: torch.Tensor, b: torch.Tensor, ids: torch.Tensor, old: SparseLogProbs, *, top: int = KL_SHARE_TOP):
+    """Where KL(pi~ || pi_old) comes from, per row: shares of the old policy's ``top`` most probable kept ids
+    ("old_top8"), of the other support ids ("support") and of the rest category ("rest"); they sum to one.
+
+    a, b: (N, U + 1) new and old log-probs on the support and the rest; ids: (N, U); old: flat (N, K). A term
+    pi~_j log(pi~_j / pi_old_j) can be negative, so a share can be too. On a flat-tailed model the bound may be
+    spent on the many small tokens rather than on the few that hold the mass (docs/results.md).
+    """
+    p = a.exp()
+    terms = torch.where(p > 0, p * (a - b), 0.0)  # (N, U + 1)
+    k = min(top, old.ids.shape[-1])
+    top_ids = (
+        old.ids.long().masked_fill(~old.mask, -1).gather(-1, old.logp.masked_fill(~old.mask, NEG_INF).topk(k).indices)
+    )
+    in_top = (ids.unsqueeze(-1) == top_ids.unsqueeze(-2)).any(-1)  # (N, U)
+    total = terms.sum(-1).clamp_min(1e-300)
+    head = torch.where(in_top, terms[:, :-1], 0.0).sum(-1)
+    rest = terms[:, -1]
+    return {f"old_top{top}": head / total, "support": (total - head - rest) / total, "rest": rest / total}
 
 
 def troll_loss_from_hidden(
@@ -147,6 +192,8 @@ def troll_loss_from_hidden(
     max_len: int | None = None,
     chunk_size: int | None = None,
     entropy: bool = False,
+    tail: str = TAIL,
+    fill: float = TAIL_FILL,
 ) -> LossOutput:
     """:func:`troll.troll_loss` of ``logits = (hidden @ weight.T + bias) / temperature``, without the logits.
 
@@ -163,6 +210,8 @@ def troll_loss_from_hidden(
     """
     params = dict(kl_bound=kl_bound, alpha=alpha, top_k=top_k, delta=delta, level=level, agg=agg)
     check_troll_settings(**params)
+    check_tail(tail, fill)
+    params.update(tail=tail, fill=fill)
     check_chunk_size(chunk_size)
     vocab = check_head(hidden, weight, bias, temperature, lead_dims=2)
     bsz, seq, _ = hidden.shape

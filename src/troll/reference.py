@@ -6,6 +6,8 @@ that the tests and the benchmarks compare the fast paths against something compu
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -101,3 +103,58 @@ def troll_loss(
             p = new[i, t].exp()
             reg[i, t] = (p * (new[i, t] - logp[i, t])).sum()
     return aggregate(pg, mask, agg, max_len) + alpha * aggregate(reg, mask, agg, max_len)
+
+
+def kept_set(logp_row: torch.Tensor, top_k: int, delta: float) -> list[int]:
+    """The kept ids of one row of log-probs: by probability while the mass before is short of 1 - delta, <= top_k."""
+    order = sorted(range(logp_row.numel()), key=lambda j: -float(logp_row[j]))
+    kept, before = [], 0.0
+    for j in order[:top_k]:
+        if delta > 0 and before >= 1 - delta:
+            break
+        kept.append(j)
+        before += float(logp_row[j].exp())
+    return kept
+
+
+def renormalized_row(new_logits, old_logits, token: int, *, top_k: int, delta: float, fill: float):
+    """The paper's sparse representation of one position (tail="renormalize"), written out: (ids, a, b) in float64.
+
+    Each policy keeps its own set (the rule of :func:`kept_set`, plus the sampled ``token``); the support is their
+    union; a policy's kept ids carry its probabilities divided by their sum, the other support ids ``fill``; both
+    are then renormalised over the support.
+    """
+    a_full = torch.log_softmax(new_logits.double(), -1)
+    b_full = torch.log_softmax(old_logits.double(), -1)
+    new_kept = set(kept_set(a_full, top_k, delta)) | {token}
+    old_kept = set(kept_set(b_full, top_k, delta)) | {token}
+    ids = sorted(new_kept | old_kept)
+
+    def side(full, kept):
+        norm = torch.logsumexp(full[sorted(kept)], -1)
+        values = torch.stack([full[j] - norm if j in kept else full.new_tensor(math.log(fill)) for j in ids])
+        return torch.log_softmax(values, -1)
+
+    return ids, side(a_full, new_kept), side(b_full, old_kept)
+
+
+def troll_loss_renormalized(
+    logits, old_logits, tokens, advantages, mask, *, kl_bound=0.05, alpha=1.0, top_k=64, delta=1e-5, fill=1e-12
+):
+    """Token-level, token-mean TROLL loss with the paper's sparse representation, position by position (float64)."""
+    bsz, seq, _ = logits.shape
+    adv = advantages.double()
+    adv = adv.unsqueeze(-1).expand(bsz, seq) if adv.dim() == 1 else adv
+    total, count = logits.new_zeros((), dtype=torch.float64), 0
+    for i in range(bsz):
+        for t in range(seq):
+            if not mask[i, t]:
+                continue
+            tok = int(tokens[i, t])
+            ids, a, b = renormalized_row(logits[i, t], old_logits[i, t], tok, top_k=top_k, delta=delta, fill=fill)
+            logp, _, _, _ = project_row(a, b, kl_bound)
+            at = ids.index(tok)
+            pg = -adv[i, t] * (logp[at] - b[at]).exp()
+            reg = (a.exp() * (a - logp)).sum()
+            total, count = total + pg + alpha * reg, count + 1
+    return total / max(count, 1)

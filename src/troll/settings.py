@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping
 from numbers import Real
 
-from troll.defaults import AGGREGATIONS, ALPHA, DELTA, KL_BOUND, LEVELS, TOP_K
+from troll.defaults import AGGREGATIONS, ALPHA, DELTA, KL_BOUND, LEVELS, TAILS, TOP_K
 
 
 def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
@@ -54,3 +54,15 @@ def check_troll_settings(
 
 def _finite(value) -> bool:
     return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_tail(tail: str, fill: float, *, names: Mapping[str, str] | None = None) -> None:
+    """``tail`` one of :data:`troll.defaults.TAILS`; ``fill`` (the renormalize mode's probability) in (0, 1e-3]."""
+    names = names or {}
+    check_choice(names.get("tail", "tail"), tail, TAILS)
+    if not _finite(fill) or not 0 < fill <= 1e-3:
+        name = names.get("fill", "fill")
+        raise ValueError(
+            f"{name} must lie in (0, 1e-3], got {fill!r}: it is the probability tail='renormalize' gives a support id "
+            "a policy did not keep (the paper's code uses 1e-12)."
+        )

@@ -28,8 +28,10 @@ from troll._checks import (
     check_top_k,
 )
 from troll._threads import one_thread
+from troll.defaults import DELTA, TAIL, TAIL_FILL, TOP_K
 from troll.policy import CurrentPolicy, DenseLogits
 from troll.projection import project_log_probs
+from troll.settings import check_tail
 from troll.sparse import SparseLogProbs, merge_ids
 
 # Masses below this are rounding noise of fp32 log-probs; the floor keeps every log finite (docs/numerics.md).
@@ -37,12 +39,17 @@ MASS_FLOOR = 1e-30
 NEG_INF = float("-inf")
 
 
-def coarse_support(new: CurrentPolicy, old: SparseLogProbs, *, top_k, delta, extra=None):
+def coarse_support(new: CurrentPolicy, old: SparseLogProbs, *, top_k, delta, extra=None, tail=TAIL, fill=TAIL_FILL):
     """Build the (|U| + 1)-category new and old log-probs over flat rows.
 
-    new: a :class:`CurrentPolicy` over N rows; old: flat (N, K); extra: (N, m) ids to add.
+    new: a :class:`CurrentPolicy` over N rows; old: flat (N, K); extra: (N, m) ids to add (kept by both policies).
     Returns ``ids`` (N, U), ``mask`` (N, U + 1), ``a`` and ``b`` (N, U + 1) fp64 normalised log-probs with
-    -inf on padding (and on the rest when U is the whole vocabulary).
+    -inf on padding (and on the rest when U is the whole vocabulary, or with ``tail="renormalize"``).
+
+    ``tail="bucket"``: exact log-probs on U and one rest category (module docstring). ``tail="renormalize"`` (the
+    paper's code): each policy's kept ids carry their probabilities rescaled to sum to one over its kept set, the ids
+    of U it did not keep carry ``fill``, and there is no rest; then both are renormalised over U (the fill moves the
+    kept values by at most |U| * fill). At full support both modes are the dense projection.
     """
     vocab = new.vocab_size
     with torch.no_grad():
@@ -54,6 +61,8 @@ def coarse_support(new: CurrentPolicy, old: SparseLogProbs, *, top_k, delta, ext
         n_out = vocab - mask.sum(-1, keepdim=True)  # ids outside U
         has_rest = n_out > 0
         b, b_rest = _old_on_support(old, src, mask, n_out)
+    if tail == "renormalize":
+        return _renormalized(new, old, ids, mask, src, new_ids, new_mask, extra, fill)
     at, lse = new.at(ids), new.lse  # the chunked head's gather is a large product: the caller's threads
     with one_thread():
         a = torch.where(mask, (at - lse).double(), NEG_INF)
@@ -77,6 +86,32 @@ def _old_on_support(old: SparseLogProbs, src: torch.Tensor, mask: torch.Tensor, 
     b = torch.where(mask, torch.where(src < k_old, stored, log_unkept - n_tail.log()), NEG_INF)
     b_rest = log_unkept + n_out.double().clamp_min(1).log() - n_tail.log()
     return b, b_rest
+
+
+def _renormalized(new: CurrentPolicy, old: SparseLogProbs, ids, mask, src, new_ids, new_mask, extra, fill: float):
+    """:func:`coarse_support` with ``tail="renormalize"``: the kept sets rescaled to one, ``fill`` elsewhere on U."""
+    with torch.no_grad(), one_thread():
+        k_old = old.ids.shape[-1]
+        old_kept = mask & (src < k_old)
+        kept_by_new = new_ids.masked_fill(~new_mask, -1)
+        if extra is not None:
+            kept_by_new = torch.cat([kept_by_new, extra.long()], -1)
+        new_kept = mask & (ids.unsqueeze(-1) == kept_by_new.unsqueeze(-2)).any(-1)
+        stored = torch.where(old_kept, old.logp.double().gather(-1, src.clamp_max(k_old - 1)), NEG_INF)
+    at = new.at(ids)  # the chunked head's gather is a large product: the caller's threads
+    with one_thread():
+        log_fill = math.log(fill)
+
+        def rescaled(values, kept):
+            values = torch.where(kept, values, NEG_INF)
+            values = values - torch.logsumexp(values, -1, keepdim=True)
+            values = torch.where(kept, values, torch.where(mask, log_fill, NEG_INF))
+            no_rest = torch.full_like(values[:, :1], NEG_INF)
+            return torch.log_softmax(torch.cat([values, no_rest], -1), dim=-1)
+
+        a = rescaled(at.double(), new_kept)
+        b = rescaled(stored, old_kept)
+    return ids, torch.cat([mask, torch.zeros_like(mask[:, :1])], -1), a, b
 
 
 class SparseProjection(NamedTuple):
@@ -105,9 +140,11 @@ def project_sparse(
     old: SparseLogProbs,
     kl_bound: float,
     *,
-    top_k: int = 64,
-    delta: float = 1e-5,
+    top_k: int = TOP_K,
+    delta: float = DELTA,
     include: torch.Tensor | None = None,
+    tail: str = TAIL,
+    fill: float = TAIL_FILL,
 ) -> SparseProjection:
     """Project the current policy onto KL(pi || pi_old) <= kl_bound over the sparse support.
 
@@ -117,8 +154,10 @@ def project_sparse(
         kl_bound: eps > 0.
         top_k, delta: the kept-token rule applied to the current logits (see :func:`troll.sparsify`).
         include:  (...) ids added to the support (the sampled tokens).
+        tail, fill: how the mass outside the kept tokens enters (:func:`coarse_support`; docs/method.md).
     """
     check_positive("kl_bound", kl_bound)
+    check_tail(tail, fill)
     check_top_k(top_k)
     check_delta(delta)
     check_logits("logits", logits, scan=False)
@@ -134,7 +173,7 @@ def project_sparse(
         extra = include.reshape(-1, 1).long()
     new = DenseLogits(logits.reshape(-1, vocab))
     check_lse("logits", new.lse)
-    ids, mask, a, b = coarse_support(new, old.flatten(), top_k=top_k, delta=delta, extra=extra)
+    ids, mask, a, b = coarse_support(new, old.flatten(), top_k=top_k, delta=delta, extra=extra, tail=tail, fill=fill)
     out = project_log_probs(a, b, kl_bound)
     width = ids.shape[-1]
     return SparseProjection(
