@@ -8,8 +8,26 @@ every measured configuration in a fresh process so that nothing else lives in th
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import subprocess
+import sys
 from pathlib import Path
+
+
+@contextlib.contextmanager
+def competing_load(active: bool = True):
+    """While the block runs, another process keeps one core busy (a Python busy loop), as a second job does on a
+    shared machine or a CI runner; stopped afterwards. ``active=False`` runs the block alone."""
+    if not active:
+        yield
+        return
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield
+    finally:
+        spinner.kill()
+        spinner.wait()
 
 
 def status_kb(field: str) -> int:

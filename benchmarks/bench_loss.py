@@ -25,7 +25,11 @@ high-water mark is the method's own working set, inputs excluded.
     python benchmarks/bench_loss.py --threads 1                       # real rows, V in {49152, 151936}
     python benchmarks/bench_loss.py --synthetic --vocab 32000 151936 --threads 1
     python benchmarks/bench_loss.py --tokens 512 --vocab 49152 --repeats 3 --no-memory    # a quick look
+    python benchmarks/bench_loss.py --vocab 49152 --threads 2 --load both --no-memory      # idle and under load
 Writes benchmarks/results/bench_loss.csv and prints a markdown table.
+
+``--load both`` times every round twice, alone and while another process keeps one core busy (a busy loop started
+for the round and stopped after it), and reports each condition in its own row; ``--load busy`` only the latter.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from pathlib import Path
 
 import torch
 from _real import real_batch, widen
-from _report import reset_peak, status_kb, write_results
+from _report import competing_load, reset_peak, status_kb, write_results
 
 import troll
 from troll.sparse import kept_ids
@@ -165,22 +169,29 @@ def peak_memory(method: str, vocab: int, args) -> float:
     return json.loads(out.strip().splitlines()[-1])["peak_mb"]
 
 
+CONDITIONS = {"none": ("idle",), "busy": ("loaded",), "both": ("idle", "loaded")}
+
+
 def time_methods(new, old_sparse, old_tok, tokens, adv, mask, args):
-    times = {m: [] for m in METHODS}
+    """Medians per condition and method: {condition: {method: seconds}}, and the last TROLL metrics."""
+    conditions = CONDITIONS[args.load]
+    times = {c: {m: [] for m in METHODS} for c in conditions}
     metrics = None
     for r in range(args.repeats + 1):  # the first round warms up; the order rotates every round
-        for method in METHODS[r % len(METHODS) :] + METHODS[: r % len(METHODS)]:
-            t0 = time.perf_counter()
-            out = run_method(method, new, old_sparse, old_tok, tokens, adv, mask, args)
-            times[method].append(time.perf_counter() - t0)
-            metrics = out.metrics if out is not None else metrics
+        for condition in conditions:
+            with competing_load(condition == "loaded"):
+                for method in METHODS[r % len(METHODS) :] + METHODS[: r % len(METHODS)]:
+                    t0 = time.perf_counter()
+                    out = run_method(method, new, old_sparse, old_tok, tokens, adv, mask, args)
+                    times[condition][method].append(time.perf_counter() - t0)
+                    metrics = out.metrics if out is not None else metrics
     new.grad = None
-    return {m: statistics.median(t[1:]) for m, t in times.items()}, metrics
+    return {c: {m: statistics.median(t[1:]) for m, t in ts.items()} for c, ts in times.items()}, metrics
 
 
-def bench_vocab(vocab: int, args) -> dict:
+def bench_vocab(vocab: int, args) -> list[dict]:
     old_sparse, old_tok, new, tokens, adv, mask = inputs(vocab, args)
-    med, metrics = time_methods(new, old_sparse, old_tok, tokens, adv, mask, args)
+    medians, metrics = time_methods(new, old_sparse, old_tok, tokens, adv, mask, args)
     with torch.no_grad():
         proj = troll.project_sparse(
             new.detach(), old_sparse, args.eps, top_k=args.top_k, delta=args.delta, include=tokens
@@ -190,23 +201,27 @@ def bench_vocab(vocab: int, args) -> dict:
         flat = new.detach()[0]
         new_kept = kept_ids(flat, torch.logsumexp(flat, -1, keepdim=True), args.top_k, args.delta)[1]
     mem = {m: peak_memory(m, vocab, args) for m in MEMORY_METHODS} if args.memory else {}
-    row = {"V": vocab, "N": args.tokens, "rows": "synthetic" if args.synthetic else "real"}
-    row.update({f"{m}_s": round(med[m], 4) for m in METHODS})
-    row.update({f"troll/{m}": round(med["troll"] / med[m], 3) for m in METHODS[1:]})
-    row.update({f"{m}_peak_mb": round(v, 1) for m, v in mem.items()})
-    if mem:
-        row["mem troll/mclip"] = round(mem["troll"] / mem["mclip"], 3)
-        row["mem troll/clip"] = round(mem["troll"] / mem["clip"], 3)
-    row.update(
-        {
-            "projected_frac": round(float(on.double().mean()), 3),
-            "worst_rel_kl_err": f"{worst:.2e}",
-            "old_kept_mean": round(float(old_sparse.mask.sum(-1).float().mean()), 2),
-            "new_kept_mean": round(float(new_kept.sum(-1).float().mean()), 2),
-            "support_mean": round(float(metrics["support/mean"]), 2),
-        }
-    )
-    return row
+    rows = []
+    for condition, med in medians.items():
+        row = {"V": vocab, "N": args.tokens, "rows": "synthetic" if args.synthetic else "real"}
+        row.update({"threads": torch.get_num_threads(), "load": condition})
+        row.update({f"{m}_s": round(med[m], 4) for m in METHODS})
+        row.update({f"troll/{m}": round(med["troll"] / med[m], 3) for m in METHODS[1:]})
+        row.update({f"{m}_peak_mb": round(v, 1) for m, v in mem.items()})
+        if mem:
+            row["mem troll/mclip"] = round(mem["troll"] / mem["mclip"], 3)
+            row["mem troll/clip"] = round(mem["troll"] / mem["clip"], 3)
+        row.update(
+            {
+                "projected_frac": round(float(on.double().mean()), 3),
+                "worst_rel_kl_err": f"{worst:.2e}",
+                "old_kept_mean": round(float(old_sparse.mask.sum(-1).float().mean()), 2),
+                "new_kept_mean": round(float(new_kept.sum(-1).float().mean()), 2),
+                "support_mean": round(float(metrics["support/mean"]), 2),
+            }
+        )
+        rows.append(row)
+    return rows
 
 
 def main(argv=None) -> None:
@@ -222,6 +237,12 @@ def main(argv=None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--no-memory", dest="memory", action="store_false", help="skip the peak-memory subprocesses")
+    p.add_argument(
+        "--load",
+        choices=sorted(CONDITIONS),
+        default="none",
+        help="time alone (none), while another process keeps one core busy (busy), or both, round by round",
+    )
     p.add_argument("--out", type=Path, default=RESULTS / "bench_loss.csv")
     p.add_argument("--child", choices=METHODS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -230,7 +251,7 @@ def main(argv=None) -> None:
         torch.set_num_threads(args.threads)
     if args.child:
         return child(args)
-    rows = [bench_vocab(v, args) for v in args.vocab]
+    rows = [row for v in args.vocab for row in bench_vocab(v, args)]
     header = (
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
         f"{'synthetic' if args.synthetic else 'SmolLM2-135M-Instruct'} rows, eps {args.eps}, K {args.top_k}, "

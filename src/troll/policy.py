@@ -19,6 +19,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch.autograd.function import once_differentiable
 
+from troll._threads import one_thread
 from troll.projection import compute_dtype
 from troll.sparse import kept_ids
 
@@ -53,13 +54,16 @@ def _row_block(vocab: int) -> int:
 
 @torch.no_grad()
 def blocked_logsumexp(logits: torch.Tensor) -> torch.Tensor:
-    """(N, 1) logsumexp of (N, V) ``logits`` in the compute dtype, in row blocks: no (N, V) temporary."""
+    """(N, 1) logsumexp of (N, V) ``logits`` in the compute dtype, in row blocks: no (N, V) temporary.
+
+    One thread: a block's operations are too small to split (docs/numerics.md, "Threads")."""
     n, vocab = logits.shape
     dtype = compute_dtype(logits.dtype)
     out = torch.empty((n, 1), dtype=dtype, device=logits.device)
     rows = _row_block(vocab)
-    for r in range(0, n, rows):
-        torch.logsumexp(logits[r : r + rows].to(dtype), dim=-1, keepdim=True, out=out[r : r + rows])
+    with one_thread():
+        for r in range(0, n, rows):
+            torch.logsumexp(logits[r : r + rows].to(dtype), dim=-1, keepdim=True, out=out[r : r + rows])
     return out
 
 
@@ -86,25 +90,31 @@ class _LseFn(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, g_lse):
-        logits, lse = ctx.saved_tensors
-        items, ctx.pending.items = ctx.pending.items, []
-        if not ctx.needs_input_grad[0]:
-            return None, None, None
-        grad = torch.empty_like(logits)
-        n, vocab = logits.shape
-        rows = _row_block(vocab)  # each block's sub, exp, mul and scatter run while it sits in cache
-        for r in range(0, n, rows):
-            blk = slice(r, r + rows)
-            out = grad[blk] if logits.dtype == lse.dtype else None
-            if g_lse is None:
-                z = torch.zeros_like(logits[blk], dtype=lse.dtype) if out is None else out.zero_()
-            else:  # d lse / d logits = softmax = exp(logits - lse); exp(-inf) = 0 on masked entries
-                z = torch.sub(logits[blk].to(lse.dtype), lse[blk], out=out).exp_().mul_(g_lse[blk])
-            for ids, g_at in items:  # d at / d logits: scatter-add, so an id listed twice gets both terms
-                z.scatter_add_(-1, ids[blk], g_at[blk])
-            if out is None:
-                grad[blk] = z
-        return grad, None, None
+        with one_thread():  # cache-sized blocks: too small to split across threads (docs/numerics.md, "Threads")
+            return _lse_backward(ctx, g_lse)
+
+
+def _lse_backward(ctx, g_lse):
+    """:class:`_LseFn`'s backward: ``softmax * g_lse`` plus every pending ``g_at``, written block by block."""
+    logits, lse = ctx.saved_tensors
+    items, ctx.pending.items = ctx.pending.items, []
+    if not ctx.needs_input_grad[0]:
+        return None, None, None
+    grad = torch.empty_like(logits)
+    n, vocab = logits.shape
+    rows = _row_block(vocab)  # each block's sub, exp, mul and scatter run while it sits in cache
+    for r in range(0, n, rows):
+        blk = slice(r, r + rows)
+        out = grad[blk] if logits.dtype == lse.dtype else None
+        if g_lse is None:
+            z = torch.zeros_like(logits[blk], dtype=lse.dtype) if out is None else out.zero_()
+        else:  # d lse / d logits = softmax = exp(logits - lse); exp(-inf) = 0 on masked entries
+            z = torch.sub(logits[blk].to(lse.dtype), lse[blk], out=out).exp_().mul_(g_lse[blk])
+        for ids, g_at in items:  # d at / d logits: scatter-add, so an id listed twice gets both terms
+            z.scatter_add_(-1, ids[blk], g_at[blk])
+        if out is None:
+            grad[blk] = z
+    return grad, None, None
 
 
 class _AtFn(torch.autograd.Function):
@@ -154,7 +164,8 @@ class DenseLogits:
         return self._lse
 
     def kept(self, top_k: int, delta: float):
-        return kept_ids(self.logits.detach(), self._lse0, top_k, delta)
+        with one_thread():  # docs/numerics.md, "Threads"
+            return kept_ids(self.logits.detach(), self._lse0, top_k, delta)
 
     def at(self, ids: torch.Tensor) -> torch.Tensor:
         if self._given is not None or not torch.is_grad_enabled() or not self.logits.requires_grad:

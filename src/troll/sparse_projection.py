@@ -53,7 +53,7 @@ def coarse_support(new: CurrentPolicy, old: SparseLogProbs, *, top_k, delta, ext
     """
     vocab = new.vocab_size
     with torch.no_grad():
-        new_ids, new_mask = new.kept(top_k, delta)  # a pass over the vocabulary: the caller's threads
+        new_ids, new_mask = new.kept(top_k, delta)  # a pass over the vocabulary: the policy picks its threads
     with torch.no_grad(), one_thread():
         cand = [old.ids.long(), new_ids] + ([] if extra is None else [extra])
         cand_mask = [old.mask, new_mask] + ([] if extra is None else [torch.ones_like(extra, dtype=torch.bool)])
