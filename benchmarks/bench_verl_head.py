@@ -43,7 +43,7 @@ def actor_config(mode: str, lm_head: str):
     from verl.utils.config import omega_conf_to_dataclass
 
     cfg = {
-        "_target_": "troll.integrations.verl.TrollFSDPActorConfig",
+        "_target_": "troll.integrations.verl.config.TrollFSDPActorConfig",
         "strategy": "fsdp",
         "ppo_mini_batch_size": 4,
         "ppo_micro_batch_size_per_gpu": 4,
@@ -80,14 +80,14 @@ def build(args):
     from verl.utils.dataset.dataset_utils import DatasetPadMode
     from verl.utils.torch_functional import entropy_from_logits
 
-    from troll.integrations import verl as troll_verl
+    from troll.integrations.verl.engine import TrollFSDPEngine
 
     gen = torch.Generator().manual_seed(args.seed)
     b, p, r = args.batch, args.prompt, args.response
     lens = [p + r] * b
     n = sum(lens)
     model = Head(args.hidden, args.vocab, args.seed)
-    engine = object.__new__(troll_verl.TrollFSDPEngine)
+    engine = object.__new__(TrollFSDPEngine)
     engine.module, engine.use_ulysses_sp = model, False
     engine.engine_config = types.SimpleNamespace(entropy_checkpointing=False, entropy_from_logits_with_chunking=False)
     engine.compute_entropy_from_logits = entropy_from_logits
@@ -135,7 +135,7 @@ def build(args):
 def child(args) -> None:
     from verl.utils import tensordict_utils as tu
 
-    from troll.integrations import verl as troll_verl
+    from troll.integrations.verl.loss import troll_ppo_loss
 
     torch.set_num_threads(args.threads)
     engine, micro, output_args, hidden, model = build(args)
@@ -156,7 +156,7 @@ def child(args) -> None:
         else:
             output = types.SimpleNamespace(logits=model.lm_head(hidden).unsqueeze(0))
         model_output = engine.prepare_model_outputs(output, output_args, micro, None)
-        loss, metrics = troll_verl.troll_ppo_loss(config, model_output, micro)
+        loss, metrics = troll_ppo_loss(config, model_output, micro)
         loss.backward()
         del output, model_output
         elapsed = time.perf_counter() - t0

@@ -2,10 +2,10 @@
 
 Run under torchrun (gloo) with 1 or 2 processes; each process is one verl data-parallel rank, as in a Ray worker
 group. Every rank builds verl's ``TrainingWorker`` the way ``ActorRolloutRefWorker.init_model`` does, on a tiny
-random Qwen2 saved in MODEL_DIR, after ``troll.integrations.verl.register`` (so the engine is TrollFSDPEngine and
+random Qwen2 saved in MODEL_DIR, after ``troll.integrations.verl.engine.register`` (so the engine is TrollFSDPEngine and
 the worker's ``ppo_loss`` is troll's). The CPU platform comes from tests/_verl_cpu.py (``VERL_PLATFORM=cpu``).
 
-The trainer side is verl's own: ``TrollRayPPOTrainer`` (troll.integrations.verl_main) with the config composed
+The trainer side is verl's own: ``TrollRayPPOTrainer`` (troll.integrations.verl.trainer) with the config composed
 from verl's ``ppo_trainer.yaml`` and the overrides of docs/verl.md (RECIPE), whose worker group is this process's
 worker (``compute_log_prob`` -> ``infer_batch``, ``update_actor`` -> ``train_mini_batch``, as in
 ``ActorRolloutRefWorker``), wrapped by the mixin.
@@ -54,8 +54,10 @@ from verl.workers.utils.losses import ppo_loss as verl_ppo_loss  # noqa: E402
 from verl.workers.utils.padding import left_right_2_no_padding  # noqa: E402
 
 from troll import sparsify, troll_loss  # noqa: E402
-from troll.integrations import verl as troll_verl  # noqa: E402
-from troll.integrations.verl_main import TrollRayPPOTrainer, check_config  # noqa: E402
+from troll.integrations.verl.engine import register  # noqa: E402
+from troll.integrations.verl.loss import old_policy_from_batch, troll_ppo_loss  # noqa: E402
+from troll.integrations.verl.main import check_config  # noqa: E402
+from troll.integrations.verl.trainer import TrollRayPPOTrainer  # noqa: E402
 
 TEMPERATURE, LR = 0.7, 0.5
 TROLL = {"kl_bound": 0.002, "alpha": 1.0, "top_k": 6, "delta": 1e-3}
@@ -224,8 +226,8 @@ def main() -> None:
     from verl import DataProto
     from verl.utils.config import omega_conf_to_dataclass
 
-    troll_verl.register(devices=("cpu",))
-    assert engine_workers.ppo_loss is troll_verl.troll_ppo_loss
+    register(devices=("cpu",))
+    assert engine_workers.ppo_loss is troll_ppo_loss
     config = _verl_cpu.compose(overrides_for(model_dir, lm_head))
     settings = check_config(config)
     actor_config = omega_conf_to_dataclass(config.actor_rollout_ref.actor)  # as ActorRolloutRefWorker.init_model
@@ -263,7 +265,7 @@ def main() -> None:
     # 2. update_policy: verl's _update_actor, twice over the same rollout batch, each checked against troll_loss
     local = local.union(old_proto)
     mask = batch["response_mask"].bool()
-    old = troll_verl.old_policy_from_batch(old_global, mask)
+    old = old_policy_from_batch(old_global, mask)
     steps = []
     for _ in range(2):
         before = full_state(worker)

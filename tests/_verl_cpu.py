@@ -17,7 +17,7 @@ from verl.plugin.platform.platform_manager import PlatformRegistry
 
 # docs/verl.md's overrides of a stock verl GRPO config (tests/test_verl_engine.py checks that the page lists them)
 RECIPE = [
-    "actor_rollout_ref.actor._target_=troll.integrations.verl.TrollFSDPActorConfig",
+    "actor_rollout_ref.actor._target_=troll.integrations.verl.config.TrollFSDPActorConfig",
     "actor_rollout_ref.actor.policy_loss.loss_mode=troll",
     "actor_rollout_ref.actor.strategy=fsdp2",
     "+actor_rollout_ref.actor.troll.kl_bound=0.05",
@@ -124,7 +124,7 @@ def actor_config(mode: str, troll: dict, agg="token-mean", **extra):
     from verl.utils.config import omega_conf_to_dataclass
 
     cfg = {
-        "_target_": "troll.integrations.verl.TrollFSDPActorConfig",
+        "_target_": "troll.integrations.verl.config.TrollFSDPActorConfig",
         "strategy": "fsdp2",
         "ppo_mini_batch_size": 4,
         "ppo_micro_batch_size_per_gpu": 2,

@@ -1,6 +1,7 @@
-"""The verl plug-in: the tested-version guard and the TROLL settings of a verl actor config.
+"""The verl plug-in (troll.integrations.verl): its config checks, loss, engine, trainer mixin and entry point.
 
-The config checks need no verl; the import test runs only where verl is installed (pytest.importorskip).
+The config checks and the import structure need no verl; everything else is skipped without verl (pytest.importorskip)
+and runs in .venv-verl.
 """
 
 import importlib
@@ -10,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from troll.integrations._verl_config import SUPPORTED_VERL, check_verl_version, troll_settings
+from troll.integrations.verl.config import SUPPORTED_VERL, check_verl_version, troll_settings
 
 TROLL = {"kl_bound": 0.05, "alpha": 1.0, "top_k": 64, "delta": 1e-5}
 
@@ -62,16 +63,74 @@ def test_bad_troll_values_and_aggregation():
         troll_settings(_actor("troll", TROLL, agg="seq-mean-token-sum-norm-x"))
 
 
-def test_import_needs_a_supported_verl():
-    sys.modules.pop("troll.integrations.verl", None)
-    try:
-        import verl  # noqa: F401
-    except ImportError:
+def test_troll_settings_messages_name_the_hydra_key():
+    """The shared check (troll._checks.check_troll_settings) names each key as the Hydra override writes it."""
+    with pytest.raises(ValueError, match=r"^actor_rollout_ref\.actor\.troll\.kl_bound must be > 0"):
+        troll_settings(_actor("troll", {**TROLL, "kl_bound": -1.0}))
+    with pytest.raises(ValueError, match=r"^actor_rollout_ref\.actor\.troll\.top_k must be an integer"):
+        troll_settings(_actor("troll", {**TROLL, "top_k": 6.5}))
+    with pytest.raises(ValueError, match=r"^actor_rollout_ref\.actor\.troll\.delta must be in \[0, 1\)"):
+        troll_settings(_actor("troll", {**TROLL, "delta": "one"}))  # a string that is no number stays one
+    with pytest.raises(ValueError, match=r"^actor_rollout_ref\.actor\.loss_agg_mode='x' is not supported"):
+        troll_settings(_actor("troll", TROLL, agg="x"))
+
+
+def test_the_package_needs_no_verl_and_its_verl_modules_say_how_to_install_it(monkeypatch):
+    """config (the checks) imports without verl; each module that needs verl fails at import with the fix."""
+    monkeypatch.setitem(sys.modules, "verl", None)  # as if verl were not installed
+    with pytest.raises(ImportError, match=r"pip install 'troll\[verl\]'"):
+        check_verl_version()
+    for name in ("loss", "engine", "trainer", "main", "plugin"):
+        monkeypatch.delitem(sys.modules, f"troll.integrations.verl.{name}", raising=False)
         with pytest.raises(ImportError, match=r"pip install 'troll\[verl\]'"):
-            importlib.import_module("troll.integrations.verl")
-        return
-    module = importlib.import_module("troll.integrations.verl")
-    assert module.troll_settings is troll_settings
+            importlib.import_module(f"troll.integrations.verl.{name}")
+
+
+def test_the_modules_import_in_one_direction():
+    """config <- loss <- engine <- trainer <- main, and plugin <- engine: no module imports one after it."""
+    import ast
+    from pathlib import Path
+
+    import troll.integrations.verl as package
+
+    order = ["config", "loss", "engine", "trainer", "main"]
+    allowed = {name: set(order[:i]) for i, name in enumerate(order)} | {"plugin": {"engine"}, "__init__": {"config"}}
+    for path in Path(package.__file__).parent.glob("*.py"):
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module == "troll.integrations.verl":
+                names = [f"{node.module}.{alias.name}" for alias in node.names]
+            else:
+                names = [node.module] if isinstance(node, ast.ImportFrom) else []
+            found |= {name.rsplit(".", 1)[-1] for name in names if name.startswith("troll.integrations.verl.")}
+        assert found <= allowed[path.stem], f"{path.name} imports {sorted(found - allowed[path.stem])}"
+
+
+def test_verls_import_of_the_plugin_meets_no_half_imported_module():
+    """With the plug-in in VERL_USE_EXTERNAL_MODULES (as in every Ray worker), the first import of verl imports the
+    plug-in: importing the trainer first still completes, with the engine registered."""
+    _verl()
+    from conftest import run_script
+
+    code = (
+        "import troll.integrations.verl.trainer\n"
+        "from verl.workers.engine.base import EngineRegistry\n"
+        "engine = EngineRegistry._engines['language_model']['fsdp2']['cuda']\n"
+        "assert engine.__name__ == 'TrollFSDPEngine', engine\n"
+    )
+    env = {**os.environ, "VERL_USE_EXTERNAL_MODULES": "troll.integrations.verl.plugin", "OMP_NUM_THREADS": "1"}
+    status, err = run_script([sys.executable, "-c", code], env, timeout=120)
+    assert status == 0, err[-3000:]
+
+
+def test_the_actor_config_class_is_the_hydra_target():
+    config = _verl("config")
+    from hydra.utils import get_class
+
+    assert get_class(config.ACTOR_CONFIG) is config.TrollFSDPActorConfig
+    assert type(_actor_config()) is config.TrollFSDPActorConfig
 
 
 # ---- verl's engine output and loss (need verl: run in .venv-verl) ----
@@ -80,12 +139,13 @@ SETTINGS = {"kl_bound": 0.05, "alpha": 1.0, "top_k": 6, "delta": 1e-3}
 PROMPT_LENS, RESPONSE_LENS, VOCAB = [2, 3, 1], [3, 1, 4], 40
 
 
-def _verl():
+def _verl(module: str = "config"):
+    """``troll.integrations.verl.<module>``; the test is skipped without verl."""
     pytest.importorskip("verl")
     import torch
 
     torch.set_num_threads(1)
-    return importlib.import_module("troll.integrations.verl")
+    return importlib.import_module(f"troll.integrations.verl.{module}")
 
 
 def _actor_config(mode="troll", troll=None, agg="token-mean", **extra):
@@ -108,7 +168,7 @@ def _micro_batch(seed=0, *, global_info=None):
     from tensordict import TensorDict
     from verl.utils import tensordict_utils as tu
 
-    from troll.integrations._verl_glue import capture_rows
+    from troll.integrations.verl.engine import capture_rows
 
     gen = torch.Generator().manual_seed(seed)
     seq_lens = [p + r for p, r in zip(PROMPT_LENS, RESPONSE_LENS)]
@@ -166,7 +226,7 @@ def test_capture_rows_equal_sparsify_with_the_sampled_token():
     import torch
 
     from troll import sparsify
-    from troll.integrations._verl_glue import capture_rows, capture_width
+    from troll.integrations.verl.engine import capture_rows, capture_width
     from troll.sparse import SparseLogProbs
 
     logits = 3 * torch.randn(7, VOCAB, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
@@ -187,14 +247,14 @@ def test_capture_rows_equal_sparsify_with_the_sampled_token():
 
 @pytest.mark.parametrize("mode", ["troll", "troll_seq"])
 def test_troll_ppo_loss_matches_troll_loss_on_a_verl_micro_batch(mode):
-    verl_mod = _verl()
+    verl_loss = _verl("loss")
     import torch
 
     from troll import troll_loss
 
     logits, data, ref = _micro_batch()
     config = _actor_config(mode)
-    loss, metrics = verl_mod.troll_ppo_loss(config, {"troll_logits": _nested(logits, [3 + 2, 4, 5])}, data)
+    loss, metrics = verl_loss.troll_ppo_loss(config, {"troll_logits": _nested(logits, [3 + 2, 4, 5])}, data)
     (grad,) = torch.autograd.grad(loss, logits)
 
     leaf = logits.detach().clone().requires_grad_()
@@ -225,7 +285,7 @@ def test_verl_scale_matches_verls_agg_loss(agg, info):
     from verl.trainer.ppo.core_algos import agg_loss
 
     from troll.batch import aggregate
-    from troll.integrations._verl_glue import verl_scale
+    from troll.integrations.verl.loss import verl_scale
 
     gen = torch.Generator().manual_seed(2)
     values = torch.randn(4, 6, dtype=torch.float64, generator=gen)
@@ -238,21 +298,21 @@ def test_verl_scale_matches_verls_agg_loss(agg, info):
 
 
 def test_troll_ppo_loss_uses_the_global_batch_normalisation():
-    verl_mod = _verl()
+    verl_loss = _verl("loss")
     import torch
 
     info = {"dp_size": 2, "batch_num_tokens": 20, "global_batch_size": 6}
     logits, data, _ = _micro_batch(global_info=info)
     local_logits, local_data, _ = _micro_batch()
     out = {"troll_logits": _nested(logits, [5, 4, 5])}
-    loss, metrics = verl_mod.troll_ppo_loss(_actor_config(), out, data)
-    local, _ = verl_mod.troll_ppo_loss(_actor_config(), {"troll_logits": _nested(local_logits, [5, 4, 5])}, local_data)
+    loss, metrics = verl_loss.troll_ppo_loss(_actor_config(), out, data)
+    local, _ = verl_loss.troll_ppo_loss(_actor_config(), {"troll_logits": _nested(local_logits, [5, 4, 5])}, local_data)
     torch.testing.assert_close(loss, local * sum(RESPONSE_LENS) / 20 * 2)
     assert metrics["actor/pg_loss"].aggregation.name == "SUM"
 
 
 def test_stock_loss_mode_goes_to_verls_ppo_loss():
-    verl_mod = _verl()
+    verl_loss = _verl("loss")
     import torch
     from verl.workers.utils.losses import ppo_loss
 
@@ -261,27 +321,27 @@ def test_stock_loss_mode_goes_to_verls_ppo_loss():
     lens = [p + r for p, r in zip(PROMPT_LENS, RESPONSE_LENS)]
     log_probs = _nested(-torch.rand(sum(lens), generator=gen, dtype=torch.float64), lens)
     data["old_log_probs"] = _nested(-torch.rand(sum(RESPONSE_LENS), generator=gen, dtype=torch.float64), RESPONSE_LENS)
-    got, got_metrics = verl_mod.troll_ppo_loss(_actor_config("vanilla"), {"log_probs": log_probs}, data.clone())
+    got, got_metrics = verl_loss.troll_ppo_loss(_actor_config("vanilla"), {"log_probs": log_probs}, data.clone())
     want, want_metrics = ppo_loss(_actor_config("vanilla"), {"log_probs": log_probs}, data.clone())
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     assert set(got_metrics) == set(want_metrics) and not any(k.startswith("troll/") for k in got_metrics)
 
 
 def test_troll_ppo_loss_errors_are_clear():
-    verl_mod = _verl()
+    verl_loss = _verl("loss")
     logits, data, _ = _micro_batch()
     out = {"troll_logits": _nested(logits, [5, 4, 5])}
     with pytest.raises(ValueError, match=r"actor_rollout_ref\.actor\.troll\.kl_bound"):
-        verl_mod.troll_ppo_loss(_actor_config(troll={"alpha": 1.0, "top_k": 4, "delta": 0.0}), dict(out), data)
+        verl_loss.troll_ppo_loss(_actor_config(troll={"alpha": 1.0, "top_k": 4, "delta": 0.0}), dict(out), data)
     with pytest.raises(KeyError, match="troll_logits"):
-        verl_mod.troll_ppo_loss(_actor_config(), {}, data)
+        verl_loss.troll_ppo_loss(_actor_config(), {}, data)
     with pytest.raises(KeyError, match="ref_log_prob"):
-        verl_mod.troll_ppo_loss(_actor_config(use_kl_loss=True), dict(out), data)
+        verl_loss.troll_ppo_loss(_actor_config(use_kl_loss=True), dict(out), data)
     with pytest.raises(KeyError, match="troll_old_"):
-        verl_mod.troll_ppo_loss(_actor_config(), dict(out), data.exclude("troll_old_logp"))
+        verl_loss.troll_ppo_loss(_actor_config(), dict(out), data.exclude("troll_old_logp"))
     # the loss takes what it needs out of model_output: verl keeps every micro-batch's outputs until the mini-batch
     # ends, and the (tokens, V) logits must not stay there
-    verl_mod.troll_ppo_loss(_actor_config(), out, data)
+    verl_loss.troll_ppo_loss(_actor_config(), out, data)
     assert "troll_logits" not in out
 
 
@@ -317,8 +377,8 @@ def _engine_inputs(flags, pad_size=2, temperature=0.7):
 
 
 def _engine():
-    verl_mod = _verl()
-    engine = object.__new__(verl_mod.TrollFSDPEngine)  # prepare_model_outputs needs no model, only these flags
+    verl_engine = _verl("engine")
+    engine = object.__new__(verl_engine.TrollFSDPEngine)  # prepare_model_outputs needs no model, only these flags
     engine.use_ulysses_sp = False
     return engine
 
@@ -459,15 +519,15 @@ def test_engine_chunked_outputs_equal_the_dense_ones(temperatures):
 def test_engine_chunked_loss_outputs_and_probe():
     import torch
 
-    verl_mod = _verl()
+    verl_loss = _verl("loss")
     engine, _, chunked, args, micro_batch, hidden, chunked_outputs = _hidden_engine_inputs({"troll_logits": True})
     out = chunked_outputs(chunked, args, micro_batch("chunked"), hook=False)
     assert "troll_logits" not in out and engine._troll_hidden is None
-    torch.testing.assert_close(out[verl_mod.TROLL_HIDDEN].values(), hidden, rtol=0, atol=0)
+    torch.testing.assert_close(out[verl_loss.TROLL_HIDDEN].values(), hidden, rtol=0, atol=0)
     out = chunked_outputs(chunked, args, micro_batch("chunked"))
     assert engine._troll_hidden is None  # the hook's hidden states are handed on, not kept
-    torch.testing.assert_close(out[verl_mod.TROLL_HIDDEN].values(), hidden, rtol=0, atol=0)
-    head = out[verl_mod.TROLL_HEAD]
+    torch.testing.assert_close(out[verl_loss.TROLL_HIDDEN].values(), hidden, rtol=0, atol=0)
+    head = out[verl_loss.TROLL_HEAD]
     assert head.module is engine.module.lm_head and head.temperature == pytest.approx(0.7)
     # the hook kept no hidden states (a backbone without last_hidden_state): refused, with the setting to change
     with torch.no_grad(), pytest.raises(ValueError, match="no last_hidden_state.*troll.lm_head=dense"):
@@ -481,7 +541,7 @@ def test_engine_chunked_loss_outputs_and_probe():
     engine.module.config.final_logit_softcapping = None
     # logits that are not hidden @ weight.T (a soft-cap, a scale) are caught on the row the model returned
     chunked.logits = chunked.logits * 1.5
-    with pytest.raises(ValueError, match="not last_hidden_state @ lm_head.weight.T.*troll.lm_head=dense"):
+    with pytest.raises(ValueError, match="not last_hidden_state @ weight.T.*troll.lm_head=dense"):
         chunked_outputs(chunked, args, micro_batch("chunked"))
 
 
@@ -530,15 +590,15 @@ def test_engine_inputs_keep_only_the_last_hidden_state_without_gradient(monkeypa
 
 
 def test_lm_head_setting_is_checked_and_defaults_to_chunked():
-    verl_mod = _verl()
-    assert verl_mod.troll_lm_head(_actor_config()) == "chunked"
-    assert verl_mod.troll_lm_head(_actor_config(troll={**TROLL, "lm_head": "dense"})) == "dense"
+    verl_config = _verl("config")
+    assert verl_config.troll_lm_head(_actor_config()) == "chunked"
+    assert verl_config.troll_lm_head(_actor_config(troll={**TROLL, "lm_head": "dense"})) == "dense"
     with pytest.raises(ValueError, match=r"actor_rollout_ref\.actor\.troll\.lm_head='sparse'"):
-        verl_mod.troll_lm_head(_actor_config(troll={**TROLL, "lm_head": "sparse"}))
+        verl_config.troll_lm_head(_actor_config(troll={**TROLL, "lm_head": "sparse"}))
 
 
 def test_register_replaces_the_fsdp_language_model_engine(monkeypatch):
-    verl_mod = _verl()
+    verl_engine = _verl("engine")
     import verl.workers.engine_workers as workers
     from verl.workers.engine.base import EngineRegistry
     from verl.workers.utils.losses import ppo_loss
@@ -548,17 +608,17 @@ def test_register_replaces_the_fsdp_language_model_engine(monkeypatch):
     for backend in ("fsdp", "fsdp2"):
         monkeypatch.setitem(table, backend, dict(table[backend]))
     assert workers.ppo_loss is ppo_loss
-    verl_mod.register(devices=("cuda", "npu", "cpu"))
+    verl_engine.register(devices=("cuda", "npu", "cpu"))
     for backend in ("fsdp", "fsdp2"):
         for device in ("cuda", "npu", "cpu"):
-            assert table[backend][device] is verl_mod.TrollFSDPEngine
-    assert workers.ppo_loss is verl_mod.troll_ppo_loss
+            assert table[backend][device] is verl_engine.TrollFSDPEngine
+    assert workers.ppo_loss is verl_engine.troll_ppo_loss
 
 
 def test_captured_old_policy_reaches_the_loss_layout():
     """Engine capture -> padded (B, T_resp, K) as a trainer stores it -> the loss's SparseLogProbs, at the response
     positions only, equal sparsify of the logits that predict each response token."""
-    verl_mod = _verl()
+    verl_trainer, verl_loss = _verl("trainer"), _verl("loss")
     import torch
     from tensordict import TensorDict
 
@@ -580,12 +640,12 @@ def test_captured_old_policy_reaches_the_loss_layout():
         },
         batch_size=[3],
     )
-    padded = verl_mod.old_policy_to_padded(out, batch_td)
+    padded = verl_trainer.old_policy_to_padded(out, batch_td)
     assert padded["troll_old_ids"].shape == (3, 3, 6)
     mask = torch.zeros(3, 3, dtype=torch.bool)
     for b, n in enumerate(response_lens):
         mask[b, :n] = True
-    old = verl_mod.old_policy_from_batch(padded, mask)
+    old = verl_loss.old_policy_from_batch(padded, mask)
     starts = [0, 4, 10]
     for b in range(3):
         for j in range(response_lens[b]):
@@ -597,14 +657,14 @@ def test_captured_old_policy_reaches_the_loss_layout():
             assert responses[b][j] in kept
     assert not old.mask[~mask].any() and torch.isneginf(old.logp[~mask]).all()
     with pytest.raises(KeyError, match="troll_capture"):
-        verl_mod.old_policy_to_padded(out.exclude("troll_old_ids"), batch_td)
+        verl_trainer.old_policy_to_padded(out.exclude("troll_old_ids"), batch_td)
 
 
 def test_trainer_mixin_sets_flags_and_keeps_the_captured_old_policy():
     """The mixin's contract on a stand-in base (init_workers sets actor_rollout_wg; _compute_old_log_prob calls
     compute_log_prob on a no-padding batch and returns (DataProto, mfu)); tests/test_verl_engine.py runs it on
     verl's real RayPPOTrainer methods."""
-    verl_mod = _verl()
+    verl_trainer = _verl("trainer")
     import torch
     from tensordict import TensorDict
     from verl.utils import tensordict_utils as tu
@@ -639,7 +699,7 @@ def test_trainer_mixin_sets_flags_and_keeps_the_captured_old_policy():
             self.actor_rollout_wg.compute_log_prob(batch_td)
             return SimpleNamespace(batch=TensorDict({}, batch_size=[3])), 0.5
 
-    class TrollTrainer(verl_mod.TrollTrainerMixin, Trainer):
+    class TrollTrainer(verl_trainer.TrollTrainerMixin, Trainer):
         pass
 
     trainer = TrollTrainer()
@@ -648,7 +708,7 @@ def test_trainer_mixin_sets_flags_and_keeps_the_captured_old_policy():
     assert trainer.actor_rollout_wg.capture == {"top_k": SETTINGS["top_k"], "delta": SETTINGS["delta"]}
     assert mfu == 0.5
     assert trainer.actor_rollout_wg.update_actor(TensorDict({}, batch_size=[3])) is True
-    want = verl_mod.old_policy_to_padded(Group().compute_log_prob(batch_td), batch_td)
+    want = verl_trainer.old_policy_to_padded(Group().compute_log_prob(batch_td), batch_td)
     for key, value in want.items():
         torch.testing.assert_close(old.batch[key], value, rtol=0, atol=0)
     assert old.batch["troll_old_ids"].shape == (3, 4, SETTINGS["top_k"] + 1)
@@ -677,7 +737,7 @@ def test_trainer_mixin_sets_flags_and_keeps_the_captured_old_policy():
 def test_mixin_sets_the_lm_head_flags(extra, lm_head, logprob_grad):
     """The update's flags: troll.lm_head (default chunked); log-probs with a gradient for verl's KL loss; an entropy
     bonus, and FSDP1 (untested with the chunked head), fall back to the dense head with a warning."""
-    verl_mod = _verl()
+    verl_trainer = _verl("trainer")
     import warnings
 
     from tensordict import TensorDict
@@ -689,7 +749,7 @@ def test_mixin_sets_the_lm_head_flags(extra, lm_head, logprob_grad):
         def update_actor(self, td):
             return {k: tu.get_non_tensor_data(td, k, None) for k in ("troll_lm_head", "troll_logprob_grad")}
 
-    trainer = object.__new__(verl_mod.TrollTrainerMixin)
+    trainer = object.__new__(verl_trainer.TrollTrainerMixin)
     trainer.config = SimpleNamespace(actor_rollout_ref=SimpleNamespace(actor=_actor_config(troll=troll, **extra)))
     trainer.actor_rollout_wg = Group()
     with warnings.catch_warnings(record=True) as caught:
@@ -701,12 +761,12 @@ def test_mixin_sets_the_lm_head_flags(extra, lm_head, logprob_grad):
     assert flags == {"troll_lm_head": lm_head, "troll_logprob_grad": logprob_grad}
 
 
-# ---- the entry point (troll.integrations.verl_main) ----
+# ---- the entry point (troll.integrations.verl.main) ----
 
 
 def _main():
     _verl()
-    return importlib.import_module("troll.integrations.verl_main")
+    return importlib.import_module("troll.integrations.verl.main")
 
 
 def _recipe_config(*extra):
@@ -750,18 +810,18 @@ def test_the_plugin_is_added_to_the_ray_runtime_env():
     main.add_plugin_to_runtime_env(config)
     main.add_plugin_to_runtime_env(config)  # idempotent
     env = config.ray_kwargs.ray_init.runtime_env.env_vars
-    assert env.VERL_USE_EXTERNAL_MODULES == "my.mod,troll.integrations.verl_plugin"
+    assert env.VERL_USE_EXTERNAL_MODULES == "my.mod,troll.integrations.verl.plugin"
     fresh = _recipe_config()
     main.add_plugin_to_runtime_env(fresh)
     assert fresh.ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES == main.PLUGIN
 
 
 def test_trainer_class_puts_the_mixin_before_verls_trainer():
-    main = _main()
+    trainer = _verl("trainer")
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
-    mro = main.TrollRayPPOTrainer.__mro__
-    assert mro.index(importlib.import_module("troll.integrations.verl").TrollTrainerMixin) < mro.index(RayPPOTrainer)
+    mro = trainer.TrollRayPPOTrainer.__mro__
+    assert mro.index(trainer.TrollTrainerMixin) < mro.index(RayPPOTrainer)
 
 
 def test_entry_point_rejects_a_bad_config_before_ray_starts():
@@ -772,14 +832,14 @@ def test_entry_point_rejects_a_bad_config_before_ray_starts():
     cmd = [
         sys.executable,
         "-m",
-        "troll.integrations.verl_main",
+        "troll.integrations.verl.main",
         "actor_rollout_ref.actor.policy_loss.loss_mode=troll",
         "+actor_rollout_ref.actor.troll.kl_bound=0.05",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
     ]
     code, err = run_script(cmd, env, timeout=120)
     assert code != 0
-    assert "actor_rollout_ref.actor._target_=troll.integrations.verl.TrollFSDPActorConfig" in err
+    assert "actor_rollout_ref.actor._target_=troll.integrations.verl.config.TrollFSDPActorConfig" in err
     assert "Started a local Ray instance" not in err and "TaskRunner" not in err  # Ray never started
 
 

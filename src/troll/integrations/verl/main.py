@@ -1,12 +1,12 @@
-"""``python -m troll.integrations.verl_main <verl overrides>``: verl 0.9's PPO/GRPO entry point, with TROLL.
+"""``python -m troll.integrations.verl.main <verl overrides>``: verl 0.9's PPO/GRPO entry point, with TROLL.
 
 The same Hydra config and overrides as ``python -m verl.trainer.main_ppo`` (docs/verl.md lists the keys to change
 from a stock GRPO run). What differs:
 
-1. The trainer is :class:`TrollRayPPOTrainer`, verl's ``RayPPOTrainer`` with :class:`TrollTrainerMixin`: the old
-   sparse policy is captured in ``compute_log_prob`` and kept in the batch for the update.
-2. Every Ray process imports ``troll.integrations.verl_plugin`` (``VERL_USE_EXTERNAL_MODULES`` in the Ray runtime
-   environment), so the workers build :class:`TrollFSDPEngine` and install troll's ``ppo_loss``.
+1. The trainer is :class:`~troll.integrations.verl.trainer.TrollRayPPOTrainer`, verl's ``RayPPOTrainer`` with the
+   TROLL mixin: the old sparse policy is captured in ``compute_log_prob`` and kept in the batch for the update.
+2. Every Ray process imports :data:`PLUGIN` (``VERL_USE_EXTERNAL_MODULES`` in the Ray runtime environment), so the
+   workers build ``TrollFSDPEngine`` and install troll's ``ppo_loss``.
 3. It runs verl's ``RayPPOTrainer`` (the trainer of ``main_ppo_v0``) whatever ``trainer.use_v1`` says: verl's v1
    trainers (transfer-queue based) are not supported yet.
 4. The TROLL settings are checked before Ray starts (:func:`check_config`), each error naming the Hydra key.
@@ -14,51 +14,52 @@ from a stock GRPO run). What differs:
 Not run end to end here: a verl run needs a rollout server (vLLM, SGLang or TensorRT-LLM) and GPUs.
 """
 
+# ruff: noqa: E402  (verl is imported after the version guard)
 from __future__ import annotations
 
 import os
+
+from troll.integrations.verl.config import check_verl_version
+
+check_verl_version()
 
 import hydra
 import ray
 from omegaconf import OmegaConf
 from verl.trainer import main_ppo, main_ppo_v0
-from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
-from troll.integrations.verl import TrollTrainerMixin, register, troll_lm_head, troll_settings
+from troll.defaults import TROLL_LOSSES
+from troll.integrations.verl.config import ACTOR, ACTOR_CONFIG, troll_lm_head, troll_settings
+from troll.integrations.verl.engine import register
+from troll.integrations.verl.trainer import TrollRayPPOTrainer
 
-PLUGIN = "troll.integrations.verl_plugin"
-ACTOR_CONFIG = "troll.integrations.verl.TrollFSDPActorConfig"
-_ACTOR = "actor_rollout_ref.actor"
-
-
-class TrollRayPPOTrainer(TrollTrainerMixin, RayPPOTrainer):
-    """verl 0.9's ``RayPPOTrainer`` that trains with TROLL when the actor's loss_mode is "troll" or "troll_seq"."""
+PLUGIN = "troll.integrations.verl.plugin"  # the module that registers the engine and the loss when imported
 
 
 def check_config(config) -> dict | None:
     """The TROLL settings of a composed verl config, or None for a stock loss mode; a ValueError names the key.
 
-    Checks what the plug-in needs beyond :func:`troll_settings`: the actor config class, the remove-padding path,
-    no Ulysses sequence parallelism, no fused kernels, an FSDP strategy and no distillation.
+    Checks what the plug-in needs beyond :func:`~troll.integrations.verl.config.troll_settings`: the actor config
+    class, the remove-padding path, no Ulysses sequence parallelism, no fused kernels, an FSDP strategy and no
+    distillation.
     """
     actor = config.actor_rollout_ref.actor
     mode = actor.get("policy_loss", {}).get("loss_mode", "vanilla")
-    if mode not in ("troll", "troll_seq"):
+    if mode not in TROLL_LOSSES:
         return None
     if actor.get("_target_") != ACTOR_CONFIG:
         raise ValueError(
             f"policy_loss.loss_mode={mode!r} needs the actor config class with a troll section: add "
-            f"{_ACTOR}._target_={ACTOR_CONFIG} (docs/verl.md)."
+            f"{ACTOR}._target_={ACTOR_CONFIG} (docs/verl.md)."
         )
     settings = troll_settings(actor)
-    if settings is not None:
-        troll_lm_head(actor)  # a bad troll.lm_head names itself here, before Ray starts
+    troll_lm_head(actor)  # a bad troll.lm_head names itself here, before Ray starts
     model = config.actor_rollout_ref.model
     required = [
-        (f"{_ACTOR}.strategy", actor.get("strategy"), ("fsdp", "fsdp2")),
+        (f"{ACTOR}.strategy", actor.get("strategy"), ("fsdp", "fsdp2")),
         ("actor_rollout_ref.model.use_remove_padding", model.get("use_remove_padding", False), (True,)),
         ("actor_rollout_ref.model.use_fused_kernels", model.get("use_fused_kernels", False), (False,)),
-        (f"{_ACTOR}.ulysses_sequence_parallel_size", actor.get("ulysses_sequence_parallel_size", 1), (1,)),
+        (f"{ACTOR}.ulysses_sequence_parallel_size", actor.get("ulysses_sequence_parallel_size", 1), (1,)),
         ("distillation.enabled", bool(config.get("distillation", {}).get("enabled", False)), (False,)),
     ]
     for key, value, allowed in required:
