@@ -34,7 +34,7 @@ def check_troll_settings(
 
     def fail(key: str, value, rule: str, meaning: str, paper) -> None:
         name = names.get(key, key)
-        fix = f"{name}={paper!r}" if name.isidentifier() else f"{name} {paper!r}"
+        fix = f"{name} {paper!r}" if name.startswith("-") else f"{name}={paper!r}"  # a flag, or a key (Hydra's too)
         raise ValueError(f"{name} must be {rule}, got {value!r}: it is {meaning}. Set e.g. {fix} (the paper's value).")
 
     if not _finite(kl_bound) or not kl_bound > 0:

@@ -23,8 +23,8 @@ A frontend in a few lines (see :mod:`troll.study.frontend` for every field)::
 """
 
 from troll.study.files import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, UsageError
-from troll.study.frontend import Curve, Frontend, Number, Pairing, against
-from troll.study.grid import Cell, Grid, Study, parse_arms, parse_seeds, parse_sweep, plan
+from troll.study.frontend import Curve, Frontend, Number, Pairing, Study, against
+from troll.study.grid import Cell, Grid, parse_arms, parse_seeds, parse_sweep, plan
 from troll.study.report import JSON_FILE, PLOT_FILE, TABLE_FILE
 from troll.study.runner import check_folder, load_spec, run_study
 

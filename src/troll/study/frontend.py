@@ -39,6 +39,8 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from troll.study.grid import Cell, Grid
 
 
@@ -123,3 +125,15 @@ class Frontend:
     title: Callable[[Grid, list[Cell]], str] = _no_text
     note: Callable[[Grid, list[Cell]], str] = _no_text
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({"OMP_NUM_THREADS": "1"}))
+
+
+@dataclass
+class Study:
+    """A planned study: its folder, frontend, grid, the frontend's own description of the grid (``spec``, saved
+    in config.json and study.json, read back on ``--resume``) and the cells."""
+
+    out: Path
+    frontend: Frontend
+    grid: Grid
+    spec: dict
+    cells: list[Cell]

@@ -11,12 +11,9 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from troll.study.files import UsageError
-
-if TYPE_CHECKING:
-    from troll.study.frontend import Frontend
 
 MAX_SEEDS = 1000  # a count beyond this is a typo, not a study
 
@@ -146,15 +143,3 @@ def plan(grid: Grid, out: Path, build: Callable[[Any, str, int, Path], Any]) -> 
 
 def _slug(value) -> str:
     return str(value).replace("/", "_").replace(os.sep, "_")
-
-
-@dataclass
-class Study:
-    """A planned study: its folder, frontend, grid, the frontend's own description of the grid (``spec``, saved
-    in config.json and study.json, read back on ``--resume``) and the cells."""
-
-    out: Path
-    frontend: Frontend
-    grid: Grid
-    spec: dict
-    cells: list[Cell]

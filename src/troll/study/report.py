@@ -16,8 +16,8 @@ from troll.study import stats
 from troll.study.files import METRICS_FILE, SUMMARY_FILE, read_jsonl, write_json
 
 if TYPE_CHECKING:
-    from troll.study.frontend import Frontend
-    from troll.study.grid import Cell, Study
+    from troll.study.frontend import Frontend, Study
+    from troll.study.grid import Cell
 
 JSON_FILE = "study.json"
 TABLE_FILE = "study.md"

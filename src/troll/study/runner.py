@@ -40,8 +40,8 @@ from troll.study.files import (
     read_config,
     write_json,
 )
-from troll.study.frontend import Frontend
-from troll.study.grid import Cell, Study
+from troll.study.frontend import Frontend, Study
+from troll.study.grid import Cell
 
 POLL_S = 0.25  # how often running cells are checked; a study's cells run for seconds to hours
 
