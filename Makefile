@@ -33,7 +33,7 @@ demo: $(VENV)/.installed
 
 # --require: those modules must import, and then any skipped test fails the run (tests/conftest.py). The verl tests
 # run only in the verl environment, the rest only in the main one.
-VERL_TESTS := tests/test_verl.py tests/test_verl_engine.py
+VERL_TESTS := tests/test_verl_config.py tests/test_verl_loss.py tests/test_verl_engine_outputs.py tests/test_verl_engine.py
 test: $(VENV)/.installed $(VERL_VENV)/.installed lint
 	$(PY) -m pytest --require trl,deepspeed,reasoning_gym,gymnasium,mujoco,metaworld $(VERL_TESTS:%=--ignore=%)
 	$(VERL_VENV)/bin/python -m pytest --require verl,tensordict $(VERL_TESTS)
