@@ -1,0 +1,120 @@
+"""The TRPL loss on Gaussian policies: surrogate on the projection + regression to it (docs/gaussian.md, "The loss").
+
+Shapes: B states, D action dimensions.
+    new, old     Gaussian policies (mean (B, D); a per-state or global factor)
+    actions      (B, D)  sampled actions
+    advantages   (B,)
+    old_log_prob (B,)    log pi_old(a|s) at sampling time (optional: computed from ``old`` otherwise)
+"""
+
+from __future__ import annotations
+
+import math
+from numbers import Real
+
+import torch
+
+from troll._checks import check_number, check_shape, check_tensor
+from troll.batch import LossOutput
+from troll.gaussian.distances import cov_distance, mean_distance
+from troll.gaussian.entropy import control_entropy
+from troll.gaussian.policy import Gaussian, all_finite
+from troll.gaussian.projection import GaussianProjection, project
+
+BOUND_RTOL = 1e-6  # a distance above bound * (1 + this) counts as exceeding it (bound_exceeded_frac)
+
+
+def regression(new: Gaussian, projected: Gaussian, *, distance: str) -> torch.Tensor:
+    """d(pi~(s), sg(pi^(s))) per state, (B,): the same distance as the projection (mean part + covariance part).
+
+    Pulls the network output towards its projection. Where the projection left a mean or a covariance unchanged
+    (the same values) its part is exactly 0, value and gradient (not a rounding residue of L^-1 L). A global
+    covariance part is added to every state's value.
+    """
+    target = projected.detach()
+    mean_part = mean_distance(new.mean, target, distance=distance)
+    cov_part = cov_distance(new, target, distance=distance)
+    same_mean = (new.mean.detach() == target.mean).all(-1)
+    per_row = 1 if new.kind == "diag" else 2  # the factor dims of one state (or of the global covariance)
+    same_cov = (new.factor.detach() == target.factor).flatten(-per_row).all(-1)
+    return torch.where(same_mean, 0.0, mean_part) + torch.where(same_cov, 0.0, cov_part)
+
+
+@torch.no_grad()
+def projection_metrics(proj: GaussianProjection, *, mean_bound: float, cov_bound: float) -> dict[str, torch.Tensor]:
+    """Detached scalars of a projection: distances before/after (mean, max), projected shares, omega, eta, entropy.
+
+    ``bound_exceeded_frac`` is the share of states whose returned mean or covariance is above its bound by more than
+    1e-6 relative (0 unless float32 rounding defeated the margin; docs/gaussian.md, "Numerics").
+    """
+    m = {}
+    for name, value in (
+        ("mean_dist_before", proj.mean_before),
+        ("mean_dist_after", proj.mean_after),
+        ("cov_dist_before", proj.cov_before),
+        ("cov_dist_after", proj.cov_after),
+        ("omega", proj.omega),
+        ("eta", proj.eta),
+    ):
+        value = value.detach().double()
+        m[f"{name}/mean"], m[f"{name}/max"] = value.mean(), value.max()
+    mean_on, cov_on = proj.omega.detach() > 0, proj.eta.detach() > 0
+    m["projected_frac/mean"] = mean_on.double().mean()
+    m["projected_frac/cov"] = cov_on.double().mean()
+    over = (proj.mean_after.double() > mean_bound * (1 + BOUND_RTOL)) | (
+        proj.cov_after.double() > cov_bound * (1 + BOUND_RTOL)
+    )
+    m["bound_exceeded_frac"] = over.double().mean()
+    m["entropy/mean"] = proj.policy.entropy().detach().double().mean()
+    return m
+
+
+def trpl_loss(
+    new: Gaussian,
+    old: Gaussian,
+    actions: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    mean_bound: float,
+    cov_bound: float,
+    distance: str = "kl",
+    alpha: float = 1.0,
+    old_log_prob: torch.Tensor | None = None,
+    entropy_bound: float | None = None,
+) -> LossOutput:
+    """The TRPL loss (docs/gaussian.md, "The loss"): with pi^ the projection of pi~ = ``new`` around ``old``,
+
+        loss = -mean_s[ exp(log pi^(a|s) - log pi_old(a|s)) A ]  +  alpha * mean_s[ d(pi~(s), sg(pi^(s))) ]
+
+    No clipping. ``entropy_bound`` (e.g. ``EntropySchedule.bound(step)``) raises the entropy of pi^ to at least that
+    value before both terms. Metrics: :func:`projection_metrics` plus loss/pg, loss/reg and ratio (mean, min, max).
+    """
+    check_number("alpha", alpha, strict=False, hint="; TRPL and TCE use alpha=1.0")
+    proj = project(new, old, mean_bound=mean_bound, cov_bound=cov_bound, distance=distance)
+    bsz, dim = new.mean.shape
+    check_tensor("actions", actions)
+    check_shape("actions", actions, (bsz, dim), " (new.mean's shape, one action per state)")
+    check_tensor("advantages", advantages)
+    check_shape("advantages", advantages, (bsz,), " (one advantage per state)")
+    if old_log_prob is None:
+        with torch.no_grad():
+            old_log_prob = old.log_prob(actions)
+    check_tensor("old_log_prob", old_log_prob)
+    check_shape("old_log_prob", old_log_prob, (bsz,), " (one log-prob per state)")
+    for name, t in (("actions", actions), ("advantages", advantages), ("old_log_prob", old_log_prob)):
+        if not all_finite(t.detach()):
+            raise ValueError(f"{name} contains NaN or inf; check the rollout buffer.")
+    policy = proj.policy
+    if entropy_bound is not None:
+        if not isinstance(entropy_bound, Real) or math.isnan(entropy_bound):
+            raise ValueError(f"entropy_bound must be a number or None, got {entropy_bound!r}.")
+        policy = control_entropy(policy, entropy_bound)
+    ratio = (policy.log_prob(actions.to(policy.mean.dtype)) - old_log_prob.detach().to(policy.mean.dtype)).exp()
+    pg = -(ratio * advantages.to(ratio.dtype)).mean()
+    reg = regression(new, policy, distance=distance).mean()
+    metrics = projection_metrics(proj._replace(policy=policy), mean_bound=mean_bound, cov_bound=cov_bound)
+    with torch.no_grad():
+        r = ratio.detach().double()
+        metrics |= {"loss/pg": pg.detach().double(), "loss/reg": reg.detach().double()}
+        metrics |= {"ratio/mean": r.mean(), "ratio/min": r.min(), "ratio/max": r.max()}
+    return LossOutput(pg + alpha * reg, metrics)

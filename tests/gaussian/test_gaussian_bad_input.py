@@ -1,0 +1,162 @@
+"""Bad input to troll.gaussian: each case raises a ValueError or TypeError that names the argument and the fix."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from _gaussian_cases import F64, policy_pair
+from conftest import gen
+
+import troll.gaussian as tg
+
+
+def pair(kind="chol", **kw):
+    return policy_pair(kind, states=3, dim=2, g=gen(40), **kw)
+
+
+def project(new, old, **kw):
+    return tg.project(new, old, **({"mean_bound": 0.05, "cov_bound": 0.01} | kw))
+
+
+@pytest.mark.parametrize("name", ["mean_bound", "cov_bound"])
+@pytest.mark.parametrize("value", [0.0, -0.1, math.inf, math.nan, True, None, "0.1"])
+def test_bounds_must_be_positive_finite_numbers(name, value):
+    new, old = pair()
+    with pytest.raises(ValueError, match=f"{name} must be > 0 and a finite number"):
+        project(new, old, **{name: value})
+
+
+def test_unknown_distance():
+    new, old = pair()
+    with pytest.raises(ValueError, match="distance='kl2' is not supported; choose one of 'kl', 'w2', 'frobenius'"):
+        project(new, old, distance="kl2")
+
+
+@pytest.mark.parametrize(("distance", "kind", "fix"), [("w2", "chol", "from_sqrt"), ("kl", "sqrt", "from_chol")])
+def test_distance_needs_its_parameterisation(distance, kind, fix):
+    new, old = pair(kind)
+    with pytest.raises(ValueError, match=f"distance='{distance}' projects policies of kind .*{fix}"):
+        project(new, old, distance=distance)
+
+
+@pytest.mark.parametrize("part", ["mean", "factor"])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("who", ["new", "old"])
+def test_non_finite_values(part, bad, who):
+    new, old = pair()
+    policies = {"new": new, "old": old}
+    t = getattr(policies[who], part).clone()
+    t[0, 0] = bad
+    policies[who] = tg.Gaussian(**{**vars(policies[who]), part: t})
+    with pytest.raises(ValueError, match=rf"{who}\.{part} contains NaN or inf"):
+        project(policies["new"], policies["old"])
+
+
+def test_cholesky_factor_needs_positive_diagonal():
+    new, old = pair()
+    factor = new.factor.clone()
+    factor[1, 1, 1] = -factor[1, 1, 1]
+    with pytest.raises(ValueError, match=r"new\.factor \(kind 'chol'\) needs a positive diagonal.*softplus"):
+        project(tg.Gaussian.from_chol(new.mean, factor), old)
+
+
+def test_cholesky_factor_must_be_lower_triangular():
+    new, old = pair()
+    factor = new.factor.clone()
+    factor[0, 0, 1] = 0.3
+    with pytest.raises(ValueError, match=r"old\.factor \(kind 'chol'\) must be lower triangular; pass torch\.tril"):
+        project(old, tg.Gaussian.from_chol(new.mean, factor))
+
+
+def test_std_must_be_positive():
+    new, old = pair("diag")
+    std = new.factor.clone()
+    std[2, 0] = 0.0
+    with pytest.raises(ValueError, match=r"new\.factor \(std\) must be > 0 everywhere"):
+        project(tg.Gaussian.from_std(new.mean, std), old, distance="kl")
+
+
+def test_sqrt_factor_must_be_symmetric_positive_definite():
+    new, old = pair("sqrt")
+    asym = new.factor.clone()
+    asym[0, 0, 1] += 0.5
+    with pytest.raises(ValueError, match=r"new\.factor \(kind 'sqrt'\) must be symmetric; pass \(S \+ S\.mT\) / 2"):
+        project(tg.Gaussian.from_sqrt(new.mean, asym), old, distance="w2")
+    indefinite = torch.diag_embed(torch.tensor([[1.0, -1.0]] * 3, dtype=F64))
+    with pytest.raises(ValueError, match=r"new\.factor \(kind 'sqrt'\) is not positive definite"):
+        project(tg.Gaussian.from_sqrt(new.mean, indefinite), old, distance="w2")
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda o: tg.Gaussian(o.mean[:2], o.factor[:2], o.kind), r"old\.mean has shape \(2, 2\) but new\.mean has"),
+        (lambda o: tg.Gaussian(o.mean, o.factor[0], o.kind), r"old\.factor has shape \(2, 2\) .*global covariance"),
+        (lambda o: tg.Gaussian.from_std(o.mean, o.factor.diagonal(dim1=-2, dim2=-1)), "new has kind 'chol' but old"),
+    ],
+)
+def test_new_and_old_must_match(change, match):
+    new, old = pair()
+    with pytest.raises(ValueError, match=match):
+        project(new, change(old))
+
+
+def test_dtype_mix_is_a_type_error_with_the_fix():
+    new, old = pair()
+    with pytest.raises(TypeError, match=r"old\.mean is torch\.float32 but new\.mean is torch\.float64; cast old with"):
+        project(new, old.to(torch.float32))
+    with pytest.raises(TypeError, match=r"policy\.mean is torch\.float64 but policy\.factor is torch\.float32"):
+        tg.Gaussian(new.mean, new.factor.float(), "chol")
+    with pytest.raises(TypeError, match=r"float32 or float64: cast with \.float\(\)"):
+        tg.Gaussian(new.mean.half(), new.factor.half(), "chol")
+
+
+@pytest.mark.parametrize(
+    ("mean", "factor", "kind", "match"),
+    [
+        (torch.zeros(3), torch.ones(3), "diag", r"mean must have shape \(B, D\)"),
+        (torch.zeros(0, 3), torch.ones(3), "diag", r"mean must have shape \(B, D\) with B >= 1"),
+        (torch.zeros(2, 3), torch.ones(2, 2), "diag", r"needs std \(B, D\) or \(D,\)"),
+        (torch.zeros(2, 3), torch.eye(2), "chol", r"needs L \(B, D, D\) or \(D, D\)"),
+        (torch.zeros(2, 3), torch.eye(3), "cholesky", "policy.kind='cholesky' is not supported"),
+        ([[0.0, 0.0]], torch.eye(2), "chol", r"policy\.mean must be a torch\.Tensor, got list; wrap it"),
+    ],
+)
+def test_policy_structure(mean, factor, kind, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        tg.Gaussian(mean, factor, kind)
+
+
+def test_project_needs_gaussians():
+    new, old = pair()
+    with pytest.raises(TypeError, match="old must be a troll.gaussian.Gaussian, got tuple; build it with"):
+        project(new, (old.mean, old.factor))
+
+
+def test_loss_arguments():
+    new, old = pair()
+    actions, adv = old.mean.clone(), torch.zeros(3, dtype=F64)
+    kw = {"mean_bound": 0.05, "cov_bound": 0.01}
+    with pytest.raises(ValueError, match=r"actions has shape \(3, 3\) but \(3, 2\) is expected"):
+        tg.trpl_loss(new, old, torch.zeros(3, 3, dtype=F64), adv, **kw)
+    with pytest.raises(ValueError, match=r"advantages has shape \(3, 1\) but \(3,\) is expected"):
+        tg.trpl_loss(new, old, actions, adv.unsqueeze(-1), **kw)
+    with pytest.raises(ValueError, match=r"advantages contains NaN or inf"):
+        tg.trpl_loss(new, old, actions, adv + math.nan, **kw)
+    with pytest.raises(ValueError, match="alpha must be >= 0"):
+        tg.trpl_loss(new, old, actions, adv, alpha=-1.0, **kw)
+    with pytest.raises(ValueError, match="entropy_bound must be a number or None"):
+        tg.trpl_loss(new, old, actions, adv, entropy_bound=math.nan, **kw)
+
+
+def test_entropy_schedule_arguments():
+    with pytest.raises(ValueError, match="kind='cosine' is not supported"):
+        tg.EntropySchedule("cosine")
+    with pytest.raises(ValueError, match="total_steps must be an integer >= 1"):
+        tg.EntropySchedule("linear", initial=1.0, target=0.0, total_steps=0)
+    with pytest.raises(ValueError, match=r"rate must lie in \(0, 1\)"):
+        tg.EntropySchedule("exponential", rate=1.5)
+    with pytest.raises(ValueError, match="initial must be > -inf and a finite number"):
+        tg.EntropySchedule("linear", initial=math.nan)
