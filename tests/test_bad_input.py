@@ -286,7 +286,7 @@ def test_integer_logits():
         troll.sparsify(torch.zeros(B, T, V, dtype=torch.long))
 
 
-# ---------------------------------------------------------------------------------------------- issue 9 (D7, D8)
+# ------------------------------------------------------------------------- robustness: hand-built batches and masks
 
 INF = float("inf")
 

@@ -299,7 +299,7 @@ def test_nan_is_reported(where):
 
 
 def test_padding_over_a_masked_vocabulary_entry_is_finite():
-    """Issue 9, D1 on the chunked path: bias[0] = -inf masks token 0 (the id padding is replaced by); the padded
+    """On the chunked path: bias[0] = -inf masks token 0 (the id padding is replaced by); the padded
     positions must not reach the arithmetic. Loss and gradients are finite and equal the dense loss's."""
     hidden, weight, b, old_hidden, tokens, adv, mask = make_inputs()
     b = b.clone()

@@ -323,7 +323,7 @@ def test_old_token_logp():
     assert troll.old_token_logp(per_token, torch.tensor([[3]])).dtype == torch.float64
 
 
-# Issue 9 reproducers: padding, a token the old policy excludes, a token the new policy bans, an undetached old.
+# Robustness reproducers: padding, a token the old policy excludes, a token the new policy bans, an undetached old.
 
 ALL_LOSSES = [troll.troll_loss, troll.clip_loss, troll.cispo_loss]
 NEG = float("-inf")
