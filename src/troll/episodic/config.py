@@ -1,0 +1,358 @@
+"""``TCEConfig``: every number a user would tune for TCE and BBRL, in one validated dataclass (docs/tce.md, "Config").
+
+The defaults are the spec's (TCE_SPEC.md section 3, the paper's Meta-World runs): 16 episodes an iteration, a
+ProDMP with 8 basis functions (alpha 10, alpha_x 3), 25 segment indices (24 pairs) at a fixed interval with a
+random offset, a 2 x 128 tanh policy with one global Cholesky factor, 50 critic then 50 policy epochs of full-batch
+Adam, GAE lambda 0.95 with gamma 1, and the KL trust region 0.005 / 0.0005 with regression weight 1.
+:meth:`TCEConfig.preset` fills in what depends on the environment family (:data:`PRESETS`: bounds, the ProDMP's
+scales, the budget). Every field is checked in ``__post_init__`` with a message that says how to fix it; the config
+round-trips through JSON (the run folder's config.json).
+
+    cfg = TCEConfig.preset("metaworld/reach-v3", seed=1)          # Meta-World defaults, seed 1
+    cfg = TCEConfig.preset("toy/viapoint", algo="bbrl")           # the black-box baseline on the toy task
+    TCEConfig.from_json(cfg.to_json()) == cfg
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+from dataclasses import dataclass, field
+from numbers import Real
+
+from troll.episodic.envs.registry import ENV_NAMES, GYM, METAWORLD, TOY
+
+ALGOS = ("tce", "bbrl")
+DISTANCES = ("kl", "frobenius")  # projections of a Cholesky factor (w2 needs a symmetric square root)
+ACTIVATIONS = ("tanh", "relu", "elu", "silu")
+ENTROPY_SCHEDULES = ("none", "linear", "exponential")
+# Fields that say how a run executes, not what it computes: a resumed run may change them.
+RUNTIME_FIELDS = ("threads", "workers")
+
+# Per environment family: what the spec fixes (Meta-World bounds) and what we chose (docs/tce.md, "Presets").
+# Scales: a unit weight of the ProDMP moves a DoF by ~0.008 (std at mid-motion) per unit of weights_scale, a unit
+# goal by goal_scale (96 % of it at the end of the episode), so theta ~ N(0, init_std^2) explores positions of about
+# init_std * goal_scale, and the network's outputs stay O(1).
+PRESETS: dict[str, dict] = {
+    # point mass, positions in [-1, 1], 100 steps (docs/tce.md, "The toy preset"). A stiffer DMP (alpha 25) settles
+    # within the episode, so the mass can stop at the goal (with alpha 10 and tau = the duration it is still moving,
+    # and the success rule's speed limit failed); unit weights then move it ~0.0015, hence weights_scale 500. 64
+    # episodes (the env is nearly free), 10 pairs 10 steps apart (24 pairs 4 steps apart learned 3x slower: the pair
+    # covariances are nearly singular and their ratios noisy), and fewer, larger steps: solved in ~130 iterations.
+    "toy": dict(
+        episodes=64,
+        eval_episodes=64,
+        eval_every=10,
+        total_env_steps=140 * 64 * 100,
+        num_basis=5,
+        dmp_alpha=25.0,
+        weights_scale=500.0,
+        goal_scale=1.0,
+        relative_goal=False,
+        init_std=0.3,
+        num_segments=10,
+        policy_lr=1e-3,
+        policy_epochs=10,
+        critic_hidden=(64, 64),
+        critic_lr=1e-3,
+        critic_epochs=5,
+        critic_minibatches=4,
+        mean_bound=0.1,
+        cov_bound=0.02,
+        checkpoint_every=20,
+    ),
+    # Reacher-v5: joint angles in rad, 50 steps; the target disc needs final angles over about [-pi, pi]
+    "gym": dict(
+        episodes=16,
+        eval_episodes=32,
+        eval_every=10,
+        total_env_steps=400_000,
+        weights_scale=30.0,
+        goal_scale=1.0,
+        relative_goal=False,
+        init_std=1.0,
+        num_segments=10,
+        mean_bound=0.05,
+        cov_bound=0.001,
+    ),
+    # hand xyz in m (+ gripper command), 500 steps: the spec's bounds and sizes; goals relative to the start, moves
+    # of ~0.1 - 0.3 m (goal_scale 0.2: theta_g ~ 1). init_std 0.5: the spec's cov_bound shrinks the covariance by
+    # ~0.02 nats an iteration, so the start sets the exploration for the whole run; on reach-v3 (seed 0, 480k steps)
+    # init_std 1.0 ended 0.07 m from the goal (best success 0.31), 0.5 at 0.04 m (success 0.88 at 400k steps)
+    "metaworld": dict(
+        episodes=16,
+        eval_episodes=16,
+        eval_every=10,
+        total_env_steps=2_000_000,
+        weights_scale=10.0,
+        goal_scale=0.2,
+        relative_goal=True,
+        init_std=0.5,
+        mean_bound=0.005,
+        cov_bound=0.0005,
+    ),
+}
+
+
+def env_family(env: str) -> str:
+    """ "toy", "gym" or "metaworld" for an env name of :data:`troll.episodic.envs.ENV_NAMES`."""
+    if env in TOY:
+        return "toy"
+    if env in GYM:
+        return "gym"
+    if env in METAWORLD:
+        return "metaworld"
+    raise ValueError(_unknown("env", env, ENV_NAMES, "e.g. env='toy/viapoint' or 'metaworld/reach-v3'"))
+
+
+def _unknown(name: str, value, choices, example: str) -> str:
+    close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1, cutoff=0.5)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    listed = ", ".join(map(repr, choices)) if len(choices) <= 8 else f"{len(choices)} names, {example}"
+    return f"unknown {name} {value!r}.{hint} Choose one of {listed}."
+
+
+@dataclass(frozen=True)
+class TCEConfig:
+    """TCE / BBRL settings (docs/tce.md). Defaults: the spec's Meta-World values; see :meth:`preset`.
+
+    Algorithm and budget:
+        algo:            "tce" (segment-pair likelihoods, step critic) or "bbrl" (one likelihood of theta and one
+                         advantage R - V(c) per episode, context critic).
+        env:             an episodic env name (toy/viapoint, gym/reacher, metaworld/<task>-v3, ...).
+        env_options:     keyword options of the env (make_env's ``options``, e.g. {"gain": 50.0}).
+        episodes:        E, episodes per iteration (16).
+        total_env_steps: budget; iterations = ceil(total_env_steps / (episodes * horizon)).
+        eval_every:      evaluate the mean trajectory (no sampling) every this many iterations, and after the last.
+        eval_episodes:   episodes of each evaluation (fixed contexts: the same eval seed every time).
+    ProDMP (TCE_SPEC section 2): num_basis N (8), dmp_alpha (10), dmp_alpha_x (3), weights_scale, goal_scale,
+        relative_goal (goal = y0 + goal_scale theta_g). P = D (N + 1) parameters.
+    Segments: num_segments K pairs (24) from K + 1 indices at a fixed interval floor(T / K) with a random offset per
+        episode (``random_offset=False``: offset 0, the first index at step 0).
+    Policy: policy_hidden (2 x 128), activation, init_std (initial std of every theta entry), min_std (added to the
+        softplus diagonal of the global Cholesky factor), normalize_context, policy_lr, policy_epochs (50).
+    Critic: critic_hidden, critic_activation ("relu": tanh costs ~30x more per element on this CPU build, and the
+        step critic sees E (T + 1) states), critic_lr, critic_epochs (50), critic_minibatches (1: full batch; BBRL's
+        context critic always takes its E contexts as one batch), normalize_observations,
+        normalize_values (targets standardised by running statistics, outputs preserved when they move),
+        critic_context (append the context to the step critic's input), gae_lambda (0.95), gamma (1),
+        normalize_advantages.
+    Trust region: distance ("kl"), mean_bound, cov_bound, trust_region_coeff (the spec's alpha: weight of the
+        regression), entropy_schedule ("none" | "linear" | "exponential"), entropy_target (the final entropy bound,
+        relative to the initial entropy, in nats per parameter: -1 lowers every std by e on average), entropy_rate.
+    Run: seed, threads (torch threads), workers (env processes), checkpoint_every (iterations).
+    """
+
+    algo: str = "tce"
+    env: str = "metaworld/reach-v3"
+    env_options: dict = field(default_factory=dict)
+    episodes: int = 16
+    total_env_steps: int = 2_000_000
+    eval_every: int = 10
+    eval_episodes: int = 16
+    # ProDMP
+    num_basis: int = 8
+    dmp_alpha: float = 10.0
+    dmp_alpha_x: float = 3.0
+    weights_scale: float = 10.0
+    goal_scale: float = 0.2
+    relative_goal: bool = True
+    # segments
+    num_segments: int = 24
+    random_offset: bool = True
+    # policy
+    policy_hidden: tuple[int, ...] = (128, 128)
+    activation: str = "tanh"
+    init_std: float = 0.5
+    min_std: float = 1e-4
+    normalize_context: bool = True
+    policy_lr: float = 3e-4
+    policy_epochs: int = 50
+    # critic
+    critic_hidden: tuple[int, ...] = (128, 128)
+    critic_activation: str = "relu"
+    critic_lr: float = 3e-4
+    critic_epochs: int = 50
+    critic_minibatches: int = 1
+    normalize_observations: bool = True
+    normalize_values: bool = True
+    critic_context: bool = True
+    gae_lambda: float = 0.95
+    gamma: float = 1.0
+    normalize_advantages: bool = True
+    # trust region
+    distance: str = "kl"
+    mean_bound: float = 0.005
+    cov_bound: float = 0.0005
+    trust_region_coeff: float = 1.0
+    entropy_schedule: str = "none"
+    entropy_target: float = 0.0
+    entropy_rate: float = 0.01
+    # run
+    seed: int = 0
+    threads: int = 1
+    workers: int = 2
+    checkpoint_every: int = 10
+
+    def __post_init__(self) -> None:
+        # JSON gives lists; the dataclass keeps tuples (hashable, and equal after a round trip)
+        for name in ("policy_hidden", "critic_hidden"):
+            value = getattr(self, name)
+            if isinstance(value, list):
+                object.__setattr__(self, name, tuple(value))
+        self._check_choices()
+        self._check_numbers()
+        self._check_sizes()
+
+    # ------------------------------------------------------------------------------------------ validation
+
+    def _check_choices(self) -> None:
+        for name, choices, example in (
+            ("algo", ALGOS, "algo='tce'"),
+            ("distance", DISTANCES, "distance='kl' (TCE's)"),
+            ("activation", ACTIVATIONS, "activation='tanh'"),
+            ("critic_activation", ACTIVATIONS, "critic_activation='relu'"),
+            ("entropy_schedule", ENTROPY_SCHEDULES, "entropy_schedule='none'"),
+        ):
+            value = getattr(self, name)
+            if value not in choices:
+                raise ValueError(_unknown(name, value, choices, example) + f" E.g. {example}.")
+        if not isinstance(self.env, str) or self.env not in ENV_NAMES:
+            raise ValueError(_unknown("env", self.env, ENV_NAMES, "e.g. 'toy/viapoint' or 'metaworld/reach-v3'"))
+        if not isinstance(self.env_options, dict) or not all(isinstance(k, str) for k in self.env_options):
+            raise ValueError(f"env_options must be a dict of keyword options, got {self.env_options!r}; e.g. {{}}.")
+        for name in ("relative_goal", "random_offset", "normalize_context", "normalize_observations"):
+            _check_bool(name, getattr(self, name))
+        for name in ("normalize_values", "critic_context", "normalize_advantages"):
+            _check_bool(name, getattr(self, name))
+
+    def _check_numbers(self) -> None:
+        positive = {
+            "mean_bound": "the mean part of the trust region; Meta-World 0.005, box pushing 0.05, hopper jump 0.1",
+            "cov_bound": "the covariance part of the trust region; Meta-World 0.0005, hopper jump 0.02",
+            "dmp_alpha": "the ProDMP stiffness; TCE uses 10",
+            "dmp_alpha_x": "the ProDMP phase decay; TCE uses 3",
+            "weights_scale": "the ProDMP weight scale; see TCEConfig.preset for per-env values",
+            "goal_scale": "the ProDMP goal scale; see TCEConfig.preset for per-env values",
+            "init_std": "the initial std of every theta entry; e.g. 1.0",
+            "min_std": "the floor of the Cholesky diagonal; e.g. 1e-4",
+            "policy_lr": "the policy's Adam step size; e.g. 3e-4",
+            "critic_lr": "the critic's Adam step size; e.g. 3e-4",
+            "entropy_rate": "the exponential schedule's remaining share of the entropy gap; e.g. 0.01",
+        }
+        for name, meaning in positive.items():
+            _check_real(name, getattr(self, name), strict=True, meaning=meaning)
+        _check_real("trust_region_coeff", self.trust_region_coeff, strict=False, meaning="the regression weight; 1")
+        _check_real("entropy_target", self.entropy_target, low=-math.inf, meaning="nats per parameter; e.g. -1.0")
+        if not self.min_std < self.init_std:
+            raise ValueError(
+                f"init_std={self.init_std!r} must exceed min_std={self.min_std!r}: the diagonal of the Cholesky "
+                "factor is softplus(x) + min_std; lower min_std (e.g. 1e-4) or raise init_std."
+            )
+        for name, hint in (
+            ("gae_lambda", "TCE uses gae_lambda=0.95"),
+            ("gamma", "TCE uses gamma=1.0 (episodes of fixed length)"),
+        ):
+            value = getattr(self, name)
+            _check_real(name, value, strict=False, meaning=hint)
+            if not value <= 1:
+                raise ValueError(f"{name} must lie in [0, 1], got {value!r}; {hint}.")
+        if self.gamma == 0:
+            raise ValueError("gamma must lie in (0, 1], got 0; TCE uses gamma=1.0.")
+        if not self.entropy_rate < 1:
+            raise ValueError(f"entropy_rate must lie in (0, 1), got {self.entropy_rate!r}; e.g. 0.01.")
+
+    def _check_sizes(self) -> None:
+        ints = {
+            "episodes": (1, "episodes per iteration; the spec uses 16"),
+            "total_env_steps": (1, "the run's budget of environment steps"),
+            "eval_every": (1, "iterations between evaluations, e.g. 10"),
+            "eval_episodes": (1, "episodes per evaluation, e.g. 16"),
+            "num_basis": (1, "basis functions per DoF; TCE uses 8"),
+            "num_segments": (1, "segment pairs per episode; TCE uses 24 (25 indices)"),
+            "policy_epochs": (1, "TCE uses 50"),
+            "critic_epochs": (0, "TCE uses 50 (0 keeps the critic untrained)"),
+            "critic_minibatches": (1, "1 is a full batch (TCE)"),
+            "seed": (0, "any integer >= 0"),
+            "threads": (1, "torch threads; 1 on a shared machine"),
+            "workers": (0, "env processes; 0 runs the episodes in this process"),
+            "checkpoint_every": (1, "iterations between checkpoints, e.g. 10"),
+        }
+        for name, (low, hint) in ints.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}; {hint}.")
+        for name in ("policy_hidden", "critic_hidden"):
+            value = getattr(self, name)
+            ok = isinstance(value, tuple) and all(isinstance(h, int) and not isinstance(h, bool) for h in value)
+            if not ok or not all(h >= 1 for h in value):
+                raise ValueError(
+                    f"{name} must be a tuple of layer widths >= 1 (empty: linear), got {value!r}; e.g. (128, 128)."
+                )
+        if self.algo == "bbrl" and self.episodes < 2:
+            raise ValueError("bbrl normalises one advantage per episode over the batch: episodes must be >= 2.")
+
+    # ------------------------------------------------------------------------------------------ presets, JSON
+
+    @classmethod
+    def preset(cls, env: str, **overrides) -> TCEConfig:
+        """The config for ``env`` with its family's :data:`PRESETS` applied, then ``overrides`` (field=value)."""
+        family = env_family(env)
+        unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(cls._unknown_fields(unknown))
+        return cls(**{**PRESETS[family], "env": env, **overrides})
+
+    def to_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        for name in ("policy_hidden", "critic_hidden"):
+            out[name] = list(out[name])
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TCEConfig:
+        """The config of ``data`` (from :meth:`to_dict`); unknown keys are refused, missing ones take defaults."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a TCE config must be a JSON object, got {type(data).__name__}.")
+        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(cls._unknown_fields(unknown))
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, text: str) -> TCEConfig:
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def _unknown_fields(cls, names: list[str]) -> str:
+        known = [f.name for f in dataclasses.fields(cls)]
+        parts = []
+        for name in names:
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+            parts.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        return f"unknown TCEConfig field(s) {', '.join(parts)}; the fields are: {', '.join(known)}."
+
+    def differences(self, other: TCEConfig, *, ignore: tuple[str, ...] = RUNTIME_FIELDS) -> dict:
+        """name -> (self's value, other's value) for the fields that differ, except ``ignore``."""
+        a, b = self.to_dict(), other.to_dict()
+        return {k: (a[k], b[k]) for k in a if k not in ignore and a[k] != b[k]}
+
+
+def _check_bool(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}.")
+
+
+def _check_real(name: str, value, *, strict: bool = True, low: float = 0.0, meaning: str = "") -> None:
+    """A finite real number (not a bool) above ``low`` (``>= low`` unless ``strict``; no bound for low=-inf)."""
+    ok = isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and low > -math.inf:
+        ok = value > low if strict else value >= low
+    if not ok:
+        where = f" {'>' if strict else '>='} {low:g} and" if low > -math.inf else ""
+        raise ValueError(f"{name} must be{where} a finite number, got {value!r} ({meaning}).")

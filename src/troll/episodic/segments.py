@@ -1,0 +1,111 @@
+"""TCE's segments: time-index pairs, their likelihoods under a Gaussian over theta, their advantages (docs/tce.md).
+
+Shapes: E episodes, T env steps, D DoF, P parameters, K segments (pairs) per episode, 2D the two times' positions.
+
+Indices. K + 1 step indices per episode at a fixed interval ``floor(T / K)`` starting at a random offset in
+[0, T - K interval] (per episode), i.e. ``t_k = offset + k interval``; pair k is (t_k, t_{k+1}). The pairs cover
+K intervals of the T steps; the steps before t_0 and after t_K enter no advantage in this update (another offset
+covers them in another). Two edges, both handled without special cases:
+- t_0 = 0 (offset 0): the desired position at step 0 is y0 whatever theta, so its part of the pair likelihood is a
+  constant (ProDMP.marginals gives it variance 1 and a mean equal to the value) and cancels in every ratio; the
+  pair then scores the position at t_1 alone, which is still what the segment's rewards depend on.
+- t_K = T (the largest offset): V(s_T) = 0 (the episode is over, critic.py), so the last segment's advantage is
+  its rewards minus V(s_{t_{K-1}}): nothing is bootstrapped past the end.
+
+Likelihood of a pair (TCE_SPEC section 3, step 2): the desired positions at (t_k, t_{k+1}) are jointly Gaussian,
+N(H_k mu + xi_k, H_k Sigma H_k^T) (ProDMP.marginals), computed in float64: in float32 the nearly singular pair
+covariances are off by nats (prodmp.py).
+
+Advantage of a segment ("value subtraction"), with V = 0 at dead states (critic.alive_mask):
+    A_k = sum_{t=t_k}^{t_{k+1}-1} gamma^(t - t_k) r_t + gamma^(t_{k+1} - t_k) V(s_{t_{k+1}}) - V(s_{t_k})
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from troll.episodic.prodmp import ProDMP
+from troll.gaussian import Gaussian
+
+LOG_2PI = math.log(2 * math.pi)
+
+
+def segment_index(
+    episodes: int, horizon: int, num_segments: int, *, random_offset: bool = True, generator=None
+) -> torch.Tensor:
+    """(E, K, 2) int64 step indices of the K consecutive pairs of each episode (module docstring).
+
+    interval = floor(T / K) >= 1; offsets uniform in {0, ..., T - K interval} per episode (0 without
+    ``random_offset``). Every index lies in [0, T].
+    """
+    if not 1 <= num_segments <= horizon:
+        raise ValueError(
+            f"num_segments={num_segments} must lie in [1, horizon={horizon}]: K pairs need K + 1 distinct step "
+            "indices; lower num_segments (TCE: 24 for 500 steps)."
+        )
+    interval = horizon // num_segments
+    slack = horizon - num_segments * interval
+    if random_offset and slack > 0:
+        offset = torch.randint(0, slack + 1, (episodes, 1), generator=generator)
+    else:
+        offset = torch.zeros(episodes, 1, dtype=torch.int64)
+    ticks = offset + interval * torch.arange(num_segments + 1)  # (E, K + 1)
+    return torch.stack([ticks[:, :-1], ticks[:, 1:]], -1)
+
+
+def pair_log_prob(
+    dmp: ProDMP,
+    policy: Gaussian,
+    y0: torch.Tensor,
+    v0: torch.Tensor,
+    index: torch.Tensor,
+    values: torch.Tensor,
+) -> torch.Tensor:
+    """log N(values_k; H_k mu + xi_k, H_k Sigma H_k^T) per episode and pair, (E, K) float64.
+
+    policy: a Gaussian over theta of kind "chol" (mean (E, P), factor (P, P) or (E, P, P)); y0, v0 (E, D);
+    index (E, K, 2); values (E, K, 2D) the desired positions at the pair's times, time-major
+    (``prodmp.gather_times(pos, index)``). Differentiable w.r.t. the policy's mean and factor.
+    """
+    if policy.kind != "chol":
+        raise ValueError(f"pair_log_prob needs a Gaussian of kind 'chol', got {policy.kind!r}.")
+    mean, factor = policy.mean.double(), policy.factor.double()
+    marg = dmp.marginals(mean, y0.double(), v0.double(), index, scale_tril=factor)
+    diff = (values.double() - marg.mean).unsqueeze(-1)  # (E, K, 2D, 1)
+    z = torch.linalg.solve_triangular(marg.scale_tril, diff, upper=False).squeeze(-1)
+    log_det = marg.scale_tril.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+    return -0.5 * (z.square().sum(-1) + values.shape[-1] * LOG_2PI) - log_det
+
+
+def segment_advantages(
+    rewards: torch.Tensor, values: torch.Tensor, alive: torch.Tensor, index: torch.Tensor, *, gamma: float = 1.0
+) -> torch.Tensor:
+    """A_k (E, K) float64 (module docstring): the segment's (discounted) rewards, plus the value of its end state,
+    minus the value of its start state, with V = 0 where ``alive`` (E, T + 1) is False.
+
+    rewards (E, T); values (E, T + 1) V(s_t); index (E, K, 2) with t_k < t_{k+1}.
+    """
+    r = rewards.double()
+    v = torch.where(alive, values.double(), 0.0)
+    e, steps = r.shape
+    start, end = index[..., 0], index[..., 1]
+    if gamma == 1.0:
+        cum = torch.cat([torch.zeros(e, 1, dtype=r.dtype), r.cumsum(1)], 1)  # cum[t] = sum_{s<t} r_s
+        seg = cum.gather(1, end) - cum.gather(1, start)
+        discount = torch.ones_like(seg)
+    else:
+        # sum_{s=a}^{b-1} gamma^(s-a) r_s = (D[b] - D[a]) / gamma^a with D[t] = sum_{s<t} gamma^s r_s (float64)
+        powers = gamma ** torch.arange(steps + 1, dtype=r.dtype)
+        cum = torch.cat([torch.zeros(e, 1, dtype=r.dtype), (r * powers[:-1]).cumsum(1)], 1)
+        seg = (cum.gather(1, end) - cum.gather(1, start)) / powers[start]
+        discount = powers[end - start]
+    return seg + discount * v.gather(1, end) - v.gather(1, start)
+
+
+def normalize(adv: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """(adv - mean) / (std + eps) over every entry (the batch of episodes and segments)."""
+    if adv.numel() < 2:
+        return adv - adv.mean()
+    return (adv - adv.mean()) / (adv.std() + eps)
