@@ -1,6 +1,6 @@
-"""Property tests (hypothesis) of the projection's robustness: on random shapes, dtypes, -inf patterns, padding and bounds from 1e-8
-to 10, every row either meets the bound (recomputed in fp64 from the returned log-probs) or is reported as
-infeasible, and every loss and gradient is finite. Budget: well under a minute for the file."""
+"""Property tests (hypothesis) of the projection's robustness: on random shapes, dtypes, -inf patterns, padding
+and bounds from 1e-8 to 10, every row either meets the bound (recomputed in fp64 from the returned log-probs) or
+is reported as infeasible, and every loss and gradient is finite. Budget: well under a minute for the file."""
 
 from __future__ import annotations
 
