@@ -27,6 +27,7 @@ float32) and prints how far the distances recomputed in float64 from the returne
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from pathlib import Path
@@ -121,25 +122,43 @@ def bench(dim: int, full: bool, single: bool, dtype, args) -> dict:
     adv = torch.randn(args.batch, generator=g, dtype=torch.float64).to(dtype)
     weights = (torch.randn_like(chol[0].mean), torch.randn_like(chol[0].factor))
     inputs = (chol, sqrt, actions, old_logp, adv, weights)
-    times = {m: [] for m in METHODS}
-    clock = time.process_time if args.threads == 1 else time.perf_counter
-    for r in range(args.repeats + 1):  # the first round warms up; the order rotates every round
-        for method in METHODS[r % len(METHODS) :] + METHODS[: r % len(METHODS)]:
-            t0 = clock()
-            run(method, inputs)
-            times[method].append(clock() - t0)
-    med = {m: statistics.median(t[1:]) for m, t in times.items()}
+    cpu, wall = timed_rounds(args.methods, lambda m: run(m, inputs), args.rounds, args.min_round)
     with torch.no_grad():
         out = tg.project(*chol, mean_bound=MEAN_BOUND, cov_bound=COV_BOUND)
         on = out.eta > 0
         err = (out.cov_after[on].double() / COV_BOUND - 1).abs()
     row = {"D": dim, "cov": "full" if full else "diag", "layout": "global" if single else "state"}
     row |= {"dtype": str(dtype).removeprefix("torch."), "B": args.batch}
-    row |= {f"{m}_ms": round(1e3 * med[m], 2) for m in METHODS}
-    row |= {f"{m}/clip": round(med[m] / med["clip"], 2) for m in METHODS[1:]}
+    row |= {f"{m}_ms": round(1e3 * cpu[m], 2) for m in args.methods}
+    row |= {f"{m}/clip": round(cpu[m] / cpu["clip"], 2) for m in args.methods[1:]}
+    row |= {f"{m}/clip wall": round(wall[m] / wall["clip"], 2) for m in args.methods[1:]}
     row |= {"cov_projected": round(float(on.double().mean()), 2), "mean_projected": _share(out.omega)}
     row["worst_rel_err"] = f"{float(err.max()) if err.numel() else 0.0:.1e}"
     return row
+
+
+def timed_rounds(methods, call, rounds: int, min_round: float):
+    """Median CPU and wall seconds per call of each method over ``rounds`` rounds that interleave the methods.
+
+    One warm-up round (not counted) also sets how many calls a round makes of each method (enough for ``min_round``
+    CPU seconds, at least 1), so that fast methods are not measured at the clock's resolution. The order of the
+    methods rotates from round to round, so none always runs right after the same neighbour.
+    """
+    calls = {}
+    for m in methods:  # warm-up
+        t0 = time.process_time()
+        call(m)
+        calls[m] = max(1, min(50, round(min_round / max(time.process_time() - t0, 1e-6))))
+    cpu, wall = ({m: [] for m in methods} for _ in range(2))
+    for r in range(rounds):
+        k = r % len(methods)
+        for m in methods[k:] + methods[:k]:
+            c0, w0 = time.process_time(), time.perf_counter()
+            for _ in range(calls[m]):
+                call(m)
+            cpu[m].append((time.process_time() - c0) / calls[m])
+            wall[m].append((time.perf_counter() - w0) / calls[m])
+    return ({m: statistics.median(t) for m, t in times.items()} for times in (cpu, wall))
 
 
 def _share(x: torch.Tensor) -> float:
@@ -209,27 +228,33 @@ def main(argv=None) -> None:
     p.add_argument("--covs", nargs="+", default=["diag", "full"], choices=["diag", "full"])
     p.add_argument("--layouts", nargs="+", default=["global", "state"], choices=["global", "state"])
     p.add_argument("--dtypes", nargs="+", default=["float32", "float64"], choices=["float32", "float64"])
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS, help="clip is always measured")
+    p.add_argument("--rounds", type=int, default=7, help="alternating rounds (after one warm-up); medians over them")
+    p.add_argument("--min-round", type=float, default=0.02, help="CPU seconds a method runs per round, at least")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--out", type=Path, default=RESULTS / "bench_gaussian.csv")
     p.add_argument("--precision", type=int, default=0, help="instead: the precision scan over this many problems")
     args = p.parse_args(argv)
+    args.methods = ["clip"] + [m for m in args.methods if m != "clip"]
     torch.set_num_threads(args.threads)
     if args.precision:
         return precision_scan(args.precision, args.seed)
-    rows = []
+    rows, keys = [], ("cov", "layout", "dtype")
+    load = os.getloadavg()
     for dim in args.dims:
         for cov in args.covs:
             for layout in args.layouts:
                 for dtype in args.dtypes:
                     row = bench(dim, cov == "full", layout == "global", getattr(torch, dtype), args)
-                    print({k: row[k] for k in ("D", "cov", "layout", "dtype", "clip_ms", "kl/clip")}, flush=True)
+                    print({k: v for k, v in row.items() if k == "D" or "clip" in k or k in keys}, flush=True)
                     rows.append(row)
+    load = [round(x, 1) for x in (*load, *os.getloadavg())]
     header = (
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, B = {args.batch}, mean bound {MEAN_BOUND}, "
-        f"cov bound {COV_BOUND}; forward + backward, medians of {args.repeats} alternating rounds "
-        f"({'CPU' if args.threads == 1 else 'wall'} time)"
+        f"cov bound {COV_BOUND}; forward + backward, medians of {args.rounds} alternating rounds; ms and x/clip: CPU "
+        f"time, 'x/clip wall': wall time. Load average (1, 5, 15 min) before {load[:3]}, after {load[3:]}, "
+        f"{os.cpu_count()} cores"
     )
     write_results(rows, args.out, header)
 

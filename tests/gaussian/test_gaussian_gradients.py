@@ -19,7 +19,7 @@ from conftest import gen
 import troll.gaussian as tg
 from troll.gaussian import reference
 from troll.gaussian.distances import x_minus_log1p
-from troll.gaussian.projection import kl_step
+from troll.gaussian.kl import kl_step
 
 EPS_MU, EPS_COV = 0.05, 0.02
 

@@ -15,7 +15,7 @@ from _gaussian_cases import CASES, F64, policy_pair
 from conftest import gen
 
 import troll.gaussian as tg
-from troll.gaussian import reference
+from troll.gaussian import kl, reference
 from troll.gaussian.distances import factor_distance, mean_distance
 
 EPS_MU, EPS_COV = 0.05, 0.02
@@ -108,8 +108,9 @@ def test_global_covariance_is_projected_once(distance, kind, monkeypatch):
     solve sees one row however many states there are."""
     new, old = policy_pair(kind, states=50, dim=4, g=gen(5), single=True, spread=(-3.0, 0.3))
     rows_solved = []
-    real_step = tg.projection.kl_step
-    monkeypatch.setattr(tg.projection, "kl_step", lambda lam, t: rows_solved.append(lam.shape[0]) or real_step(lam, t))
+    real_step, real_single = kl.kl_step, kl.solve_single
+    monkeypatch.setattr(kl, "kl_step", lambda lam, t, **kw: rows_solved.append(lam.shape[0]) or real_step(lam, t, **kw))
+    monkeypatch.setattr(kl, "solve_single", lambda *a, **kw: rows_solved.append(1) or real_single(*a, **kw))
     out = tg.project(new, old, mean_bound=EPS_MU, cov_bound=EPS_COV, distance=distance)
     assert out.policy.factor.shape == new.factor.shape and out.eta.shape == () and out.eta > 0
     assert all(n == 1 for n in rows_solved) and (distance != "kl" or rows_solved)

@@ -29,13 +29,15 @@ def x_minus_log1p(x: torch.Tensor) -> torch.Tensor:
     """
     small = x.abs() < SERIES_BELOW
     if bool(small.all()):  # the common cases (all terms small, or none) skip the other branch
-        return _series(x)
+        return x_minus_log1p_series(x)
     if not bool(small.any()):
         return x - torch.log1p(x)
-    return torch.where(small, _series(torch.where(small, x, 0.0)), x - torch.log1p(torch.where(small, 0.0, x)))
+    return torch.where(
+        small, x_minus_log1p_series(torch.where(small, x, 0.0)), x - torch.log1p(torch.where(small, 0.0, x))
+    )
 
 
-def _series(x: torch.Tensor) -> torch.Tensor:
+def x_minus_log1p_series(x: torch.Tensor) -> torch.Tensor:
     """x - log1p(x) for |x| < SERIES_BELOW, to ~2 ulp: with u = x / (2 + x), log1p(x) = 2 atanh(u) and x - 2u = u x,
     so x - log1p(x) = u x - 2 u^3 (1/3 + u^2/5 + u^4/7 + u^6/9 + ...), two terms that do not cancel."""
     u = x / (2 + x)

@@ -25,12 +25,10 @@ from typing import NamedTuple
 import torch
 
 from troll._checks import check_choice, check_number
-from troll.gaussian.distances import DISTANCES, factor_distance, factor_distance_grad, mean_distance, x_minus_log1p
-from troll.gaussian.policy import Gaussian, check_gaussian, check_pair, whiten, whiten_t
-from troll.rootfind import solve_log_step
+from troll.gaussian.distances import DISTANCES, factor_distance, factor_distance_grad, mean_distance
+from troll.gaussian.kl import RTOL, U32, kl_rows, project_kl_global, project_kl_rows
+from troll.gaussian.policy import Gaussian, check_gaussian, check_pair, solve_lower
 
-RTOL = 1e-12  # KL solve: a projected row ends in [bound (1 - RTOL), bound] (before rounding to the output dtype)
-U32 = 2.0**-24  # float32 unit roundoff: rounding moves a value by at most this much of itself
 KINDS_FOR = {"kl": ("diag", "chol"), "frobenius": ("diag", "chol"), "w2": ("diag", "sqrt")}
 
 
@@ -85,9 +83,10 @@ def project(new: Gaussian, old: Gaussian, *, mean_bound: float, cov_bound: float
                 else "build them with Gaussian.from_chol(mean, new.cholesky()), or use distance='w2'."
             )
         )
-    old = old.detach()
-    mean, omega, mean_before, mean_after = project_mean(new.mean, old, bound=mean_bound, distance=distance)
-    factor, eta, cov_before, cov_after = project_cov(new, old, bound=cov_bound, distance=distance)
+    # every projection runs in float64 (docs/gaussian.md, "Numerics"); old is a constant
+    old64 = Gaussian(old.mean.detach().double(), old.factor.detach().double(), old.kind)
+    mean, omega, mean_before, mean_after = project_mean(new.mean, old64, bound=mean_bound, distance=distance)
+    factor, eta, cov_before, cov_after = project_cov(new, old64, bound=cov_bound, distance=distance)
     policy = Gaussian(mean, factor, new.kind)
     return GaussianProjection(policy, mean_before, mean_after, cov_before, cov_after, omega, eta)
 
@@ -95,76 +94,137 @@ def project(new: Gaussian, old: Gaussian, *, mean_bound: float, cov_bound: float
 def project_mean(mean: torch.Tensor, old: Gaussian, *, bound: float, distance: str):
     """The mean projection, closed form: mu^ = mu_o + r (mu - mu_o), r = sqrt(bound / d) on rows with d > bound.
 
-    mean: (B, D) with gradient; old: the constant old policy. Returns (mu^ (B, D), omega (B,), before, after).
-    Scaling mu - mu_o by r scales the (quadratic) distance by r^2, so d(mu^) = bound: ``after`` is d r^2 in float64
-    and is recomputed from the returned mean in float32.
+    mean: (B, D) with gradient; old: the constant old policy in float64. Returns (mu^ (B, D), omega (B,), before,
+    after). Scaling mu - mu_o by r scales the (quadratic) distance by r^2, so d(mu^) = bound: ``after`` is d r^2 in
+    float64 and is recomputed from the returned mean in float32. Only the distance is computed on every row; the
+    rest on the projected rows alone.
     """
-    dtype, old64 = mean.dtype, old.to(torch.float64)
-    diff = mean.double() - old64.mean
-    z = whiten(old64, diff)  # (B, D), with gradient
+    dtype = mean.dtype
     half = 0.5 if distance == "kl" else 1.0
-    d = half * (z * z).sum(-1)
-    before = d.detach()
-    active = before > bound
-    if not bool(active.any()):
-        return mean, torch.zeros_like(before, dtype=dtype), before.to(dtype), before.to(dtype)
-    target = torch.full_like(before, bound)
-    rounded = dtype != torch.float64
-    if rounded:  # only the projected rows need the margin and the recomputed distance
-        idx = active.nonzero().squeeze(-1)
-        sub = rows_of(old64, idx)
-        with torch.no_grad():  # d d / d y = 2 half Sigma_o^-1 (y - mu_o) at y = mu_o + r0 (mu - mu_o) on the bound
-            r0 = (bound / before[idx]).sqrt().unsqueeze(-1)
-            grad = 2 * half * r0 * whiten_t(sub, z.detach()[idx])
-            target[idx] = rounded_target(sub.mean + r0 * diff.detach()[idx], grad, bound)
-    r = torch.where(active, (target / torch.where(active, d, target)).sqrt(), 1.0)
-    out = torch.where(active.unsqueeze(-1), (old64.mean + r.unsqueeze(-1) * diff).to(dtype), mean)
     with torch.no_grad():
-        if rounded:
-            after = before.index_put((idx,), mean_distance(out[idx].double(), sub, distance=distance))
+        diff = mean - old.mean  # float64 (type promotion)
+        chol = None if old.kind == "diag" else old.cholesky()
+        hprec = half * torch.cholesky_inverse(chol) if chol is not None and chol.dim() == 2 else None
+        before, aux = mean_distance64(old, chol, hprec, diff, half)
+        idx = (before > bound).nonzero().view(-1)
+    if idx.numel() == 0:
+        return mean, torch.zeros_like(before, dtype=dtype), before.to(dtype), before.to(dtype)
+    with torch.no_grad():
+        d, diff_a, mu_o, aux = (t.index_select(0, idx) for t in (before, diff, old.mean, aux))
+        w = half_gradient_rows(old, chol, idx, aux, half)  # (A, D): half Sigma_o^-1 diff = (dd/dmu) / 2
+        r = torch.rsqrt(d / bound)
+        if dtype != torch.float64:  # aim inside by what rounding to float32 can do at the row on the bound
+            y = torch.addcmul(mu_o, r.unsqueeze(-1), diff_a)  # dd/dy = 2 r w there
+            margin = (2 * U32) * r * (y * w).abs_().sum(-1)
+            r = torch.rsqrt(d / (bound - 2 * margin).clamp(min=bound / 2, max=bound * (1 - 2 * RTOL)))
+        proj = torch.addcmul(mu_o, r.unsqueeze(-1), diff_a).to(dtype)
+        if dtype != torch.float64:  # measured on the returned (rounded) rows
+            if hprec is not None:
+                after = mean_distance64(old, chol, hprec, proj - mu_o, half)[0]
+            else:  # per-state or diagonal: the rows' own factors (Cholesky factors of the old covariance)
+                f_a = old.factor if chol is None else chol
+                f_a = f_a if f_a.dim() == (1 if chol is None else 2) else f_a.index_select(0, idx)
+                rows = Gaussian(mu_o, f_a, "diag" if chol is None else "chol")
+                after = mean_distance(proj.double(), rows, distance=distance)
         else:
-            after = before * r.detach() ** 2
-    return out, (1 / r - 1).to(dtype), before.to(dtype), after.to(dtype)
+            after = d * r * r
+    out, r = MeanStep.apply(mean, proj, idx, diff_a, w, r, -r / d)
+    omega = torch.zeros_like(before).index_copy(0, idx, r.reciprocal() - 1)
+    return out, omega.to(dtype), before.to(dtype), before.index_copy(0, idx, after).to(dtype)
 
 
-def rows_of(policy: Gaussian, idx: torch.Tensor) -> Gaussian:
-    """The states ``idx`` of ``policy`` (a global factor is shared, not indexed)."""
-    factor = policy.factor if policy.is_global else policy.factor[idx]
-    return Gaussian(policy.mean[idx], factor, policy.kind)
+def mean_distance64(old: Gaussian, chol, hprec, diff: torch.Tensor, half: float):
+    """(d, aux): d = half diff^T Sigma_o^-1 diff (B,) for float64 ``old``, and what :func:`half_gradient_rows` needs.
+
+    hprec: half Sigma_o^-1 (D, D) of a global full covariance: then one matrix product, aux = half Sigma_o^-1 diff.
+    Otherwise a triangular solve with ``chol`` (one per state) or a division, aux = z = L_o^-1 diff.
+    """
+    if hprec is not None:
+        w = diff @ hprec
+        return torch.linalg.vecdot(diff, w), w
+    z = diff / old.factor if chol is None else solve_lower(chol, diff)
+    return half * torch.linalg.vecdot(z, z), z
+
+
+def half_gradient_rows(old: Gaussian, chol, idx: torch.Tensor, aux: torch.Tensor, half: float) -> torch.Tensor:
+    """half Sigma_o^-1 diff on the states ``idx`` (A, D), from the rows ``aux`` of :func:`mean_distance64`'s aux."""
+    if chol is None:
+        return (half * aux) / (old.factor if old.is_global else old.factor.index_select(0, idx))
+    if chol.dim() == 2:
+        return aux
+    z = half * aux
+    return torch.linalg.solve_triangular(chol.index_select(0, idx).mT, z.unsqueeze(-1), upper=True).squeeze(-1)
+
+
+class MeanStep(torch.autograd.Function):
+    """(mu^, r): ``mean`` with its rows ``idx`` replaced by ``proj`` = mu_o + r (mu - mu_o) (A, D), in mean's dtype,
+    with r = sqrt(target / d(mu)) (A,), d = half (mu - mu_o)^T Sigma_o^-1 (mu - mu_o). No-gradient inputs from the
+    forward pass: diff = mu - mu_o and w = half Sigma_o^-1 diff (A, D), and dr_dw = -r / d (A,), so that
+    dr/dmu = dr/dd dd/dmu = (-r / (2 d)) (2 w) = dr_dw w. backward, for gradients G of mu^ and g_r of r:
+
+        grad mu = r G + dr_dw (<G, diff> + g_r) w    on the rows idx,  G on the others (bit for bit).
+    """
+
+    @staticmethod
+    def forward(ctx, mean, proj, idx, diff, w, r, dr_dw):
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(idx, diff, w, r, dr_dw)
+        ctx.shape, ctx.dtype = mean.shape, mean.dtype
+        return mean.index_copy(0, idx, proj), r.clone()
+
+    @staticmethod
+    def backward(ctx, g_out, g_r):
+        idx, diff, w, r, dr_dw = ctx.saved_tensors
+        if g_out is None:  # only omega's gradient
+            g_out = torch.zeros(ctx.shape, dtype=ctx.dtype, device=diff.device)
+        g = g_out.index_select(0, idx).double()
+        dot = torch.linalg.vecdot(g, diff) if g_r is None else torch.linalg.vecdot(g, diff) + g_r
+        grad = torch.addcmul(r.unsqueeze(-1) * g, (dr_dw * dot).unsqueeze(-1), w)
+        return g_out.index_copy(0, idx, grad.to(g_out.dtype)), None, None, None, None, None, None
 
 
 def project_cov(new: Gaussian, old: Gaussian, *, bound: float, distance: str):
-    """The covariance projection of ``new`` towards the constant ``old`` (same kind; see :func:`project`).
+    """The covariance projection of ``new`` towards the constant ``old`` (float64, same kind; see :func:`project`).
 
     Returns (factor, eta, before, after): the projected factor in ``new.factor``'s shape and dtype, and per-row
     eta and distances, (B,) or () for a global covariance (projected once: it is a single row here).
     """
     kind, dtype = new.kind, new.factor.dtype
     single = new.is_global
+    if single and distance == "kl" and kind == "chol":
+        return project_kl_global(new.factor, old.factor, bound=bound)
     rows = new.factor.unsqueeze(0) if single else new.factor  # (N, D) or (N, D, D), N = B or 1
-    f_o = (old.factor.unsqueeze(0) if single else old.factor).double()
+    f_o = old.factor.unsqueeze(0) if single else old.factor
     x = rows.double()
-    c = factor_distance(kind, x, f_o, distance=distance)  # (N,), with gradient
+    if distance == "kl":  # the KL solve needs no gradient of c
+        with torch.no_grad():
+            c = kl_rows(kind, x, f_o)  # (N,)
+    else:
+        c = factor_distance(kind, x, f_o, distance=distance)
     before = c.detach()
     active = before > bound
-    out, eta, after = rows, torch.zeros_like(c), before
+    out, eta, after = rows, torch.zeros_like(before), before
     if bool(active.any()):
         every = bool(active.all())  # e.g. the global covariance: no rows to pick
         idx = None if every else active.nonzero().squeeze(-1)
-        xa, fa, ca = (x, f_o, c) if every else (x[idx], f_o[idx], c[idx])
+        xa, fa, ca = (x, f_o, c) if every else (t.index_select(0, idx) for t in (x, f_o, c))
         rounded = dtype != torch.float64
         if distance == "kl":
-            projected, s = project_kl_rows(kind, xa, fa, bound=bound, rounded=rounded)
+            ra = rows if every else rows.index_select(0, idx)
+            projected, s, after_a = project_kl_rows(kind, ra, xa, fa, bound=bound, rounded=rounded)
         else:
             projected, s = project_linear_rows(kind, distance, xa, fa, ca, bound=bound, rounded=rounded)
+            after_a = None
         projected = projected.to(dtype)
-        with torch.no_grad():
-            after_a = factor_distance(kind, projected.detach().double(), fa, distance=distance)
+        if after_a is None:  # the distance of the returned (rounded) factor, measured
+            with torch.no_grad():
+                y = projected.detach().double()
+                after_a = kl_rows(kind, y, fa) if distance == "kl" else factor_distance(kind, y, fa, distance=distance)
         if every:
             out, eta, after = projected, 1 / s - 1, after_a
         else:
-            out, eta = rows.index_put((idx,), projected), eta.index_put((idx,), 1 / s - 1)
-            after = before.index_put((idx,), after_a)
+            out, eta = rows.index_copy(0, idx, projected), eta.index_copy(0, idx, 1 / s - 1)
+            after = before.index_copy(0, idx, after_a)
     if single:
         out, eta, before, after = out[0], eta[0], before[0], after[0]
     return out, eta.to(dtype), before.to(dtype), after.to(dtype)
@@ -213,142 +273,3 @@ def interpolate_linear(kind, distance, x, f_o, s):
         return f_o + s * (x - f_o)
     cov_o = f_o @ f_o.mT
     return torch.linalg.cholesky(cov_o + s * (x @ x.mT - cov_o))
-
-
-# ---------------------------------------------------------------------------------------- kl: root-find
-
-
-def project_kl_rows(kind, x, f_o, *, bound, rounded):
-    """Rows of the KL projection whose KL to the old covariance exceeds ``bound``; float64.
-
-    In the frame whitened by the old factor, the new precision is C = L_o^T Sigma^-1 L_o ((N, D) for diagonal
-    factors: var_o / var) and the projected one C_s = s C + (1 - s) I. With lam the eigenvalues of C,
-    d(s) = 1/2 sum_i [mu_i - 1 - log mu_i], mu_i = 1 / (1 + s (lam_i - 1)): one eigendecomposition per row, then a
-    root-find on O(D) work per step. Returns (factor rows, s), both with gradient (s: the implicit one).
-    """
-    c = whitened_precision(kind, x, f_o)
-    with torch.no_grad():
-        lam = c.detach() if kind == "diag" else torch.linalg.eigvalsh(c.detach())
-        target = torch.full(lam.shape[:1], bound, dtype=lam.dtype, device=lam.device)
-        s = kl_step(lam, target)
-        if rounded:  # aim inside by what rounding the factor at s can do, then move there (a warm start from s)
-            at_bound, grad = kl_factor_and_gradient(kind, c.detach(), f_o, s)
-            s = kl_step(lam, rounded_target(at_bound, grad, bound), start=s)
-    if kind == "diag":
-        s = implicit_step_diag(c, s)
-        return interpolate_kl(kind, c, f_o, s), s
-    return interpolate_kl_implicit(c, f_o, s)
-
-
-def kl_factor_and_gradient(kind, c, f_o, s):
-    """The projected factor y at s and d KL_cov(y, old) / d y (no gradient), for the float32 rounding margin.
-
-    For full factors y = L_o P, so L_o^-1 y = P and the gradient Sigma_o^-1 y - diag(1 / y_ii) needs one triangular
-    solve, L_o^-T P, instead of the two of factor_distance_grad."""
-    if kind == "diag":
-        y = interpolate_kl(kind, c, f_o, s)
-        return y, factor_distance_grad(kind, y, f_o, distance="kl")
-    eye = torch.eye(c.shape[-1], dtype=c.dtype, device=c.device)
-    s3 = s.reshape(-1, 1, 1)
-    p = inverse_cholesky(s3 * c + (1 - s3) * eye)
-    y = f_o @ p
-    grad = torch.linalg.solve_triangular(f_o.mT, p, upper=True) - torch.diag_embed(1 / y.diagonal(dim1=-2, dim2=-1))
-    return y, grad
-
-
-def whitened_precision(kind, x, f_o):
-    """C = L_o^T Sigma^-1 L_o = A^T A with A = L^-1 L_o; (N, D) = var_o / var for diagonal factors."""
-    if kind == "diag":
-        ratio = f_o / x
-        return ratio * ratio
-    a = torch.linalg.solve_triangular(x, f_o, upper=False)
-    return a.mT @ a
-
-
-def kl_step(lam: torch.Tensor, target: torch.Tensor, *, start: torch.Tensor | None = None) -> torch.Tensor:
-    """s in (0, 1) with d(s) = target per row, from the eigenvalues lam (N, D) of C; target (N,). No gradient.
-
-    With t_i = s (lam_i - 1) and y_i = -t_i / (1 + t_i) = mu_i - 1:
-        d(s)     = 1/2 sum_i [y_i - log1p(y_i)]
-        dd/dlogs = 1/2 sum_i y_i^2          (docs/gaussian.md, "The KL covariance projection")
-    Solved on v = log s by troll.rootfind, on d / target (so one relative tolerance serves every row). ``start``:
-    a previous solution with d(start) > target, searched below (two Newton steps instead of a fresh solve).
-    """
-    lam_m1 = lam - 1
-    base = torch.zeros_like(target) if start is None else start.log()
-
-    def stats(v, rows):
-        t = (v + base[rows]).exp().unsqueeze(-1) * lam_m1[rows]
-        y = -t / (1 + t)
-        scale = 2 * target[rows]
-        return x_minus_log1p(y).sum(-1) / scale, (y * y).sum(-1) / scale
-
-    if start is None:  # d ~ s^2 / 4 sum (lam - 1)^2 for small s: a first guess (the median row's, one float)
-        guess = (4 * target / (lam_m1 * lam_m1).sum(-1)).log() / 2
-        v0 = min(float(guess.median()), -1e-3)
-    else:
-        v0 = 0.0
-    v, _ = solve_log_step(stats, lam.shape[0], 1 - RTOL / 2, RTOL / 2, dtype=lam.dtype, device=lam.device, v0=v0)
-    return (v + base).exp()
-
-
-def implicit_step_diag(c, s):
-    """s with its value unchanged and the implicit gradient ds/dC = -(df/dC) / (df/ds), f(s, C) = d(s, C) - target,
-    for diagonal C (N, D). With k = 1 / (1 + s (C - 1)) elementwise (docs/gaussian.md, "The gradient through eta"):
-
-        df/dC = s^2 / 2 k^2 (C - 1),   df/ds = s / 2 sum (k (C - 1))^2 > 0.
-
-    Written as s - (f_lin - sg(f_lin)) / sg(df/ds) with f_lin = <sg(df/dC), C>: value s, gradient the implicit one.
-    """
-    with torch.no_grad():
-        cd, s_ = c.detach(), s.unsqueeze(-1)
-        k = 1 / (1 + s_ * (cd - 1))
-        kc = k * (cd - 1)
-        grad_c = s_ * s_ / 2 * k * kc
-        df_ds = s / 2 * (kc * kc).sum(-1)
-    f_lin = (grad_c * c).sum(-1)
-    return s - (f_lin - f_lin.detach()) / df_ds
-
-
-def interpolate_kl_implicit(c, f_o, s):
-    """L^ = L_o P, P P^T = K = C_s^-1, for full C (N, D, D), with the implicit gradient of s. Returns (L^, s).
-
-    P is computed once, with the gradient through C at fixed s; the dependence through s is added linearly, as
-    P + sg(dP/ds) (s_imp - s) with s_imp = s - (<G, C> - sg(<G, C>)) / sg(df/ds) (value s, gradient ds/dC). All
-    no-grad terms come from X = P^-1 (dK/ds) P^-T = -P^T (C - I) P (dK/ds = -K (C - I) K, K = P P^T):
-
-        dP/ds = P Phi(X)   (the Cholesky differential; Phi: lower triangle, diagonal halved)
-        G = df/dC = s^2 / 2 K (C - I) K = -s^2 / 2 P X P^T,   df/ds = s / 2 |K (C - I)|_F^2 = s / 2 |X|_F^2
-    """
-    eye = torch.eye(c.shape[-1], dtype=c.dtype, device=c.device)
-    s3 = s.reshape(-1, 1, 1)
-    p = inverse_cholesky(s3 * c + (1 - s3) * eye)
-    with torch.no_grad():
-        pd = p.detach()
-        x = -pd.mT @ (c.detach() - eye) @ pd
-        grad_c = -(s3 * s3 / 2) * (pd @ x @ pd.mT)
-        df_ds = s / 2 * (x * x).sum((-2, -1))
-        dp_ds = pd @ (x.tril(-1) + torch.diag_embed(x.diagonal(dim1=-2, dim2=-1) / 2))
-    f_lin = (grad_c * c).sum((-2, -1))
-    s_imp = s - (f_lin - f_lin.detach()) / df_ds
-    return f_o @ (p + dp_ds * (s_imp - s).reshape(-1, 1, 1)), s_imp
-
-
-def interpolate_kl(kind, c, f_o, s):
-    """The factor of Sigma^ = (s Sigma^-1 + (1 - s) Sigma_o^-1)^-1 = L_o C_s^-1 L_o^T: L_o P with P P^T = C_s^-1."""
-    if kind == "diag":
-        return f_o * (1 + s.unsqueeze(-1) * (c - 1)).rsqrt()
-    eye = torch.eye(c.shape[-1], dtype=c.dtype, device=c.device)
-    s = s.reshape(-1, 1, 1)
-    return f_o @ inverse_cholesky(s * c + (1 - s) * eye)
-
-
-def inverse_cholesky(c: torch.Tensor) -> torch.Tensor:
-    """The lower Cholesky factor P of c^-1 (P P^T = c^-1) for SPD c (..., D, D), without forming c^-1.
-
-    With J the reversal permutation: chol(J c J) = Z gives c = U U^T with U = J Z J upper triangular, so
-    c^-1 = U^-T U^-1 and P = U^-T = J Z^-T J (lower, positive diagonal). One Cholesky and one triangular inverse.
-    """
-    z = torch.linalg.cholesky(c.flip(-2, -1))
-    eye = torch.eye(c.shape[-1], dtype=c.dtype, device=c.device).expand_as(z)
-    return torch.linalg.solve_triangular(z, eye, upper=False).mT.flip(-2, -1)
