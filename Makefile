@@ -10,7 +10,7 @@ PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test lint bench results clean
+.PHONY: demo test lint bench results map clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -50,6 +50,30 @@ results: $(VENV)/.installed
 		--out $$d/basic_arithmetic-spr8-lr1e-5 && \
 	$(STUDY) --task basic_arithmetic --losses troll --lr 1e-5 --steps-per-rollout 8 --sweep eps=0.2,0.5 \
 		--out $$d/basic_arithmetic-spr8-lr1e-5-eps
+
+# docs/results.md's stability map: TROLL against the paper's clip baseline over learning rates and reuse (optimiser
+# steps per rollout batch) on two tasks, 3 seeds, 16 completions per optimiser step, plus the extras at one setting;
+# then its report (map.md, map_*.png) over every cell. 84 cells, about 5 hours with --jobs 2 on the 2-core CPU.
+MAP_TASKS ?= chain_sum basic_arithmetic
+MAP_LRS ?= 1e-5,2e-5,4e-5,8e-5
+MAP_LR ?= 2e-5
+MAP_STUDY := $(VENV)/bin/troll study --seeds 3 --steps 32 --jobs 2 --generations 8 --max-completion-length 8 \
+	--heldout 128 --eval-every 8 --system "You are a helpful AI assistant."
+# Reuse 1 and 16 at MAP_LR, 16 completions per optimiser step as in the learning-rate sweep (reuse 4)
+MAP_R1 := steps-per-rollout=1:prompts-per-step=2
+MAP_R16 := steps-per-rollout=16:prompts-per-step=32
+map: $(VENV)/.installed
+	d=studies/map-$$(date +%Y%m%d-%H%M%S) && status=0 && \
+	for t in $(MAP_TASKS); do \
+		$(MAP_STUDY) --task $$t --losses troll,clip --prompts-per-step 8 --steps-per-rollout 4 \
+			--sweep lr=$(MAP_LRS) --out $$d/$$t-lr || status=1; \
+		$(MAP_STUDY) --task $$t --lr $(MAP_LR) --losses troll:$(MAP_R1),clip:$(MAP_R1),troll:$(MAP_R16),clip:$(MAP_R16) \
+			--out $$d/$$t-reuse || status=1; \
+	done; \
+	$(MAP_STUDY) --task $(firstword $(MAP_TASKS)) --lr $(MAP_LR) --prompts-per-step 8 --steps-per-rollout 4 \
+		--losses troll:tail=renormalize,troll:eps=0.2,troll_seq:agg=token-mean,gspo_tm \
+		--out $$d/$(firstword $(MAP_TASKS))-extras || status=1; \
+	$(PY) -m troll.train.stability_map $$d && exit $$status
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check src tests benchmarks

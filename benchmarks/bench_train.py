@@ -5,9 +5,16 @@ held-out evaluation.
     .venv/bin/python benchmarks/bench_train.py                       # the default run (troll, 16 steps)
     .venv/bin/python benchmarks/bench_train.py --loss grpo --steps 8 -- --steps-per-rollout 4
 
-Each phase is timed by wrapping the trainer method that does it (the wrappers add nothing but a clock read).
-Prints a table and writes benchmarks/results/bench_train.csv. Run it on an idle machine: it is one process with
-one torch thread, as ``troll train`` runs by default.
+Each phase is timed by wrapping the trainer method that does it (the wrappers add nothing but a clock read), in
+wall time and in the process's CPU time. Prints a table and writes benchmarks/results/bench_train.csv. It is one
+process with one torch thread, as ``troll train`` runs by default: on an idle machine the two agree; on a shared
+one the CPU time is what the run needs of a core of its own (wall time = CPU time divided by the share it got).
+
+The stability map's cell (``make map``; 16 completions per optimiser step, 4 steps per rollout batch):
+
+    .venv/bin/python benchmarks/bench_train.py --loss clip --steps 8 --label _map_clip -- --prompts-per-step 8 \
+        --generations 8 --steps-per-rollout 4 --max-completion-length 8 --system "You are a helpful AI assistant." \
+        --eval-every 0
 """
 
 from __future__ import annotations
@@ -37,22 +44,23 @@ PHASES = {
 }
 
 
-def _wrap(cls, name, phase, clock, counts, no_grad_only=False):
+def _wrap(cls, name, phase, clock, counts, cpu):
     original = getattr(cls, name)
 
     @functools.wraps(original)
     def timed(*args, **kwargs):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         try:
             return original(*args, **kwargs)
         finally:
             clock[phase] += time.perf_counter() - start
+            cpu[phase] += time.process_time() - start_cpu
             counts[phase] += 1
 
     setattr(cls, name, timed)
 
 
-def _no_grad_forwards(clock, counts):
+def _no_grad_forwards(clock, counts, cpu):
     """TRL's old log-probs: the no-grad calls of _get_per_token_logps_and_entropies."""
     import torch
     from trl.trainer.grpo_trainer import GRPOTrainer
@@ -63,11 +71,12 @@ def _no_grad_forwards(clock, counts):
     def timed(self, *args, **kwargs):
         if torch.is_grad_enabled():
             return original(self, *args, **kwargs)
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         try:
             return original(self, *args, **kwargs)
         finally:
             clock["trl old log-probs"] += time.perf_counter() - start
+            cpu["trl old log-probs"] += time.process_time() - start_cpu
             counts["trl old log-probs"] += 1
 
     GRPOTrainer._get_per_token_logps_and_entropies = timed
@@ -85,40 +94,41 @@ def main(argv=None) -> int:
 
     from troll.cli import main as troll_main
 
-    clock, counts = defaultdict(float), defaultdict(int)
+    clock, cpu, counts = defaultdict(float), defaultdict(float), defaultdict(int)
     for (module, cls_name, method), phase in PHASES.items():
-        _wrap(getattr(importlib.import_module(module), cls_name), method, phase, clock, counts)
-    _no_grad_forwards(clock, counts)
+        _wrap(getattr(importlib.import_module(module), cls_name), method, phase, clock, counts, cpu)
+    _no_grad_forwards(clock, counts, cpu)
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         code = troll_main(["train", "--loss", args.loss, "--steps", str(args.steps), "--out", str(out), *args.extra])
-        wall = time.perf_counter() - start
+        wall, wall_cpu = time.perf_counter() - start, time.process_time() - start_cpu
     if code:
         return code
-    steps = args.steps
-    # The rollout runs inside the first training_step of each rollout batch; TROLL's capture runs after TRL's part.
-    rollout = clock["rollout (total)"] + clock["troll capture"]
-    rollout_other = clock["rollout (total)"] - clock["generate"] - clock["reward"] - clock["trl old log-probs"]
-    optimiser = clock["train step (fwd+bwd)"] - rollout
-    rows = [
-        ("generate", clock["generate"]),
-        ("reward", clock["reward"]),
-        ("trl old log-probs", clock["trl old log-probs"]),
-        ("troll capture", clock["troll capture"]),
-        ("rest of rollout", rollout_other),
-        ("loss forward + backward", optimiser),
-        ("held-out eval", clock["held-out eval"]),
-        ("other (AdamW, model load, logging)", wall - sum(clock[k] for k in ("train step (fwd+bwd)", "held-out eval"))),
-        ("wall (whole command)", wall),
-    ]
-    table = [
-        dict(phase=n, total_s=round(t, 1), s_per_step=round(t / steps, 2), calls=counts.get(n, "")) for n, t in rows
-    ]
-    header = f"{args.loss}, {steps} optimiser steps, flags: {' '.join(args.extra) or '(defaults)'}"
+    table = [_row(name, clock, cpu, counts, args.steps) for name in _phases(clock, cpu, wall, wall_cpu)]
+    header = f"{args.loss}, {args.steps} optimiser steps, flags: {' '.join(args.extra) or '(defaults)'}"
     write_results(table, Path(__file__).parent / "results" / f"bench_train{args.label}.csv", header)
     return 0
+
+
+def _phases(clock, cpu, wall, wall_cpu) -> list[str]:
+    """Derive the rows that are differences of the wrapped phases, in both clocks; returns the row order."""
+    for t, total in ((clock, wall), (cpu, wall_cpu)):
+        # The rollout runs inside the first training_step of each rollout batch; TROLL's capture after TRL's part.
+        rollout = t["rollout (total)"] + t["troll capture"]
+        t["rest of rollout"] = t["rollout (total)"] - t["generate"] - t["reward"] - t["trl old log-probs"]
+        t["loss forward + backward"] = t["train step (fwd+bwd)"] - rollout
+        t["other (AdamW, model load, logging)"] = total - t["train step (fwd+bwd)"] - t["held-out eval"]
+        t["wall (whole command)"] = total
+    return ["generate", "reward", "trl old log-probs", "troll capture", "rest of rollout", "loss forward + backward",
+            "held-out eval", "other (AdamW, model load, logging)", "wall (whole command)"]  # fmt: skip
+
+
+def _row(name: str, clock, cpu, counts, steps: int) -> dict:
+    wall, used = clock[name], cpu[name]
+    return dict(phase=name, total_s=round(wall, 1), s_per_step=round(wall / steps, 2), cpu_s=round(used, 1),
+                cpu_s_per_step=round(used / steps, 2), calls=counts.get(name, ""))  # fmt: skip
 
 
 if __name__ == "__main__":

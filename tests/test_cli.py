@@ -61,6 +61,16 @@ def isolated_cache(tmp_path, monkeypatch):
         (["--delta", "1.5"], "--delta must be in [0, 1), got 1.5"),
         (["--save-every", "1"], "--save-every 1 is not a multiple of --steps-per-rollout 2"),
         (["--overwrite", "--resume"], "exclude each other"),
+        (["--agg", "mean"], "--agg='mean' is not supported; choose one of 'token-mean', 'seq-mean-token-mean'"),
+        (["--tail", "uniform"], "--tail='uniform' is not supported; choose one of 'bucket', 'renormalize'"),
+        (["--measure-kl", "yes"], "--measure-kl must be auto, on or off, got 'yes'"),
+        (["--loss", "grpo", "--agg", "token-mean"], "--agg sets the aggregation of the TROLL losses"),
+        (["--dual-clip", "10"], "--dual-clip: only the clip losses (grpo, dapo, dr_grpo, bnpo, gspo, clip, gspo_tm)"),
+        (["--loss", "cispo", "--clip-eps-high", "5"], "--clip-eps-high: only the clip losses"),
+        (["--loss", "clip", "--clip-eps-high", "0"], "--clip-eps-high must be a finite number > 0"),
+        (["--loss", "clip", "--dual-clip", "-1"], "--dual-clip must be 0 (none) or a finite number > 1 + the upper"),
+        (["--loss", "clip", "--dual-clip", "1.1"], "--dual-clip 1.1 must exceed 1 + the upper clip range (1.2)"),
+        (["--loss", "dapo", "--clip-eps-high", "0.28", "--dual-clip", "1.25"], "range (1.28)"),
     ],
 )
 def test_bad_input_writes_nothing(tmp_path, capsys, isolated_cache, argv, message):
@@ -299,6 +309,21 @@ def _check_card(out: Path, base: Path, summary: dict) -> None:
     assert "[None]" not in card
 
 
+def test_clip_run_logs_the_kl_it_reaches(tmp_path, capsys, tiny_model_dir):
+    """The paper's clip baseline end to end: its options reach config.json, and with two optimiser steps per rollout
+    batch it logs KL(pi || pi_old) at each step beside the clipped share. (The random model earns no reward, so its
+    weights stay put and the KL is ~0; tests/test_trl.py checks the values on a moving model.)"""
+    out = tmp_path / "run"
+    argv = ["train", "--model", str(tiny_model_dir), "--out", str(out), "--loss", "clip", *TINY_RUN, "--lr", "0.05"]
+    assert main([*argv, "--clip-eps-high", "0.28", "--no-model"]) == 0, capsys.readouterr().err
+    saved = json.loads((out / "config.json").read_text())["options"]
+    assert (saved["loss"], saved["eps"], saved["clip_eps_high"], saved["dual_clip"]) == ("clip", 0.2, 0.28, 10.0)
+    rows = [r for r in (json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(0 <= r["troll/kl_before/max"] < 1e-6 and "troll/kl_share/rest" in r for r in rows)
+    assert all("clip_ratio/region_mean" in r and "troll/kl_after/max" not in r for r in rows)
+
+
 def test_compare_end_to_end(tmp_path, capsys, tiny_model_dir):
     out = tmp_path / "cmp"
     argv = ["compare", "--model", str(tiny_model_dir), "--out", str(out), "--losses", "troll,grpo"]
@@ -317,6 +342,41 @@ def test_compare_end_to_end(tmp_path, capsys, tiny_model_dir):
     assert main(longer) == 2  # changed options: refused, nothing touched
     assert "the saved troll run has steps=1, this command gives 2" in capsys.readouterr().err
     assert (out / "config.json").read_text() == config
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        # the TROLL paper's GRPO clip baseline: token-mean (TRL's dapo), clip 0.2, dual clip 10 (TRL's delta)
+        (["--loss", "clip"], dict(loss_type="dapo", importance_sampling_level="token", epsilon=0.2, epsilon_high=0.2,
+                                  delta=10.0, troll_measure_kl=True)),
+        (["--loss", "clip", "--clip-eps-high", "0.28", "--dual-clip", "0"],
+         dict(loss_type="dapo", epsilon=0.2, epsilon_high=0.28, delta=None)),
+        # its GSPO baseline: the sequence-level ratio with TRL's dapo (token-mean) normalisation
+        (["--loss", "gspo_tm"], dict(loss_type="dapo", importance_sampling_level="sequence", epsilon=3e-4,
+                                     epsilon_high=3e-4, delta=None)),
+        (["--loss", "gspo"], dict(loss_type="grpo", importance_sampling_level="sequence", epsilon=3e-4)),
+        (["--loss", "grpo", "--measure-kl", "off"], dict(loss_type="grpo", delta=None, troll_measure_kl=False)),
+        (["--loss", "grpo", "--steps-per-rollout", "1"], dict(troll_measure_kl=False)),  # auto: on-policy, no KL
+        (["--loss", "grpo", "--steps-per-rollout", "1", "--measure-kl", "on", "--tail", "renormalize"],
+         dict(troll_measure_kl=True, troll_tail="renormalize", troll_top_k=64)),
+        (["--loss", "troll_seq", "--agg", "token-mean", "--tail", "renormalize"],
+         dict(loss_type="troll_seq", troll_agg="token-mean", troll_tail="renormalize", troll_kl_bound=0.05)),
+        (["--loss", "troll"], dict(loss_type="troll", troll_agg=None, troll_tail="bucket")),
+        (["--loss", "cispo"], dict(loss_type="cispo", epsilon_high=5.0)),
+    ],
+)  # fmt: skip
+def test_loss_names_map_onto_trl(tmp_path, argv, expected):
+    """What each --loss name and clip / TROLL option becomes in the TRL config, worked out by hand."""
+    from troll.cli import build_parser
+    from troll.cli.lm import options_from_args
+    from troll.integrations.trl import TrollGRPOConfig
+    from troll.train.run import build_config
+
+    opts = options_from_args(build_parser().parse_args(["train", "--out", str(tmp_path / "run"), *argv]))
+    options.check_values(opts)
+    config = build_config(opts.resolved(), TrollGRPOConfig)
+    assert {key: getattr(config, key) for key in expected} == expected
 
 
 def test_compare_resume_refuses_a_folder_that_is_not_a_comparison(tmp_path, capsys):
@@ -393,10 +453,12 @@ def test_resume_with_damaged_config(tmp_path, capsys, config, message):
 
 
 # Every flag of train / compare / study with values it must refuse (exit 2, nothing written).
-ZERO_OK = {"--alpha", "--delta", "--eval-every", "--save-every", "--seed"}
+ZERO_OK = {"--alpha", "--delta", "--eval-every", "--save-every", "--seed", "--dual-clip"}
 
 
 def _bad_values(flag: str, kind: type) -> list[str]:
+    if flag == "--system":  # "" is an empty system message: fine
+        return ["two\nlines", "\t"]
     if kind is str:
         return ["", " "]
     values = ["nan", "inf", "-inf", "-1", "abc", "1e400"] + (["2.5", "1e3"] if kind is int else [])

@@ -77,20 +77,25 @@ def test_paired_interval_by_hand():
 def test_cell_metrics_and_curves_by_hand():
     rows = [
         {"step": 0, "heldout/accuracy": 0.25},
-        {"step": 1, "reward": 0.1, "entropy": 2.0, "troll/kl_after/max": 0.0},  # on-policy step: not counted
-        {"step": 2, "entropy": 1.5, "troll/kl_after/max": 0.04},
-        {"step": 3, "reward": 0.3, "entropy": 1.0, "troll/kl_after/max": 0.0},
-        {"step": 4, "entropy": 0.5, "troll/kl_after/max": 0.05, "heldout/accuracy": 0.5},
-    ]
+        {"step": 1, "reward": 0.1, "entropy": 2.0, "troll/kl_after/max": 0.0, "troll/kl_before/mean": 0.0},  # on-policy
+        {"step": 2, "entropy": 1.5, "troll/kl_after/max": 0.04, "troll/kl_before/mean": 0.02,
+         "troll/kl_before/max": 0.1, "heldout/accuracy": 0.75},
+        {"step": 3, "reward": 0.3, "entropy": 1.0, "troll/kl_after/max": 0.0, "troll/kl_before/mean": 0.0},
+        {"step": 4, "entropy": 0.5, "troll/kl_after/max": 0.05, "troll/kl_before/mean": 0.04,
+         "troll/kl_before/max": 0.3, "heldout/accuracy": 0.5},
+    ]  # fmt: skip
     summary = {"heldout_accuracy_before": 0.25, "heldout_accuracy_after": 0.5, "reward_last_quarter_mean": 0.3}
     m = study.cell_metrics(summary, rows, steps_per_rollout=2)
-    assert m == {"acc_before": 0.25, "acc_after": 0.5, "reward_last_quarter": 0.3, "entropy_final": 0.5,
-                 "kl_after_max": 0.05, "clipped_share": None}  # fmt: skip
+    # the peak is the best evaluation after step 0 (0.75 at step 2); KL over the off-policy steps 2 and 4 only
+    assert m == {"acc_before": 0.25, "acc_after": 0.5, "acc_peak": 0.75, "reward_last_quarter": 0.3,
+                 "entropy_final": 0.5, "kl_mean": pytest.approx(0.03), "kl_max": 0.3, "kl_after_max": 0.05,
+                 "clipped_share": None}  # fmt: skip
     clip_rows = [{"step": s, "clip_ratio/region_mean": v} for s, v in [(1, 0.9), (2, 0.1), (3, 0.8), (4, 0.3)]]
     assert study.cell_metrics({}, clip_rows, 2)["clipped_share"] == pytest.approx(0.2)  # steps 2 and 4
+    assert study.cell_metrics({"heldout_accuracy_after": 0.1}, [], 2)["acc_peak"] == 0.1  # no evaluation during
     curve = mean_curve([rows, [{"step": 4, "heldout/accuracy": 1.0}]], "heldout/accuracy")
-    assert curve["step"] == [0, 4] and curve["n"] == [1, 2]
-    assert curve["mean"] == [0.25, 0.75] and curve["se"][0] is None and curve["se"][1] == pytest.approx(0.25)
+    assert curve["step"] == [0, 2, 4] and curve["n"] == [1, 1, 2]
+    assert curve["mean"] == [0.25, 0.75, 0.75] and curve["se"][0] is None and curve["se"][2] == pytest.approx(0.25)
 
 
 # ---------------------------------------------------------------- the grid
@@ -108,6 +113,46 @@ def test_parse_grid():
     assert {c.options.eps for c in cells if c.arm == "grpo"} == {0.3}  # --sweep eps is TROLL's bound only
     assert cells[-1].options.out == str(Path("st/eps=0.1/grpo/seed1")) and cells[-1].options.eval_every == 1
     assert study.StudySpec.from_json(json.loads(json.dumps(spec.to_json()))) == spec
+
+
+def test_arms_with_their_own_options():
+    """--losses troll,troll:tail=renormalize,...: arms that differ by more than the loss, in one study, paired like
+    the plain losses (each TROLL arm minus each baseline arm)."""
+    assert study.split_arm("troll:eps=0.2:tail=renormalize") == ("troll", {"eps": 0.2, "tail": "renormalize"})
+    assert study.split_arm(" clip : dual-clip=5 ") == ("clip", {"dual_clip": 5.0})
+    arms = study.parse_arms("troll, troll:tail=renormalize,troll_seq:agg=token-mean:eps=0.2,gspo_tm")
+    assert arms == ["troll", "troll:tail=renormalize", "troll_seq:agg=token-mean:eps=0.2", "gspo_tm"]
+    spec = study.StudySpec(RunOptions(steps=2, lr=2e-5), arms, [0], clip_eps=1e-3)
+    cells = {c.arm: c for c in study.plan(spec, Path("st"))}
+    assert cells["troll:tail=renormalize"].options.tail == "renormalize"
+    assert cells["troll:tail=renormalize"].folder == Path("st/troll:tail=renormalize/seed0")
+    seq = cells["troll_seq:agg=token-mean:eps=0.2"].options
+    assert (seq.loss, seq.agg, seq.eps, seq.tail, seq.lr) == ("troll_seq", "token-mean", 0.2, "bucket", 2e-5)
+    assert cells["gspo_tm"].options.eps == 1e-3 and cells["troll"].options.eps == 0.05
+    # pairs at the same setting only (options whose meaning depends on the loss, as eps or agg, aside)
+    assert study.troll_minus_baselines(arms) == [("troll", "gspo_tm"), ("troll_seq:agg=token-mean:eps=0.2", "gspo_tm")]
+    reuse = [f"{loss}:steps-per-rollout={k}" for k in (1, 16) for loss in ("troll", "clip")]
+    assert study.troll_minus_baselines(reuse) == [(reuse[0], reuse[1]), (reuse[2], reuse[3])]
+    argv = study.cell_argv(cells["troll:tail=renormalize"], resume=False, keep_checkpoints=False, keep_model=False)
+    assert argv[argv.index("--loss") + 1] == "troll" and argv[argv.index("--tail") + 1] == "renormalize"
+
+
+def test_arms_take_the_shared_options_that_concern_them():
+    """One command line for every arm: --agg reaches the TROLL losses only, the clip options the clip losses only
+    (resolved: clip-higher defaults to eps, the dual clip to the loss's own: 10 for clip, none for grpo), and a
+    cell's command line spells out what its loss uses, nothing else."""
+    base = RunOptions(steps=2, agg="token-mean", clip_eps_high=0.28)
+    spec = study.StudySpec(base, ["troll_seq", "clip", "grpo"], [0], "tail", ["bucket", "renormalize"])
+    cells = {(c.value, c.arm): c for c in study.plan(spec, Path("st"))}
+    troll, clip, grpo = (cells["renormalize", arm].options for arm in ("troll_seq", "clip", "grpo"))
+    assert (troll.agg, troll.clip_eps_high, troll.dual_clip, troll.tail) == ("token-mean", None, None, "renormalize")
+    assert (clip.agg, clip.eps, clip.clip_eps_high, clip.dual_clip) == (None, 0.2, 0.28, 10.0)
+    assert (grpo.agg, grpo.clip_eps_high, grpo.dual_clip) == (None, 0.28, 0.0)
+    argv = study.cell_argv(cells["renormalize", "clip"], resume=False, keep_checkpoints=False, keep_model=False)
+    assert "--agg" not in argv and argv[argv.index("--dual-clip") + 1] == "10.0"
+    assert argv[argv.index("--tail") + 1] == "renormalize" and argv[argv.index("--measure-kl") + 1] == "auto"
+    argv = study.cell_argv(cells["bucket", "troll_seq"], resume=False, keep_checkpoints=False, keep_model=False)
+    assert "--dual-clip" not in argv and "--clip-eps-high" not in argv and argv[argv.index("--agg") + 1] == "token-mean"
 
 
 @pytest.mark.parametrize(
@@ -142,6 +187,23 @@ def test_parse_grid():
         (["--model", "/nonexistent/model"], "no such file or folder"),
         (["--overwrite", "--resume"], "exclude each other"),
         (["--resume"], "not found; start the study without --resume"),
+        (["--losses", "grpo,clip", "--agg", "token-mean"], "--agg concerns the TROLL losses (troll, troll_seq)"),
+        (["--losses", "troll", "--dual-clip", "10"], "--dual-clip concerns the clip losses"),
+        (["--losses", "troll", "--sweep", "clip-eps-high=0.2,0.28"], "--clip-eps-high concerns the clip losses"),
+        (["--losses", "troll,clip", "--dual-clip", "1.1"], "--dual-clip 1.1 must exceed 1 + the upper clip range"),
+        (["--sweep", "tail=bucket,uniform"], "--sweep tail=uniform (troll): --tail='uniform' is not supported"),
+        (["--sweep", "measure-kl=on,maybe"], "--measure-kl must be auto, on or off"),
+        (["--losses", "troll:colour=1"], "--losses troll:colour=1: 'colour=1' is not KEY=VALUE with KEY one of"),
+        (["--losses", "troll:eps"], "'eps' is not KEY=VALUE"),
+        (["--losses", "troll:eps=0.1:eps=0.2"], "each once"),
+        (["--losses", "troll:seed=3"], "is not KEY=VALUE"),
+        (["--losses", "troll:eps=abc"], "--losses troll:eps=abc: eps must be a float, got 'abc'"),
+        (["--losses", "ppo:eps=0.1"], "unknown loss 'ppo' in --losses"),
+        (["--losses", "troll,troll"], "names a loss twice"),
+        (["--losses", "troll:eps=0.2", "--sweep", "eps=0.1,0.3"], "sets the swept option eps; sweep it or set it"),
+        (["--losses", "clip:agg=token-mean"], "--losses clip:agg=token-mean: --agg sets the aggregation of the TROLL"),
+        (["--losses", "troll:dual-clip=10"], "--losses troll:dual-clip=10: --dual-clip: only the clip losses"),
+        (["--losses", "troll:eps=0"], "--losses troll:eps=0: --eps must be > 0 and finite"),
     ],
 )
 def test_bad_input_writes_nothing(tmp_path, capsys, isolated, argv, message):
@@ -213,6 +275,20 @@ def test_study_end_to_end_two_jobs(tmp_path, capsys, tiny_model_dir):
     table = (out / "study.md").read_text()
     assert "| troll | 2 |" in table and "| held-out acc. after | troll - grpo |" in table
     assert (out / "study.png").stat().st_size > 10_000
+
+
+def test_study_of_arms_with_options_end_to_end(tmp_path, capsys, tiny_model_dir):
+    """Arms with their own options run as troll train subprocesses with those options; the clip arm logs its KL."""
+    out = tmp_path / "study"
+    argv = ["study", "--model", str(tiny_model_dir), "--out", str(out), "--seeds", "1", *TINY, "--jobs", "2"]
+    code, err = run_cli(capsys, *argv, "--losses", "troll:tail=renormalize:agg=seq-mean-token-mean,clip")
+    assert code == 0, err
+    saved = json.loads((out / "troll:tail=renormalize:agg=seq-mean-token-mean" / "seed0" / "config.json").read_text())
+    assert (saved["options"]["tail"], saved["options"]["agg"]) == ("renormalize", "seq-mean-token-mean")
+    assert json.loads((out / "clip" / "seed0" / "config.json").read_text())["options"]["dual_clip"] == 10.0
+    data = json.loads((out / "study.json").read_text())
+    assert [c["metrics"]["kl_mean"] is not None for c in data["cells"]] == [True, True]
+    assert "| troll:tail=renormalize:agg=seq-mean-token-mean | 1 |" in (out / "study.md").read_text()
 
 
 def test_study_resumes_without_rerunning_finished_cells(tmp_path, capsys, tiny_model_dir):

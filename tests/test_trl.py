@@ -22,7 +22,7 @@ import trl  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 from trl.trainer.utils import split_tensor_dict  # noqa: E402
 
-from troll import SparseLogProbs, old_token_logp  # noqa: E402
+from troll import SparseLogProbs, clip_loss, old_token_logp, project_sparse, troll_loss  # noqa: E402
 from troll.defaults import OLD_PREFIX  # noqa: E402
 from troll.integrations.trl import TrollGRPOConfig, TrollGRPOTrainer, check_trl_version  # noqa: E402
 
@@ -155,15 +155,20 @@ def loss_and_grads(tr, inputs, loss_type, level="token"):
 
 
 @pytest.mark.parametrize(
-    ("troll", "trl_loss", "level"), [("troll", "dapo", "token"), ("troll_seq", "grpo", "sequence")]
+    ("troll", "agg", "trl_loss", "level"),
+    [
+        ("troll", None, "dapo", "token"),
+        ("troll_seq", None, "grpo", "sequence"),
+        ("troll_seq", "token-mean", "dapo", "sequence"),  # the paper's GSPO aggregation (troll gspo_tm)
+    ],
 )
 @pytest.mark.parametrize("steps", [dict(gradient_accumulation_steps=2), dict(steps_per_generation=2)])
-def test_ratio_one_matches_trl_normalisation(tmp_path, troll, trl_loss, level, steps):
+def test_ratio_one_matches_trl_normalisation(tmp_path, troll, agg, trl_loss, level, steps):
     """Before any update the ratio is 1 and nothing is clipped or projected: TROLL's loss and gradient must equal
-    TRL's "dapo" ("troll") and GSPO-"grpo" ("troll_seq"), which checks the aggregation and the scaling for
-    gradient accumulation, steps_per_generation and num_items_in_batch. The steps_per_generation=2 case uses the
-    stored old policy (TRL's old log-probs for the clip loss)."""
-    tr = trainer(config(tmp_path, loss_type=troll, **steps))
+    TRL's "dapo" ("troll"), GSPO-"grpo" ("troll_seq") and GSPO-"dapo" ("troll_seq" with token-mean), which checks the
+    aggregation and the scaling for gradient accumulation, steps_per_generation and num_items_in_batch. The
+    steps_per_generation=2 case uses the stored old policy (TRL's old log-probs for the clip loss)."""
+    tr = trainer(config(tmp_path, loss_type=troll, troll_agg=agg, **steps))
     tr.current_gradient_accumulation_steps = tr.args.gradient_accumulation_steps
     inputs = first_micro_batch(tr)
     assert ("troll_old_ids" in inputs) == (tr.args.steps_per_generation > tr.args.gradient_accumulation_steps)
@@ -264,6 +269,10 @@ def test_resume_from_checkpoint_continues(tmp_path):
         (dict(off_policy_mask_threshold=0.5), "off_policy_mask_threshold=None"),
         (dict(temperature=0.0), "temperature must be > 0"),
         (dict(temperature=float("nan")), "temperature must be > 0"),
+        (dict(troll_tail="uniform"), "troll_tail='uniform' is not supported; choose one of 'bucket', 'renormalize'"),
+        (dict(troll_fill=0.0), r"troll_fill must lie in \(0, 1e-3\]"),
+        (dict(troll_fill=0.5), r"troll_fill must lie in \(0, 1e-3\]"),
+        (dict(troll_measure_kl="yes"), "troll_measure_kl must be True or False"),
     ],
 )
 def test_bad_config_says_how_to_fix(tmp_path, overrides, match):
@@ -480,3 +489,121 @@ def test_probe_catches_an_unannounced_logit_transform(tmp_path):
     with pytest.warns(UserWarning, match="not last_hidden_state @ weight.T"):
         tr.train()  # resolved at the first capture; then the dense path trains
     assert tr.troll_lm_head == "dense" and all(math.isfinite(x) for x in logged(tr, "loss"))
+
+
+# ------------------------------------------------------------------ the clip baselines and the KL they reach
+
+
+def dense_policy(tr, inputs):
+    """(B, T, V) log-probs of the completion tokens at the sampling temperature, from a plain forward of the model
+    (not the trainer's paths): the independent side of the comparisons below."""
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+    t = inputs["completion_ids"].shape[1]
+    with torch.no_grad():
+        logits = tr.model(input_ids=ids, attention_mask=mask).logits[:, -(t + 1) : -1]
+    return torch.log_softmax(logits.double() / tr.temperature, -1)
+
+
+def masked(values, mask):
+    return float(values[mask].mean()), float(values[mask].max())
+
+
+@pytest.mark.parametrize("support", ["full", "default"])
+def test_measured_kl_of_a_trl_loss(tmp_path, support):
+    """troll_measure_kl on TRL's "dapo" with a dual clip (the paper's clip baseline): the logged KL(pi || pi_old)
+    equals one computed independently from the model's logits, and TRL's loss and gradients are unchanged.
+
+    "full": every token kept (top_k = V, delta = 0), so the sparse support is the vocabulary and the KL is the dense
+    KL, by hand from the logits before and after the weights move. "default" (64 tokens, delta 1e-5): the same
+    support through troll.project_sparse on the dense logits (TROLL's KL before projection)."""
+    rule = dict(troll_top_k=400, troll_delta=0.0) if support == "full" else {}
+    base = dict(loss_type="dapo", delta=10.0, steps_per_generation=2, temperature=0.7, **rule)
+    tr = trainer(config(tmp_path, troll_measure_kl=True, **base), dtype=torch.float64)
+    tr.current_gradient_accumulation_steps = 1
+    inputs = first_micro_batch(tr)
+    before = dense_policy(tr, inputs)
+    old = stored_old(inputs)
+    perturb(tr.model, 0.05)
+    after = dense_policy(tr, inputs)
+    mask = inputs["completion_mask"].bool()
+    tr._metrics["train"].clear()
+    loss, grads = loss_and_grads(tr, inputs, "dapo")
+    logged_kl = {key: tr._metrics["train"][f"troll/kl_before/{key}"][-1] for key in ("mean", "max")}
+    if support == "full":
+        assert bool(old.mask.all()) and old.ids.shape[-1] == tr.model.config.vocab_size
+        kl = (after.exp() * (after - before)).sum(-1)
+    else:
+        logits = after * 1.0  # log-probs are logits of the same distribution
+        kl = project_sparse(logits, old, 0.05, top_k=64, delta=1e-5, include=inputs["completion_ids"]).kl_before
+    mean, top = masked(kl, mask)
+    assert top > 0.05  # the weights moved far enough for the comparison to mean something
+    assert logged_kl["mean"] == pytest.approx(mean, rel=1e-9, abs=1e-12)
+    assert logged_kl["max"] == pytest.approx(top, rel=1e-9, abs=1e-12)
+    shares = [tr._metrics["train"][f"troll/kl_share/{key}"][-1] for key in ("old_top8", "support", "rest")]
+    assert sum(shares) == pytest.approx(1.0, abs=1e-9)  # the tokens over the bound split their KL three ways
+    # TRL's loss is TRL's: the same value and gradients without the measurement, to the bit
+    tr.args.troll_measure_kl = False
+    plain, plain_grads = loss_and_grads(tr, inputs, "dapo")
+    assert torch.equal(loss, plain)
+    for name, grad in plain_grads.items():
+        assert torch.equal(grads[name], grad), name
+
+
+def test_measuring_leaves_trls_training_bit_identical(tmp_path):
+    """The paper's clip baseline trained with the measurement on: TRL's logged losses and final weights equal
+    GRPOTrainer's, to the bit; the KL is logged at every optimiser step, 0 on the first of each rollout batch."""
+    clip = dict(loss_type="dapo", epsilon=0.2, epsilon_high=0.28, delta=10.0, steps_per_generation=2, max_steps=4)
+    ours = trainer(config(tmp_path / "ours", troll_measure_kl=True, learning_rate=0.05, **clip))
+    ours.train()
+    theirs = trainer(config(tmp_path / "theirs", cls=GRPOConfig, learning_rate=0.05, **clip), cls=GRPOTrainer)
+    theirs.train()
+    assert logged(ours, "loss") == logged(theirs, "loss")
+    for name, value in params(theirs.model).items():
+        assert torch.equal(params(ours.model)[name], value), name
+    kl = logged(ours, "troll/kl_before/max")
+    assert len(kl) == 4 and kl[0] < 1e-6 and kl[2] < 1e-6  # steps 1 and 3 are on-policy
+    assert kl[1] > 1e-4 and kl[3] > 1e-4
+    assert not any(key.startswith("troll/kl_after") for entry in ours.state.log_history for key in entry)
+
+
+def test_trl_dual_clip_and_clip_higher_equal_clip_loss(tmp_path):
+    """TRL's "dapo" with epsilon_high (clip-higher) and delta (dual clip) is troll.clip_loss with eps_high and
+    dual_clip, token-mean, scaled as TRL scales "dapo" (the micro-batch token mean times its tokens over the generation
+    batch's tokens per step), on a batch where the clip, the high clip and the dual clip all act."""
+    args = config(tmp_path, loss_type="dapo", epsilon=0.2, epsilon_high=0.28, delta=1.5, steps_per_generation=2)
+    tr = trainer(args, dtype=torch.float64)
+    tr.current_gradient_accumulation_steps = 1
+    inputs = first_micro_batch(tr)
+    perturb(tr.model, 0.2)
+    theirs, _ = loss_and_grads(tr, inputs, "dapo")
+    logp = dense_policy(tr, inputs)
+    mask = inputs["completion_mask"].bool()
+    adv = inputs["advantages"]
+    out = clip_loss(logp, inputs["old_per_token_logps"], inputs["completion_ids"], adv, mask, eps_low=0.2,
+                    eps_high=0.28, dual_clip=1.5)  # fmt: skip
+    assert out.metrics["clip/dual_frac"] > 0 and out.metrics["clip/high_frac"] > 0 and out.metrics["clip/low_frac"] > 0
+    scale = mask.sum() / (inputs["num_items_in_batch"] / tr.args.steps_per_generation)
+    # TRL's fused LM head scores in fp32 even for this fp64 model: agreement to fp32 rounding
+    torch.testing.assert_close(theirs, (out.loss * scale).to(theirs.dtype), rtol=1e-6, atol=1e-9)
+
+
+def test_tail_reaches_the_troll_loss(tmp_path):
+    """troll_tail="renormalize" (the paper's sparse representation) is what the trainer's loss computes: equal to
+    troll.troll_loss with tail="renormalize" on the dense logits, and different from the rest bucket where the cap
+    binds (a random model spreads its mass over far more than 64 tokens)."""
+    args = config(tmp_path, steps_per_generation=2, troll_tail="renormalize", troll_kl_bound=0.01)
+    tr = trainer(args, dtype=torch.float64)
+    tr.current_gradient_accumulation_steps = 1
+    inputs = first_micro_batch(tr)
+    perturb(tr.model, 0.05)
+    ours, _ = loss_and_grads(tr, inputs, "troll")
+    logp, mask = dense_policy(tr, inputs), inputs["completion_mask"].bool()
+    scale = mask.sum() / (inputs["num_items_in_batch"] / tr.args.steps_per_generation)
+    expected = {
+        tail: troll_loss(logp, stored_old(inputs), inputs["completion_ids"], inputs["advantages"], mask,
+                         kl_bound=0.01, tail=tail).loss * scale
+        for tail in ("renormalize", "bucket")
+    }  # fmt: skip
+    torch.testing.assert_close(ours, expected["renormalize"].to(ours.dtype), rtol=1e-9, atol=1e-12)
+    assert abs(float(expected["renormalize"] - expected["bucket"])) > 1e-6

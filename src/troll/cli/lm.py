@@ -37,6 +37,38 @@ RUN_ARGS: list[tuple[str, type, str]] = [
     ("--alpha", float, f"TROLL: weight of the regression to the projected policy (default: {d.alpha})"),
     ("--top-k", int, f"TROLL: most tokens kept per position (default: {d.top_k})"),
     ("--delta", float, f"TROLL: tail mass left out when sparsifying (default: {d.delta})"),
+    (
+        "--agg",
+        str,
+        "TROLL losses: token aggregation, one of token-mean, seq-mean-token-mean, seq-mean-token-sum, "
+        "seq-mean-token-sum-norm (default: token-mean for troll, seq-mean-token-mean for troll_seq; the paper "
+        "aggregates token-mean)",
+    ),
+    (
+        "--tail",
+        str,
+        "the mass outside the kept tokens, in TROLL's projection and in the KL the other losses report: bucket "
+        "(one rest category with each policy's true tail mass) or renormalize (the paper's code: kept tokens "
+        f"rescaled to one, 1e-12 for the others) (default: {d.tail})",
+    ),
+    (
+        "--clip-eps-high",
+        float,
+        "clip losses: the upper clip range, TRL's epsilon_high (DAPO's clip-higher: 0.28) (default: --eps)",
+    ),
+    (
+        "--dual-clip",
+        float,
+        "clip losses: dual clip c > 1 + the upper clip range, capping the loss of a negative-advantage token at -c A "
+        "(TRL's delta); 0: none (default: 10 for clip, none for the others)",
+    ),
+    (
+        "--measure-kl",
+        str,
+        "losses other than TROLL's: auto, on or off, log the KL(pi || pi_old) they reach over TROLL's sparse "
+        "support (troll/kl_before/*; costs a vocabulary pass a step); auto: when --steps-per-rollout > 1 "
+        f"(default: {d.measure_kl})",
+    ),
     ("--steps", int, f"optimiser steps (default: {d.steps})"),
     ("--lr", float, f"learning rate, constant (default: {d.lr})"),
     (
@@ -58,6 +90,12 @@ RUN_ARGS: list[tuple[str, type, str]] = [
         f"(default: {d.steps_per_rollout})",
     ),
     ("--temperature", float, f"sampling temperature (default: {d.temperature})"),
+    (
+        "--system",
+        str,
+        "system message of the chat prompts, training and held-out alike; '' for an empty one (default: the chat "
+        "template's own; SmolLM2's is 17 tokens, 'You are a helpful AI assistant.' 7)",
+    ),
     ("--heldout", int, f"held-out examples, evaluated greedily in batches (default: {d.heldout})"),
     (
         "--eval-every",
@@ -97,7 +135,9 @@ def _add_study_parser(sub) -> None:
     study.add_argument(
         "--losses",
         default=argparse.SUPPRESS,
-        help=f"comma-separated losses, each once (default: {','.join(DEFAULT_LOSSES)})",
+        help="comma-separated losses, each once; a loss may carry its own options, LOSS:KEY=VALUE[:KEY=VALUE] with "
+        "KEY in flag form, e.g. troll,troll:tail=renormalize,troll:eps=0.2,clip "
+        f"(default: {','.join(DEFAULT_LOSSES)})",
     )
     study.add_argument(
         "--seeds", default=argparse.SUPPRESS, help="a count (3: seeds 0,1,2) or a comma list (0,4,7) (default: 3)"
@@ -122,7 +162,7 @@ def _add_study_parser(sub) -> None:
 def add_commands(sub) -> None:
     """Register train, compare and study (the provider hook of :mod:`troll.cli`)."""
     train = sub.add_parser("train", help="one GRPO run with TROLL or a clipped loss", description=TRAIN_DOC)
-    train.add_argument("--loss", default=argparse.SUPPRESS, help=f"one of {', '.join(LOSSES)} (default: troll)")
+    train.add_argument("--loss", default=argparse.SUPPRESS, help=LOSS_HELP)
     eps_defaults = ", ".join(f"{k} {v.eps:g}" for k, v in LOSSES.items())
     train.add_argument(
         "--eps",
@@ -163,6 +203,12 @@ def _listing(handler):
     return run
 
 
+LOSS_HELP = (
+    "troll (TROLL's trust region, token level; the default) or troll_seq (GSPO-style sequence-level weight); clip "
+    "(the TROLL paper's GRPO clip baseline: token-mean, clip 0.2, dual clip 10; TRL's dapo with delta 10); gspo_tm "
+    "(the paper's GSPO baseline: sequence-level ratio, token-mean, clip 3e-4); TRL's grpo, dapo, dr_grpo, bnpo, "
+    "cispo; gspo (GSPO with TRL's grpo normalisation, seq-mean-token-mean)"
+)
 TRAIN_DOC = (
     "GRPO on a reasoning_gym task with TROLL's KL trust-region projection or a clipped surrogate. Writes "
     "config.json, metrics.jsonl, plots.png, model/ and summary.json into the run folder, and checkpoint-N/ while "
@@ -292,9 +338,7 @@ def study_spec(args: argparse.Namespace):
     options.check_clip_eps(clip_eps)
     spec = study.StudySpec(
         dataclasses.replace(base, out="", seed=0),
-        study.parse_losses(args.losses)
-        if hasattr(args, "losses")
-        else (saved.losses if saved else list(DEFAULT_LOSSES)),
+        study.parse_arms(args.losses) if hasattr(args, "losses") else (saved.losses if saved else list(DEFAULT_LOSSES)),
         parse_seeds(args.seeds) if hasattr(args, "seeds") else (saved.seeds if saved else [0, 1, 2]),
         key,
         values,

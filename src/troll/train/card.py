@@ -73,12 +73,23 @@ def loss_section(opts: RunOptions) -> str:
         rows = [("eps", opts.eps, spec.eps_meaning), ("alpha", opts.alpha, "weight of the regression to the "
                 "projected policy"), ("top_k", opts.top_k, "most tokens kept per position"),
                 ("delta", opts.delta, "probability mass left out when sparsifying")]  # fmt: skip
+        default_agg = "seq-mean-token-mean" if opts.loss == "troll_seq" else "token-mean"
+        rows += [("agg", opts.agg or default_agg, "token aggregation"),
+                 ("tail", opts.tail, "mass outside the kept tokens: one rest category, or renormalised")]  # fmt: skip
     else:
         what = f"`{opts.loss}`: {spec.what}, with GRPO's group-relative advantages."
         rows = [("eps", opts.eps, spec.eps_meaning)]
+        if opts.clip_eps_high is not None:
+            rows.append(("eps_high", opts.clip_eps_high, "upper clip range of the ratio"))
+        if opts.dual_clip:
+            rows.append(("dual_clip", opts.dual_clip, "the loss of a negative-advantage token is capped at -c A"))
     table = "| setting | value | meaning |\n|---|---|---|\n"
-    table += "".join(f"| {name} | {value:g} | {meaning} |\n" for name, value, meaning in rows)
+    table += "".join(f"| {name} | {_setting(value)} | {meaning} |\n" for name, value, meaning in rows)
     return f"## Loss\n\n{what}\n\n{table}"
+
+
+def _setting(value) -> str:
+    return value if isinstance(value, str) else f"{value:g}"
 
 
 def optimisation_section(opts: RunOptions, facts: RunFacts) -> str:
@@ -115,11 +126,12 @@ def _num(value) -> str:
 def task_section(opts: RunOptions) -> str:
     preset = PRESETS.get(opts.task)
     settings = f" with the settings {', '.join(f'{k}={v}' for k, v in preset.items())}" if preset else ""
+    system = "" if opts.system is None else f" The chat prompts start with the system message {opts.system!r}."
     return (
         f"## Task\n\n[reasoning_gym](https://github.com/open-thought/reasoning-gym)'s `{opts.task}`{settings}: "
         f"training items from seed {opts.seed}, held-out items from seed {opts.seed + HELDOUT_SEED_OFFSET} (training "
         "items whose question is also held out are dropped). The reward is the task's own score of the answer "
-        "extracted from the completion (1 when right).\n"
+        f"extracted from the completion (1 when right).{system}\n"
     )
 
 

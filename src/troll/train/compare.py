@@ -25,11 +25,12 @@ def plan(base: RunOptions, losses: list[str], *, troll_eps: float | None, clip_e
     """One resolved, value-checked RunOptions per loss, in ``<out>/<loss>``."""
     parse_losses(",".join(losses))
     options.check_clip_eps(clip_eps)
+    options.check_used(base, losses)
     out = Path(base.out or f"runs/compare-{base.task}-seed{base.seed}")
     runs = []
     for loss in losses:
         eps = troll_eps if loss in TROLL_LOSSES else clip_eps
-        opts = dataclasses.replace(base, loss=loss, eps=eps, out=str(out / loss))
+        opts = options.for_loss(dataclasses.replace(base, eps=eps, out=str(out / loss)), loss)
         options.check_values(opts)
         runs.append(opts.resolved())
     return runs

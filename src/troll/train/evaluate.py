@@ -24,10 +24,10 @@ class HeldoutResult:
         return {"accuracy": self.accuracy, "score": self.score, "n": self.n, "samples": self.samples}
 
 
-def prompt_texts(tokenizer, questions: list[str]) -> list[str]:
+def prompt_texts(tokenizer, questions: list[str], system: str | None = None) -> list[str]:
     """The prompts exactly as TRL renders them: the chat template with the generation prompt, or plain text."""
     chat = tokenizer.chat_template is not None
-    prompts = [make_prompt(q, chat) for q in questions]
+    prompts = [make_prompt(q, chat, system) for q in questions]
     if not chat:
         return prompts
     return [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
@@ -76,7 +76,7 @@ def greedy_completions(
 def heldout_accuracy(model, tokenizer, task: Task, *, max_new_tokens: int, keep: int = 3) -> HeldoutResult:
     """Greedy accuracy on ``task.heldout``."""
     entries = list(task.heldout)
-    texts = prompt_texts(tokenizer, [e["question"] for e in entries])
+    texts = prompt_texts(tokenizer, [e["question"] for e in entries], task.system)
     completions = greedy_completions(model, tokenizer, texts, max_new_tokens=max_new_tokens)
     reward = TaskReward(task.heldout)
     scores = [reward.score(c, e) for c, e in zip(completions, entries)]

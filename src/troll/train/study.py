@@ -24,7 +24,7 @@ from troll.study import grid as grid_lib
 from troll.train import checkpoints, options
 from troll.train.compare import parse_losses
 from troll.train.metrics import off_policy_rows
-from troll.train.options import RunOptions
+from troll.train.options import LOSSES, RunOptions
 
 __all__ = [
     "StudySpec",
@@ -33,7 +33,9 @@ __all__ = [
     "check_folder",
     "frontend",
     "load_spec",
+    "parse_arms",
     "parse_losses",
+    "split_arm",
     "parse_sweep",
     "plan",
     "run",
@@ -97,8 +99,54 @@ def parse_sweep(text: str, types: dict[str, type]) -> tuple[str, list]:
     return grid_lib.parse_sweep(text, types, NOT_SWEPT)
 
 
-def cell_options(spec: StudySpec, value, loss: str, seed: int, folder: Path) -> RunOptions:
-    """The resolved, value-checked options of one cell (UsageError naming the flag otherwise)."""
+ARM_SEP = ":"  # an arm with options: LOSS:KEY=VALUE[:KEY=VALUE...], e.g. troll:tail=renormalize
+
+
+def split_arm(arm: str) -> tuple[str, dict]:
+    """``"troll:eps=0.2:tail=renormalize"`` -> ("troll", {"eps": 0.2, "tail": "renormalize"}): the loss and the run
+    options this arm sets on top of the study's (KEY in flag form, any option --sweep takes; UsageError otherwise)."""
+    loss, *parts = [part.strip() for part in arm.split(ARM_SEP)]
+    if loss not in LOSSES:
+        raise UsageError(f"unknown loss {loss!r} in --losses; choose from: {', '.join(LOSSES)}.")
+    types = {k: v for k, v in options.field_types().items() if k not in NOT_SWEPT} | {"eps": float}
+    overrides = {}
+    for part in parts:
+        key, sep, raw = part.partition("=")
+        name = key.strip().replace("-", "_")
+        if not sep or name not in types or name in overrides:
+            allowed = ", ".join(sorted(k.replace("_", "-") for k in types))
+            raise UsageError(
+                f"--losses {arm}: {part!r} is not KEY=VALUE with KEY one of {allowed}, each once (e.g. {loss}:eps=0.2)."
+            )
+        try:
+            overrides[name] = types[name](raw.strip())
+        except ValueError:
+            raise UsageError(f"--losses {arm}: {key.strip()} must be a {types[name].__name__}, got {raw!r}.") from None
+    return loss, overrides
+
+
+def parse_arms(text: str) -> list[str]:
+    """``--losses`` of a study: losses, each optionally with its own options (``troll:tail=renormalize``), each once."""
+    arms = [s.strip() for s in text.split(",")]
+    if not text.strip() or not all(arms):
+        raise UsageError(f"--losses {text!r} is empty or has an empty entry; give e.g. --losses troll,clip.")
+    if len(set(arms)) != len(arms):
+        raise UsageError(f"--losses names a loss twice: {text}; list each once.")
+    for arm in arms:
+        split_arm(arm)
+    return arms
+
+
+def arm_loss(arm: str) -> str:
+    return arm.split(ARM_SEP)[0].strip()
+
+
+def cell_options(spec: StudySpec, value, arm: str, seed: int, folder: Path) -> RunOptions:
+    """The resolved, value-checked options of one cell (UsageError naming the flag otherwise): the study's options,
+    the swept value, then what the arm itself sets (``troll:eps=0.2``)."""
+    loss, overrides = split_arm(arm)
+    if spec.sweep_key in overrides or spec.sweep_key == "clip_eps" and "eps" in overrides:
+        raise UsageError(f"--losses {arm} sets the swept option {spec.sweep_key}; sweep it or set it, not both.")
     troll = loss in TROLL_LOSSES
     eps = spec.base.eps if troll else spec.clip_eps
     opts = dataclasses.replace(spec.base, loss=loss, seed=seed, eps=eps, out=str(folder))
@@ -108,12 +156,18 @@ def cell_options(spec: StudySpec, value, loss: str, seed: int, folder: Path) -> 
         opts = dataclasses.replace(opts, eps=value) if troll else opts
     elif spec.sweep_key:
         opts = dataclasses.replace(opts, **{spec.sweep_key: value})
-    options.check_values(opts)
+    opts = options.for_loss(opts, loss)  # the shared options this loss does not use (--agg, the clip's) dropped
+    opts = dataclasses.replace(opts, **overrides)
+    try:
+        options.check_values(opts)
+    except UsageError as err:
+        raise UsageError(f"--losses {arm}: {err}" if overrides else str(err)) from None
     return opts.resolved()
 
 
 def plan(spec: StudySpec, out: Path) -> list[Cell]:
     """Every cell of the grid (:func:`troll.study.plan`), its options resolved and checked."""
+    options.check_used(spec.base, [arm_loss(arm) for arm in spec.losses], spec.sweep_key)
     return grid_lib.plan(spec.grid, out, functools.partial(cell_options, spec))
 
 
@@ -124,8 +178,9 @@ def cell_argv(cell: Cell, *, resume: bool, keep_checkpoints: bool, keep_model: b
         argv.append("--resume")
     else:
         for f in dataclasses.fields(RunOptions):
-            if f.name != "out":
-                argv += ["--" + f.name.replace("_", "-"), str(getattr(cell.options, f.name))]
+            value = getattr(cell.options, f.name)
+            if f.name != "out" and value is not None:  # None: the option does not concern this loss
+                argv += ["--" + f.name.replace("_", "-"), str(value)]
     if keep_checkpoints:
         argv.append("--keep-checkpoints")
     if not keep_model:
@@ -139,29 +194,45 @@ def cell_argv(cell: Cell, *, resume: bool, keep_checkpoints: bool, keep_model: b
 CELL_METRICS = (
     Number("acc_before", "held-out acc. before"),
     Number("acc_after", "held-out acc. after"),
+    Number("acc_peak", "held-out acc. peak"),
     Number("reward_last_quarter", "reward, last quarter"),
     Number("entropy_final", "entropy, final"),
+    Number("kl_mean", "KL reached, mean"),
     Number("kl_after_max", "max KL after projection"),
     Number("clipped_share", "clipped share"),
 )
-PAIRED_METRICS = (Number("acc_after", "held-out acc. after"), Number("reward_last_quarter", "reward, last quarter"))
+PAIRED_METRICS = (
+    Number("acc_after", "held-out acc. after"),
+    Number("acc_peak", "held-out acc. peak"),
+    Number("reward_last_quarter", "reward, last quarter"),
+)
 
 
 def cell_metrics(summary: dict, rows: list[dict], steps_per_rollout: int) -> dict:
-    """A cell's numbers: held-out accuracy before/after, mean reward of the last quarter of the logged rollouts,
-    the last logged entropy, and over the off-policy steps the largest KL after projection (TROLL losses) or the
+    """A cell's numbers: held-out accuracy before, after and at its peak (the best evaluation after step 0), mean
+    reward of the last quarter of the logged rollouts, the last logged entropy, and over the off-policy steps the KL
+    reached (the mean over steps of the token-mean KL(pi || pi_old) before projection, logged by TROLL and by a
+    clip loss that measures it), the largest per-token KL (kl_max), the largest KL after projection (TROLL) and the
     mean clipped share (clip losses); None where not logged."""
     off = off_policy_rows(rows, steps_per_rollout)
-    entropy = [r["entropy"] for r in rows if r.get("entropy") is not None]
-    kl = [r["troll/kl_after/max"] for r in off if r.get("troll/kl_after/max") is not None]
-    clipped = [r["clip_ratio/region_mean"] for r in off if r.get("clip_ratio/region_mean") is not None]
+
+    def values(key, picked=off):
+        return [r[key] for r in picked if r.get(key) is not None]
+
+    entropy = values("entropy", rows)
+    accs = [r["heldout/accuracy"] for r in rows if r.get("heldout/accuracy") is not None and r.get("step", 0) > 0]
+    after = summary.get("heldout_accuracy_after")
+    kl_max, kl_after = values("troll/kl_before/max"), values("troll/kl_after/max")
     return {
         "acc_before": summary.get("heldout_accuracy_before"),
-        "acc_after": summary.get("heldout_accuracy_after"),
+        "acc_after": after,
+        "acc_peak": max(accs + ([after] if after is not None else []), default=None),
         "reward_last_quarter": summary.get("reward_last_quarter_mean"),
         "entropy_final": entropy[-1] if entropy else None,
-        "kl_after_max": max(kl) if kl else None,
-        "clipped_share": stats.mean(clipped),
+        "kl_mean": stats.mean(values("troll/kl_before/mean")),
+        "kl_max": max(kl_max) if kl_max else None,
+        "kl_after_max": max(kl_after) if kl_after else None,
+        "clipped_share": stats.mean(values("clip_ratio/region_mean")),
     }
 
 
@@ -173,15 +244,25 @@ CURVES = (
     Curve("heldout/accuracy", "held-out greedy accuracy", ylim=(-0.02, 1.02)),
     Curve("reward", "rollout reward"),
     Curve("entropy", "entropy (nats / token)"),
+    Curve("troll/kl_before/mean", "KL(pi || pi_old) reached, token mean (off-policy steps)", rows=_off_policy),
     Curve("troll/kl_after/max", "max KL after projection (TROLL) (off-policy steps)", rows=_off_policy),
     Curve("clip_ratio/region_mean", "clipped share (clip losses) (off-policy steps)", rows=_off_policy),
 )
 
 
 def troll_minus_baselines(losses: list[str]) -> list[tuple[str, str]]:
-    """Each TROLL loss of the study against each baseline, TROLL first."""
-    trolls = [loss for loss in losses if loss in TROLL_LOSSES]
-    return [(t, b) for t in trolls for b in losses if b not in TROLL_LOSSES]
+    """Each TROLL arm of the study against each baseline arm run at the same setting, TROLL first: arms with their
+    own options (``troll:steps-per-rollout=16``) pair when those agree, leaving aside the options whose meaning
+    depends on the loss (eps, --agg and the clip's)."""
+    trolls = [arm for arm in losses if arm_loss(arm) in TROLL_LOSSES]
+    return [(t, b) for t in trolls for b in losses if arm_loss(b) not in TROLL_LOSSES and _same_setting(t, b)]
+
+
+def _same_setting(a: str, b: str) -> bool:
+    own = ("eps", "agg", "clip_eps_high", "dual_clip")
+    return {k: v for k, v in split_arm(a)[1].items() if k not in own} == {
+        k: v for k, v in split_arm(b)[1].items() if k not in own
+    }
 
 
 PAIRING = Pairing(
@@ -207,10 +288,11 @@ def _note(grid: Grid, cells: list[Cell]) -> str:
         f"rollouts of {r.prompts_per_step} prompts x {r.generations} samples in {r.steps_per_rollout} steps "
         f"(unless swept), {r.heldout} held-out items scored greedily; eps: {eps}. Standard errors use n - 1; the "
         "95% interval is mean ± t(0.975, n - 1) x standard error of the per-seed differences (seeds pair the "
-        "data, the initial model and the held-out items). Max KL after projection (TROLL) and the clipped share "
-        "(clip losses) are over the off-policy steps (the 2nd to last of each rollout). The reward of the last "
-        "quarter is the mean over the last quarter of the logged rollout rewards; entropy is at the last logged "
-        "step.\n"
+        "data, the initial model and the held-out items). The peak is the best held-out evaluation after step 0. "
+        "The KL reached (the mean over steps of the token-mean KL(pi || pi_old) over TROLL's sparse support, before "
+        "any projection), the max KL after projection (TROLL) and the clipped share (clip losses) are over the "
+        "off-policy steps (the 2nd to last of each rollout). The reward of the last quarter is the mean over the last "
+        "quarter of the logged rollout rewards; entropy is at the last logged step.\n"
     )
 
 

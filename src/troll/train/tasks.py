@@ -56,15 +56,17 @@ def check_task(name: str) -> None:
 
 @dataclass
 class Task:
-    """One task's two splits. ``train_indices`` index ``train`` (the items kept after removing held-out questions)."""
+    """One task's two splits. ``train_indices`` index ``train`` (the items kept after removing held-out questions);
+    ``system``: the system message of its chat prompts (None: the chat template's own default)."""
 
     name: str
     train: Any  # reasoning_gym ProceduralDataset
     heldout: Any
     train_indices: list[int]
+    system: str | None = None
 
 
-def build_task(name: str, *, seed: int, n_train: int, n_heldout: int) -> Task:
+def build_task(name: str, *, seed: int, n_train: int, n_heldout: int, system: str | None = None) -> Task:
     """The task with its preset settings (if any): ``n_train`` items from ``seed``, held-out from another seed."""
     from reasoning_gym import create_dataset
 
@@ -75,13 +77,15 @@ def build_task(name: str, *, seed: int, n_train: int, n_heldout: int) -> Task:
     indices = [i for i in range(len(train)) if train[i]["question"] not in seen]
     if not indices:
         raise UsageError(f"task {name!r}: every training question is also held out; the task is too small.")
-    return Task(name, train, heldout, indices)
+    return Task(name, train, heldout, indices, system)
 
 
-def make_prompt(question: str, chat: bool) -> list[dict[str, str]] | str:
-    """A one-turn conversation for chat models; plain text with an answer cue otherwise."""
+def make_prompt(question: str, chat: bool, system: str | None = None) -> list[dict[str, str]] | str:
+    """A one-turn conversation for chat models (after a ``system`` message if one is given: without one the chat
+    template may add its own, SmolLM2's 17 tokens long); plain text with an answer cue otherwise."""
     if chat:
-        return [{"role": "user", "content": question}]
+        head = [] if system is None else [{"role": "system", "content": system}]
+        return [*head, {"role": "user", "content": question}]
     return f"Question: {question}\nAnswer:"
 
 
@@ -89,7 +93,7 @@ def train_dataset(task: Task, chat: bool):
     """A ``datasets.Dataset`` with TRL's ``prompt`` column and ``rg_index`` (the item, for the reward)."""
     from datasets import Dataset
 
-    prompts = [make_prompt(task.train[i]["question"], chat) for i in task.train_indices]
+    prompts = [make_prompt(task.train[i]["question"], chat, task.system) for i in task.train_indices]
     return Dataset.from_dict({"prompt": prompts, "rg_index": list(task.train_indices)})
 
 

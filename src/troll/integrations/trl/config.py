@@ -23,8 +23,20 @@ except ImportError as err:  # pragma: no cover - only without TRL
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from troll.defaults import AGGREGATIONS, ALPHA, DELTA, KL_BOUND, LM_HEAD, LM_HEADS, TOP_K, TROLL_LOSSES
-from troll.settings import check_troll_settings
+from troll.defaults import (
+    AGGREGATIONS,
+    ALPHA,
+    DELTA,
+    KL_BOUND,
+    LM_HEAD,
+    LM_HEADS,
+    TAIL,
+    TAIL_FILL,
+    TAILS,
+    TOP_K,
+    TROLL_LOSSES,
+)
+from troll.settings import check_tail, check_troll_settings
 
 SUPPORTED_TRL = ">=1.16,<1.17"
 # The loss types TRL 1.16's GRPOTrainer implements (it checks them only when the loss runs, so a typo in a config
@@ -64,6 +76,15 @@ class TrollGRPOConfig(GRPOConfig):
         troll_lm_head: how the current and old policies are read off the LM head: "chunked" (default: from the final
             hidden states in vocabulary chunks, no (B, T, V) logits) or "dense" (the model's full logits). Where
             "chunked" cannot be exact (see the module docstring) the trainer warns and uses "dense".
+        troll_tail: how the mass outside the kept tokens enters the projection: "bucket" (default: one rest category
+            holding each policy's true tail mass) or "renormalize" (the paper's code: each policy's kept tokens
+            rescaled to one, ``troll_fill`` for the support ids it did not keep); docs/method.md, "The sparse support".
+        troll_fill: the probability ``troll_tail="renormalize"`` gives a support id a policy did not keep (1e-12).
+        troll_measure_kl: for TRL's own loss types: when a rollout batch feeds several optimiser steps, capture the
+            old sparse policy as for TROLL and log, at every optimiser step, KL(pi || pi_old) over TROLL's sparse
+            support (troll_top_k, troll_delta, troll_tail, the sampled token) under the keys TROLL uses for the KL
+            before projection (``troll/kl_before/mean|max``, ``troll/kl_share/*``). TRL's loss is not touched. The
+            TROLL loss types always log these.
 
     TRL 1.16 checks ``loss_type`` only inside ``GRPOTrainer._compute_loss``, which the trainer overrides for the
     TROLL types, so the new values pass GRPOConfig unchanged. The TROLL values are checked here, with the options
@@ -107,6 +128,26 @@ class TrollGRPOConfig(GRPOConfig):
         },
     )
 
+    troll_tail: str = field(
+        default=TAIL,
+        metadata={
+            "help": "TROLL: the mass outside the kept tokens, " + " or ".join(map(repr, TAILS)) + ": 'bucket' keeps "
+            "it as one rest category, 'renormalize' (the paper's code) rescales the kept tokens and fills the others "
+            "with troll_fill."
+        },
+    )
+    troll_fill: float = field(
+        default=TAIL_FILL,
+        metadata={"help": "TROLL: probability of a support id a policy did not keep, with troll_tail='renormalize'."},
+    )
+    troll_measure_kl: bool = field(
+        default=False,
+        metadata={
+            "help": "TRL's loss types: log KL(pi || pi_old) over TROLL's sparse support at every optimiser step "
+            "(troll/kl_before/*, troll/kl_share/*) when a rollout batch feeds several steps; TRL's loss is unchanged."
+        },
+    )
+
     def __post_init__(self):
         super().__post_init__()
         self._check_troll_values()
@@ -134,6 +175,12 @@ class TrollGRPOConfig(GRPOConfig):
             agg=self.troll_agg,
             names={k: f"troll_{k}" for k in ("kl_bound", "alpha", "top_k", "delta", "agg")},
         )
+        check_tail(self.troll_tail, self.troll_fill, names={"tail": "troll_tail", "fill": "troll_fill"})
+        if not isinstance(self.troll_measure_kl, bool):
+            raise ValueError(
+                f"troll_measure_kl must be True or False, got {self.troll_measure_kl!r}: True logs the KL a TRL loss "
+                "type reaches on the off-policy steps."
+            )
         if self.troll_lm_head not in LM_HEADS:
             raise ValueError(
                 f"troll_lm_head={self.troll_lm_head!r} is not supported; set troll_lm_head='chunked' (the default: "

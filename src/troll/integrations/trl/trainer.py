@@ -28,6 +28,10 @@ TROLL and clipping share one code path. How the TROLL loss types depart from TRL
   embeddings, a config that rescales or soft-caps the logits (Gemma's final_logit_softcapping, logit_scale, ...),
   or a probe forward whose logits are not last-hidden-state @ weight.T + bias (checked once, on 4 tokens).
 - No clipping: TRL's ``epsilon``, ``epsilon_high`` and ``delta`` do not apply.
+- The KL a TRL loss type reaches (``troll_measure_kl=True``): the old sparse policy is captured as for TROLL, and at
+  each optimiser step a backbone hook keeps the final hidden states of TRL's own forward in ``_compute_loss``; from
+  them, without gradient, KL(pi || pi_old) over TROLL's sparse support is logged under TROLL's keys for the KL
+  before projection. TRL's loss, gradients and sampling are untouched (bit for bit).
 - Normalisation. "troll" aggregates token-mean, the normalisation of TRL's default "dapo" (token sum over the number
   of loss tokens in the global accumulated batch); "troll_seq" seq-mean-token-mean, as TRL's "grpo" (the GSPO setup).
   Each is scaled for gradient accumulation and processes exactly as TRL scales that loss type, so at ratio 1 "troll"
@@ -53,15 +57,18 @@ import warnings
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from troll.batch import LossOutput
+from troll.batch import LossOutput, masked_mean, masked_stats
 from troll.citation import TROLL_ARXIV, TROLL_BIBTEX, TROLL_TITLE
 from troll.defaults import OLD_PREFIX, TROLL_LOSSES
 from troll.distributed import is_fsdp2_model, with_lm_head
 from troll.integrations import hf
 from troll.integrations.trl.config import TrollGRPOConfig, check_trl_version
-from troll.lm_head import sparsify_from_hidden
-from troll.losses import troll_loss, troll_loss_from_hidden
+from troll.lm_head import ChunkedLMHead, sparsify_from_hidden
+from troll.losses import kl_shares, troll_loss, troll_loss_from_hidden
+from troll.policy import DenseLogits
+from troll.projection import kl_divergence
 from troll.sparse import SparseLogProbs, cat_sparse, sparsify
+from troll.sparse_projection import coarse_support
 
 _MULTIMODAL_KEYS = ("pixel_values", "image_grid_thw", "pixel_attention_mask", "image_sizes", "token_type_ids")
 # The model card's method and citation (TRL writes the card from these attributes), TROLL's beside TRL's GRPO.
@@ -107,6 +114,11 @@ class TrollGRPOTrainer(GRPOTrainer):
     def _troll_enabled(self) -> bool:
         return self.loss_type in TROLL_LOSSES
 
+    @property
+    def _troll_measuring(self) -> bool:
+        """A TRL loss type whose KL to the captured old policy is logged (``troll_measure_kl``)."""
+        return not self._troll_enabled and getattr(self.args, "troll_measure_kl", False) is True
+
     def _troll_agg(self) -> str:
         """The token aggregation: troll_agg, else token-mean for "troll" (as "dapo"), seq-mean-token-mean for
         "troll_seq" (as "grpo", the GSPO setup)."""
@@ -122,7 +134,8 @@ class TrollGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------------ capture
 
     def _generate_and_score_completions(self, inputs):
-        capture = self._troll_enabled and self.model.training and self._troll_needs_old()
+        wanted = self._troll_enabled or self._troll_measuring
+        capture = wanted and self.model.training and self._troll_needs_old()
         # Chunked head: the capture rides on TRL's own no-grad forward for old log-probs (one forward, not two).
         self._troll_pending = [] if capture and self.troll_lm_head == "chunked" else None
         try:
@@ -202,6 +215,10 @@ class TrollGRPOTrainer(GRPOTrainer):
     def _troll_kept(self) -> dict:
         """The sparsification rule (docs/method.md, kept rule) as keywords of sparsify / sparsify_from_hidden."""
         return dict(top_k=self.args.troll_top_k, delta=self.args.troll_delta)
+
+    def _troll_tail(self) -> dict:
+        """How the mass outside the kept tokens enters the support (docs/method.md, "The sparse support")."""
+        return dict(tail=self.args.troll_tail, fill=self.args.troll_fill)
 
     def _troll_sparsify_head(self, model, hidden, tokens) -> SparseLogProbs:
         """The sparse policy of ``hidden`` (B, T, H) through ``model``'s LM head (FSDP2 / ZeRO-3: gathered)."""
@@ -298,6 +315,7 @@ class TrollGRPOTrainer(GRPOTrainer):
             level="sequence" if self.loss_type == "troll_seq" else "token",
             agg=self._troll_agg(),
             max_len=self.max_completion_length,
+            **self._troll_tail(),
         )
 
     def _troll_compute_loss(self, model, inputs: dict) -> LossOutput:
@@ -338,11 +356,64 @@ class TrollGRPOTrainer(GRPOTrainer):
 
     def _compute_loss(self, model, inputs):
         if not self._troll_enabled:
+            if self._troll_measuring and self._troll_stored_old(inputs) is not None:
+                return self._troll_measured_trl_loss(model, inputs)
             return super()._compute_loss(model, inputs)
         out = self._troll_compute_loss(model, inputs)
         mask = _loss_mask(inputs)
         self._troll_log(out.metrics, mask)
         return out.loss * self._troll_loss_scale(inputs, mask)
+
+    # ------------------------------------------------------------------------------------------ TRL's losses, measured
+
+    def _troll_measured_trl_loss(self, model, inputs: dict) -> torch.Tensor:
+        """TRL's own loss, and the KL its current policy has reached from the stored old one (troll_measure_kl).
+
+        Chunked head: a hook on the backbone keeps the final hidden states of the one forward TRL's ``_compute_loss``
+        runs (detached, at the completion positions); the KL is computed from them once TRL's loss is built, before
+        its backward, without gradient. Dense head: a second no-grad forward for the logits. TRL's loss is returned
+        as TRL computed it.
+        """
+        if self.troll_lm_head != "chunked":
+            loss = super()._compute_loss(model, inputs)
+            with torch.no_grad():
+                logits = self._troll_logits(model, inputs)
+                new = DenseLogits(logits.reshape(-1, logits.shape[-1]))
+                metrics = self._troll_kl_metrics(new, inputs)
+        else:
+            t = inputs["completion_ids"].size(1)
+            kept = []
+
+            def keep(module, args, output):
+                kept.append(output.last_hidden_state[:, -(t + 1) : -1].detach())
+
+            hook = self.accelerator.unwrap_model(model).base_model.register_forward_hook(keep)
+            try:
+                loss = super()._compute_loss(model, inputs)
+            finally:
+                hook.remove()
+            metrics = self._troll_measure_hidden(model, torch.cat(kept), inputs)
+        self._troll_log({f"troll/{key}": value for key, value in metrics.items()}, _loss_mask(inputs))
+        return loss
+
+    @torch.no_grad()
+    def _troll_measure_hidden(self, model, hidden: torch.Tensor, inputs: dict) -> dict:
+        """:meth:`_troll_kl_metrics` of the policy read off ``hidden`` (B, T, H) through the LM head (gathered
+        under FSDP2 / ZeRO-3 for the call), in fp32 whatever autocast is on."""
+
+        def measure(weight, bias, h):
+            with torch.autocast(h.device.type, enabled=False):
+                new = ChunkedLMHead(h.reshape(-1, h.shape[-1]), weight, bias, self.temperature)
+                return self._troll_kl_metrics(new, inputs)
+
+        return self._troll_with_head(model, measure, hidden)
+
+    @torch.no_grad()
+    def _troll_kl_metrics(self, new, inputs: dict) -> dict:
+        """KL(pi || pi_old) per loss token over the support TROLL would project on (:func:`sparse_kl_metrics`)."""
+        old = self._troll_stored_old(inputs)
+        rule = dict(kl_bound=self.args.troll_kl_bound, **self._troll_kept(), **self._troll_tail())
+        return sparse_kl_metrics(new, old, inputs["completion_ids"], _loss_mask(inputs), **rule)
 
     def _troll_loss_scale(self, inputs: dict, mask: torch.Tensor):
         """Factor turning the micro-batch aggregate into the loss TRL would return for the same normalisation.
@@ -383,6 +454,32 @@ class TrollGRPOTrainer(GRPOTrainer):
                 continue
             weight = torch.ones_like(tokens) if even and key.startswith("troll/loss/") else tokens
             window.append(float((rows[:, i] * weight).sum() / weight.sum().clamp_min(1)))
+
+
+@torch.no_grad()
+def sparse_kl_metrics(
+    new, old: SparseLogProbs, tokens: torch.Tensor, mask: torch.Tensor, *, kl_bound, top_k, delta, tail, fill
+) -> dict[str, torch.Tensor]:
+    """KL(pi || pi_old) on TROLL's (|U| + 1)-category support, as the TROLL losses report their KL before projection.
+
+    new: a :class:`troll.policy.CurrentPolicy` over the B*T rows (ChunkedLMHead or DenseLogits); old: (B, T, K);
+    tokens, mask: (B, T). The support is old kept | new kept (top_k, delta) | sampled token, with ``tail`` as in the
+    losses; tokens whose sampled id the old policy excludes are left out, as the losses drop them. Returns
+    ``kl_before/mean``, ``kl_before/max`` over the loss tokens and ``kl_share/*`` (:func:`troll.losses.kl_shares`) over
+    the tokens whose KL exceeds ``kl_bound``: the ones a TROLL bound of ``kl_bound`` would project.
+    """
+    bsz, seq = tokens.shape
+    flat = old.flatten()
+    extra = tokens.reshape(-1, 1).long()
+    ids, _, a, b = coarse_support(new, flat, top_k=top_k, delta=delta, extra=extra, tail=tail, fill=fill)
+    mask = mask & ~torch.isneginf(old.token_logp(tokens))
+    kl = torch.where(mask, kl_divergence(a, b).reshape(bsz, seq), 0.0)
+    over = mask & (kl > kl_bound)
+    shares = kl_shares(a, b, ids, flat)
+    return {
+        **masked_stats("kl_before", kl, mask, ("mean", "max")),
+        **{f"kl_share/{key}": masked_mean(value.reshape(bsz, seq), over) for key, value in shares.items()},
+    }
 
 
 def _sequence(inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
