@@ -10,7 +10,7 @@ PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test lint bench results map clean
+.PHONY: demo test lint bench results map tce-results clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -74,6 +74,19 @@ map: $(VENV)/.installed
 		--losses troll:tail=renormalize,troll:eps=0.2,troll_seq:agg=token-mean,gspo_tm \
 		--out $$d/$(firstword $(MAP_TASKS))-extras || status=1; \
 	$(PY) -m troll.train.stability_map $$d && exit $$status
+
+# docs/tce.md's results: TCE, BBRL and stable-baselines3's PPO at the presets' budgets, 3 seeds each, on the toy task,
+# Reacher (dense and sparse) and two Meta-World tasks, into a new folder; then the report over them (<folder>/report/).
+# PPO runs on Reacher only: the toy task has no step interface, and the Meta-World studies compare TCE with BBRL.
+TCE_STUDY := $(VENV)/bin/troll tce study --seeds 3 --jobs 2
+tce-results: $(VENV)/.installed
+	d=studies/tce-$$(date +%Y%m%d-%H%M%S) && status=0 && \
+	$(TCE_STUDY) --env toy/viapoint --algos tce,bbrl --out $$d/toy-viapoint || status=1; \
+	$(TCE_STUDY) --env gym/reacher --algos tce,bbrl,ppo --out $$d/gym-reacher || status=1; \
+	$(TCE_STUDY) --env gym/reacher-sparse --algos tce,bbrl,ppo --out $$d/gym-reacher-sparse || status=1; \
+	$(TCE_STUDY) --env metaworld/reach-v3 --algos tce,bbrl --out $$d/metaworld-reach-v3 || status=1; \
+	$(TCE_STUDY) --env metaworld/push-v3 --algos tce,bbrl --out $$d/metaworld-push-v3 || status=1; \
+	$(PY) -m troll.episodic.results $$d && exit $$status
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -29,7 +29,7 @@ from troll.episodic.config import TCEConfig
 from troll.episodic.envs import Episodes, EpisodeStart
 
 RESULTS = Path(__file__).parent / "results"
-TARGET_S = 10.0  # the target for one Meta-World iteration on this machine
+TARGET_S = 10.0  # the speed goal for one Meta-World iteration (rollout + update) on this machine
 
 
 def synthetic_batch(agent: TCEAgent, episodes: int, context_dim: int, seed: int = 0) -> Rollout:

@@ -139,7 +139,7 @@ CI_THRESHOLD = 0.8  # success rate of the mean trajectory on 64 fixed evaluation
 
 
 def test_ci_tce_solves_the_toy_task(tmp_path):
-    """`troll tce train` on toy/viapoint with its preset reaches the threshold (the issue's CI check)."""
+    """`troll tce train` on toy/viapoint with its preset reaches the threshold (the CI check of the toy task)."""
     config = TCEConfig.preset("toy/viapoint")
     start = time.perf_counter()
     summary = train(config, tmp_path / "toy", progress=False, plot=False)

@@ -292,7 +292,9 @@ class TCEConfig:
                     f"{name} must be a tuple of layer widths >= 1 (empty: linear), got {value!r}; e.g. (128, 128)."
                 )
         if self.algo == "bbrl" and self.episodes < 2:
-            raise ValueError("bbrl normalises one advantage per episode over the batch: episodes must be >= 2.")
+            raise ValueError(
+                "episodes must be >= 2 with algo='bbrl': it normalises one advantage per episode over the batch."
+            )
 
     # ------------------------------------------------------------------------------------------ presets, JSON
 

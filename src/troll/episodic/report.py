@@ -55,7 +55,9 @@ def _series(rows: list[dict], key: str) -> tuple[list, list]:
 
 def plot_run(rows: list[dict], path: Path, *, title: str, mean_bound: float, cov_bound: float) -> bool:
     """plots.png: success rate, return, entropy and the projection (distances before it, relative to the bounds,
-    and the share of epochs it was active) against env steps. False when matplotlib is missing."""
+    and the share of epochs it was active) against env steps; for a PPO run (:mod:`troll.episodic.ppo`) the entropy
+    of its action distribution and, in place of the projection, its approximate KL and clipped share. False when
+    matplotlib is missing."""
     try:
         import matplotlib
 
@@ -68,8 +70,9 @@ def plot_run(rows: list[dict], path: Path, *, title: str, mean_bound: float, cov
     panels = (
         (axes[0, 0], "success rate", [("eval/success_rate", mean_traj), ("rollout/success_rate", "rollout")]),
         (axes[0, 1], "return", [("eval/return", mean_traj), ("rollout/return", "rollout")]),
-        (axes[1, 0], "entropy of the policy (nats)", [("policy/entropy", "entropy")]),
-    )
+        (axes[1, 0], "entropy of the policy (nats)", [("policy/entropy", "entropy"),
+                                                       ("policy/action_entropy", "per-step action entropy")]),
+    )  # fmt: skip
     for ax, name, keys in panels:
         for key, label in keys:
             x, y = _series(rows, key)
@@ -78,9 +81,23 @@ def plot_run(rows: list[dict], path: Path, *, title: str, mean_bound: float, cov
         ax.set_title(name)
         ax.set_xlabel("environment steps")
         ax.grid(alpha=0.3)
-        if len(keys) > 1:
+        if len(keys) > 1 and ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
-    ax = axes[1, 1]
+    if any("proj/active_epochs" in r for r in rows):
+        _projection_panel(axes[1, 1], rows, mean_bound, cov_bound)
+    else:
+        _ppo_panel(axes[1, 1], rows)
+    fig.suptitle(title)
+    # fixed margins: a layout engine (tight / constrained) measures every tick label and doubled the time
+    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.08, top=0.91, hspace=0.38, wspace=0.2)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    tmp.replace(path)
+    return True
+
+
+def _projection_panel(ax, rows: list[dict], mean_bound: float, cov_bound: float) -> None:
     for key, bound, label in (
         ("proj/mean_dist_before/mean", mean_bound, "mean part / mean_bound"),
         ("proj/cov_dist_before/mean", cov_bound, "cov part / cov_bound"),
@@ -97,11 +114,15 @@ def plot_run(rows: list[dict], path: Path, *, title: str, mean_bound: float, cov
     ax.set_xlabel("environment steps")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.suptitle(title)
-    # fixed margins: a layout engine (tight / constrained) measures every tick label and doubled the time
-    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.08, top=0.91, hspace=0.38, wspace=0.2)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    tmp.replace(path)
-    return True
+
+
+def _ppo_panel(ax, rows: list[dict]) -> None:
+    for key, label in (("train/approx_kl", "approximate KL(old || new)"), ("train/clip_fraction", "clipped share")):
+        x, y = _series(rows, key)
+        if x:
+            ax.plot(x, y, label=label)
+    ax.set_title("PPO update (last epoch)")
+    ax.set_xlabel("environment steps")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)

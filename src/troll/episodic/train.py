@@ -86,12 +86,15 @@ def train(
     torch.set_num_threads(config.threads)
     try:
         with contextlib.ExitStack() as stack:
-            env = stack.enter_context(_make_env(config, config.episodes))
-            eval_env = env
-            if config.eval_episodes != config.episodes:
-                eval_env = stack.enter_context(_make_env(config, config.eval_episodes))
-            iterations = math.ceil(config.total_env_steps / (config.episodes * env.horizon))
-            agent = TCEAgent.for_env(config, env, total_iterations=iterations)
+            try:  # what refuses the settings (env options, sizes, a missing simulator) does so before any write
+                env = stack.enter_context(_make_env(config, config.episodes))
+                eval_env = env
+                if config.eval_episodes != config.episodes:
+                    eval_env = stack.enter_context(_make_env(config, config.eval_episodes))
+                iterations = math.ceil(config.total_env_steps / (config.episodes * env.horizon))
+                agent = TCEAgent.for_env(config, env, total_iterations=iterations)
+            except (ValueError, ImportError) as err:
+                raise UsageError(str(err)) from err
             start = _restore(agent, config, out)
             _loop(agent, env, eval_env, out, start, iterations, progress, on_iteration)
     finally:
@@ -180,7 +183,13 @@ def _restore(agent: TCEAgent, config: TCEConfig, out: Path) -> int:
     found = checkpoints(out)
     if found:
         state = torch.load(found[-1][1], weights_only=True)
-        agent.load_state_dict(state["agent"])
+        try:
+            agent.load_state_dict(state["agent"])
+        except (RuntimeError, KeyError) as err:  # e.g. a size mismatch: the env or the config changed under it
+            raise UsageError(
+                f"--resume: {found[-1][1]} does not fit the policy and critic this config builds for {config.env} "
+                f"({str(err).splitlines()[0][:300]}); start a new folder."
+            ) from err
         truncate_jsonl(out / METRICS_FILE, state["metrics_lines"])
         return int(state["iteration"])
     out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,318 @@
+"""``troll tce train`` and ``troll tce study``: TCE, BBRL and stable-baselines3's PPO on the episodic tasks.
+
+The provider of ``troll tce`` (see :mod:`troll.cli`): :func:`add_commands` builds the parsers from the flag tables of
+:mod:`troll.episodic.options` and imports neither torch nor a simulator; the handlers import what a run needs. Every
+input is checked before anything runs or is written (exit status 2 and a message that names the flag and the fix);
+a run that fails once started (a non-finite value from an environment, a crashed environment worker) stops with its
+error and exit status 1, and ``--resume`` continues it from its last checkpoint. docs/tce.md, "How to run".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from troll.episodic import options as opts
+from troll.study.files import CONFIG_FILE, UsageError, read_config
+
+COMMAND = "tce train"  # a run folder's config.json "command" (troll.episodic.train.COMMAND)
+STUDY_COMMAND = "tce study"
+# What a run folder of this command holds; --overwrite deletes a folder only when it holds nothing else.
+RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "plots.png")
+
+TRAIN_DOC = (
+    "One run of TCE, BBRL (same code, one advantage per episode) or stable-baselines3's PPO on an episodic task. "
+    "Writes into the run folder config.json, metrics.jsonl (a line per iteration, with env_steps), a checkpoint, "
+    "and at the end summary.json and plots.png (success / return, entropy and the projection against env steps). "
+    "Every option left out takes the env family's preset (docs/tce.md)."
+)
+STUDY_DOC = (
+    "Runs every algorithm of --algos for every seed of --seeds (and every value of --sweep) as 'troll tce train' "
+    "would, into <out>/[<key>=<value>/]<algo>/seed<k>/, --jobs at a time, then writes study.json, study.md (mean "
+    "and standard error over seeds of the success rate, return and final distance at the budget and their best, "
+    "paired TCE - BBRL and TCE - PPO differences with 95% intervals) and study.png (curves against env steps with "
+    "standard-error bands). --resume continues an interrupted study without rerunning finished cells."
+)
+
+
+def add_commands(sub) -> None:
+    """Register ``tce train`` and ``tce study`` (the provider hook of :mod:`troll.cli`)."""
+    tce = sub.add_parser("tce", help="episodic RL: TCE, BBRL and PPO on ProDMP tasks (docs/tce.md)")
+    tce_sub = tce.add_subparsers(dest="tce_command", required=True, metavar="{train,study}")
+    train = tce_sub.add_parser("train", help="one run", description=TRAIN_DOC)
+    train.add_argument("--env", default=argparse.SUPPRESS, help="toy/viapoint[-sparse], gym/reacher[-sparse] or "
+                       "metaworld/<task>-v3 (required unless --resume)")  # fmt: skip
+    train.add_argument("--algo", default=argparse.SUPPRESS, help="tce, bbrl or ppo (default: tce)")
+    train.add_argument("--seed", default=argparse.SUPPRESS, help="seed of everything random (default: 0)")
+    train.add_argument("--out", default=argparse.SUPPRESS,
+                       help="run folder (default: runs/tce-<env>-<algo>-seed<seed>, '/' made '-')")  # fmt: skip
+    train.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    train.add_argument("--overwrite", action="store_true", help="replace the run in --out (only a folder of this "
+                       "command holding nothing else is deleted)")  # fmt: skip
+    _add_run_flags(train)
+    train.set_defaults(run=cmd_train, name="tce train")
+
+    study = tce_sub.add_parser("study", help="algorithms x seeds (x one swept option), with statistics",
+                               description=STUDY_DOC)  # fmt: skip
+    study.add_argument("--env", default=argparse.SUPPRESS, help="the task (required unless --resume)")
+    study.add_argument(
+        "--algos",
+        default=argparse.SUPPRESS,
+        help="comma-separated algorithms, each once (default: tce,bbrl,ppo; tce,bbrl on the toy task)",
+    )
+    study.add_argument("--seeds", default=argparse.SUPPRESS, help="a count (3: seeds 0,1,2) or a list (default: 3)")
+    study.add_argument("--sweep", default=argparse.SUPPRESS, help="one option and its values, KEY=V1,V2 with KEY in "
+                       "flag form, e.g. mean-bound=0.005,0.05 or ppo-learning-rate=1e-4,3e-4; it must apply to every "
+                       "algorithm of --algos")  # fmt: skip
+    study.add_argument("--jobs", default="1", help="cells run at once, each a subprocess (default: 1)")
+    study.add_argument("--out", default=argparse.SUPPRESS, help="study folder (default: runs/tce-study-<env>)")
+    study.add_argument("--resume", action="store_true", help="continue the study in --out")
+    study.add_argument("--overwrite", action="store_true", help="replace the study in --out")
+    _add_run_flags(study, study=True)
+    study.set_defaults(run=cmd_study, name="tce study")
+
+
+def _add_run_flags(p: argparse.ArgumentParser, *, study: bool = False) -> None:
+    """The budget, runtime, TCE and PPO flags; defaults SUPPRESSed so that a handler sees what was given."""
+    p.add_argument("--steps", default=argparse.SUPPRESS, help="total env steps of a run (default: the preset's: "
+                   "toy 896k, Reacher 400k, Meta-World 2M)")  # fmt: skip
+    workers = "1 in a study: --jobs 2 then steps two simulators on two cores" if study else "2"
+    p.add_argument(
+        "--workers",
+        default=argparse.SUPPRESS,
+        help=f"environment worker processes of a tce / bbrl run, 0: in-process (default: {workers})",
+    )
+    p.add_argument("--threads", default=argparse.SUPPRESS, help="torch threads of a run (default: 1)")
+    if not study:
+        p.add_argument("--no-progress", action="store_true", help="no progress bar: a line per evaluation instead")
+    group = p.add_argument_group("TCE and BBRL (default: the env family's preset; docs/tce.md, 'Config')")
+    for name, metavar, text in opts.TCE_FLAGS:
+        group.add_argument(opts.flag(name), default=argparse.SUPPRESS, metavar=metavar, help=text)
+    group = p.add_argument_group("PPO (stable-baselines3's defaults)")
+    for name, metavar, text in opts.PPO_FLAGS:
+        group.add_argument(opts.flag(f"ppo_{name}"), default=argparse.SUPPRESS, metavar=metavar, help=text)
+
+
+# ---------------------------------------------------------------------------------------------- shared
+
+
+def given_options(args: argparse.Namespace) -> dict:
+    """Field -> parsed value of every TCE / PPO option on the command line (``ppo_<field>`` for PPO's)."""
+    kinds = opts.kinds()
+    names = [name for name, _, _ in opts.TCE_FLAGS] + [f"ppo_{name}" for name, _, _ in opts.PPO_FLAGS]
+    return {n: opts.parse_value(n, getattr(args, n), kinds[n]) for n in names if hasattr(args, n)}
+
+
+def _int_flag(args: argparse.Namespace, name: str, low: int, default: int | None = None) -> int | None:
+    if not hasattr(args, name):
+        return default
+    option = "--" + name.replace("_", "-")
+    value = opts.parse_value(name, getattr(args, name), int, option)
+    if value < low:
+        raise UsageError(f"{option} must be an integer >= {low}, got {value}.")
+    return value
+
+
+def safe(env: str) -> str:
+    """An env name as one folder-name component: ``metaworld/reach-v3`` -> ``metaworld-reach-v3``."""
+    return env.replace("/", "-").replace("\\", "-")
+
+
+def saved_run(out: Path) -> dict | None:
+    """The config dict of the run of this command in ``out``; None when ``out`` is missing or empty; UsageError when
+    it holds something else."""
+    if not (out.is_dir() and any(out.iterdir())):
+        return None
+    try:
+        data = read_config(out) if (out / CONFIG_FILE).is_file() else None
+    except UsageError:
+        data = None
+    if not (isinstance(data, dict) and data.get("command") == COMMAND and isinstance(data.get("config"), dict)):
+        raise UsageError(f"--out {out} is not empty and holds no run of 'troll {COMMAND}' ({CONFIG_FILE}): it holds "
+                         "something else; choose another --out.")  # fmt: skip
+    return data["config"]
+
+
+def _foreign_files(out: Path) -> list[str]:
+    """The entries of a run folder that this command did not write."""
+    ours = ("checkpoint-", ".")  # checkpoints, temporary files of atomic writes
+    return sorted(p.name for p in out.iterdir() if p.name not in RUN_FILES and not p.name.startswith(ours))
+
+
+# ---------------------------------------------------------------------------------------------- train
+
+
+def train_config(args: argparse.Namespace, saved: dict | None):
+    """The run's config: from the flags and the preset, or (resuming) the folder's, which given flags must match."""
+    given = given_options(args)
+    threads = _int_flag(args, "threads", 1)
+    workers = _int_flag(args, "workers", 0)
+    seed = _int_flag(args, "seed", 0)
+    steps = _int_flag(args, "steps", 1)
+    if saved is None:
+        algo = opts.check_algo(getattr(args, "algo", "tce"))
+        if not hasattr(args, "env"):
+            raise UsageError("--env is required to start a run, e.g. --env toy/viapoint or --env metaworld/reach-v3.")
+        env = opts.check_env(args.env, algo)
+        return opts.build_config(algo, env, seed=seed or 0, steps=steps, options=given, threads=threads or 1,
+                                 workers=2 if workers is None else workers)  # fmt: skip
+    return _resumed_config(args, saved, given, seed, steps, threads, workers)
+
+
+def _resumed_config(args, saved: dict, given: dict, seed, steps, threads, workers):
+    algo = saved.get("algo")
+    if algo == "ppo":
+        from troll.episodic.ppo import PPOConfig as Config
+
+        opts.check_algo(algo)
+    else:
+        from troll.episodic.config import TCEConfig as Config
+    try:
+        config = Config.from_dict(saved)
+    except ValueError as err:
+        raise UsageError(f"--resume: the folder's {CONFIG_FILE} cannot be read by this version: {err}") from None
+    wanted = {"algo": getattr(args, "algo", None), "env": getattr(args, "env", None), "seed": seed,
+              "total_env_steps": steps, **given}  # fmt: skip
+    differ = []
+    if algo == "ppo" and ("eval_every" in given or "episodes" in given):
+        # a PPO run keeps eval_every x episodes x T (env steps between evaluations), not the two flags
+        two = {k: wanted.pop(k) for k in ("eval_every", "episodes") if k in wanted}
+        every = opts.build_config("ppo", config.env, seed=config.seed, steps=None, options=two, threads=1,
+                                  workers=0).eval_every_steps  # fmt: skip
+        if every != config.eval_every_steps:
+            shown = " ".join(f"{opts.flag(k)} {v}" for k, v in two.items())
+            differ.append(f"{shown} (evaluations every {every} env steps; the run has {config.eval_every_steps})")
+    for name, value in wanted.items():
+        attr = name[4:] if algo == "ppo" and name.startswith("ppo_") else name
+        if value is None or getattr(config, attr, None) == value:
+            continue
+        have = f"the run has {getattr(config, attr)!r}" if hasattr(config, attr) else f"not a setting of a {algo} run"
+        differ.append(f"{opts.flag(name)} {opts.format_value(value)} ({have})")
+    if differ:
+        raise UsageError(f"--resume continues the run with its own settings, and {'; '.join(differ)} differ; drop "
+                         "them (only --threads and --workers may change), or start a new --out.")  # fmt: skip
+    import dataclasses
+
+    runtime = {"threads": threads} if threads is not None else {}
+    if workers is not None and algo != "ppo":
+        runtime["workers"] = workers
+    return dataclasses.replace(config, **runtime)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    if args.overwrite and args.resume:
+        raise UsageError("--overwrite and --resume exclude each other: one discards the run, the other continues it.")
+    if not hasattr(args, "out") and args.resume:
+        raise UsageError("--resume needs --out, the run folder to continue.")
+    out = Path(args.out) if hasattr(args, "out") else None
+    if out is not None and not args.out.strip():  # Path("") is "."
+        raise UsageError("--out is empty; give a folder path, or leave --out out for the default folder.")
+    saved = saved_run(out) if out is not None and args.resume else None
+    if args.resume and saved is None and not hasattr(args, "env"):
+        raise UsageError(f"--resume: --out {out} holds no run to resume; start one without --resume, with --env "
+                         "(e.g. --env toy/viapoint).")  # fmt: skip
+    config = train_config(args, saved)
+    out = out or Path("runs") / f"tce-{safe(config.env)}-{config.algo}-seed{config.seed}"
+    if config.algo == "ppo":
+        from troll.episodic.ppo import require_sb3
+
+        require_sb3()
+    clear = _check_run_folder(out, resume=args.resume, overwrite=args.overwrite)
+    if clear:
+        shutil.rmtree(out)
+    return _run(config, out, resume=args.resume, progress=not args.no_progress)
+
+
+def _check_run_folder(out: Path, *, resume: bool, overwrite: bool) -> bool:
+    """Refuse a folder that cannot be used; True when --overwrite may delete it. Touches nothing."""
+    from troll.study.files import check_out_path
+
+    check_out_path(out, "run folder")
+    existing = saved_run(out)  # UsageError: something else
+    if existing is None or resume:
+        return False
+    if not overwrite:
+        raise UsageError(f"--out {out} already holds a {existing.get('algo')} run; pass --resume to continue it, "
+                         "--overwrite to replace it, or choose another --out.")  # fmt: skip
+    foreign = _foreign_files(out)
+    if foreign:
+        raise UsageError(f"--overwrite: {out} holds files this command did not write ({', '.join(foreign[:5])}); "
+                         "move them away or choose another --out.")  # fmt: skip
+    return True
+
+
+def _run(config, out: Path, *, resume: bool, progress: bool) -> int:
+    """Run ``config`` into ``out``; a failure after the start is reported with the way to resume (exit 1)."""
+    from troll.episodic.envs import EnvWorkerError, NonFiniteError
+
+    def line(row: dict) -> None:
+        if row.get("eval/return") is not None:
+            shown = ", ".join(f"{k[5:]} {row[k]:.4g}" for k in ("eval/success_rate", "eval/return", "eval/distance")
+                              if row.get(k) is not None)  # fmt: skip
+            print(f"{row['env_steps']} env steps: eval {shown}", flush=True)
+
+    hook = None if progress else line
+    try:
+        if config.algo == "ppo":
+            from troll.episodic import ppo
+
+            summary = ppo.train(config, out, resume=resume, progress=progress, on_row=hook)
+        else:
+            from troll.episodic.train import train
+
+            summary = train(config, out, resume=resume, progress=progress, on_iteration=hook)
+    except (NonFiniteError, EnvWorkerError, FloatingPointError) as err:
+        print(f"troll tce train: error: {err}", file=sys.stderr)
+        print(f"the run stopped; {out} keeps the iterations up to its last checkpoint: continue with "
+              f"troll tce train --out {out} --resume", file=sys.stderr)  # fmt: skip
+        return 1
+    except KeyboardInterrupt:
+        print(f"interrupted; continue with: troll tce train --out {out} --resume", file=sys.stderr)
+        return 130
+    keys = ("algo", "env", "seed", "env_steps", "success_rate", "return", "distance", "best_success_rate", "seconds")
+    print(json.dumps({k: summary.get(k) for k in keys}))
+    print(f"run folder: {out}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- study
+
+
+def cmd_study(args: argparse.Namespace) -> int:
+    from troll.episodic import study
+
+    if args.overwrite and args.resume:
+        raise UsageError("--overwrite and --resume exclude each other: one discards the study, the other continues it.")
+    jobs = _int_flag(args, "jobs", 1)
+    spec, out = study.spec_from_args(args, given_options(args))
+    cells = study.plan(spec, out)
+    if "ppo" in spec.algos:
+        from troll.episodic.ppo import require_sb3
+
+        require_sb3()
+    clear = study.check_folder(out, overwrite=args.overwrite, resume=args.resume)
+    start = time.time()
+
+    def report(text: str) -> None:
+        stamp = f"[{time.strftime('%H:%M:%S')} +{(time.time() - start) / 60:.1f} min]"
+        print(f"{stamp} {text}", file=sys.stderr, flush=True)
+
+    report(f"study of {len(cells)} cells in {out}, {jobs} at a time")
+    try:
+        status = study.run(out, spec, cells, clear=clear, jobs=jobs, report=report)
+    except KeyboardInterrupt:
+        report(f"interrupted; continue with: troll tce study --out {out} --resume")
+        return 130
+    from troll.study import JSON_FILE, PLOT_FILE, TABLE_FILE
+
+    print(f"wrote {out / JSON_FILE}, {out / TABLE_FILE} and {out / PLOT_FILE}")
+    failed = [label for label, s in status.items() if s.startswith("failed")]
+    if failed:
+        print(f"troll tce study: {len(failed)} cell(s) failed: {', '.join(failed)}; see their .log files",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    return 0

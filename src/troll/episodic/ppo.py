@@ -1,0 +1,482 @@
+"""Step-based PPO from stable-baselines3 on the episodic tasks: the third arm of ``troll tce`` (docs/tce.md, "PPO").
+
+PPO acts every step: it sees the simulator's own observation and sends the simulator's own action (Reacher's two
+joint torques, Meta-World's hand displacement and gripper command); there is no movement primitive and no tracking
+controller. :class:`StepTask` is the episodic task as a gymnasium env: the same simulator, the same T steps, the
+same rewards (gym/reacher-sparse pays the whole episode at its last step, as the episodic env does), the same
+success rule at the end of an episode, the same non-finite checks. The toy task has no step interface (it is a
+batched torch simulation of whole trajectories), so PPO runs on gym/* and metaworld/* only.
+
+Settings: ``stable_baselines3.PPO("MlpPolicy")`` with SB3's defaults (2.x): 2048 steps a rollout, 10 epochs of
+minibatches of 64, Adam 3e-4, gamma 0.99, GAE lambda 0.95, clip 0.2, no entropy bonus, value weight 0.5, gradient
+norm 0.5, advantages normalised, two 64-unit tanh layers for the policy and for the value, a state-independent
+log std starting at 0, one environment, no observation or reward normalisation. The episode end at T is a time
+limit (SB3 bootstraps it with the value), as the policy sees no time.
+
+Same-task seeding: Meta-World's MT1 is built from the run's seed (the same 50 task variations as the episodic env)
+and each episode picks its variation from its own seed; Reacher resets from its episode seed. Evaluations use
+exactly the episodes of TCE's (``episode_seeds(reset_seed(seed, EVAL_STREAM), eval_episodes)``), with the
+deterministic policy (the mean action), at the env steps where a TCE run of the same preset evaluates (every
+``eval_every x episodes x T`` steps; PPO checks after each rollout, so up to ``n_steps`` later) and at the end.
+
+Run folder: the same files as :mod:`troll.episodic.train`: config.json ({"command": "tce train", "config": ...}
+with ``algo: "ppo"``), metrics.jsonl (one row a rollout: ``env_steps``, rollout/* of the episodes that ended in it,
+SB3's train/* losses, eval/* when evaluated, time/*), checkpoint-<env steps>.zip (SB3's save, atomic; one kept),
+summary.json last, plots.png. Resume loads the newest checkpoint (weights, Adam, the env-step count), cuts
+metrics.jsonl back to it and continues; the episode in progress at the checkpoint is dropped and the random stream
+reseeded, so unlike TCE a resumed PPO run is not bit-identical to an uninterrupted one. SB3 is optional
+(``pip install troll[baselines]``): :func:`require_sb3` says how to install it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from troll.episodic.agent import EVAL_STREAM, reset_seed
+from troll.episodic.config import PRESETS, TCEConfig, env_family
+from troll.episodic.envs.base import check_finite, episode_seeds
+from troll.episodic.report import plot_run, summarise
+from troll.episodic.train import COMMAND, PLOT_FILE
+from troll.study.files import (
+    CONFIG_FILE,
+    METRICS_FILE,
+    SUMMARY_FILE,
+    UsageError,
+    append_jsonl,
+    check_out_path,
+    read_config,
+    read_jsonl,
+    truncate_jsonl,
+    write_json,
+)
+
+INSTALL = "pip install 'troll[baselines]' (stable-baselines3)"
+HORIZON = {"gym": 50, "metaworld": 500}  # the episodic envs' T (Reacher-v5's time limit, Meta-World's path length)
+CHECKPOINT = "checkpoint-{}.zip"
+TRAIN_STREAM = 0x99  # training episode k draws its task from (seed, TRAIN_STREAM, k)
+RUNTIME_FIELDS = ("threads",)
+# PPOConfig fields passed to stable_baselines3.PPO as they are (net_arch goes into policy_kwargs)
+SB3_FIELDS = ("learning_rate", "n_steps", "batch_size", "n_epochs", "gamma", "gae_lambda", "clip_range", "ent_coef",
+              "vf_coef", "max_grad_norm")  # fmt: skip
+
+
+def require_sb3() -> None:
+    """UsageError with the install command when stable-baselines3 is missing (checked before anything is written)."""
+    if importlib.util.find_spec("stable_baselines3") is None:
+        raise UsageError(f"--algo ppo needs stable-baselines3, which is not installed: {INSTALL}.")
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """A PPO run (module docstring). The SB3 fields keep SB3's names and defaults; ``net_arch`` is the width of the
+    policy's and the value's hidden layers. ``eval_every_steps`` / ``eval_episodes`` / ``total_env_steps`` default
+    to TCE's preset for the env (:meth:`preset`); ``checkpoint_every`` counts rollouts."""
+
+    algo: str = "ppo"
+    env: str = "gym/reacher"
+    total_env_steps: int = 400_000
+    eval_every_steps: int = 8000
+    eval_episodes: int = 32
+    seed: int = 0
+    threads: int = 1
+    checkpoint_every: int = 10
+    learning_rate: float = 3e-4
+    n_steps: int = 2048
+    batch_size: int = 64
+    n_epochs: int = 10
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    clip_range: float = 0.2
+    ent_coef: float = 0.0
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    net_arch: tuple[int, ...] = field(default=(64, 64))
+
+    def __post_init__(self):
+        if isinstance(self.net_arch, list):
+            object.__setattr__(self, "net_arch", tuple(self.net_arch))
+        if self.algo != "ppo":
+            raise ValueError(f"algo must be 'ppo' for a PPOConfig, got {self.algo!r}.")
+        family = env_family(self.env)  # unknown names raise with a close match
+        if family == "toy":
+            raise ValueError(
+                f"env {self.env!r} has no step-based interface (the toy task simulates whole trajectories in torch): "
+                "PPO runs on gym/* and metaworld/* only; use --algo tce or bbrl there."
+            )
+        ints = ("total_env_steps", "eval_every_steps", "eval_episodes", "threads", "checkpoint_every", "n_steps")
+        for name in (*ints, "batch_size", "n_epochs"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}.")
+        for name, low, high in (("learning_rate", 0, math.inf), ("clip_range", 0, math.inf), ("gamma", 0, 1),
+                                ("gae_lambda", 0, 1), ("max_grad_norm", 0, math.inf)):  # fmt: skip
+            value = getattr(self, name)
+            if not _real(value) or not low < value <= high:
+                raise ValueError(f"{name} must lie in ({low}, {high}], got {value!r}; SB3's default is "
+                                 f"{getattr(PPOConfig, name)}.")  # fmt: skip
+        for name in ("ent_coef", "vf_coef"):
+            if not _real(getattr(self, name)) or getattr(self, name) < 0:
+                raise ValueError(f"{name} must be a finite number >= 0, got {getattr(self, name)!r}.")
+        if not all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in self.net_arch):
+            raise ValueError(f"net_arch must be layer widths >= 1, got {self.net_arch!r}; SB3's default is (64, 64).")
+
+    @property
+    def horizon(self) -> int:
+        return HORIZON[env_family(self.env)]
+
+    @classmethod
+    def preset(cls, env: str, *, eval_every: int | None = None, episodes: int | None = None, **overrides) -> PPOConfig:
+        """SB3's defaults, with the budget, evaluation episodes and evaluation env steps of TCE's preset for ``env``:
+        evaluations every ``eval_every x episodes x T`` env steps (TCE iterations of ``episodes`` episodes)."""
+        family = env_family(env)
+        if family == "toy":
+            cls(env=env)  # the error that says why
+        preset = {**dataclasses.asdict(TCEConfig()), **PRESETS[family]}
+        eval_every = preset["eval_every"] if eval_every is None else eval_every
+        episodes = preset["episodes"] if episodes is None else episodes
+        for name, value in (("eval_every", eval_every), ("episodes", episodes)):  # 0 is an error, not the preset
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+        every = eval_every * episodes * HORIZON[family]
+        base = dict(total_env_steps=preset["total_env_steps"], eval_every_steps=every,
+                    eval_episodes=preset["eval_episodes"])  # fmt: skip
+        unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown PPOConfig field(s) {', '.join(unknown)}.")
+        return cls(**{**base, "env": env, **overrides})
+
+    def to_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["net_arch"] = list(out["net_arch"])
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> PPOConfig:
+        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"unknown PPOConfig field(s) {', '.join(unknown)}.")
+        return cls(**data)
+
+    def differences(self, other: PPOConfig, *, ignore: tuple[str, ...] = RUNTIME_FIELDS) -> dict:
+        a, b = self.to_dict(), other.to_dict()
+        return {k: (a[k], b[k]) for k in a if k not in ignore and a[k] != b[k]}
+
+
+def _real(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# ---------------------------------------------------------------------------------------------- the step env
+
+
+def make_step_task(name: str, *, seed: int, sparse: bool | None = None):
+    """:class:`StepTask` for ``name`` (gym/reacher[-sparse] or metaworld/<task>), built lazily on gymnasium."""
+    import gymnasium as gym
+
+    class StepTask(gym.Env):
+        """One episodic task, stepped. observation: the simulator's (Reacher 10, Meta-World 39); action: its own.
+
+        ``reset()`` starts training episode k (k counts resets; ``start_index`` sets the first) from the seed
+        (seed, TRAIN_STREAM, k); ``reset(options={"episode_seed": s})`` starts the episode the episodic env starts
+        from episode seed s. Episodes last exactly T steps (truncated, never terminated). The last step's info
+        holds "is_success", "distance" and "episode_return".
+        """
+
+        def __init__(self):
+            self.name, self.seed_, self.index = name, seed, 0
+            self.family = env_family(name)
+            self.sparse = name.endswith("-sparse") if sparse is None else sparse
+            if self.family == "gym":
+                self.env = gym.make("Reacher-v5", disable_env_checker=True)
+            else:
+                import metaworld  # noqa: F401 -- registers Meta-World/*
+
+                task = name.split("/", 1)[1]
+                self.env = gym.make("Meta-World/MT1", env_name=task, seed=seed, disable_env_checker=True)
+                self.tasks = list(self.env.get_wrapper_attr("tasks"))
+            self.sim = self.env.unwrapped
+            self.observation_space, self.action_space = self.sim.observation_space, self.sim.action_space
+            self.horizon = HORIZON[self.family]
+            self.t, self.total, self.ctrl = 0, 0.0, 0.0
+
+        def start(self, episode_seed: int) -> np.ndarray:
+            """Reset to the episode the episodic env starts from ``episode_seed`` (envs/reacher.py, metaworld.py)."""
+            if self.family == "gym":
+                obs, _ = self.sim.reset(seed=episode_seed)
+            else:
+                task = int(np.random.default_rng(episode_seed).integers(len(self.tasks)))
+                self.sim.seed(episode_seed)
+                self.sim.set_task(self.tasks[task])
+                obs, _ = self.sim.reset()
+            check_finite(self.name, self.index, 0, observation=obs)
+            self.t, self.total, self.ctrl = 0, 0.0, 0.0
+            return obs
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            if options and "episode_seed" in options:
+                return self.start(int(options["episode_seed"])), {}
+            episode = int(np.random.SeedSequence([self.seed_, TRAIN_STREAM, self.index]).generate_state(1)[0])
+            self.index += 1
+            return self.start(episode), {}
+
+        def step(self, action):
+            obs, reward, _, _, info = self.sim.step(action)
+            self.t += 1
+            check_finite(self.name, self.index, self.t, observation=obs, reward=reward)
+            done = self.t >= self.horizon
+            out = {}
+            if self.family == "gym":
+                self.ctrl += float(info["reward_ctrl"])
+                distance = -float(info["reward_dist"])
+                if self.sparse:  # the episodic env's sparse reward (envs/reacher.py): all of it at the last step
+                    reward = self.ctrl - self.horizon * distance if done else 0.0
+                success = distance <= 0.02
+            else:
+                distance, success = float(info["obj_to_target"]), info["success"] > 0
+            self.total += float(reward)
+            if done:
+                out = {"is_success": bool(success), "distance": distance, "episode_return": self.total}
+            return obs, float(reward), False, done, out
+
+        def close(self):
+            self.env.close()
+
+    return StepTask()
+
+
+def evaluate(model, task, seeds: list[int]) -> dict[str, float]:
+    """The deterministic policy on the episodes of ``seeds``: mean return, success rate, final distance."""
+    returns, successes, distances = [], [], []
+    for s in seeds:
+        obs, _ = task.reset(options={"episode_seed": s})
+        for _ in range(task.horizon):
+            action, _ = model.predict(obs, deterministic=True)
+            obs, _, _, _, info = task.step(action)
+        returns.append(info["episode_return"])
+        successes.append(float(info["is_success"]))
+        distances.append(info["distance"])
+    return {"eval/return": float(np.mean(returns)), "eval/success_rate": float(np.mean(successes)),
+            "eval/distance": float(np.mean(distances))}  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------- the run
+
+
+def saved_config(out: Path) -> PPOConfig | None:
+    """The PPOConfig of the run folder ``out``, or None when it holds no PPO run of ``tce train``."""
+    if not (Path(out) / CONFIG_FILE).is_file():
+        return None
+    data = read_config(Path(out))
+    if not isinstance(data, dict) or data.get("command") != COMMAND or not isinstance(data.get("config"), dict):
+        return None
+    if data["config"].get("algo") != "ppo":
+        return None
+    try:
+        return PPOConfig.from_dict(data["config"])
+    except ValueError as err:
+        raise UsageError(f"{out / CONFIG_FILE} holds a PPO config this version cannot read: {err}") from err
+
+
+def _prepare(config: PPOConfig | None, out: Path, *, resume: bool) -> tuple[PPOConfig, bool]:
+    """Check ``out`` and the config before anything is written; returns (config to run, finished already)."""
+    check_out_path(out, "run folder")
+    if not (out.is_dir() and any(out.iterdir())):
+        if config is None:
+            raise UsageError(f"{out} holds no run to resume; pass a config to start one.")
+        return config, False
+    saved = saved_config(out)
+    if saved is None:
+        raise UsageError(f"{out} is not empty and holds no PPO run of '{COMMAND}': it holds something else; "
+                         "choose another folder.")  # fmt: skip
+    if not resume:
+        raise UsageError(f"{out} already holds a PPO run; pass --resume to continue it, or choose another folder.")
+    if config is not None:
+        diff = saved.differences(config)
+        if diff:
+            listed = "; ".join(f"{k}: folder {a!r}, given {b!r}" for k, (a, b) in diff.items())
+            raise UsageError(f"--resume: the config differs from the one {out} was started with ({listed}); resume "
+                             "with the same settings (only threads may change) or start a new folder.")  # fmt: skip
+        saved = dataclasses.replace(saved, threads=config.threads)
+    return saved, (out / SUMMARY_FILE).is_file()
+
+
+def checkpoints(out: Path) -> list[tuple[int, Path]]:
+    """(env steps, path) of the folder's PPO checkpoints, oldest first."""
+    found = []
+    for path in Path(out).glob(CHECKPOINT.format("*")):
+        stem = path.name[len("checkpoint-") : -len(".zip")]
+        if stem.isdigit():
+            found.append((int(stem), path))
+    return sorted(found)
+
+
+def save_checkpoint(out: Path, model) -> Path:
+    """checkpoint-<env steps>.zip, written whole (temporary file, fsync, rename); then the older ones go."""
+    steps = int(model.num_timesteps)
+    path = out / CHECKPOINT.format(steps)
+    tmp = out / f".{path.name}.tmp-{os.getpid()}"
+    with tmp.open("wb") as f:
+        model.save(f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    for s, old in checkpoints(out):
+        if s != steps:
+            old.unlink(missing_ok=True)
+    return path
+
+
+def train(
+    config: PPOConfig | None,
+    out: Path,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    plot: bool = True,
+    on_row: Callable[[dict], None] | None = None,
+) -> dict:
+    """Run PPO into ``out`` (same arguments and refusals as :func:`troll.episodic.train.train`); the summary."""
+    require_sb3()
+    out = Path(out)
+    config, finished = _prepare(config, out, resume=resume)
+    if finished:
+        return json.loads((out / SUMMARY_FILE).read_text())
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(config.threads)
+    try:
+        _run(config, out, progress, on_row)
+    finally:
+        torch.set_num_threads(threads)
+    rows = read_jsonl(out / METRICS_FILE)
+    summary = summarise(rows, config.to_dict(), iterations=math.ceil(config.total_env_steps / config.n_steps))
+    if plot:
+        plot_run(rows, out / PLOT_FILE, title=f"PPO (stable-baselines3) on {config.env} (seed {config.seed})",
+                 mean_bound=1.0, cov_bound=1.0)  # fmt: skip
+    write_json(out / SUMMARY_FILE, summary)
+    return summary
+
+
+def _build(config: PPOConfig, out: Path):
+    """(model, training task, evaluation task): from the newest checkpoint, or new (writing config.json)."""
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.logger import configure
+
+    task = make_step_task(config.env, seed=config.seed)
+    eval_task = make_step_task(config.env, seed=config.seed)
+    found = checkpoints(out)
+    if found:
+        steps, path = found[-1]
+        # force_reset: a new episode starts (the one in progress at the checkpoint is not in the file); SB3 saves
+        # no random state, so the stream is reseeded from (seed, env steps)
+        model = PPO.load(path, env=task, device="cpu", force_reset=True)
+        model.set_random_seed(config.seed + steps)
+        task.index = steps // task.horizon + 1  # a fresh training episode index, never one used before
+        rows = read_jsonl(out / METRICS_FILE)
+        truncate_jsonl(out / METRICS_FILE, sum(1 for r in rows if r["env_steps"] <= steps))
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(out / CONFIG_FILE, {"command": COMMAND, "config": config.to_dict()})
+        truncate_jsonl(out / METRICS_FILE, 0)
+        arch = list(config.net_arch)
+        sb3 = {k: getattr(config, k) for k in SB3_FIELDS}
+        model = PPO("MlpPolicy", task, seed=config.seed, device="cpu", verbose=0,
+                    policy_kwargs={"net_arch": {"pi": arch, "vf": arch}}, **sb3)  # fmt: skip
+    model.set_logger(configure(None, []))  # values are kept for our rows; SB3 writes nothing
+    return model, task, eval_task
+
+
+def _run(config: PPOConfig, out: Path, progress: bool, on_row) -> None:
+    from stable_baselines3.common.callbacks import BaseCallback
+    from tqdm.auto import tqdm
+
+    model, task, eval_task = _build(config, out)
+    seeds = episode_seeds(reset_seed(config.seed, EVAL_STREAM), config.eval_episodes)
+    start = int(model.num_timesteps)
+    bar = tqdm(total=config.total_env_steps, initial=min(start, config.total_env_steps), unit="step",
+               desc=f"ppo {config.env}", file=sys.stderr, disable=not progress)  # fmt: skip
+
+    class Log(BaseCallback):
+        """After each rollout's update: one metrics row (eval on schedule), a checkpoint every few rollouts."""
+
+        def _on_training_start(self) -> None:
+            self.episodes, self.t0, self.rollout_t = [], time.perf_counter(), 0.0
+            self.rows = len(read_jsonl(out / METRICS_FILE))
+            self.next_eval = (start // config.eval_every_steps + 1) * config.eval_every_steps
+
+        def _on_step(self) -> bool:
+            for done, info in zip(self.locals["dones"], self.locals["infos"]):
+                if done and "episode_return" in info:
+                    self.episodes.append(info)
+            return True
+
+        def _on_rollout_start(self) -> None:
+            if self.model.num_timesteps > start:
+                self._row(last=False)
+
+        def _on_rollout_end(self) -> None:
+            self.rollout_t = time.perf_counter() - self.t0
+
+        def _on_training_end(self) -> None:
+            self._row(last=True)
+
+        def _row(self, last: bool) -> None:
+            steps = int(self.model.num_timesteps)
+            row = {"iteration": steps // config.n_steps, "env_steps": steps} | _episode_metrics(self.episodes)
+            row |= {k: float(v) for k, v in self.model.logger.name_to_value.items() if k.startswith("train/")}
+            if "train/entropy_loss" in row:  # SB3 logs minus the mean entropy of its action Gaussian
+                row["policy/action_entropy"] = -row["train/entropy_loss"]
+            row["time/rollout"] = self.rollout_t
+            if last or steps >= self.next_eval:
+                t = time.perf_counter()
+                row |= evaluate(self.model, eval_task, seeds)
+                row["time/eval"] = time.perf_counter() - t
+                self.next_eval = (steps // config.eval_every_steps + 1) * config.eval_every_steps
+            row["time/iteration"] = time.perf_counter() - self.t0
+            row = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+            append_jsonl(out / METRICS_FILE, row)
+            self.rows += 1
+            self.episodes, self.t0 = [], time.perf_counter()
+            if on_row is not None:
+                on_row(row)
+            if last or self.rows % config.checkpoint_every == 0:
+                save_checkpoint(out, self.model)
+            bar.update(min(steps, config.total_env_steps) - bar.n)
+            shown = {k.split("/")[-1]: f"{row[k]:.3g}" for k in ("eval/success_rate", "eval/return") if k in row}
+            bar.set_postfix(shown, refresh=False)
+
+    try:
+        remaining = config.total_env_steps - start
+        if remaining > 0:
+            model.learn(total_timesteps=remaining, callback=Log(), reset_num_timesteps=False)
+    finally:
+        bar.close()
+        task.close()
+        eval_task.close()
+
+
+def _episode_metrics(episodes: list[dict]) -> dict[str, float]:
+    """rollout/* over the episodes that ended in a rollout (none: no keys)."""
+    if not episodes:
+        return {}
+    return {
+        "rollout/return": float(np.mean([e["episode_return"] for e in episodes])),
+        "rollout/success_rate": float(np.mean([float(e["is_success"]) for e in episodes])),
+        "rollout/distance": float(np.mean([e["distance"] for e in episodes])),
+        "rollout/episodes": len(episodes),
+    }

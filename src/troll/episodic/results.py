@@ -1,0 +1,169 @@
+"""The report of ``make tce-results``: every ``troll tce study`` of a folder in one table and three figures.
+
+    python -m troll.episodic.results studies/tce-20260101-120000          # writes <folder>/report/
+
+Reads the study.json of each study folder below the given folder (``troll tce study`` writes it: per algorithm the
+mean and standard error over seeds of each number, the paired TCE - baseline differences with 95% t-intervals, the
+mean curves with their standard errors) and writes, for docs/tce.md:
+
+- ``tce_results.md``: the headline table (per task and algorithm: success rate, return and final distance at the
+  budget, best and mean-over-the-run success, as mean ± standard error over seeds) and the paired differences
+  TCE - BBRL and TCE - PPO (mean, 95% interval, n);
+- ``tce_success.png``, ``tce_return.png``, ``tce_distance.png``: the evaluated success rate, return and final
+  distance against environment steps, one panel per task, one line per algorithm with a ± 1 standard-error band;
+- ``tce_results.json``: what the table holds.
+
+Nothing here imports torch; matplotlib is imported to draw. A swept study gives one task per swept value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from troll.study.files import CONFIG_FILE, write_json
+
+STUDY_JSON = "study.json"
+COMMAND = "tce study"
+COLORS = {"tce": "C0", "bbrl": "C1", "ppo": "C2"}
+FAMILY_ORDER = ("toy/", "gym/", "metaworld/")
+FIGURES = (
+    ("tce_success.png", "eval/success_rate", "success rate", (-0.02, 1.02)),
+    ("tce_return.png", "eval/return", "return", None),
+    ("tce_distance.png", "eval/distance", "final distance", None),
+)
+COLUMNS = (
+    ("success", "success at the budget"),
+    ("best_success", "best success"),
+    ("success_auc", "mean success over the run"),
+    ("return", "return at the budget"),
+    ("distance", "final distance at the budget"),
+)
+
+
+def find_studies(folder: Path) -> list[tuple[str, dict]]:
+    """(task label, study.json content) of every finished ``tce study`` below ``folder``, toy / gym / Meta-World
+    first, then by name; one entry per swept value."""
+    found = []
+    for config in sorted(Path(folder).rglob(CONFIG_FILE)):
+        study = config.parent
+        try:
+            head = json.loads(config.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if not (isinstance(head, dict) and head.get("command") == COMMAND and (study / STUDY_JSON).is_file()):
+            continue
+        data = json.loads((study / STUDY_JSON).read_text())
+        spec = data["spec"]
+        for value in sorted({a["value"] for a in data["aggregates"]}, key=str):
+            label = spec["env"] + ("" if value is None else f" ({spec['sweep_key'].replace('_', '-')}={value})")
+            found.append((label, _only(data, value)))
+    family = {f: i for i, f in enumerate(FAMILY_ORDER)}
+    return sorted(found, key=lambda t: (min((family[f] for f in family if t[0].startswith(f)), default=9), t[0]))
+
+
+def _only(data: dict, value) -> dict:
+    keep = ("aggregates", "paired", "curves")
+    return {**data, **{k: [e for e in data[k] if e["value"] == value] for k in keep}}
+
+
+def _pm(entry: dict | None, spec: str = ".3f") -> str:
+    if not entry or entry.get("mean") is None:
+        return "-"
+    se = entry.get("se")
+    return format(entry["mean"], spec) + ("" if se is None else " ± " + format(se, spec))
+
+
+def table(studies: list[tuple[str, dict]]) -> str:
+    """The markdown of tce_results.md: the headline table, then the paired differences."""
+    head = "| task | algorithm | seeds | env steps | " + " | ".join(label for _, label in COLUMNS) + " |\n"
+    lines = [head, "|---" * (4 + len(COLUMNS)) + "|\n"]
+    for task, data in studies:
+        for a in data["aggregates"]:
+            steps = a.get("env_steps", {}).get("mean")
+            cols = [task, a["algo"], str(len(a["seeds"])), "-" if steps is None else f"{steps:,.0f}"]
+            cols += [_pm(a.get(key)) for key, _ in COLUMNS]
+            lines.append("| " + " | ".join(cols) + " |\n")
+    text = "## At the budget: mean ± standard error over seeds\n\n" + "".join(lines)
+    text += "\n## Paired: TCE minus baseline, same seed (95% t-interval)\n\n"
+    text += "| task | comparison | metric | mean difference | 95% interval | n |\n|---|---|---|---|---|---|\n"
+    labels = dict(COLUMNS)
+    for task, data in studies:
+        for p in data["paired"]:
+            ci = "-" if p["ci95"] is None else f"[{p['ci95'][0]:+.3f}, {p['ci95'][1]:+.3f}]"
+            mean = "-" if p["mean"] is None else f"{p['mean']:+.3f}"
+            metric = labels.get(p["metric"], p["metric"])
+            text += f"| {task} | {p['algo']} - {p['baseline']} | {metric} | {mean} | {ci} | {p['n']} |\n"
+    return text
+
+
+def figure(studies: list[tuple[str, dict]], key: str, ylabel: str, ylim, path: Path) -> bool:
+    """One panel per task with the curve ``key`` of every algorithm (mean ± standard error); False if none."""
+    panels = [(task, [c for c in data["curves"] if c["key"] == key and c["env_steps"]]) for task, data in studies]
+    panels = [(task, curves) for task, curves in panels if curves]
+    if not panels:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = min(3, len(panels))
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.4 * rows), squeeze=False)
+    for ax in axes.ravel()[len(panels) :]:
+        ax.set_visible(False)
+    for ax, (task, curves) in zip(axes.ravel(), panels):
+        for c in curves:
+            x, m = c["env_steps"], c["mean"]
+            lo = [v - (s or 0.0) for v, s in zip(m, c["se"])]
+            hi = [v + (s or 0.0) for v, s in zip(m, c["se"])]
+            color = COLORS.get(c["algo"])
+            ax.plot(x, m, color=color, label=f"{c['algo']} (n={max(c['n'])})", marker="o" if len(x) < 12 else None,
+                    ms=3)  # fmt: skip
+            ax.fill_between(x, lo, hi, color=color, alpha=0.2, lw=0)
+        ax.set_title(task, fontsize=10)
+        ax.set_xlabel("environment steps")
+        ax.set_ylabel(ylabel)
+        if ylim:
+            ax.set_ylim(*ylim)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{ylabel} of the evaluation against environment steps (mean ± standard error over seeds)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def write_report(folder: Path, out: Path | None = None) -> list[Path]:
+    """Write the table, the figures and tce_results.json into ``out`` (default ``<folder>/report``)."""
+    studies = find_studies(folder)
+    if not studies:
+        raise SystemExit(f"{folder}: no finished 'troll tce study' (config.json + study.json) below it.")
+    out = Path(out or Path(folder) / "report")
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / "tce_results.md", out / "tce_results.json"]
+    (out / "tce_results.md").write_text(table(studies))
+    write_json(out / "tce_results.json", [{"task": t, "aggregates": d["aggregates"], "paired": d["paired"]}
+                                          for t, d in studies])  # fmt: skip
+    for name, key, ylabel, ylim in FIGURES:
+        if figure(studies, key, ylabel, ylim, out / name):
+            written.append(out / name)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m troll.episodic.results", description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder", type=Path, help="a folder holding troll tce study folders (make tce-results)")
+    parser.add_argument("--out", type=Path, default=None, help="where to write (default: <folder>/report)")
+    args = parser.parse_args(argv)
+    for path in write_report(args.folder, args.out):
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,306 @@
+"""``troll tce study`` and the report over study folders (``python -m troll.episodic.results``).
+
+- bad input: exit 2, a message naming the flag and the fix, nothing written;
+- end to end on the toy task (tce, bbrl x 2 seeds, 2 iterations of 8 episodes; cells are ``troll tce train``
+  subprocesses): study.json / study.md against the cells' own summary.json and metrics.jsonl, ``--resume`` of a
+  finished study reruns nothing, and of a study with an unfinished cell continues only that cell;
+- results.py on fabricated study folders (2 algorithms x 3 seeds): means, standard errors and paired differences
+  against numbers worked by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+from troll.cli import main
+from troll.episodic import results, study
+from troll.episodic.report import summarise
+from troll.study.files import read_jsonl, write_json
+
+SRC = Path(__file__).parents[2] / "src"
+# 8 episodes x 100 steps = 800 env steps an iteration, evaluated and checkpointed after each
+TINY = ["--episodes", "8", "--eval-episodes", "8", "--eval-every", "1", "--checkpoint-every", "1", "--policy-hidden",
+        "16", "--critic-hidden", "16", "--policy-epochs", "2", "--critic-epochs", "2", "--critic-minibatches", "1",
+        "--workers", "0"]  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def cells_import_this_checkout(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
+
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(["tce", *argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def mean(xs):
+    return sum(xs) / len(xs)
+
+
+def se(xs):
+    """Standard error of the mean with n - 1, written out."""
+    m = mean(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
+
+
+def pm(xs) -> str:
+    """study.md's cell: mean ± standard error over the values that are not None."""
+    kept = [x for x in xs if x is not None]
+    if not kept:
+        return "-"
+    return f"{mean(kept):.3f}" + (f" ± {se(kept):.3f}" if len(kept) > 1 else "")
+
+
+# ---------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--env", "toy/viapiont"], "--env: unknown environment 'toy/viapiont'. Did you mean 'toy/viapoint'"),
+        ([], "--env is required to start a study"),
+        (["--env", "toy/viapoint", "--algos", "tce,foo"], "unknown algorithm 'foo' in --algos; choose from: tce"),
+        (["--env", "toy/viapoint", "--algos", "tce,tce"], "list each once"),
+        (["--env", "toy/viapoint", "--algos", "tce,ppo"], "--algo ppo needs a step-based env, and toy/viapoint has"),
+        (["--env", "toy/viapoint", "--seeds", "0"], "--seeds 0: a count of seeds must lie in [1, 1000]"),
+        (["--env", "toy/viapoint", "--seeds", "a,b"], "--seeds 'a,b': give a count"),
+        (["--env", "toy/viapoint", "--jobs", "0"], "--jobs must be an integer >= 1, got 0"),
+        (["--env", "toy/viapoint", "--mean-bound", "0"], "--mean-bound: mean_bound must be > 0"),
+        (["--env", "toy/viapoint", "--cov-bound", "-1"], "--cov-bound: cov_bound must be > 0"),
+        (["--env", "toy/viapoint", "--ppo-n-steps", "64"], "--ppo-n-steps applies to none of --algos tce,bbrl"),
+        (["--env", "toy/viapoint", "--sweep", "mean-bound=0.1,x"], "--sweep 'mean-bound=0.1,x': each value of"),
+        (
+            ["--env", "gym/reacher", "--algos", "tce,bbrl", "--sweep", "ppo-n-steps=64,128"],
+            "--sweep ppo-n-steps does not apply to tce, bbrl",
+        ),
+        (["--env", "toy/viapoint", "--sweep", "mean-bound=0.1,0.2", "--mean-bound", "0.1"], "sweep it or set it"),
+        (["--env", "toy/viapoint", "--resume"], "config.json not found; start the study without --resume"),
+        (["--env", "toy/viapoint", "--resume", "--overwrite"], "--overwrite and --resume exclude each other"),
+    ],
+)
+def test_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, argv, message):
+    out = tmp_path / "study"
+    code, stdout, err = cli(capsys, "study", "--out", str(out), "--steps", "800", *TINY, *argv)
+    assert code == 2, err
+    assert err.startswith("troll tce study: error: ")
+    assert message in err
+    assert stdout == ""
+    assert not out.exists()
+
+
+def test_a_folder_holding_something_else_or_a_study_is_not_reused(tmp_path, capsys):
+    out = tmp_path / "study"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    for extra in ([], ["--overwrite"], ["--resume"]):
+        code, _, err = cli(capsys, "study", "--out", str(out), "--env", "toy/viapoint", *extra)
+        assert code == 2, extra
+        assert "holds something else" in err or "config.json not found" in err
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+    (out / "notes.txt").unlink()
+    write_json(out / "config.json", {"command": "tce study", "spec": {}})
+    code, _, err = cli(capsys, "study", "--out", str(out), "--env", "toy/viapoint")
+    assert code == 2 and "is not empty; pass --resume to continue it, --overwrite to replace it" in err
+    write_json(out / "config.json", {"command": "tce train", "config": {}})  # a run folder is not a study
+    code, _, err = cli(capsys, "study", "--out", str(out), "--env", "toy/viapoint", "--overwrite")
+    assert code == 2 and "holds something else" in err
+    assert [p.name for p in out.iterdir()] == ["config.json"]
+
+
+# ---------------------------------------------------------------- end to end on the toy task
+
+
+def test_study_end_to_end_then_resume(tmp_path, capsys):
+    out = tmp_path / "study"
+    argv = ["--env", "toy/viapoint", "--algos", "tce,bbrl", "--seeds", "2", "--steps", "1600", *TINY]
+    code, stdout, err = cli(capsys, "study", "--out", str(out), "--jobs", "2", *argv)
+    assert code == 0, err
+    assert f"wrote {out / 'study.json'}" in stdout
+    for name in ("config.json", "study.json", "study.md", "study.png"):
+        assert (out / name).is_file(), name
+    assert json.loads((out / "config.json").read_text())["command"] == "tce study"
+    folders = {(a, s): out / a / f"seed{s}" for a in ("tce", "bbrl") for s in (0, 1)}
+    summaries = {k: json.loads((f / "summary.json").read_text()) for k, f in folders.items()}
+    rows = {k: read_jsonl(f / "metrics.jsonl") for k, f in folders.items()}
+    for (algo, seed), summary in summaries.items():
+        assert (summary["algo"], summary["seed"], summary["env_steps"]) == (algo, seed, 1600)
+        assert [r["env_steps"] for r in rows[algo, seed]] == [800, 1600]
+    log = (out / "tce" / "seed1.log").read_text().splitlines()[0]
+    assert "tce train --out" in log and "--env toy/viapoint --algo tce --seed 1 --threads 1 --workers 0" in log
+    assert "--steps 1600 --episodes 8" in log
+
+    data = json.loads((out / "study.json").read_text())
+    table = (out / "study.md").read_text()
+    for algo in ("tce", "bbrl"):
+        (agg,) = [a for a in data["aggregates"] if a["algo"] == algo]
+        assert agg["seeds"] == [0, 1]
+        cells = [(summaries[algo, s], rows[algo, s]) for s in (0, 1)]
+        evals = [[r for r in rs if r.get("eval/return") is not None] for _, rs in cells]
+        numbers = {  # study.py's numbers of each cell, from its own files
+            "success": [s["success_rate"] for s, _ in cells],
+            "best_success": [max(r["eval/success_rate"] for r in e) for e in evals],
+            "success_auc": [mean([r["eval/success_rate"] for r in e]) for e in evals],
+            "return": [s["return"] for s, _ in cells],
+            "best_return": [max(r["eval/return"] for r in e) for e in evals],
+            "distance": [s["distance"] for s, _ in cells],
+            "steps_to_success": [s["env_steps_to_success"] for s, _ in cells],
+            "env_steps": [s["env_steps"] for s, _ in cells],
+            "minutes": [s["seconds"] / 60 for s, _ in cells],
+        }
+        for key, values in numbers.items():
+            kept = [v for v in values if v is not None]
+            assert agg[key]["n"] == len(kept), key
+            if kept:
+                assert agg[key]["mean"] == pytest.approx(mean(kept), rel=1e-12, abs=1e-12), key
+                assert agg[key]["se"] == pytest.approx(se(kept), rel=1e-9, abs=1e-12), key
+        assert f"| {algo} | 2 | " + " | ".join(pm(v) for v in numbers.values()) + " |" in table
+    for metric, key in (("success", "success_rate"), ("return", "return"), ("distance", "distance")):
+        (pair,) = [p for p in data["paired"] if p["metric"] == metric and p["baseline"] == "bbrl"]
+        diffs = [summaries["tce", s][key] - summaries["bbrl", s][key] for s in (0, 1)]
+        assert [pair["diffs"][str(s)] for s in (0, 1)] == pytest.approx(diffs, abs=1e-12)
+        assert pair["mean"] == pytest.approx(mean(diffs), abs=1e-12) and pair["n"] == 2
+
+    # --resume of a finished study (with the options it was started with) runs no cell
+    def stamps():
+        return {p: p.stat().st_mtime_ns for f in folders.values() for p in sorted(f.iterdir())}
+
+    before = stamps()
+    code, _, err = cli(capsys, "study", "--out", str(out), "--resume", "--policy-hidden", "16", "--jobs", "2")
+    assert code == 0, err
+    assert "started" not in err
+    assert stamps() == before
+    assert {c["status"] for c in json.loads((out / "study.json").read_text())["cells"]} == {"kept"}
+    # the grid may not change on resume
+    code, _, err = cli(capsys, "study", "--out", str(out), "--resume", "--seeds", "3")
+    assert code == 2 and "--seeds differ from its config.json" in err
+
+    # a cell without its summary (stopped after its last checkpoint) continues from it, with the new --threads
+    unfinished = folders["tce", 1]
+    (unfinished / "summary.json").unlink()
+    code, _, err = cli(capsys, "study", "--out", str(out), "--resume", "--threads", "2")
+    assert code == 0, err
+    assert err.count("started") == 1 and f"started {unfinished} (resuming)" in err
+    last = [line for line in (out / "tce" / "seed1.log").read_text().splitlines() if line.startswith("$ ")][-1]
+    assert last.endswith(f"--out {unfinished} --no-progress --resume --threads 2 --workers 0")
+    assert json.loads((unfinished / "summary.json").read_text()) == summaries["tce", 1]
+    assert read_jsonl(unfinished / "metrics.jsonl") == rows["tce", 1]
+    assert {p: t for p, t in stamps().items() if unfinished not in p.parents} == {
+        p: t for p, t in before.items() if unfinished not in p.parents
+    }
+
+
+# ---------------------------------------------------------------- results.py on fabricated studies
+
+# per (algo, seed): the two evaluations (success rate, return, final distance), at 800 and 1600 env steps
+GYM_EVALS = {
+    ("tce", 0): [(0.5, -15.0, 0.5), (1.0, -10.0, 0.125)],
+    ("tce", 1): [(0.25, -25.0, 0.5), (0.5, -20.0, 0.25)],
+    ("tce", 2): [(0.5, -35.0, 0.5), (0.75, -30.0, 0.375)],
+    ("bbrl", 0): [(0.25, -30.0, 0.5), (0.5, -20.0, 0.25)],
+    ("bbrl", 1): [(0.0, -30.0, 0.5), (0.25, -20.0, 0.25)],
+    ("bbrl", 2): [(0.5, -45.0, 0.5), (0.75, -40.0, 0.25)],
+}
+TOY_EVALS = {("tce", 0): [(0.25, -2.0, 0.5), (0.5, -1.5, 0.25)]}
+
+
+def fake_study(out: Path, env: str, evals: dict) -> None:
+    """A finished ``tce study`` folder: each cell's config.json, metrics.jsonl and summary.json (report.summarise of
+    the rows, as a run writes it), then the study's own report through the engine (every cell kept, none run)."""
+    algos = list(dict.fromkeys(a for a, _ in evals))
+    seeds = sorted({s for _, s in evals})
+    spec = study.StudySpec(env, algos, seeds, steps=1600, options={"policy_hidden": (16,)})
+    cells = study.plan(spec, out)
+    assert {(c.arm, c.seed) for c in cells} == set(evals)
+    for cell in cells:
+        rows = [
+            {
+                "iteration": i,
+                "env_steps": 800 * i,
+                "rollout/return": ret - 1.0,
+                "eval/success_rate": success,
+                "eval/return": ret,
+                "eval/distance": distance,
+                "time/iteration": 30.0,
+            }  # fmt: skip
+            for i, (success, ret, distance) in enumerate(evals[cell.arm, cell.seed], start=1)
+        ]
+        cell.folder.mkdir(parents=True)
+        config = {"algo": cell.arm, "env": env, "seed": cell.seed}
+        write_json(cell.folder / "config.json", {"command": "tce train", "config": config})
+        (cell.folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        write_json(cell.folder / "summary.json", summarise(rows, config, iterations=len(rows)))
+    status = study.run(out, spec, cells, clear=False, jobs=1, report=lambda text: None)
+    assert set(status.values()) == {"kept"}
+
+
+def test_results_report_by_hand(tmp_path, capsys):
+    root = tmp_path / "studies"
+    fake_study(root / "gym-reacher-sparse", "gym/reacher-sparse", GYM_EVALS)
+    fake_study(root / "toy", "toy/viapoint", TOY_EVALS)
+    (root / "notes").mkdir()
+    (root / "notes" / "config.json").write_text("{not json")  # skipped, not an error
+
+    # the engine's study.json (what results.py reads), worked by hand:
+    # tce success at the budget [1, 0.5, 0.75]: mean 0.75, se sqrt((0.0625 + 0.0625 + 0) / 2 / 3) = 0.1443376
+    # tce success over the run [0.75, 0.375, 0.625]: mean 0.5833333, se sqrt(0.0729167 / 2 / 3) = 0.1102396
+    # tce return [-10, -20, -30]: mean -20, se sqrt(200 / 2 / 3) = 5.7735027; bbrl [-20, -20, -40]: -26.666667,
+    # se sqrt(266.666667 / 6) = 6.6666667; tce distance [0.125, 0.25, 0.375]: 0.25, se sqrt(0.03125 / 6) = 0.0721688
+    data = json.loads((root / "gym-reacher-sparse" / "study.json").read_text())
+    agg = {a["algo"]: a for a in data["aggregates"]}
+    assert agg["tce"]["success"] == {"mean": 0.75, "se": pytest.approx(0.1443376, abs=1e-7), "n": 3}
+    assert agg["tce"]["success_auc"]["mean"] == pytest.approx(0.5833333, abs=1e-7)
+    assert agg["tce"]["success_auc"]["se"] == pytest.approx(0.1102396, abs=1e-7)
+    assert agg["tce"]["return"] == {"mean": -20.0, "se": pytest.approx(5.7735027, abs=1e-7), "n": 3}
+    assert agg["bbrl"]["return"]["mean"] == pytest.approx(-26.6666667, abs=1e-7)
+    assert agg["bbrl"]["return"]["se"] == pytest.approx(6.6666667, abs=1e-7)
+    assert agg["tce"]["distance"] == {"mean": 0.25, "se": pytest.approx(0.0721688, abs=1e-7), "n": 3}
+    assert agg["bbrl"]["distance"] == {"mean": 0.25, "se": 0.0, "n": 3}
+    assert agg["tce"]["minutes"]["mean"] == 1.0  # 2 rows x 30 s
+    # paired tce - bbrl, per seed: success [0.5, 0.25, 0]: mean 0.25, se 0.1443376, 95% 0.25 -+ 4.3027 x se
+    paired = {p["metric"]: p for p in data["paired"]}
+    assert paired["success"]["diffs"] == {"0": 0.5, "1": 0.25, "2": 0.0}
+    assert paired["success"]["ci95"] == pytest.approx([0.25 - 0.6210412, 0.25 + 0.6210412], abs=1e-6)
+    assert paired["return"]["diffs"] == {"0": 10.0, "1": 0.0, "2": 10.0}
+    assert paired["return"]["mean"] == pytest.approx(6.6666667, abs=1e-7)
+    assert paired["return"]["ci95"] == pytest.approx([6.6666667 - 14.3423333, 6.6666667 + 14.3423333], abs=1e-6)
+
+    assert results.main([str(root)]) == 0
+    report = root / "report"
+    printed = capsys.readouterr().out.splitlines()
+    names = ["tce_results.md", "tce_results.json", "tce_success.png", "tce_return.png", "tce_distance.png"]
+    assert printed == [f"wrote {report / n}" for n in names]
+    for name in names[2:]:
+        assert (report / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = (report / "tce_results.md").read_text()
+    table = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| task |")]
+    assert table[:3] == [  # the toy task first; one seed: no standard error
+        "| toy/viapoint | tce | 1 | 1,600 | 0.500 | 0.500 | 0.375 | -1.500 | 0.250 |",
+        "| gym/reacher-sparse | tce | 3 | 1,600 | 0.750 ± 0.144 | 0.750 ± 0.144 | 0.583 ± 0.110 | -20.000 ± 5.774 "
+        "| 0.250 ± 0.072 |",
+        "| gym/reacher-sparse | bbrl | 3 | 1,600 | 0.500 ± 0.144 | 0.500 ± 0.144 | 0.375 ± 0.144 | -26.667 ± 6.667 "
+        "| 0.250 ± 0.000 |",
+    ]
+    # success over the run, per seed [0.375, 0.25, 0]: mean 0.2083333, se 0.1102396, half-width 0.4743276;
+    # distance [-0.125, 0, 0.125]: mean 0, se 0.0721688, half-width 0.3105220
+    assert table[3:] == [
+        "| gym/reacher-sparse | tce - bbrl | success at the budget | +0.250 | [-0.371, +0.871] | 3 |",
+        "| gym/reacher-sparse | tce - bbrl | mean success over the run | +0.208 | [-0.266, +0.683] | 3 |",
+        "| gym/reacher-sparse | tce - bbrl | return at the budget | +6.667 | [-7.676, +21.009] | 3 |",
+        "| gym/reacher-sparse | tce - bbrl | final distance at the budget | +0.000 | [-0.311, +0.311] | 3 |",
+    ]
+    saved = json.loads((report / "tce_results.json").read_text())
+    assert [s["task"] for s in saved] == ["toy/viapoint", "gym/reacher-sparse"]
+    assert saved[1]["aggregates"] == data["aggregates"] and saved[1]["paired"] == data["paired"]
+
+
+def test_results_without_a_finished_study_says_so(tmp_path):
+    with pytest.raises(SystemExit, match="no finished 'troll tce study'"):
+        results.main([str(tmp_path)])
+    assert not (tmp_path / "report").exists()
