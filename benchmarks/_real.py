@@ -11,6 +11,10 @@ and a mask, with N = sequences x completion tokens:
   (seed 0) that gives sigma = 0.021 and 43% of the rows projected.
 The batch is cached under benchmarks/results/ (gitignored), so only the first run pays for generation.
 
+``real_head`` returns the new policy's LM-head input (1, N, H) and weight (V, H) at the same positions, so that a
+loss from hidden states (the chunked LM head) sees exactly the rows of ``real_batch``: ``hidden @ weight.T``
+reproduces its new logits. Cached beside the batch.
+
 For vocabularies larger than the model's (V = 151936, a Qwen-sized head), ``widen`` appends columns drawn from
 each row's own tail: the same real head, and a tail with the real model's shape, so the kept count at delta 1e-5
 stays near the real one.
@@ -139,6 +143,36 @@ def real_batch(path: Path, *, n_seq=16, length=256, eps=0.05, target=1 / 3, seed
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(d, path)
     return d["old"], d["new"], d["tokens"], d["adv"], d["mask"], facts
+
+
+def real_head(path: Path, batch_path: Path, *, n_seq=16, length=256, seed=0):
+    """(hidden (1, N, H), weight (V, H)) of the perturbed model of ``real_batch`` (cached at ``path``)."""
+    if path.exists():
+        d = torch.load(path)
+        return d["hidden"], d["weight"]
+    old, new, tokens, _, _, facts = real_batch(batch_path, n_seq=n_seq, length=length, seed=seed)
+    model, tok = _load()
+    texts = [
+        tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+        for p in (PROMPTS * (n_seq // len(PROMPTS) + 1))[:n_seq]
+    ]
+    enc = tok(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    prompt_len = enc.input_ids.shape[1]
+    ids = torch.cat([enc.input_ids, tokens.reshape(n_seq, length)], 1)
+    mask = torch.cat([enc.attention_mask, torch.ones(n_seq, length, dtype=enc.attention_mask.dtype)], 1)
+    _perturbed(model, facts["sigma"], seed + 1)
+    hidden = []
+    with torch.no_grad():
+        for i in range(n_seq):
+            out = model(input_ids=ids[i : i + 1], attention_mask=mask[i : i + 1], output_hidden_states=True)
+            hidden.append(out.hidden_states[-1][0, prompt_len - 1 : -1].float())
+    hidden = torch.cat(hidden).unsqueeze(0)
+    weight = model.get_output_embeddings().weight.detach().float().clone()
+    err = float((hidden[0, :256] @ weight.T - new[0, :256]).abs().max())
+    if err > 1e-3:
+        raise RuntimeError(f"hidden @ weight.T departs from the cached new logits by {err:.2e}; delete {batch_path}")
+    torch.save({"hidden": hidden, "weight": weight}, path)
+    return hidden, weight
 
 
 def widen(old: torch.Tensor, new: torch.Tensor, vocab: int, *, seed: int = 0, head: int = 64):

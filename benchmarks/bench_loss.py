@@ -28,6 +28,13 @@ high-water mark is the method's own working set, inputs excluded.
     python benchmarks/bench_loss.py --vocab 49152 --threads 2 --load both --no-memory      # idle and under load
 Writes benchmarks/results/bench_loss.csv and prints a markdown table.
 
+``--head`` times the losses from the LM head's input instead, on the same real rows (V = 49152; the perturbed
+model's final hidden states and head weight, cached beside the rows): ``troll_chunked`` is
+troll.troll_loss_from_hidden (vocabulary chunks, never an (N, V) tensor), ``troll_unfused`` is ``hidden @ W.T`` then
+troll.troll_loss, ``mclip`` is ``hidden @ W.T`` then the minimal clip loss; gradients to the hidden states and W.
+
+    python benchmarks/bench_loss.py --head --threads 1 --load both --no-memory
+
 ``--load both`` times every round twice, alone and while another process keeps one core busy (a busy loop started
 for the round and stopped after it), and reports each condition in its own row; ``--load busy`` only the latter.
 """
@@ -43,7 +50,7 @@ import time
 from pathlib import Path
 
 import torch
-from _real import real_batch, widen
+from _real import real_batch, real_head, widen
 from _report import competing_load, reset_peak, status_kb, write_results
 
 import troll
@@ -51,6 +58,7 @@ from troll.sparse import kept_ids
 
 RESULTS = Path(__file__).parent / "results"
 REAL_CACHE = RESULTS / "real_smollm2_16x256.pt"
+REAL_HEAD_CACHE = RESULTS / "real_smollm2_16x256_head.pt"
 METHODS = ("troll", "clip", "mclip", "lse", "traffic")
 MEMORY_METHODS = ("troll", "clip", "mclip")
 
@@ -172,26 +180,74 @@ def peak_memory(method: str, vocab: int, args) -> float:
 CONDITIONS = {"none": ("idle",), "busy": ("loaded",), "both": ("idle", "loaded")}
 
 
-def time_methods(new, old_sparse, old_tok, tokens, adv, mask, args):
-    """Medians per condition and method: {condition: {method: seconds}}, and the last TROLL metrics."""
+def time_methods(methods, call, args):
+    """Medians per condition and method: {condition: {method: seconds}}, and the last TROLL metrics.
+
+    ``call(method)`` runs one forward + backward and returns the loss output (or None)."""
     conditions = CONDITIONS[args.load]
-    times = {c: {m: [] for m in METHODS} for c in conditions}
+    times = {c: {m: [] for m in methods} for c in conditions}
     metrics = None
     for r in range(args.repeats + 1):  # the first round warms up; the order rotates every round
         for condition in conditions:
             with competing_load(condition == "loaded"):
-                for method in METHODS[r % len(METHODS) :] + METHODS[: r % len(METHODS)]:
+                for method in methods[r % len(methods) :] + methods[: r % len(methods)]:
                     t0 = time.perf_counter()
-                    out = run_method(method, new, old_sparse, old_tok, tokens, adv, mask, args)
+                    out = call(method)
                     times[condition][method].append(time.perf_counter() - t0)
                     metrics = out.metrics if out is not None else metrics
-    new.grad = None
     return {c: {m: statistics.median(t[1:]) for m, t in ts.items()} for c, ts in times.items()}, metrics
+
+
+HEAD_METHODS = ("troll_chunked", "troll_unfused", "mclip")
+
+
+def run_head(method: str, hidden, weight, old_sparse, old_tok, tokens, adv, mask, args):
+    """Forward + backward of one method from the LM head's input; gradients to ``hidden`` and ``weight``."""
+    hidden.grad = weight.grad = None
+    kw = dict(kl_bound=args.eps, top_k=args.top_k, delta=args.delta)
+    if method == "troll_chunked":
+        out = troll.troll_loss_from_hidden(hidden, weight, old_sparse, tokens, adv, mask, **kw)
+        out.loss.backward()
+        return out
+    logits = hidden @ weight.T
+    if method == "troll_unfused":
+        out = troll.troll_loss(logits, old_sparse, tokens, adv, mask, **kw)
+        out.loss.backward()
+        return out
+    minimal_clip(logits, old_tok, tokens, adv, mask).backward()
+    return None
+
+
+def bench_head(args) -> list[dict]:
+    """The LM-head rows (--head): chunked and unfused TROLL against hidden @ W.T + the minimal clip loss."""
+    old, _, tokens, adv, mask, _ = real_batch(REAL_CACHE, eps=args.eps)
+    hidden, weight = real_head(REAL_HEAD_CACHE, REAL_CACHE)
+    n = args.tokens
+    old, tokens, adv, mask = old[:, :n], tokens[:, :n], adv[:, :n], mask[:, :n]
+    old_sparse = troll.sparsify(old, top_k=args.top_k, delta=args.delta, include=tokens)
+    old_tok = troll.old_token_logp(old_sparse, tokens).float()
+    hidden = hidden[:, :n].clone().requires_grad_(True)
+    weight = weight.clone().requires_grad_(True)
+    medians, metrics = time_methods(
+        HEAD_METHODS, lambda m: run_head(m, hidden, weight, old_sparse, old_tok, tokens, adv, mask, args), args
+    )
+    rows = []
+    for condition, med in medians.items():
+        row = {"V": weight.shape[0], "H": weight.shape[1], "N": n, "rows": "real", "path": "head"}
+        row.update({"threads": torch.get_num_threads(), "load": condition})
+        row.update({f"{m}_s": round(med[m], 4) for m in HEAD_METHODS})
+        row.update({f"{m}/mclip": round(med[m] / med["mclip"], 3) for m in HEAD_METHODS[:2]})
+        row["support_mean"] = round(float(metrics["support/mean"]), 2)
+        rows.append(row)
+    return rows
 
 
 def bench_vocab(vocab: int, args) -> list[dict]:
     old_sparse, old_tok, new, tokens, adv, mask = inputs(vocab, args)
-    medians, metrics = time_methods(new, old_sparse, old_tok, tokens, adv, mask, args)
+    medians, metrics = time_methods(
+        METHODS, lambda m: run_method(m, new, old_sparse, old_tok, tokens, adv, mask, args), args
+    )
+    new.grad = None
     with torch.no_grad():
         proj = troll.project_sparse(
             new.detach(), old_sparse, args.eps, top_k=args.top_k, delta=args.delta, include=tokens
@@ -243,7 +299,8 @@ def main(argv=None) -> None:
         default="none",
         help="time alone (none), while another process keeps one core busy (busy), or both, round by round",
     )
-    p.add_argument("--out", type=Path, default=RESULTS / "bench_loss.csv")
+    p.add_argument("--head", action="store_true", help="the losses from the LM head's input (chunked TROLL)")
+    p.add_argument("--out", type=Path, default=None, help="default benchmarks/results/bench_loss[_head].csv")
     p.add_argument("--child", choices=METHODS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.vocab = args.vocab or ([32000, 151936] if args.synthetic else [49152, 151936])
@@ -251,7 +308,10 @@ def main(argv=None) -> None:
         torch.set_num_threads(args.threads)
     if args.child:
         return child(args)
-    rows = [row for v in args.vocab for row in bench_vocab(v, args)]
+    if args.head and args.synthetic:
+        p.error("--head uses the real model's rows; drop --synthetic")
+    args.out = args.out or RESULTS / ("bench_loss_head.csv" if args.head else "bench_loss.csv")
+    rows = bench_head(args) if args.head else [row for v in args.vocab for row in bench_vocab(v, args)]
     header = (
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
         f"{'synthetic' if args.synthetic else 'SmolLM2-135M-Instruct'} rows, eps {args.eps}, K {args.top_k}, "
