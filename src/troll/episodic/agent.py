@@ -1,4 +1,4 @@
-"""The TCE agent, and BBRL in the same code (TCE_SPEC section 3; docs/tce.md, "Agent").
+"""The TCE agent, and BBRL in the same code (docs/tce.md, "What TCE is").
 
 One iteration:
 1. rollout: reset E episodes (contexts c), sample theta ~ N(mu(c), L L^T), build each desired trajectory with the

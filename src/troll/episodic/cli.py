@@ -89,7 +89,7 @@ def _add_run_flags(p: argparse.ArgumentParser, *, study: bool = False) -> None:
     p.add_argument("--threads", default=argparse.SUPPRESS, help="torch threads of a run (default: 1)")
     if not study:
         p.add_argument("--no-progress", action="store_true", help="no progress bar: a line per evaluation instead")
-    group = p.add_argument_group("TCE and BBRL (default: the env family's preset; docs/tce.md, 'Config')")
+    group = p.add_argument_group("TCE and BBRL (default: the env family's preset; docs/tce.md, 'Config and presets')")
     for name, metavar, text in opts.TCE_FLAGS:
         group.add_argument(opts.flag(name), default=argparse.SUPPRESS, metavar=metavar, help=text)
     group = p.add_argument_group("PPO (stable-baselines3's defaults)")

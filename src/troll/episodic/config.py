@@ -1,6 +1,6 @@
-"""``TCEConfig``: every number a user would tune for TCE and BBRL, in one validated dataclass (docs/tce.md, "Config").
+"""``TCEConfig``: every number a user would tune for TCE and BBRL, in one validated dataclass.
 
-The defaults are the spec's (TCE_SPEC.md section 3, the paper's Meta-World runs): 16 episodes an iteration, a
+The defaults are the paper's Meta-World settings (docs/tce.md, "Config and presets"): 16 episodes an iteration, a
 ProDMP with 8 basis functions (alpha 10, alpha_x 3), 25 segment indices (24 pairs) at a fixed interval with a
 random offset, a 2 x 128 tanh policy with one global Cholesky factor, 50 critic then 50 policy epochs of full-batch
 Adam, GAE lambda 0.95 with gamma 1, and the KL trust region 0.005 / 0.0005 with regression weight 1.
@@ -31,12 +31,12 @@ ENTROPY_SCHEDULES = ("none", "linear", "exponential")
 # Fields that say how a run executes, not what it computes: a resumed run may change them.
 RUNTIME_FIELDS = ("threads", "workers")
 
-# Per environment family: what the spec fixes (Meta-World bounds) and what we chose (docs/tce.md, "Presets").
+# Per environment family: what the spec fixes (Meta-World bounds) and what we chose (docs/tce.md, "Config and presets").
 # Scales: a unit weight of the ProDMP moves a DoF by ~0.008 (std at mid-motion) per unit of weights_scale, a unit
 # goal by goal_scale (96 % of it at the end of the episode), so theta ~ N(0, init_std^2) explores positions of about
 # init_std * goal_scale, and the network's outputs stay O(1).
 PRESETS: dict[str, dict] = {
-    # point mass, positions in [-1, 1], 100 steps (docs/tce.md, "The toy preset"). A stiffer DMP (alpha 25) settles
+    # point mass, positions in [-1, 1], 100 steps (docs/tce.md, "Config and presets"). A stiffer DMP (alpha 25) settles
     # within the episode, so the mass can stop at the goal (with alpha 10 and tau = the duration it is still moving,
     # and the success rule's speed limit failed); unit weights then move it ~0.0015, hence weights_scale 500. 64
     # episodes (the env is nearly free), 10 pairs 10 steps apart (24 pairs 4 steps apart learned 3x slower: the pair
@@ -127,7 +127,7 @@ class TCEConfig:
         total_env_steps: budget; iterations = ceil(total_env_steps / (episodes * horizon)).
         eval_every:      evaluate the mean trajectory (no sampling) every this many iterations, and after the last.
         eval_episodes:   episodes of each evaluation (fixed contexts: the same eval seed every time).
-    ProDMP (TCE_SPEC section 2): num_basis N (8), dmp_alpha (10), dmp_alpha_x (3), weights_scale, goal_scale,
+    ProDMP (docs/tce.md, "ProDMP"): num_basis N (8), dmp_alpha (10), dmp_alpha_x (3), weights_scale, goal_scale,
         relative_goal (goal = y0 + goal_scale theta_g). P = D (N + 1) parameters.
     Segments: num_segments K pairs (24) from K + 1 indices at a fixed interval floor(T / K) with a random offset per
         episode (``random_offset=False``: offset 0, the first index at step 0).

@@ -29,7 +29,8 @@ OWN_FLAGS = {"algo": "--algo", "env": "--env", "seed": "--seed", "total_env_step
 SHARED = ("episodes", "eval_every", "eval_episodes", "checkpoint_every")
 
 PRESET = "default: the env family's preset"
-# (TCEConfig field, metavar, help); the default of each comes from TCEConfig.preset(env) (docs/tce.md, "Config")
+# (TCEConfig field, metavar, help); the default of each comes from TCEConfig.preset(env)
+# (docs/tce.md, "Config and presets")
 TCE_FLAGS: tuple[tuple[str, str, str], ...] = (
     ("env_options", "JSON", "the env's own options as a JSON object, e.g. '{\"gain\": 25}' (default: {})"),
     ("episodes", "E", f"episodes per iteration ({PRESET}: 16 on Meta-World and Reacher, 64 on the toy)"),

@@ -1,11 +1,11 @@
-"""TCE's policy: context c -> N(mu(c), L L^T) over the ProDMP parameters theta (docs/tce.md, "Policy").
+"""TCE's policy: context c -> N(mu(c), L L^T) over the ProDMP parameters theta (docs/tce.md, "What TCE is").
 
 Shapes: E episodes (contexts), C context entries, P = D (N + 1) parameters (D DoF, N basis functions + goal).
 The mean is an MLP of the (normalised) context; the covariance is ONE global full covariance, Sigma = L L^T with
 
     L = diag(softplus(d) + min_std) + strictly-lower(F)           d (P,), F (P, P) free parameters
 
-(TCE_SPEC section 3), so the policy is a :class:`troll.gaussian.Gaussian` of kind "chol" with a (P, P) factor:
+(docs/tce.md, "What TCE is"), so the policy is a :class:`troll.gaussian.Gaussian` of kind "chol" with a (P, P) factor:
 projected once per update, not once per context. The network runs in float64: it is tiny (E contexts, not T
 steps), and the segment likelihoods and the KL projection are float64 anyway (prodmp.py's note: float32 pair
 covariances are off by nats).

@@ -1,4 +1,6 @@
-"""Step-based PPO from stable-baselines3 on the episodic tasks: the third arm of ``troll tce`` (docs/tce.md, "PPO").
+"""Step-based PPO from stable-baselines3 on the episodic tasks, the third arm of ``troll tce``.
+
+docs/tce.md, "How to run".
 
 PPO acts every step: it sees the simulator's own observation and sends the simulator's own action (Reacher's two
 joint torques, Meta-World's hand displacement and gripper command); there is no movement primitive and no tracking
@@ -47,7 +49,7 @@ from troll.episodic.agent import EVAL_STREAM, reset_seed
 from troll.episodic.config import PRESETS, TCEConfig, env_family
 from troll.episodic.envs.base import check_finite, episode_seeds
 from troll.episodic.report import plot_run, summarise
-from troll.episodic.train import COMMAND, PLOT_FILE
+from troll.episodic.train import COMMAND, PLOT_FILE, numbered_files, prepare_run_folder
 from troll.study.files import (
     CONFIG_FILE,
     METRICS_FILE,
@@ -294,34 +296,12 @@ def saved_config(out: Path) -> PPOConfig | None:
 def _prepare(config: PPOConfig | None, out: Path, *, resume: bool) -> tuple[PPOConfig, bool]:
     """Check ``out`` and the config before anything is written; returns (config to run, finished already)."""
     check_out_path(out, "run folder")
-    if not (out.is_dir() and any(out.iterdir())):
-        if config is None:
-            raise UsageError(f"{out} holds no run to resume; pass a config to start one.")
-        return config, False
-    saved = saved_config(out)
-    if saved is None:
-        raise UsageError(f"{out} is not empty and holds no PPO run of '{COMMAND}': it holds something else; "
-                         "choose another folder.")  # fmt: skip
-    if not resume:
-        raise UsageError(f"{out} already holds a PPO run; pass --resume to continue it, or choose another folder.")
-    if config is not None:
-        diff = saved.differences(config)
-        if diff:
-            listed = "; ".join(f"{k}: folder {a!r}, given {b!r}" for k, (a, b) in diff.items())
-            raise UsageError(f"--resume: the config differs from the one {out} was started with ({listed}); resume "
-                             "with the same settings (only threads may change) or start a new folder.")  # fmt: skip
-        saved = dataclasses.replace(saved, threads=config.threads)
-    return saved, (out / SUMMARY_FILE).is_file()
+    return prepare_run_folder(config, out, resume=resume, saved=saved_config(out), kind="PPO", runtime=RUNTIME_FIELDS)
 
 
 def checkpoints(out: Path) -> list[tuple[int, Path]]:
     """(env steps, path) of the folder's PPO checkpoints, oldest first."""
-    found = []
-    for path in Path(out).glob(CHECKPOINT.format("*")):
-        stem = path.name[len("checkpoint-") : -len(".zip")]
-        if stem.isdigit():
-            found.append((int(stem), path))
-    return sorted(found)
+    return numbered_files(out, CHECKPOINT)
 
 
 def save_checkpoint(out: Path, model) -> Path:

@@ -1,4 +1,4 @@
-"""What a TCE run folder reports at its end: summary.json's numbers and plots.png (docs/tce.md, "Run folder").
+"""What a TCE run folder reports at its end: summary.json's numbers and plots.png (docs/tce.md, "How to run").
 
 Both are computed from the metrics.jsonl rows alone (one a line per iteration, ``env_steps`` the x-axis), so a
 resumed run reports over all its iterations, and a study can recompute them from the file. matplotlib is optional:

@@ -12,7 +12,7 @@ covers them in another). Two edges, both handled without special cases:
 - t_K = T (the largest offset): V(s_T) = 0 (the episode is over, critic.py), so the last segment's advantage is
   its rewards minus V(s_{t_{K-1}}): nothing is bootstrapped past the end.
 
-Likelihood of a pair (TCE_SPEC section 3, step 2): the desired positions at (t_k, t_{k+1}) are jointly Gaussian,
+Likelihood of a pair (docs/tce.md, "What TCE is"): the desired positions at (t_k, t_{k+1}) are jointly Gaussian,
 N(H_k mu + xi_k, H_k Sigma H_k^T) (ProDMP.marginals), computed in float64: in float32 the nearly singular pair
 covariances are off by nats (prodmp.py).
 

@@ -1,4 +1,4 @@
-"""``train``: one TCE or BBRL run into a run folder, resumable (docs/tce.md, "Run folder").
+"""``train``: one TCE or BBRL run into a run folder, resumable (docs/tce.md, "How to run").
 
     from troll.episodic.config import TCEConfig
     from troll.episodic.train import train
@@ -26,6 +26,7 @@ unfinished run without ``resume``, or a resume with a config that differs from t
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -121,29 +122,38 @@ def _prepare(config: TCEConfig | None, out: Path, *, resume: bool) -> tuple[TCEC
     check_out_path(out, "run folder")
     if config is not None and not isinstance(config, TCEConfig):
         raise UsageError(f"config must be a TCEConfig (or None with resume=True), got {type(config).__name__}.")
+    return prepare_run_folder(config, out, resume=resume, saved=saved_config(out), kind="TCE", runtime=RUNTIME_FIELDS)
+
+
+def prepare_run_folder(config, out: Path, *, resume: bool, saved, kind: str, runtime: tuple[str, ...]):
+    """The folder rules of a run of this command (TCE / BBRL here, PPO in :mod:`troll.episodic.ppo`).
+
+    ``saved``: the config the folder holds, or None when it holds no run of this kind; ``runtime``: the fields a
+    resumed run may change. An empty folder starts ``config``; a folder of another kind or command, a run without
+    ``resume`` or a changed setting is refused. Returns (config to run, finished already).
+    """
     if not (out.is_dir() and any(out.iterdir())):
         if config is None:
             raise UsageError(f"{out} holds no run to resume; pass a config to start one.")
         return config, False
-    saved = saved_config(out)
     if saved is None:
         raise UsageError(
-            f"{out} is not empty and holds no TCE run ({CONFIG_FILE} of '{COMMAND}'): it holds something else; "
+            f"{out} is not empty and holds no {kind} run ({CONFIG_FILE} of '{COMMAND}'): it holds something else; "
             "choose another folder."
         )
     if not resume:
         raise UsageError(
-            f"{out} already holds a TCE run; pass resume=True (--resume) to continue it, or choose another folder."
+            f"{out} already holds a {kind} run; pass resume=True (--resume) to continue it, or choose another folder."
         )
     if config is not None:
-        diff = saved.differences(config)
+        diff = saved.differences(config, ignore=runtime)
         if diff:
-            listed = "; ".join(f"{k}: folder {a!r}, given {b!r}" for k, a, b in ((k, *v) for k, v in diff.items()))
+            listed = "; ".join(f"{k}: folder {a!r}, given {b!r}" for k, (a, b) in diff.items())
             raise UsageError(
                 f"--resume: the config differs from the one {out} was started with ({listed}); resume with the same "
-                f"settings (only {', '.join(RUNTIME_FIELDS)} may change) or start a new folder."
+                f"settings (only {', '.join(runtime)} may change) or start a new folder."
             )
-        saved = TCEConfig.from_dict({**saved.to_dict(), **{k: getattr(config, k) for k in RUNTIME_FIELDS}})
+        saved = dataclasses.replace(saved, **{k: getattr(config, k) for k in runtime})
     return saved, (out / SUMMARY_FILE).is_file()
 
 
@@ -169,9 +179,15 @@ def _make_env(config: TCEConfig, episodes: int):
 
 def checkpoints(out: Path) -> list[tuple[int, Path]]:
     """(iteration, path) of the folder's checkpoint files, by iteration."""
+    return numbered_files(out, CHECKPOINT)
+
+
+def numbered_files(out: Path, template: str) -> list[tuple[int, Path]]:
+    """(number, path) of the files of ``out`` named ``template`` with a whole number for its ``{}``, by number."""
+    prefix, suffix = template.split("{}")
     found = []
-    for path in Path(out).glob(CHECKPOINT.format("*")):
-        stem = path.name[len("checkpoint-") : -len(".pt")]
+    for path in Path(out).glob(template.format("*")):
+        stem = path.name[len(prefix) : len(path.name) - len(suffix)]
         if stem.isdigit():
             found.append((int(stem), path))
     return sorted(found)
