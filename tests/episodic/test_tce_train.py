@@ -1,5 +1,5 @@
 """``train``: the run folder, refusals before anything is written, determinism, resume == uninterrupted, and the CI
-check that TCE solves the toy task (docs/tce.md, "Run folder")."""
+check that TCE solves the toy task (docs/tce.md, "How to run": the run folder)."""
 
 from __future__ import annotations
 

@@ -69,7 +69,7 @@ TCE_FLAGS: tuple[tuple[str, str, str], ...] = (
     ("entropy_schedule", "NAME", "entropy bound schedule: none, linear, exponential (default: none)"),
     ("entropy_target", "X", "final entropy bound relative to the initial, nats per parameter (default: 0)"),
     ("entropy_rate", "X", "the exponential schedule's remaining share (default: 0.01)"),
-    ("checkpoint_every", "N", "iterations (ppo: rollouts) between checkpoints (default: 10)"),
+    ("checkpoint_every", "N", "iterations (ppo: rollouts) between checkpoints (default: 10; toy 20)"),
 )
 # (PPOConfig field, metavar, help): stable-baselines3's PPO, with SB3's defaults
 PPO_FLAGS: tuple[tuple[str, str, str], ...] = (
