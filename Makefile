@@ -81,7 +81,7 @@ map: $(VENV)/.installed
 
 # docs/tce.md's results: TCE and BBRL, 3 seeds each, on the toy task, Reacher (dense and sparse) and three Meta-World
 # tasks, with stable-baselines3's PPO on Reacher and reach-v3, into a new folder; then the report over them
-# (<folder>/report/). About 3.5 hours with --jobs 2 on the 2-core CPU at these budgets.
+# (<folder>/report/). About 3 hours with --jobs 2 on the 2-core CPU at these budgets.
 TCE_STUDY := $(VENV)/bin/troll tce study --seeds 3 --jobs 2
 # the budgets of docs/tce.md's studies; the presets' own (Meta-World 2M) with e.g. TCE_REACH_STEPS=2000000
 TCE_REACH_STEPS ?= 480000
