@@ -390,19 +390,15 @@ def test_metaworld_push_with_a_held_gripper():
     assert (ep.states[:, -1, 3] < ep.states[:, 0, 3] - 0.1).all()  # the held command +1 closed the gripper
 
 
-def _waypoints(points: list[torch.Tensor], grip: list[float], horizon: int, dt: float):
-    """Minimum-jerk moves through ``points`` (xyz) in equal shares of the episode, the gripper command of each move
-    beside them (D = 4), then rest: positions and their finite-difference velocities, (T + 1, 4) each."""
+def _through(points: list[torch.Tensor], horizon: int, dt: float):
+    """(E, T+1, D) positions and velocities: minimum-jerk moves through ``points`` (each (E, D)) in equal shares of
+    the episode, then at rest; each move is :func:`min_jerk` of its displacement, and the moves add up."""
     n = horizon // len(points)
-    s = torch.linspace(0, 1, n)[:, None]
-    moves = [
-        torch.cat([a + (b - a) * (10 * s**3 - 15 * s**4 + 6 * s**5), torch.full((n, 1), g)], 1)
-        for a, b, g in zip(points[:-1], points[1:], grip, strict=True)
-    ]
-    pos = torch.cat(moves)
-    pos = torch.cat([pos, pos[-1:].expand(horizon + 1 - len(pos), -1)])
+    pos = points[0][:, None].expand(-1, horizon + 1, -1).clone()
     vel = torch.zeros_like(pos)
-    vel[1:] = (pos[1:] - pos[:-1]) / dt
+    for i, (a, b) in enumerate(zip(points[:-1], points[1:], strict=True)):
+        p, v = min_jerk(torch.zeros_like(a), b - a, horizon, dt, move=n, begin=i * n)
+        pos, vel = pos + p, vel + v
     return pos, vel
 
 
@@ -415,23 +411,21 @@ def test_metaworld_hand_made_trajectories_solve_push_and_pick_place(task):
     with make_env(f"metaworld/{task}", num_episodes=2, workers=0) as env:
         start = env.reset(seed=0)
         hold = start.pos[:, None].expand(-1, env.horizon + 1, -1).contiguous()
-        first = env.run(hold, torch.zeros_like(hold)).states[:, 0]
-        hand, obj, goal = first[:, 0:3], first[:, 4:7], first[:, 36:39]
-        assert not env.run(hold, torch.zeros_like(hold)).success.any()  # resting does not solve it
+        rest = env.run(hold, torch.zeros_like(hold))
+        assert not rest.success.any()  # resting does not solve it
+        hand, obj, goal = rest.states[:, 0, 0:3], rest.states[:, 0, 4:7], rest.states[:, 0, 36:39]
+        up = torch.tensor([0.0, 0.0, 1.0])
+        if task == "push-v3":
+            way = torch.cat([goal[:, :2] - obj[:, :2], torch.zeros(2, 1)], 1)
+            way = way / way.norm(dim=1, keepdim=True)
+            behind = obj - 0.06 * way
+            short_of_goal = torch.cat([goal[:, :2], obj[:, 2:]], 1) - 0.02 * way  # at the puck's height
+            xyz = [hand, behind + 0.1 * up, behind, short_of_goal]
+            grip = [-1.0, -1.0, -1.0, -1.0]
+        else:
+            xyz = [hand, obj + 0.1 * up, obj, obj, obj + 0.18 * up, goal]
+            grip = [-1.0, -1.0, -1.0, 1.0, 1.0, 1.0]
+        points = [torch.cat([x, torch.full((2, 1), g)], 1) for x, g in zip(xyz, grip, strict=True)]
         env.reset(seed=0)
-        trajectories = []
-        for e in range(2):
-            if task == "push-v3":
-                way = (goal[e, :2] - obj[e, :2]) / (goal[e, :2] - obj[e, :2]).norm()
-                behind = torch.cat([obj[e, :2] - 0.06 * way, obj[e, 2:]])
-                points = [hand[e], behind + torch.tensor([0.0, 0.0, 0.1]), behind,
-                          torch.cat([goal[e, :2] - 0.02 * way, obj[e, 2:]])]  # fmt: skip
-                grip = [-1.0, -1.0, -1.0]
-            else:
-                above = obj[e] + torch.tensor([0.0, 0.0, 0.1])
-                points = [hand[e], above, obj[e], obj[e], obj[e] + torch.tensor([0.0, 0.0, 0.18]), goal[e]]
-                grip = [-1.0, -1.0, 1.0, 1.0, 1.0]
-            trajectories.append(_waypoints(points, grip, env.horizon, env.dt))
-        pos, vel = (torch.stack(x) for x in zip(*trajectories, strict=True))
-        ep = env.run(pos, vel)
+        ep = env.run(*_through(points, env.horizon, env.dt))
     assert ep.success.all() and (ep.final["distance"] < 0.05).all(), ep.final["distance"]
