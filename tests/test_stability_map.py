@@ -136,6 +136,8 @@ def test_map_by_hand(map_folder):
     assert "| lr | best (2e-05 vs 1e-05) | held-out acc. after | s0: +0.040, s1: +0.040, s2: +0.040 | +0.040 |" in table
     assert "| 2e-05 | 4 | troll:tail=renormalize - troll | held-out acc. after |" in table
     assert "1 cell(s) with other settings left out" in table
+    shares = " / ".join(f"{SHARES[k]:.2f}" for k in ("old_top8", "support", "rest"))
+    assert f" | {shares} |\n" in table  # the KL's parts, off-policy steps only
     for name in ("map_lr.png", "map_reuse.png", "map_kl.png", "map_kl_share.png"):
         assert (map_folder / name).stat().st_size > 10_000, name
     saved = json.loads((map_folder / "map.json").read_text())

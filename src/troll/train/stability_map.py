@@ -280,14 +280,15 @@ def _settings_line(t: dict) -> str:
 
 def _sweep_table(t: dict, axis: str, name: str, fixed: str) -> str:
     head = f"\n**Against {name}** ({fixed}): mean ± standard error over seeds\n\n"
-    head += f"| loss | {axis} | seeds | acc. before | acc. after | acc. peak | above start, every seed | KL reached |\n"
-    head += "|---|---|---|---|---|---|---|---|\n"
+    head += f"| loss | {axis} | seeds | acc. before | acc. after | acc. peak | above start, every seed | KL reached | "
+    head += "KL over the bound: old top 8 / rest of support / tail |\n|---|---|---|---|---|---|---|---|---|\n"
     lines = []
     for arm, points in t[axis].items():
         for p in points:
             cols = [arm, _x(p[axis]), str(len(p["seeds"]))]
             cols += [_pm(p[k]) for k in ("acc_before", "acc_after", "acc_peak")]
             cols += ["yes" if p["above_start_every_seed"] else "no", _pm(p["kl_mean"], ".4f")]
+            cols += [" / ".join(_f(p[f"share_{s}"]["mean"], ".2f") for s in SHARES)]
             lines.append("| " + " | ".join(cols) + " |\n")
     return head + "".join(lines)
 
@@ -329,7 +330,9 @@ NOTE = (
     'best held-out evaluation after step 0. "Above start" means the accuracy after the run beats the accuracy '
     "before it on every seed. The KL reached is the mean over the off-policy steps (the 2nd to last of each rollout "
     "batch) of the token-mean KL(pi || pi_old) over TROLL's sparse support before any projection (for the clip "
-    "losses measured the same way, without changing them). Standard errors use n - 1; the 95% interval is mean ± "
+    "losses measured the same way, without changing them). The last column splits that KL, on the off-policy tokens "
+    "over TROLL's bound, between the old policy's 8 most probable tokens, the other ids of the support and the rest "
+    "category (mean shares; a part can be negative). Standard errors use n - 1; the 95% interval is mean ± "
     "t(0.975, n - 1) x the standard error of the per-seed differences (a seed fixes the data, the initial model and "
     "the held-out items).\n"
 )
