@@ -42,8 +42,9 @@ def test_a_run_passes_its_own_batch_check(moving_run, tmp_path, capsys, extra):
     printed = capsys.readouterr().out
     assert code == 0, printed
     r = json.loads(report.read_text())
-    assert r["ok"] and r["step"] == 4 and r["off_policy"] and r["rerun_steps_compared"] == 3
-    assert r["rerun_max_rel_diff"] == 0.0  # same seed, one thread: the same batches, bit for bit
+    assert r["ok"] and r["step"] == 4 and r["off_policy"] and r["rerun_steps_compared"] == 4
+    # same seed, one thread: the same batches; steps 1-3 bit for bit, step 4 as the trainer's loss scaled like TRL's log
+    assert r["rerun_max_rel_diff"] < 1e-6
     # the check has something to check: the projection is active, the loss and its derivative are not ~0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert max(row.get("troll/projected_frac", 0) for row in rows) > 0.5
@@ -81,4 +82,21 @@ def test_completed_old_policy_has_the_buckets_masses():
 
 def test_bad_input_is_refused(tmp_path, capsys):
     assert batch_check.main([str(tmp_path / "nothing")]) == 2
-    assert "error:" in capsys.readouterr().err
+    assert "has no config.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("extra", "argv", "message"),
+    [
+        ((), ["--step", "5"], "--step must be between 1 and the run's 4 steps"),
+        (("--steps-per-rollout", "1"), [], "ran with --steps-per-rollout 1"),
+        (("--loss", "clip", "--eps", "0.2"), [], "trained with --loss clip"),
+        ((), ["--json", "no-such-folder/check.json"], "--json: the folder no-such-folder does not exist"),
+    ],
+)
+def test_refusals_come_before_the_rerun(moving_run, capsys, monkeypatch, extra, argv, message):
+    out = moving_run(*extra)
+    capsys.readouterr()
+    monkeypatch.setattr("troll.train.run.train", lambda *a, **k: pytest.fail("reran despite bad input"))
+    assert batch_check.main([str(out), *argv]) == 2
+    assert message in capsys.readouterr().err
