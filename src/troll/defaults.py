@@ -21,6 +21,16 @@ TROLL_LOSSES = ("troll", "troll_seq")
 LEVELS = ("token", "sequence")
 # Token aggregations (docs/method.md, "The loss"); verl's loss_agg_mode uses the same names.
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+
+
+def troll_agg(loss: str, agg: str | None = None) -> str:
+    """The aggregation a TROLL loss uses: ``agg`` if given, else token-mean for "troll" (as TRL's "dapo") and
+    seq-mean-token-mean for "troll_seq" (as TRL's "grpo", the GSPO setup)."""
+    if agg is not None:
+        return agg
+    return "seq-mean-token-mean" if loss == "troll_seq" else "token-mean"
+
+
 # How an integration reads the policy off a language model: "chunked" (final hidden states and the LM head's weight
 # in vocabulary chunks, never the (tokens, V) logits) or "dense" (the model's logits).
 LM_HEADS = ("chunked", "dense")

@@ -39,6 +39,7 @@ import tempfile
 from pathlib import Path
 
 from troll.study.files import CONFIG_FILE, METRICS_FILE, UsageError, read_jsonl
+from troll.train.metrics import off_policy_rows
 from troll.train.options import TROLL_LOSSES, saved_options
 
 TOLERANCES = {"trained_minus_reference": (2e-6, 1e-3), "dense_minus_reference": (1e-9, 1e-6)}  # (abs, rel)
@@ -68,10 +69,8 @@ def completed_old_logp(logits, old, tokens, *, top_k: int, delta: float):
     out = torch.empty_like(new)
     for i in range(bsz):
         for t in range(seq):
-            keep = old.mask[i, t]
-            ids = old.ids[i, t][keep].tolist()
-            logp = old.logp[i, t][keep].double()
-            rest = 1.0 - float(logp.exp().sum()) if old.log_rest is None else math.exp(float(old.log_rest[i, t]))
+            ids, logp, rest = _old_row(old, i, t)
+            ids = ids.tolist()
             if rest <= 0.0 and len(ids) < vocab:
                 raise ValueError(f"position ({i}, {t}): the old policy's unkept mass is {rest}; no finite completion")
             support = set(ids) | set(reference.kept_set(new[i, t], top_k, delta)) | {int(tokens[i, t])}
@@ -90,11 +89,11 @@ def completed_old_logp(logits, old, tokens, *, top_k: int, delta: float):
 def loss_settings(opts) -> dict:
     """The keywords of :func:`troll.losses.troll_loss` that ``opts`` (a run's saved options) asks for, read from the
     options themselves rather than from the trainer that ran them."""
-    from troll.defaults import TAIL_FILL
+    from troll.defaults import TAIL_FILL, troll_agg
 
     opts = opts.resolved()
     level = "sequence" if opts.loss == "troll_seq" else "token"
-    agg = opts.agg or ("seq-mean-token-mean" if level == "sequence" else "token-mean")
+    agg = troll_agg(opts.loss, opts.agg)
     return dict(kl_bound=opts.eps, alpha=opts.alpha, top_k=opts.top_k, delta=opts.delta, level=level, agg=agg,
                 max_len=opts.max_completion_length, tail=opts.tail, fill=TAIL_FILL)  # fmt: skip
 
@@ -202,12 +201,20 @@ def _old_logits_renormalize(old, vocab: int):
     out = torch.empty(bsz, seq, vocab, dtype=torch.float64)
     for i in range(bsz):
         for t in range(seq):
-            keep = old.mask[i, t]
-            ids, logp = old.ids[i, t][keep], old.logp[i, t][keep].double()
-            rest = max(1.0 - float(logp.exp().sum()), 1e-300)
-            out[i, t] = math.log(rest / max(vocab - len(ids), 1))
+            ids, logp, rest = _old_row(old, i, t, from_log_rest=False)
+            out[i, t] = math.log(max(rest, 1e-300) / max(vocab - len(ids), 1))
             out[i, t, ids] = logp
     return out
+
+
+def _old_row(old, i: int, t: int, *, from_log_rest: bool = True):
+    """Position (i, t) of the sparse ``old``: its kept ids, their log-probs in float64 and its unkept mass R (the
+    stored ``log_rest`` when there is one and ``from_log_rest``, else 1 - the kept mass)."""
+    keep = old.mask[i, t]
+    ids, logp = old.ids[i, t][keep], old.logp[i, t][keep].double()
+    if from_log_rest and old.log_rest is not None:
+        return ids, logp, math.exp(float(old.log_rest[i, t]))
+    return ids, logp, 1.0 - float(logp.exp().sum())
 
 
 def rerun_and_check(run: Path, step: int | None = None, *, seed: int = 0) -> dict:
@@ -265,11 +272,10 @@ def rerun_and_check(run: Path, step: int | None = None, *, seed: int = 0) -> dic
         raise RuntimeError(f"the rerun finished without reaching step {step}")
     diffs = [_rel(rerun.get(s), logged[s]) for s in range(1, step)]
     diffs.append(_rel(result.pop("trained_logged_as"), logged[step]))
-    old_steps = [s for s in range(1, step + 1) if (s - 1) % opts.steps_per_rollout]
     return {
         "run": str(run),
         "step": step,
-        "off_policy": step in old_steps,
+        "off_policy": bool(off_policy_rows([{"step": step}], opts.steps_per_rollout)),
         "loss": opts.loss,
         "tail": opts.tail,
         "eps": opts.eps,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from troll.citation import GRPO_BIBTEX, TROLL_BIBTEX
-from troll.defaults import TROLL_LOSSES
+from troll.defaults import TROLL_LOSSES, troll_agg
 from troll.train import model as model_lib
 from troll.train.options import LOSSES, RunOptions
 from troll.train.tasks import HELDOUT_SEED_OFFSET, PRESETS
@@ -73,8 +73,7 @@ def loss_section(opts: RunOptions) -> str:
         rows = [("eps", opts.eps, spec.eps_meaning), ("alpha", opts.alpha, "weight of the regression to the "
                 "projected policy"), ("top_k", opts.top_k, "most tokens kept per position"),
                 ("delta", opts.delta, "probability mass left out when sparsifying")]  # fmt: skip
-        default_agg = "seq-mean-token-mean" if opts.loss == "troll_seq" else "token-mean"
-        rows += [("agg", opts.agg or default_agg, "token aggregation"),
+        rows += [("agg", troll_agg(opts.loss, opts.agg), "token aggregation"),
                  ("tail", opts.tail, "mass outside the kept tokens: one rest category, or renormalised")]  # fmt: skip
     else:
         what = f"`{opts.loss}`: {spec.what}, with GRPO's group-relative advantages."

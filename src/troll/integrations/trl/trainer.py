@@ -59,7 +59,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from troll.batch import LossOutput, masked_mean, masked_stats
 from troll.citation import TROLL_ARXIV, TROLL_BIBTEX, TROLL_TITLE
-from troll.defaults import OLD_PREFIX, TROLL_LOSSES
+from troll.defaults import OLD_PREFIX, TROLL_LOSSES, troll_agg
 from troll.distributed import is_fsdp2_model, with_lm_head
 from troll.integrations import hf
 from troll.integrations.trl.config import TrollGRPOConfig, check_trl_version
@@ -120,11 +120,8 @@ class TrollGRPOTrainer(GRPOTrainer):
         return not self._troll_enabled and getattr(self.args, "troll_measure_kl", False) is True
 
     def _troll_agg(self) -> str:
-        """The token aggregation: troll_agg, else token-mean for "troll" (as "dapo"), seq-mean-token-mean for
-        "troll_seq" (as "grpo", the GSPO setup)."""
-        if self.args.troll_agg is not None:
-            return self.args.troll_agg
-        return "seq-mean-token-mean" if self.loss_type == "troll_seq" else "token-mean"
+        """The token aggregation: troll_agg, else the loss type's default (:func:`troll.defaults.troll_agg`)."""
+        return troll_agg(self.loss_type, self.args.troll_agg)
 
     def _troll_needs_old(self) -> bool:
         """Whether a rollout batch feeds more than one optimiser step (TRL's criterion for old log-probs)."""
