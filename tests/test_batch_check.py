@@ -100,3 +100,44 @@ def test_refusals_come_before_the_rerun(moving_run, capsys, monkeypatch, extra, 
     monkeypatch.setattr("troll.train.run.train", lambda *a, **k: pytest.fail("reran despite bad input"))
     assert batch_check.main([str(out), *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def _tied_batch():
+    """Two positions over V = 40 whose current policy has ids 5-14 tied at the cut of K = 6: the kept set holds the
+    four largest ids and two of the ten tied ones. The old policy keeps six other ids, so the projection is active."""
+    from troll.sparse import sparsify
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(1, 2, 40, generator=gen, dtype=torch.float64) * 0.3 - 1
+    logits[..., 30:34] = torch.tensor([3.0, 2.8, 2.6, 2.4], dtype=torch.float64)
+    logits[..., 5:15] = 1.0
+    old_logits = torch.randn(1, 2, 40, generator=gen, dtype=torch.float64) * 0.3 - 1
+    old_logits[..., 20:26] = torch.tensor([3.0, 2.5, 2.2, 2.0, 1.8, 1.5], dtype=torch.float64)
+    tokens = torch.tensor([[30, 21]])
+    old = sparsify(old_logits, top_k=6, delta=1e-5, include=tokens)
+    kwargs = dict(kl_bound=0.05, alpha=1.0, top_k=6, delta=1e-5, level="token", agg="token-mean", max_len=2)
+    kwargs |= dict(tail="bucket", fill=1e-12)
+    return logits, old, tokens, torch.tensor([0.7], dtype=torch.float64), kwargs
+
+
+def test_the_completion_follows_the_librarys_choice_among_tied_ids(monkeypatch):
+    """Which of the tied ids are kept decides the rest bucket's implied old policy, hence the loss's gradient: the
+    reference must complete the old policy on the library's choice (the 4.9e-5 derivative gap of one map cell came
+    from SmolLM2 ids with equal logits at the cut). Completing on another choice of tied ids moves the derivative
+    beyond the tolerance, so the check can fail; a set that is no kept set is refused."""
+    logits, old, tokens, adv, kwargs = _tied_batch()
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    r = batch_check.check_logits(logits, old, tokens, adv, mask, kwargs)
+    assert r["projected_positions"] == 2 and abs(r["derivative_reference_fd"]) > 1e-3
+    assert abs(r["dense_minus_reference"]) < 1e-9 and r["derivative_rel_diff"] < 1e-7
+
+    chosen = batch_check._library_kept(logits, 6, 1e-5)
+    tied = set(range(5, 15))
+    assert all(len(tied & set(row)) == 2 for row in chosen[0])  # the cut splits the tie
+    others = [[[j for j in row if j not in tied] + sorted(tied - set(row))[:2] for row in chosen[0]]]
+    monkeypatch.setattr(batch_check, "_library_kept", lambda *a: others)
+    assert batch_check.check_logits(logits, old, tokens, adv, mask, kwargs)["derivative_rel_diff"] > 1e-4
+
+    not_kept = [[[j for j in row if j not in tied] + [0, 1] for row in chosen[0]]]  # ids below the tie
+    with pytest.raises(RuntimeError, match="not a kept set"):
+        batch_check.completed_old_logp(logits, old, tokens, top_k=6, delta=1e-5, new_kept=not_kept)

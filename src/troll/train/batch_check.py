@@ -13,7 +13,8 @@ study cell) of ``troll train`` with a TROLL loss. Runs do not store their batche
    - ``reference``: :mod:`troll.reference`'s dense float64 loss, written from the equations of docs/method.md,
      against the old policy completed over the whole vocabulary as "The sparse support and the rest bucket" says
      (stored log-probs on the old kept ids, the unkept mass spread uniformly on the rest of the support, and
-     inside the rest the old mass in the current policy's shape); with ``--tail renormalize``, the paper's
+     inside the rest the old mass in the current policy's shape; the support takes the current policy's kept ids
+     as the library chose them, which matters where ids tie at the cut); with ``--tail renormalize``, the paper's
      representation position by position (:func:`troll.reference.troll_loss_renormalized`).
    It also compares the gradient: the directional derivative of ``dense`` along a random direction in logit space
    (autograd) against central finite differences of the reference, with the old policy and the projection inside
@@ -52,13 +53,18 @@ class _Stop(Exception):
     """Raised from inside the trainer once step N's batch has been checked."""
 
 
-def completed_old_logp(logits, old, tokens, *, top_k: int, delta: float):
+def completed_old_logp(logits, old, tokens, *, top_k: int, delta: float, new_kept=None):
     """(B, T, V) float64 log-probs of the old policy over the whole vocabulary, completed from the sparse ``old``
     as the rest bucket assumes (docs/method.md, "The sparse support and the rest bucket").
 
     The support U per position is the old kept ids, the new kept ids (the kept rule on ``logits``) and the sampled
     token. On U: the stored log-prob where the old policy kept the id, else R / (V - |kept|), R the old unkept mass.
     Outside U: the remaining old mass R (V - |U|) / (V - |kept|), spread in the current policy's shape.
+
+    ``new_kept``: the new kept ids per position ((B, T) nested lists) as the library chose them, in place of
+    :func:`troll.reference.kept_set`'s. Where tokens tie at the cut (SmolLM2 has ids with equal logits), both
+    choices are kept sets, but the completion, and with it the loss's gradient, depends on which ids are in U. The
+    given sets are checked to be kept sets: the same probabilities as the reference's, ties aside.
     """
     import torch
 
@@ -73,7 +79,13 @@ def completed_old_logp(logits, old, tokens, *, top_k: int, delta: float):
             ids = ids.tolist()
             if rest <= 0.0 and len(ids) < vocab:
                 raise ValueError(f"position ({i}, {t}): the old policy's unkept mass is {rest}; no finite completion")
-            support = set(ids) | set(reference.kept_set(new[i, t], top_k, delta)) | {int(tokens[i, t])}
+            kept = reference.kept_set(new[i, t], top_k, delta)
+            if new_kept is not None:
+                given = list(new_kept[i][t])
+                if not torch.equal(new[i, t][given].sort().values, new[i, t][kept].sort().values):
+                    raise RuntimeError(f"position ({i}, {t}): the library's kept ids are not a kept set of the rule")
+                kept = given
+            support = set(ids) | set(kept) | {int(tokens[i, t])}
             others = vocab - len(ids)
             row = torch.full((vocab,), math.log(rest / others) if others else -math.inf, dtype=torch.float64)
             row[ids] = logp
@@ -103,9 +115,7 @@ def check_batch(trainer, model, inputs: dict, kwargs: dict, *, seed: int = 0) ->
     run's loss settings (:func:`loss_settings`)."""
     import torch
 
-    from troll import reference
     from troll.integrations.trl.trainer import _loss_mask
-    from troll.losses import troll_loss
     from troll.sparse import SparseLogProbs
 
     tokens, mask, adv = inputs["completion_ids"], _loss_mask(inputs), inputs["advantages"]
@@ -114,8 +124,23 @@ def check_batch(trainer, model, inputs: dict, kwargs: dict, *, seed: int = 0) ->
     logged_as = trained * float(trainer._troll_loss_scale(inputs, mask))  # what TRL logs as the step's loss
     with torch.no_grad():
         logits = trainer._troll_logits(model, inputs).double()
+    r = check_logits(logits, old, tokens, adv, mask, kwargs, seed=seed)
+    order = ["positions", "projected_positions", "sequences", "trained", "dense", "reference"]
+    r |= {"trained": trained, "trained_minus_reference": trained - r["reference"], "trained_logged_as": logged_as}
+    return {k: r[k] for k in order} | r
+
+
+def check_logits(logits, old, tokens, adv, mask, kwargs: dict, *, seed: int = 0) -> dict:
+    """The library's float64 loss at these (B, T, V) logits against the reference, in value and in a directional
+    derivative (:func:`check_batch` without the trainer)."""
+    import torch
+
+    from troll import reference
+    from troll.losses import troll_loss
+
     x = logits.clone().requires_grad_(True)
     dense = troll_loss(x, old, tokens, adv.double(), mask, **kwargs).loss
+    value_dense = float(dense.detach())
     (grad,) = torch.autograd.grad(dense, x)
     direction = torch.randn(logits.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     direction = direction * mask.unsqueeze(-1)
@@ -135,7 +160,9 @@ def check_batch(trainer, model, inputs: dict, kwargs: dict, *, seed: int = 0) ->
             reg = [_kl_on(z[i, t], old_logits[i, t], int(tokens[i, t]), rule, frozen[i, t]) for i, t in frozen]
             return float(pg + alpha * sum(reg) / max(len(reg), 1))
     else:
-        old_logits = completed_old_logp(logits, old, tokens, top_k=kwargs["top_k"], delta=kwargs["delta"])
+        new_kept = _library_kept(logits, kwargs["top_k"], kwargs["delta"])
+        old_logits = completed_old_logp(logits, old, tokens, top_k=kwargs["top_k"], delta=kwargs["delta"],
+                                        new_kept=new_kept)  # fmt: skip
         agg_kw = dict(level=level, agg=agg, max_len=kwargs["max_len"])
         frozen, eta, _, _ = reference.project(logits, old_logits, bound)
         projected = int(((eta > 0) & mask).sum())
@@ -158,15 +185,12 @@ def check_batch(trainer, model, inputs: dict, kwargs: dict, *, seed: int = 0) ->
         "positions": int(mask.sum()),
         "projected_positions": projected,
         "sequences": int(tokens.shape[0]),
-        "trained": trained,
-        "dense": float(dense),
+        "dense": value_dense,
         "reference": value,
-        "trained_minus_reference": trained - value,
-        "dense_minus_reference": float(dense) - value,
+        "dense_minus_reference": value_dense - value,
         "derivative_autograd": autograd,
         "derivative_reference_fd": fd,
         "derivative_rel_diff": abs(autograd - fd) / max(abs(fd), 1e-12),
-        "trained_logged_as": logged_as,
     }
 
 
@@ -180,6 +204,17 @@ def _renormalized_projection(logits, old_logits, tokens, mask, bound: float, rul
         logp, eta, _, _ = reference.project_row(a, b, bound)
         out[(i, t)] = (ids, logp, eta)
     return out
+
+
+def _library_kept(logits, top_k: int, delta: float) -> list[list[list[int]]]:
+    """The new kept ids per position, (B, T) nested lists, as :func:`troll.losses.troll_loss` picks them on these
+    logits (the same rows in one call, hence the same ties broken the same way)."""
+    from troll.policy import DenseLogits
+
+    bsz, seq, vocab = logits.shape
+    ids, mask = DenseLogits(logits.reshape(-1, vocab)).kept(top_k, delta)
+    rows = [r[m].tolist() for r, m in zip(ids, mask)]
+    return [rows[i * seq : (i + 1) * seq] for i in range(bsz)]
 
 
 def _kl_on(new_row, old_row, token: int, rule: dict, frozen):
