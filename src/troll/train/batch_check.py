@@ -127,7 +127,7 @@ def check_batch(trainer, model, inputs: dict, kwargs: dict, *, seed: int = 0) ->
     r = check_logits(logits, old, tokens, adv, mask, kwargs, seed=seed)
     order = ["positions", "projected_positions", "sequences", "trained", "dense", "reference"]
     r |= {"trained": trained, "trained_minus_reference": trained - r["reference"], "trained_logged_as": logged_as}
-    return {k: r[k] for k in order} | r
+    return {k: r[k] for k in [*order, "trained_minus_reference"]} | r
 
 
 def check_logits(logits, old, tokens, adv, mask, kwargs: dict, *, seed: int = 0) -> dict:
