@@ -23,6 +23,11 @@ LEVELS = ("token", "sequence")
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 
+def troll_level(loss: str) -> str:
+    """The level a TROLL loss projects at: "sequence" for "troll_seq" (GSPO-style weights), else "token"."""
+    return "sequence" if loss == "troll_seq" else "token"
+
+
 def troll_agg(loss: str, agg: str | None = None) -> str:
     """The aggregation a TROLL loss uses: ``agg`` if given, else token-mean for "troll" (as TRL's "dapo") and
     seq-mean-token-mean for "troll_seq" (as TRL's "grpo", the GSPO setup)."""

@@ -101,11 +101,10 @@ def completed_old_logp(logits, old, tokens, *, top_k: int, delta: float, new_kep
 def loss_settings(opts) -> dict:
     """The keywords of :func:`troll.losses.troll_loss` that ``opts`` (a run's saved options) asks for, read from the
     options themselves rather than from the trainer that ran them."""
-    from troll.defaults import TAIL_FILL, troll_agg
+    from troll.defaults import TAIL_FILL, troll_agg, troll_level
 
     opts = opts.resolved()
-    level = "sequence" if opts.loss == "troll_seq" else "token"
-    agg = troll_agg(opts.loss, opts.agg)
+    level, agg = troll_level(opts.loss), troll_agg(opts.loss, opts.agg)
     return dict(kl_bound=opts.eps, alpha=opts.alpha, top_k=opts.top_k, delta=opts.delta, level=level, agg=agg,
                 max_len=opts.max_completion_length, tail=opts.tail, fill=TAIL_FILL)  # fmt: skip
 

@@ -59,7 +59,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from troll.batch import LossOutput, masked_mean, masked_stats
 from troll.citation import TROLL_ARXIV, TROLL_BIBTEX, TROLL_TITLE
-from troll.defaults import OLD_PREFIX, TROLL_LOSSES, troll_agg
+from troll.defaults import OLD_PREFIX, TROLL_LOSSES, troll_agg, troll_level
 from troll.distributed import is_fsdp2_model, with_lm_head
 from troll.integrations import hf
 from troll.integrations.trl.config import TrollGRPOConfig, check_trl_version
@@ -309,7 +309,7 @@ class TrollGRPOTrainer(GRPOTrainer):
             alpha=args.troll_alpha,
             top_k=args.troll_top_k,
             delta=args.troll_delta,
-            level="sequence" if self.loss_type == "troll_seq" else "token",
+            level=troll_level(self.loss_type),
             agg=self._troll_agg(),
             max_len=self.max_completion_length,
             **self._troll_tail(),

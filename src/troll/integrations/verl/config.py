@@ -16,7 +16,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from troll._checks import check_choice, check_troll_settings
-from troll.defaults import ALPHA, DELTA, KL_BOUND, LM_HEAD, LM_HEADS, TOP_K, TROLL_LOSSES
+from troll.defaults import ALPHA, DELTA, KL_BOUND, LM_HEAD, LM_HEADS, TOP_K, TROLL_LOSSES, troll_level
 
 SUPPORTED_VERL = ">=0.9,<0.10"
 ACTOR = "actor_rollout_ref.actor"  # verl's actor config in the Hydra config
@@ -90,7 +90,7 @@ def troll_settings(actor_config) -> dict | None:
         )
     settings = {key: _from_string(get_key(section, key), kind) for key, (kind, _) in TROLL_KEYS.items()}
     agg = get_key(actor_config, "loss_agg_mode", "token-mean")  # verl's default
-    settings.update(level="token" if mode == "troll" else "sequence", agg=agg)
+    settings.update(level=troll_level(mode), agg=agg)
     check_troll_settings(**settings, names=_HYDRA_NAMES)
     return {**settings, **{key: float(settings[key]) for key in ("kl_bound", "alpha", "delta")}}
 
