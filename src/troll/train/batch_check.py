@@ -47,6 +47,16 @@ TOLERANCES = {"trained_minus_reference": (2e-6, 1e-3), "dense_minus_reference": 
 DERIVATIVE_RTOL = 1e-4
 RERUN_RTOL = 1e-5
 FD_STEP = 1e-6
+# The report's first rows, in this order; the rest follow as computed.
+REPORT_HEAD = (
+    "positions",
+    "projected_positions",
+    "sequences",
+    "trained",
+    "dense",
+    "reference",
+    "trained_minus_reference",
+)
 
 
 class _Stop(Exception):
@@ -124,9 +134,8 @@ def check_batch(trainer, model, inputs: dict, kwargs: dict, *, seed: int = 0) ->
     with torch.no_grad():
         logits = trainer._troll_logits(model, inputs).double()
     r = check_logits(logits, old, tokens, adv, mask, kwargs, seed=seed)
-    order = ["positions", "projected_positions", "sequences", "trained", "dense", "reference"]
     r |= {"trained": trained, "trained_minus_reference": trained - r["reference"], "trained_logged_as": logged_as}
-    return {k: r[k] for k in [*order, "trained_minus_reference"]} | r
+    return {k: r[k] for k in REPORT_HEAD} | r
 
 
 def check_logits(logits, old, tokens, adv, mask, kwargs: dict, *, seed: int = 0) -> dict:
