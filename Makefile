@@ -54,7 +54,7 @@ results: $(VENV)/.installed
 # docs/results.md's stability map: TROLL against the paper's clip baseline over learning rates and reuse (optimiser
 # steps per rollout batch) on two tasks, 3 seeds, 16 completions per optimiser step, plus the extras at one setting
 # and TROLL's bound at 0.2 at reuse 16 on the last task; then its report (map.md, map_*.png) over every cell. 87 cells
-# of 6-16 minutes each, two side by side (--jobs 2 on the 2-core CPU): 6 to 8.5 hours, as docs/results.md says.
+# of 6-16 minutes each, two side by side (--jobs 2 on the 2-core CPU): 6 to 8.3 hours, as docs/results.md says.
 MAP_TASKS ?= chain_sum basic_arithmetic
 MAP_LRS ?= 1e-5,2e-5,4e-5,8e-5
 MAP_LR ?= 2e-5
