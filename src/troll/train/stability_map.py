@@ -373,7 +373,7 @@ def plot_accuracy(result: dict, axis: str, path: Path) -> None:
             if start:
                 ax.axhline(stats.mean(start), color="gray", ls="--", lw=1, label="before training")
             fixed = f"reuse {t['reuse_of_lr_sweep']}" if axis == "lr" else f"lr {_x(t['lr_of_reuse_sweep'])}"
-            _axes(ax, axis, f"{task}: {LABELS[key]} ({fixed})", log_y=False, ticks=_ticks(t, axis))
+            _axes(ax, t, axis, f"{task}: {LABELS[key]} ({fixed})", log_y=False)
     _save(plt, fig, path, "held-out greedy accuracy (mean ± standard error over seeds)")
 
 
@@ -389,8 +389,7 @@ def plot_kl(result: dict, path: Path, bound: float | None) -> None:
             _band(ax, xs, [p["kl_max"] for p in points], colors[i % len(colors)], f"{arm}, largest token", ls=":")
         if bound:
             ax.axhline(bound, color="gray", ls="--", lw=1, label=f"TROLL's bound {bound:g}")
-        title = f"{task}: KL(pi || pi_old) reached (reuse {t['reuse_of_lr_sweep']})"
-        _axes(ax, "lr", title, log_y=True, ticks=_ticks(t, "lr"))
+        _axes(ax, t, "lr", f"{task}: KL(pi || pi_old) reached (reuse {t['reuse_of_lr_sweep']})", log_y=True)
     _save(plt, fig, path, "KL on the off-policy steps, over TROLL's sparse support, before projection")
 
 
@@ -405,17 +404,14 @@ def plot_kl_share(result: dict, path: Path) -> None:
             for part, ls in styles.items():
                 entries = [p[f"share_{part}"] for p in points]
                 _band(ax, [p["lr"] for p in points], entries, colors[i % len(colors)], f"{arm}: {part}", ls=ls)
-        _axes(ax, "lr", f"{task}: where the KL of tokens over the bound comes from", log_y=False, ticks=_ticks(t, "lr"))
+        _axes(ax, t, "lr", f"{task}: where the KL of tokens over the bound comes from", log_y=False)
     _save(plt, fig, path, "old_top8: the old policy's 8 most probable tokens; support: the rest of it; rest: the tail")
 
 
-def _ticks(t: dict, axis: str) -> list[float]:
-    """The values the sweep along ``axis`` tried, for the x ticks."""
-    return sorted({p[axis] for points in t[axis].values() for p in points})
-
-
-def _axes(ax, axis: str, title: str, *, log_y: bool, ticks: list[float]) -> None:
+def _axes(ax, t: dict, axis: str, title: str, *, log_y: bool) -> None:
+    """Scales, labels and legend of one panel of task ``t``; x ticks at the values its sweep along ``axis`` tried."""
     ax.set_xscale("log", base=10 if axis == "lr" else 2)
+    ticks = sorted({p[axis] for points in t[axis].values() for p in points})
     if ticks:
         from matplotlib.ticker import NullLocator
 
