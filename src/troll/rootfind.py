@@ -15,7 +15,14 @@ replaced by the bracket's midpoint. A row that does not converge in ``max_iter``
 its bracket (d <= target), never an infeasible point: the caller's metrics then show how far inside it ended.
 
 Rows are solved together, and rows that have converged drop out of later evaluations (the work shrinks as the
-batch converges).
+batch converges). A single row (the Gaussian KL projection of one global covariance) goes through
+:func:`solve_log_step_scalar`, the same iteration on Python floats: there the O(D) arithmetic of one row costs less
+than the dozen tensor operations a batched step takes, so the iteration is written twice, once per number type,
+and nowhere else.
+
+The bracket [v_min, 0] is relative: a caller whose root may lie far below s = 1 (a new covariance 1e13 times
+inside the old one needs s ~ 1e-27) evaluates its distance at ``v + base`` with ``base`` the log of a step it
+knows to lie at or above the root, so that the 60 units of the bracket start there.
 """
 
 from __future__ import annotations
@@ -79,3 +86,29 @@ def solve_log_step(
         rows = rows[~ok]
     # A row that did not converge keeps the feasible end of its bracket, never an infeasible point.
     return torch.where(done, v, lo), done
+
+
+ScalarStats = Callable[[float], tuple[float, float]]
+
+
+def solve_log_step_scalar(
+    stats: ScalarStats, target: float, tol: float, *, v0: float = -1.0, v_min: float = V_MIN, max_iter: int = MAX_ITER
+) -> tuple[float, bool]:
+    """:func:`solve_log_step` for one row in Python floats: ``stats(v) -> (d, dd/dv)``; returns ``(v, converged)``.
+
+    The same steps: Newton on ``log d - log target`` inside the bracket [v_min, 0], the midpoint where a step leaves
+    it or is not finite, the feasible end of the bracket after ``max_iter`` steps.
+    """
+    lo, hi, v = v_min, 0.0, v0
+    log_target = math.log(target)
+    for _ in range(max_iter):
+        d, slope = stats(v)
+        if abs(d - target) <= tol:
+            return v, True
+        if d > target:
+            hi = v
+        else:
+            lo = v
+        step = v - (math.log(d) - log_target) * d / slope if d > 0 and slope > 0 else math.nan
+        v = step if lo < step < hi else (lo + hi) / 2  # NaN fails the comparison: bisect
+    return lo, False

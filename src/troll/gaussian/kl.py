@@ -7,8 +7,9 @@ C, t_i = s (lam_i - 1) and y_i = -t_i / (1 + t_i):
     d(s) = 1/2 sum_i [y_i - log1p(y_i)],       dd/dlog s = 1/2 sum_i y_i^2
 
 so one eigendecomposition per row turns the root-find d(s) = bound into O(D) work per Newton step: batched on
-troll.rootfind.solve_log_step, or for a single row (a global covariance) in Python floats (``solve_single``), the
-same bracketed Newton steps without a tensor operation per step. The projected factor is L_o P, P P^T = C_s^-1;
+troll.rootfind.solve_log_step, or for a single row (a global covariance) on its float form
+troll.rootfind.solve_log_step_scalar (``solve_single``): the same bracketed Newton steps without a tensor operation
+per step. The projected factor is L_o P, P P^T = C_s^-1;
 for full factors it comes from :class:`KLFactor`, whose backward is the analytic gradient through C, implicit in s.
 Shapes: N rows, D dims.
 """
@@ -20,7 +21,7 @@ import math
 import torch
 
 from troll.gaussian.distances import SERIES_BELOW, factor_distance, psi, x_minus_log1p_series
-from troll.rootfind import MAX_ITER, V_MIN, solve_log_step
+from troll.rootfind import solve_log_step, solve_log_step_scalar
 
 RTOL = 1e-12  # a projected row ends in [bound (1 - RTOL), bound] (before rounding to the output dtype)
 U32 = 2.0**-24  # float32 unit roundoff: rounding moves a value by at most this much of itself
@@ -42,10 +43,10 @@ def project_kl_rows(kind: str, rows: torch.Tensor, x: torch.Tensor, f_o: torch.T
         if rounded:  # aim inside by what rounding the factor at s can do, then move there (a warm start from s)
             target = (bound - 2 * rounding_margin(kind, c, f_o, s)).clamp(min=bound / 2, max=bound * (1 - 2 * RTOL))
             s = kl_step(lam, target, start=(s, after, slope))
-    if kind == "diag":  # elementwise: autograd through C (recomputed with the gradient) and the implicit s
-        _, c = whitened_precision(kind, rows.double(), f_o)
-        s = implicit_step_diag(c, s)
-        return (f_o * (1 + s.unsqueeze(-1) * (c - 1)).rsqrt()).to(rows.dtype), s, None if rounded else after
+    if kind == "diag":  # elementwise: autograd through log C (recomputed with the gradient) and the implicit s
+        log_c = 2 * (f_o.log() - rows.double().log())
+        s, t = implicit_step_diag(log_c, s)
+        return (f_o * (1 + t).rsqrt()).to(rows.dtype), s, None if rounded else after
     with torch.no_grad():
         p = inverse_cholesky(interpolated_precision(c, s))
         c.diagonal(dim1=-2, dim2=-1).sub_(1)  # C - I, in place: C is not needed any more
@@ -151,7 +152,8 @@ def upper_step(lam_m1: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     m = max(lam - 1, 0). With s0 = sqrt(4 target / Q) (the small-s guess), s_hi = s0 / (1 - s0 m) makes the right
     side equal target; where s0 m >= 1 (or s_hi > 1), s_hi = 1, at which every row that is projected has d > target.
     """
-    s0 = (4 * target / (lam_m1 * lam_m1).sum(-1)).sqrt()
+    big = lam_m1.abs().amax(-1, keepdim=True)  # sum (lam - 1)^2 scaled by its largest term: no overflow
+    s0 = (4 * target).sqrt() / (big.squeeze(-1) * (lam_m1 / big).square().sum(-1).sqrt())
     gap = 1 - s0 * lam_m1.amax(-1).clamp(min=0)
     return torch.where(gap > s0, s0 / gap, 1.0)
 
@@ -169,29 +171,25 @@ def kl_terms(lam_m1: torch.Tensor, s: torch.Tensor):
 def solve_single(lam_m1: list[float], target: float, *, v0: float | None = None) -> tuple[float, float]:
     """(v, d(v)) with d(v) in [target (1 - RTOL), target], v = log s, for one row given lam - 1 as floats.
 
-    The steps of troll.rootfind.solve_log_step on one row (Newton on log d - log target, a bisection where a step
-    leaves the bracket [V_MIN, hi] or is not finite; the feasible end after MAX_ITER steps), in Python floats: a
-    global covariance is one row, and per-step tensor operations would cost more than its O(D) arithmetic.
-    Starts at :func:`upper_step`, or at ``v0``, a previous solution with d(v0) > target.
+    troll.rootfind.solve_log_step_scalar, the float form of the batched solver (a global covariance is one row, and
+    per-step tensor operations would cost more than its O(D) arithmetic), on d / target. Its bracket is relative, as
+    in :func:`kl_step`: 60 units of log s below :func:`upper_step` (or below ``v0``, a previous solution with
+    d(v0) > target), so that a root far below s = 1 is inside it (a new covariance 1e13 times inside the old one
+    needs s ~ 1e-27).
     """
-    goal, tol = 1 - RTOL / 2, RTOL / 2
-    if v0 is None:  # upper_step in floats
-        s0 = math.sqrt(4 * target / max(sum(a * a for a in lam_m1), 1e-300))
+    if v0 is None:  # upper_step in floats, with sum (lam - 1)^2 scaled by its largest term (no overflow)
+        big = max(abs(a) for a in lam_m1)
+        norm = big * math.sqrt(sum((a / big) ** 2 for a in lam_m1))
+        s0 = math.sqrt(4 * target) / norm
         gap = 1 - s0 * max(max(lam_m1), 0.0)
         v0 = math.log(s0 / gap) if gap > s0 else 0.0
-    lo, hi, v = V_MIN, v0, v0
-    for _ in range(MAX_ITER):
-        d, slope = _terms(lam_m1, math.exp(v))
-        f = d / target
-        if abs(f - goal) <= tol:
-            return v, d
-        if f > goal:
-            hi = v
-        else:
-            lo = v
-        step = v - (math.log(f) - math.log(goal)) * d / slope if d > 0 and slope > 0 else math.nan
-        v = step if lo < step < hi else (lo + hi) / 2  # NaN fails the comparison: bisect
-    return lo, _terms(lam_m1, math.exp(lo))[0]
+
+    def stats(v: float) -> tuple[float, float]:
+        d, slope = _terms(lam_m1, math.exp(v + v0))
+        return d / target, slope / target
+
+    v, _ = solve_log_step_scalar(stats, 1 - RTOL / 2, RTOL / 2, v0=0.0)
+    return v + v0, _terms(lam_m1, math.exp(v + v0))[0]
 
 
 def _terms(lam_m1: list[float], s: float) -> tuple[float, float]:
@@ -320,19 +318,23 @@ def _lower_(t: torch.Tensor, *, diagonal: float = 1.0) -> torch.Tensor:
     return t
 
 
-def implicit_step_diag(c, s):
-    """s with its value unchanged and the implicit gradient ds/dC = -(df/dC) / (df/ds), f(s, C) = d(s, C) - target,
-    for diagonal C (N, D). With k = 1 / (1 + s (C - 1)) elementwise (docs/gaussian.md, "The gradient through eta"):
+def implicit_step_diag(log_c: torch.Tensor, s: torch.Tensor):
+    """(s, t): s (N,) with its value unchanged and the implicit gradient, and t = s (C - 1) (N, D), for diagonal C
+    given as log C (N, D) with the gradient. With v = log s, T = s C and k = 1 / (1 + t) elementwise (derived from
+    docs/gaussian.md, "The gradient through eta", with dd/dt_i = k_i^2 t_i / 2 and dt_i/dlog C_i = T_i):
 
-        df/dC = s^2 / 2 k^2 (C - 1),   df/ds = s / 2 sum (k (C - 1))^2 > 0.
+        df/dlog C = k^2 t T / 2,   df/dv = sum (k t)^2 / 2 > 0,   v_imp = v - (f_lin - sg(f_lin)) / sg(df/dv)
 
-    Written as s - (f_lin - sg(f_lin)) / sg(df/ds) with f_lin = <sg(df/dC), C>: value s, gradient the implicit one.
+    with f_lin = <sg(df/dlog C), log C>. Every factor is O(1) near the root whatever C is (T and t are, there), so a
+    std 1e-80 against an old std of 1 (C = 1e160, s ~ 1e-161) keeps its digits; t = s expm1(log C) has no overflow.
     """
     with torch.no_grad():
-        cd, s_ = c.detach(), s.unsqueeze(-1)
-        k = 1 / (1 + s_ * (cd - 1))
-        kc = k * (cd - 1)
-        grad_c = s_ * s_ / 2 * k * kc
-        df_ds = s / 2 * (kc * kc).sum(-1)
-    f_lin = (grad_c * c).sum(-1)
-    return s - (f_lin - f_lin.detach()) / df_ds
+        v = s.log()
+        t = s.unsqueeze(-1) * torch.expm1(log_c.detach())
+        k = 1 / (1 + t)
+        kt = k * t
+        grad = 0.5 * k * kt * (t + s.unsqueeze(-1))  # T = s C = t + s
+        df_dv = 0.5 * (kt * kt).sum(-1)
+    f_lin = (grad * log_c).sum(-1)
+    s = (v - (f_lin - f_lin.detach()) / df_dv).exp()
+    return s, s.unsqueeze(-1) * torch.expm1(log_c)
