@@ -46,9 +46,19 @@ def x_minus_log1p_series(x: torch.Tensor) -> torch.Tensor:
 
 
 def psi(b: torch.Tensor) -> torch.Tensor:
-    """b^2 - 1 - 2 log b for b > 0, written as (b - 1)^2 + 2 ((b - 1) - log1p(b - 1)) so that b ~ 1 keeps its digits."""
+    """b^2 - 1 - 2 log b for b > 0, written as (b - 1)^2 + 2 ((b - 1) - log b) so that b ~ 1 keeps its digits.
+
+    (b - 1) - log b is :func:`x_minus_log1p` of x = b - 1 near b = 1; elsewhere log b is taken of b itself, not as
+    log1p(b - 1): for b < 1e-16, b - 1 rounds to -1 and log1p(-1) = -inf (a std 1e-80 has a finite KL, 184 a dim).
+    """
     x = b - 1
-    return x * x + 2 * x_minus_log1p(x)
+    small = x.abs() < SERIES_BELOW
+    if bool(small.all()):
+        return x * x + 2 * x_minus_log1p_series(x)
+    direct = x - torch.log(b)
+    if bool(small.any()):
+        direct = torch.where(small, x_minus_log1p_series(torch.where(small, x, 0.0)), direct)
+    return x * x + 2 * direct
 
 
 def kl_from_relative_factor(rel: torch.Tensor) -> torch.Tensor:

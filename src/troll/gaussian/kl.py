@@ -20,9 +20,16 @@ import math
 
 import torch
 
-from troll.gaussian.distances import SERIES_BELOW, factor_distance, psi, x_minus_log1p_series
+from troll.gaussian.distances import (
+    SERIES_BELOW,
+    factor_distance,
+    kl_from_relative_factor,
+    psi,
+    x_minus_log1p_series,
+)
 from troll.rootfind import solve_log_step, solve_log_step_scalar
 
+MAX_RATIO = 1e100  # KL: new std / old std along any direction within [1 / MAX_RATIO, MAX_RATIO] (C within its square)
 RTOL = 1e-12  # a projected row ends in [bound (1 - RTOL), bound] (before rounding to the output dtype)
 U32 = 2.0**-24  # float32 unit roundoff: rounding moves a value by at most this much of itself
 
@@ -37,7 +44,10 @@ def project_kl_rows(kind: str, rows: torch.Tensor, x: torch.Tensor, f_o: torch.T
     """
     with torch.no_grad():
         a, c = whitened_precision(kind, x.detach(), f_o)
+        if kind != "diag":
+            check_ratio(c)  # before eigvalsh, which fails on inf
         lam = c if kind == "diag" else torch.linalg.eigvalsh(c)
+        check_ratio(lam)
         s = kl_step(lam, bound)
         after, slope = kl_terms(lam - 1, s)
         if rounded:  # aim inside by what rounding the factor at s can do, then move there (a warm start from s)
@@ -62,14 +72,21 @@ def project_kl_global(factor: torch.Tensor, f_o: torch.Tensor, *, bound: float):
     their size. Returns (factor, eta, before, after) as ``project_cov``: the factor in ``factor``'s dtype, with the
     gradient, the others 0-dim.
     """
+    from troll.gaussian.projection import check_range  # the one rule of the supported range
+
     rounded = factor.dtype != torch.float64
     with torch.no_grad():
         x = factor.double()
-        before = kl_of_relative(torch.linalg.solve_triangular(f_o, x, upper=False))
+        before_t = kl_from_relative_factor(torch.linalg.solve_triangular(f_o, x, upper=False))
+        check_range("new.factor", before_t, factor.dtype, "its kl distance to old.factor (the covariance part)")
+        before = float(before_t)
         if before <= bound:
             return factor, factor.new_zeros(()), factor.new_full((), before), factor.new_full((), before)
         a, c = whitened_precision("chol", x, f_o)
-        lam_m1 = [lam - 1 for lam in torch.linalg.eigvalsh(c).tolist()]
+        check_ratio(c)
+        lam = torch.linalg.eigvalsh(c)
+        check_ratio(lam)
+        lam_m1 = [v - 1 for v in lam.tolist()]
         v, after = solve_single(lam_m1, bound)
         if rounded:  # aim inside by what rounding the factor can do, then move there (a warm start from v)
             margin = rounding_margin_full(f_o, inverse_cholesky(interpolated_precision(c, math.exp(v))))
@@ -79,7 +96,7 @@ def project_kl_global(factor: torch.Tensor, f_o: torch.Tensor, *, bound: float):
     y, s = KLFactor.apply(factor, x, a, c, f_o, c.new_full((), math.exp(v)), p)
     if rounded:  # the distance of the returned (rounded) factor, measured
         with torch.no_grad():
-            after = kl_of_relative(torch.linalg.solve_triangular(f_o, y.double(), upper=False))
+            after = float(kl_from_relative_factor(torch.linalg.solve_triangular(f_o, y.double(), upper=False)))
     return y, (s.reciprocal() - 1).to(factor.dtype), factor.new_full((), before), factor.new_full((), after)
 
 
@@ -94,11 +111,25 @@ def kl_rows(kind: str, fp: torch.Tensor, fq: torch.Tensor) -> torch.Tensor:
     return 0.5 * (rel.mul_(strict_lower).square_().sum((-2, -1)) + diag)
 
 
-def kl_of_relative(rel: torch.Tensor) -> float:
-    """KL_cov from one relative factor rel = L_q^-1 L_p (D, D), as distances.kl_from_relative_factor: the
-    off-diagonal squares, plus psi(b) = (b - 1)^2 + 2 ((b - 1) - log1p(b - 1)) of the diagonal in Python floats."""
-    off = float((rel * rel).tril(-1).sum())
-    return 0.5 * (off + sum((b - 1) ** 2 + 2 * _x_minus_log1p(b - 1) for b in rel.diagonal().tolist()))
+def check_ratio(c: torch.Tensor) -> None:
+    """Refuse a whitened precision C (or its eigenvalues) outside [MAX_RATIO^-2, MAX_RATIO^2] (or not finite).
+
+    C's eigenvalues are (old std / new std)^2 along the principal directions; s ~ 1 / (lam sqrt(bound)) and eta = 1/s - 1
+    must stay float64 numbers, which this range keeps with room for any bound above 1e-100 (docs/gaussian.md,
+    "Supported range"). Outside it the covariances are 1e100 apart in scale: a diverged network, not a policy update.
+    """
+    lo, hi = (float(v) for v in torch.aminmax(c))
+    if c.dim() > 1 and c.shape[-1] > 1:  # entries of C: only their finiteness says something
+        ok = math.isfinite(lo) and math.isfinite(hi)
+    else:
+        ok = MAX_RATIO**-2 <= lo and hi <= MAX_RATIO**2  # NaN fails
+    if not ok:
+        raise ValueError(
+            "new.factor is outside the supported range of the KL projection: the new standard deviation relative to "
+            f"the old one along some direction (a singular value of old.factor^-1 new.factor) lies outside "
+            f"[{1 / MAX_RATIO:g}, {MAX_RATIO:g}] (docs/gaussian.md, \"Supported range\"). The policy has collapsed or "
+            "diverged: check the network output, e.g. floor its std with softplus(x) + min_std."
+        )
 
 
 def whitened_precision(kind: str, x: torch.Tensor, f_o: torch.Tensor):

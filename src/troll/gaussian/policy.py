@@ -105,20 +105,27 @@ class Gaussian:
 
 
 def whiten(policy: Gaussian, x: torch.Tensor) -> torch.Tensor:
-    """L^-1 x for x (B, D) with L the policy's Cholesky factor (std for a diagonal one); (B, D).
+    """W^-1 x for x (B, D), with W the policy's own factor (Sigma = W W^T): std, L, or the symmetric S; (B, D).
 
-    |L^-1 x|^2 = x^T Sigma^-1 x. A global factor is one triangular solve with B right-hand sides.
+    |W^-1 x|^2 = x^T Sigma^-1 x. A kind "sqrt" is solved with S itself (through the Cholesky factor of S, whose
+    condition number is the fourth root of Sigma's), never with cholesky(S S): that squares S's condition number and
+    lost 1e-9 of the distance at a condition number of 1e8 (docs/gaussian.md, "Numerics"). A global factor is one
+    solve with B right-hand sides.
     """
     if policy.kind == "diag":
         return x / policy.factor
-    return solve_lower(policy.cholesky(), x)
+    if policy.kind == "chol":
+        return solve_lower(policy.factor, x)
+    return solve_sym(policy.factor, x)
 
 
 def whiten_t(policy: Gaussian, z: torch.Tensor) -> torch.Tensor:
-    """L^-T z for z (B, D), so that Sigma^-1 x = whiten_t(whiten(x)); (B, D)."""
+    """W^-T z for z (B, D), so that Sigma^-1 x = whiten_t(whiten(x)); (B, D)."""
     if policy.kind == "diag":
         return z / policy.factor
-    chol = policy.cholesky()
+    if policy.kind == "sqrt":
+        return solve_sym(policy.factor, z)
+    chol = policy.factor
     if chol.dim() == 2:
         return torch.linalg.solve_triangular(chol.mT, z.mT, upper=True).mT
     return torch.linalg.solve_triangular(chol.mT, z.unsqueeze(-1), upper=True).squeeze(-1)
@@ -129,6 +136,15 @@ def solve_lower(chol: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     if chol.dim() == 2:
         return torch.linalg.solve_triangular(chol, x.mT, upper=False).mT
     return torch.linalg.solve_triangular(chol, x.unsqueeze(-1), upper=False).squeeze(-1)
+
+
+def solve_sym(sqrt: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """S^-1 x for x (B, D) and a symmetric positive definite S (B, D, D) or (D, D): two triangular solves with the
+    Cholesky factor of S (not of S S); (B, D)."""
+    k = torch.linalg.cholesky(sqrt)
+    if sqrt.dim() == 2:
+        return torch.cholesky_solve(x.mT, k).mT
+    return torch.cholesky_solve(x.unsqueeze(-1), k).squeeze(-1)
 
 
 # ------------------------------------------------------------------------------------------------ checks

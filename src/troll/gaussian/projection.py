@@ -20,14 +20,15 @@ bound on what rounding to float32 does to the distance (``rounded_target``). Sha
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
 
 from troll._checks import check_choice, check_number
-from troll.gaussian.distances import DISTANCES, factor_distance, factor_distance_grad, mean_distance
+from troll.gaussian.distances import DISTANCES, factor_distance, factor_distance_grad
 from troll.gaussian.kl import RTOL, U32, kl_rows, project_kl_global, project_kl_rows
-from troll.gaussian.policy import Gaussian, check_gaussian, check_pair, solve_lower
+from troll.gaussian.policy import Gaussian, check_gaussian, check_pair, whiten, whiten_t
 
 KINDS_FOR = {"kl": ("diag", "chol"), "frobenius": ("diag", "chol"), "w2": ("diag", "sqrt")}
 
@@ -97,21 +98,23 @@ def project_mean(mean: torch.Tensor, old: Gaussian, *, bound: float, distance: s
     mean: (B, D) with gradient; old: the constant old policy in float64. Returns (mu^ (B, D), omega (B,), before,
     after). Scaling mu - mu_o by r scales the (quadratic) distance by r^2, so d(mu^) = bound: ``after`` is d r^2 in
     float64 and is recomputed from the returned mean in float32. Only the distance is computed on every row; the
-    rest on the projected rows alone.
+    rest on the projected rows alone. Every product with Sigma_o^-1 is a solve with the old factor (triangular, or
+    through the Cholesky factor of S), never an explicit inverse (docs/gaussian.md, "Numerics").
     """
     dtype = mean.dtype
     half = 0.5 if distance == "kl" else 1.0
     with torch.no_grad():
         diff = mean - old.mean  # float64 (type promotion)
-        chol = None if old.kind == "diag" else old.cholesky()
-        hprec = half * torch.cholesky_inverse(chol) if chol is not None and chol.dim() == 2 else None
-        before, aux = mean_distance64(old, chol, hprec, diff, half)
+        z = whiten(old, diff)  # W_o^-1 diff, |z|^2 = diff^T Sigma_o^-1 diff
+        before = half * torch.linalg.vecdot(z, z)
+        check_range("new.mean", before, dtype, "its distance to old.mean (the mean part)")
         idx = (before > bound).nonzero().view(-1)
     if idx.numel() == 0:
         return mean, torch.zeros_like(before, dtype=dtype), before.to(dtype), before.to(dtype)
     with torch.no_grad():
-        d, diff_a, mu_o, aux = (t.index_select(0, idx) for t in (before, diff, old.mean, aux))
-        w = half_gradient_rows(old, chol, idx, aux, half)  # (A, D): half Sigma_o^-1 diff = (dd/dmu) / 2
+        d, diff_a, mu_o, z_a = (t.index_select(0, idx) for t in (before, diff, old.mean, z))
+        old_a = old_rows(old, idx)
+        w = half * whiten_t(old_a, z_a)  # (A, D): half Sigma_o^-1 diff = (dd/dmu) / 2
         r = torch.rsqrt(d / bound)
         if dtype != torch.float64:  # aim inside by what rounding to float32 can do at the row on the bound
             y = torch.addcmul(mu_o, r.unsqueeze(-1), diff_a)  # dd/dy = 2 r w there
@@ -119,67 +122,47 @@ def project_mean(mean: torch.Tensor, old: Gaussian, *, bound: float, distance: s
             r = torch.rsqrt(d / (bound - 2 * margin).clamp(min=bound / 2, max=bound * (1 - 2 * RTOL)))
         proj = torch.addcmul(mu_o, r.unsqueeze(-1), diff_a).to(dtype)
         if dtype != torch.float64:  # measured on the returned (rounded) rows
-            if hprec is not None:
-                after = mean_distance64(old, chol, hprec, proj - mu_o, half)[0]
-            else:  # per-state or diagonal: the rows' own factors (Cholesky factors of the old covariance)
-                f_a = old.factor if chol is None else chol
-                f_a = f_a if f_a.dim() == (1 if chol is None else 2) else f_a.index_select(0, idx)
-                rows = Gaussian(mu_o, f_a, "diag" if chol is None else "chol")
-                after = mean_distance(proj.double(), rows, distance=distance)
+            za = whiten(old_a, proj.double() - mu_o)
+            after = half * torch.linalg.vecdot(za, za)
         else:
             after = d * r * r
-    out, r = MeanStep.apply(mean, proj, idx, diff_a, w, r, -r / d)
+    out, r = MeanStep.apply(mean, proj, idx, diff_a, w, r, d)
     omega = torch.zeros_like(before).index_copy(0, idx, r.reciprocal() - 1)
     return out, omega.to(dtype), before.to(dtype), before.index_copy(0, idx, after).to(dtype)
 
 
-def mean_distance64(old: Gaussian, chol, hprec, diff: torch.Tensor, half: float):
-    """(d, aux): d = half diff^T Sigma_o^-1 diff (B,) for float64 ``old``, and what :func:`half_gradient_rows` needs.
-
-    hprec: half Sigma_o^-1 (D, D) of a global full covariance: then one matrix product, aux = half Sigma_o^-1 diff.
-    Otherwise a triangular solve with ``chol`` (one per state) or a division, aux = z = L_o^-1 diff.
-    """
-    if hprec is not None:
-        w = diff @ hprec
-        return torch.linalg.vecdot(diff, w), w
-    z = diff / old.factor if chol is None else solve_lower(chol, diff)
-    return half * torch.linalg.vecdot(z, z), z
-
-
-def half_gradient_rows(old: Gaussian, chol, idx: torch.Tensor, aux: torch.Tensor, half: float) -> torch.Tensor:
-    """half Sigma_o^-1 diff on the states ``idx`` (A, D), from the rows ``aux`` of :func:`mean_distance64`'s aux."""
-    if chol is None:
-        return (half * aux) / (old.factor if old.is_global else old.factor.index_select(0, idx))
-    if chol.dim() == 2:
-        return aux
-    z = half * aux
-    return torch.linalg.solve_triangular(chol.index_select(0, idx).mT, z.unsqueeze(-1), upper=True).squeeze(-1)
+def old_rows(old: Gaussian, idx: torch.Tensor) -> Gaussian:
+    """The old policy on the states ``idx`` (a global factor is kept as it is)."""
+    factor = old.factor if old.is_global else old.factor.index_select(0, idx)
+    return Gaussian(old.mean.index_select(0, idx), factor, old.kind)
 
 
 class MeanStep(torch.autograd.Function):
     """(mu^, r): ``mean`` with its rows ``idx`` replaced by ``proj`` = mu_o + r (mu - mu_o) (A, D), in mean's dtype,
     with r = sqrt(target / d(mu)) (A,), d = half (mu - mu_o)^T Sigma_o^-1 (mu - mu_o). No-gradient inputs from the
-    forward pass: diff = mu - mu_o and w = half Sigma_o^-1 diff (A, D), and dr_dw = -r / d (A,), so that
-    dr/dmu = dr/dd dd/dmu = (-r / (2 d)) (2 w) = dr_dw w. backward, for gradients G of mu^ and g_r of r:
+    forward pass: diff = mu - mu_o and w = half Sigma_o^-1 diff (A, D), and d (A,), so that
+    dr/dmu = dr/dd dd/dmu = (-r / (2 d)) (2 w). backward, for gradients G of mu^ and g_r of r:
 
-        grad mu = r G + dr_dw (<G, diff> + g_r) w    on the rows idx,  G on the others (bit for bit).
+        grad mu = r (G - (<G, diff> + g_r) / d w)    on the rows idx,  G on the others (bit for bit).
+
+    (<G, diff> + g_r) / d is formed first: d can be up to 1e308 and r / d would underflow.
     """
 
     @staticmethod
-    def forward(ctx, mean, proj, idx, diff, w, r, dr_dw):
+    def forward(ctx, mean, proj, idx, diff, w, r, d):
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(idx, diff, w, r, dr_dw)
+        ctx.save_for_backward(idx, diff, w, r, d)
         ctx.shape, ctx.dtype = mean.shape, mean.dtype
         return mean.index_copy(0, idx, proj), r.clone()
 
     @staticmethod
     def backward(ctx, g_out, g_r):
-        idx, diff, w, r, dr_dw = ctx.saved_tensors
+        idx, diff, w, r, d = ctx.saved_tensors
         if g_out is None:  # only omega's gradient
             g_out = torch.zeros(ctx.shape, dtype=ctx.dtype, device=diff.device)
         g = g_out.index_select(0, idx).double()
         dot = torch.linalg.vecdot(g, diff) if g_r is None else torch.linalg.vecdot(g, diff) + g_r
-        grad = torch.addcmul(r.unsqueeze(-1) * g, (dr_dw * dot).unsqueeze(-1), w)
+        grad = torch.addcmul(g, (dot / d).unsqueeze(-1), w, value=-1).mul_(r.unsqueeze(-1))
         return g_out.index_copy(0, idx, grad.to(g_out.dtype)), None, None, None, None, None, None
 
 
@@ -202,6 +185,7 @@ def project_cov(new: Gaussian, old: Gaussian, *, bound: float, distance: str):
     else:
         c = factor_distance(kind, x, f_o, distance=distance)
     before = c.detach()
+    check_range("new.factor", before, dtype, f"its {distance} distance to old.factor (the covariance part)")
     active = before > bound
     out, eta, after = rows, torch.zeros_like(before), before
     if bool(active.any()):
@@ -241,6 +225,25 @@ def rounded_target(y: torch.Tensor, grad: torch.Tensor, bound: float) -> torch.T
     return (bound - 2 * margin).clamp(min=bound / 2, max=bound * (1 - 2 * RTOL))
 
 
+# ------------------------------------------------------------------------------------------ supported range
+
+
+def check_range(name: str, dist: torch.Tensor, dtype: torch.dtype, what: str) -> None:
+    """Refuse a distance before the projection that the output dtype cannot hold (docs/gaussian.md, "Supported range").
+
+    A projection reports its distances (and eta, omega ~ sqrt(distance / bound)) in the input's dtype; a distance
+    above the largest finite number of that dtype (about 1.8e308 in float64, 3.4e38 in float32) or NaN is refused.
+    """
+    limit = torch.finfo(dtype).max
+    if not bool((dist <= limit).all()):  # NaN fails the comparison too
+        worst = float(dist.nan_to_num(nan=math.inf, posinf=math.inf).max())
+        raise ValueError(
+            f"{name} is outside the supported range: {what} is {worst:.3g} before the projection, above "
+            f"{limit:.3g}, the largest {dtype} number (docs/gaussian.md, \"Supported range\"). A policy that far "
+            "from the old one has diverged: check the network output; float32 inputs can be cast to float64."
+        )
+
+
 # ------------------------------------------------------------------------------ frobenius and w2: closed form
 
 
@@ -256,7 +259,7 @@ def project_linear_rows(kind, distance, x, f_o, c, *, bound, rounded):
             at_bound = interpolate_linear(kind, distance, x.detach(), f_o, (bound / c.detach()).sqrt())
             grad = factor_distance_grad(kind, at_bound, f_o, distance=distance)
             target = rounded_target(at_bound, grad, bound)
-    s = (target / c).sqrt()
+    s = target.sqrt() / c.sqrt()  # not (target / c).sqrt(): its backward squares c, which overflows from c ~ 1e154
     return interpolate_linear(kind, distance, x, f_o, s), s
 
 
