@@ -114,9 +114,9 @@ def kl_rows(kind: str, fp: torch.Tensor, fq: torch.Tensor) -> torch.Tensor:
 def check_ratio(c: torch.Tensor) -> None:
     """Refuse a whitened precision C (or its eigenvalues) outside [MAX_RATIO^-2, MAX_RATIO^2] (or not finite).
 
-    C's eigenvalues are (old std / new std)^2 along the principal directions; s ~ 1 / (lam sqrt(bound)) and eta = 1/s - 1
-    must stay float64 numbers, which this range keeps with room for any bound above 1e-100 (docs/gaussian.md,
-    "Supported range"). Outside it the covariances are 1e100 apart in scale: a diverged network, not a policy update.
+    C's eigenvalues are (old std / new std)^2 along the principal directions; s ~ 1 / (lam sqrt(bound)) and
+    eta = 1/s - 1 must stay float64 numbers, which this range keeps with room for any bound above 1e-100
+    (docs/gaussian.md, "Supported range"). Outside it the covariances are 1e100 apart in scale: a diverged network, not a policy update.
     """
     lo, hi = (float(v) for v in torch.aminmax(c))
     if c.dim() > 1 and c.shape[-1] > 1:  # entries of C: only their finiteness says something
