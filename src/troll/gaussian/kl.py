@@ -27,6 +27,7 @@ from troll.gaussian.distances import (
     psi,
     x_minus_log1p_series,
 )
+from troll.gaussian.policy import check_range
 from troll.rootfind import solve_log_step, solve_log_step_scalar
 
 MAX_RATIO = 1e100  # KL: new std / old std along any direction within [1 / MAX_RATIO, MAX_RATIO] (C within its square)
@@ -45,7 +46,7 @@ def project_kl_rows(kind: str, rows: torch.Tensor, x: torch.Tensor, f_o: torch.T
     with torch.no_grad():
         a, c = whitened_precision(kind, x.detach(), f_o)
         if kind != "diag":
-            check_ratio(c)  # before eigvalsh, which fails on inf
+            check_ratio(c, matrix=True)  # before eigvalsh, which fails on inf
         lam = c if kind == "diag" else torch.linalg.eigvalsh(c)
         check_ratio(lam)
         s = kl_step(lam, bound)
@@ -72,8 +73,6 @@ def project_kl_global(factor: torch.Tensor, f_o: torch.Tensor, *, bound: float):
     their size. Returns (factor, eta, before, after) as ``project_cov``: the factor in ``factor``'s dtype, with the
     gradient, the others 0-dim.
     """
-    from troll.gaussian.projection import check_range  # the one rule of the supported range
-
     rounded = factor.dtype != torch.float64
     with torch.no_grad():
         x = factor.double()
@@ -83,7 +82,7 @@ def project_kl_global(factor: torch.Tensor, f_o: torch.Tensor, *, bound: float):
         if before <= bound:
             return factor, factor.new_zeros(()), factor.new_full((), before), factor.new_full((), before)
         a, c = whitened_precision("chol", x, f_o)
-        check_ratio(c)
+        check_ratio(c, matrix=True)
         lam = torch.linalg.eigvalsh(c)
         check_ratio(lam)
         lam_m1 = [v - 1 for v in lam.tolist()]
@@ -97,7 +96,7 @@ def project_kl_global(factor: torch.Tensor, f_o: torch.Tensor, *, bound: float):
     if rounded:  # the distance of the returned (rounded) factor, measured
         with torch.no_grad():
             after = float(kl_from_relative_factor(torch.linalg.solve_triangular(f_o, y.double(), upper=False)))
-    return y, (s.reciprocal() - 1).to(factor.dtype), factor.new_full((), before), factor.new_full((), after)
+    return y, multiplier(s).to(factor.dtype), factor.new_full((), before), factor.new_full((), after)
 
 
 def kl_rows(kind: str, fp: torch.Tensor, fq: torch.Tensor) -> torch.Tensor:
@@ -111,23 +110,43 @@ def kl_rows(kind: str, fp: torch.Tensor, fq: torch.Tensor) -> torch.Tensor:
     return 0.5 * (rel.mul_(strict_lower).square_().sum((-2, -1)) + diag)
 
 
-def check_ratio(c: torch.Tensor) -> None:
-    """Refuse a whitened precision C (or its eigenvalues) outside [MAX_RATIO^-2, MAX_RATIO^2] (or not finite).
+class _Multiplier(torch.autograd.Function):
+    """eta = 1 / s - 1 with the backward -(g / s) / s: autograd's -g / s^2 overflows once s < 1e-154 (eta > 1e154,
+    inside the supported range), even where the gradient itself, e.g. that of log eta, is small."""
+
+    @staticmethod
+    def forward(ctx, s):
+        ctx.save_for_backward(s)
+        return s.reciprocal() - 1
+
+    @staticmethod
+    def backward(ctx, g):
+        (s,) = ctx.saved_tensors
+        return -(g / s) / s
+
+
+def multiplier(s: torch.Tensor) -> torch.Tensor:
+    """The Lagrange multiplier eta = 1 / s - 1 (or omega = 1 / r - 1) of a step s in (0, 1], with a gradient that
+    does not overflow (:class:`_Multiplier`)."""
+    return _Multiplier.apply(s)
+
+
+def check_ratio(lam: torch.Tensor, *, matrix: bool = False) -> None:
+    """Refuse eigenvalues ``lam`` of the whitened precision C outside [MAX_RATIO^-2, MAX_RATIO^2] (NaN too); with
+    ``matrix``, ``lam`` is C itself and only its finiteness is checked (eigvalsh fails on inf).
 
     C's eigenvalues are (old std / new std)^2 along the principal directions; s ~ 1 / (lam sqrt(bound)) and
     eta = 1/s - 1 must stay float64 numbers, which this range keeps with room for any bound above 1e-100
-    (docs/gaussian.md, "Supported range"). Outside it the covariances are 1e100 apart in scale: a diverged network, not a policy update.
+    (docs/gaussian.md, "Supported range"). Outside it the covariances are 1e100 apart in scale: a diverged
+    network, not a policy update.
     """
-    lo, hi = (float(v) for v in torch.aminmax(c))
-    if c.dim() > 1 and c.shape[-1] > 1:  # entries of C: only their finiteness says something
-        ok = math.isfinite(lo) and math.isfinite(hi)
-    else:
-        ok = MAX_RATIO**-2 <= lo and hi <= MAX_RATIO**2  # NaN fails
+    lo, hi = (float(v) for v in torch.aminmax(lam))
+    ok = math.isfinite(lo) and math.isfinite(hi) if matrix else MAX_RATIO**-2 <= lo and hi <= MAX_RATIO**2
     if not ok:
         raise ValueError(
             "new.factor is outside the supported range of the KL projection: the new standard deviation relative to "
             f"the old one along some direction (a singular value of old.factor^-1 new.factor) lies outside "
-            f"[{1 / MAX_RATIO:g}, {MAX_RATIO:g}] (docs/gaussian.md, \"Supported range\"). The policy has collapsed or "
+            f'[{1 / MAX_RATIO:g}, {MAX_RATIO:g}] (docs/gaussian.md, "Supported range"). The policy has collapsed or '
             "diverged: check the network output, e.g. floor its std with softplus(x) + min_std."
         )
 

@@ -249,3 +249,19 @@ def check_pair(new: Gaussian, old: Gaussian) -> None:
             raise TypeError(f"old.{part} is {b.dtype} but new.{part} is {a.dtype}; cast old with old.to({a.dtype}).")
         if a.device != b.device:
             raise ValueError(f"old.{part} is on {b.device} but new.{part} on {a.device}; move old with old.to(...).")
+
+
+def check_range(name: str, dist: torch.Tensor, dtype: torch.dtype, what: str) -> None:
+    """Refuse a distance before the projection that the output dtype cannot hold (docs/gaussian.md, "Supported range").
+
+    A projection reports its distances (and eta, omega ~ sqrt(distance / bound)) in the input's dtype; a distance
+    above the largest finite number of that dtype (about 1.8e308 in float64, 3.4e38 in float32) or NaN is refused.
+    """
+    limit = torch.finfo(dtype).max
+    if not bool((dist <= limit).all()):  # NaN fails the comparison too
+        worst = float(dist.nan_to_num(nan=math.inf, posinf=math.inf).max())
+        raise ValueError(
+            f"{name} is outside the supported range: {what} is {worst:.3g} before the projection, above "
+            f'{limit:.3g}, the largest {dtype} number (docs/gaussian.md, "Supported range"). A policy that far '
+            "from the old one has diverged: check the network output; float32 inputs can be cast to float64."
+        )

@@ -20,15 +20,14 @@ bound on what rounding to float32 does to the distance (``rounded_target``). Sha
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import torch
 
 from troll._checks import check_choice, check_number
 from troll.gaussian.distances import DISTANCES, factor_distance, factor_distance_grad
-from troll.gaussian.kl import RTOL, U32, kl_rows, project_kl_global, project_kl_rows
-from troll.gaussian.policy import Gaussian, check_gaussian, check_pair, whiten, whiten_t
+from troll.gaussian.kl import RTOL, U32, kl_rows, multiplier, project_kl_global, project_kl_rows
+from troll.gaussian.policy import Gaussian, check_gaussian, check_pair, check_range, whiten, whiten_t
 
 KINDS_FOR = {"kl": ("diag", "chol"), "frobenius": ("diag", "chol"), "w2": ("diag", "sqrt")}
 
@@ -127,7 +126,7 @@ def project_mean(mean: torch.Tensor, old: Gaussian, *, bound: float, distance: s
         else:
             after = d * r * r
     out, r = MeanStep.apply(mean, proj, idx, diff_a, w, r, d)
-    omega = torch.zeros_like(before).index_copy(0, idx, r.reciprocal() - 1)
+    omega = torch.zeros_like(before).index_copy(0, idx, multiplier(r))
     return out, omega.to(dtype), before.to(dtype), before.index_copy(0, idx, after).to(dtype)
 
 
@@ -205,9 +204,9 @@ def project_cov(new: Gaussian, old: Gaussian, *, bound: float, distance: str):
                 y = projected.detach().double()
                 after_a = kl_rows(kind, y, fa) if distance == "kl" else factor_distance(kind, y, fa, distance=distance)
         if every:
-            out, eta, after = projected, 1 / s - 1, after_a
+            out, eta, after = projected, multiplier(s), after_a
         else:
-            out, eta = rows.index_copy(0, idx, projected), eta.index_copy(0, idx, 1 / s - 1)
+            out, eta = rows.index_copy(0, idx, projected), eta.index_copy(0, idx, multiplier(s))
             after = before.index_copy(0, idx, after_a)
     if single:
         out, eta, before, after = out[0], eta[0], before[0], after[0]
@@ -223,25 +222,6 @@ def rounded_target(y: torch.Tensor, grad: torch.Tensor, bound: float) -> torch.T
     """
     margin = U32 * (y * grad).abs().flatten(1).sum(-1)
     return (bound - 2 * margin).clamp(min=bound / 2, max=bound * (1 - 2 * RTOL))
-
-
-# ------------------------------------------------------------------------------------------ supported range
-
-
-def check_range(name: str, dist: torch.Tensor, dtype: torch.dtype, what: str) -> None:
-    """Refuse a distance before the projection that the output dtype cannot hold (docs/gaussian.md, "Supported range").
-
-    A projection reports its distances (and eta, omega ~ sqrt(distance / bound)) in the input's dtype; a distance
-    above the largest finite number of that dtype (about 1.8e308 in float64, 3.4e38 in float32) or NaN is refused.
-    """
-    limit = torch.finfo(dtype).max
-    if not bool((dist <= limit).all()):  # NaN fails the comparison too
-        worst = float(dist.nan_to_num(nan=math.inf, posinf=math.inf).max())
-        raise ValueError(
-            f"{name} is outside the supported range: {what} is {worst:.3g} before the projection, above "
-            f"{limit:.3g}, the largest {dtype} number (docs/gaussian.md, \"Supported range\"). A policy that far "
-            "from the old one has diverged: check the network output; float32 inputs can be cast to float64."
-        )
 
 
 # ------------------------------------------------------------------------------ frobenius and w2: closed form
