@@ -160,3 +160,136 @@ def test_entropy_schedule_arguments():
         tg.EntropySchedule("exponential", rate=1.5)
     with pytest.raises(ValueError, match="initial must be > -inf and a finite number"):
         tg.EntropySchedule("linear", initial=math.nan)
+
+
+# ------------------------------------------------------------------- every public function checks its input
+# (issue 28, item 6: each raised a raw RuntimeError or AttributeError, or returned NaN)
+
+
+def bad_calls():
+    """(name, call, exception, message) for each public function of troll.gaussian beyond project."""
+    new, old = pair()
+    diag_new, diag_old = pair("diag")
+    glob_new, _ = pair(single=True)
+    proj = project(new, old)
+    singular = old.factor.clone()
+    singular[0, 1, 1] = 0.0
+    tiny = old.factor.clone()
+    tiny[0, 1, 1] = 1e-200  # positive, but numerically singular: the distance does not fit float64
+    kl = {"distance": "kl"}
+    return [
+        ("mean_distance: list", lambda: tg.mean_distance([[0.0, 0.0]], old, **kl), ValueError, "mean must be a torch"),
+        (
+            "mean_distance: shape",
+            lambda: tg.mean_distance(new.mean[:, :1], old, **kl),
+            ValueError,
+            r"mean has shape \(3, 1\) but q\.mean has \(3, 2\)",
+        ),
+        (
+            "mean_distance: dtype",
+            lambda: tg.mean_distance(new.mean.float(), old, **kl),
+            TypeError,
+            r"mean is torch\.float32 but q\.mean is torch\.float64; cast it with mean\.to",
+        ),
+        ("mean_distance: q", lambda: tg.mean_distance(new.mean, old.mean, **kl), TypeError, "q must be a troll"),
+        ("mean_distance: NaN", lambda: tg.mean_distance(new.mean * math.nan, old, **kl), ValueError, "mean contains"),
+        ("mean_distance: distance", lambda: tg.mean_distance(new.mean, old, distance="l2"), ValueError, "'l2' is not"),
+        (
+            "cov_distance: singular old factor",
+            lambda: tg.cov_distance(new, tg.Gaussian.from_chol(old.mean, singular), **kl),
+            ValueError,
+            r"q\.factor \(kind 'chol'\) needs a positive diagonal",
+        ),
+        (
+            "cov_distance: numerically singular old factor",
+            lambda: tg.cov_distance(new, tg.Gaussian.from_chol(old.mean, tiny), **kl),
+            ValueError,
+            r"p is outside the supported range: its kl distance to q .* is inf",
+        ),
+        (
+            "cov_distance: states",
+            lambda: tg.cov_distance(new, tg.Gaussian(old.mean[:2], old.factor[:2], "chol"), **kl),
+            ValueError,
+            r"q\.mean has shape \(2, 2\) but p\.mean has \(3, 2\)",
+        ),
+        (
+            "cov_distance: global on one side",
+            lambda: tg.cov_distance(glob_new, old, **kl),
+            ValueError,
+            "p has one global covariance but the other policy one per state",
+        ),
+        ("cov_distance: dtype", lambda: tg.cov_distance(new, old.to(torch.float32), **kl), TypeError, "cast it"),
+        ("cov_distance: q", lambda: tg.cov_distance(new, None, **kl), TypeError, "q must be a troll.gaussian"),
+        (
+            "total_distance: shape",
+            lambda: tg.total_distance(new, tg.Gaussian(old.mean[:1], old.factor[:1], "chol"), **kl),
+            ValueError,
+            r"q\.mean has shape \(1, 2\)",
+        ),
+        (
+            "regression: projected",
+            lambda: tg.regression(new, proj, **kl),
+            TypeError,
+            "projected must be a troll.gaussian.Gaussian",
+        ),
+        (
+            "regression: kinds and shapes",
+            lambda: tg.regression(new, tg.Gaussian(diag_old.mean[:2], diag_old.factor[:2], "diag"), **kl),
+            ValueError,
+            r"projected\.mean has shape \(2, 2\) but new\.mean has \(3, 2\)",
+        ),
+        ("log_prob: shape", lambda: old.log_prob(new.mean[0]), ValueError, r"x has shape \(2,\) but policy\.mean"),
+        ("log_prob: dtype", lambda: old.log_prob(new.mean.float()), TypeError, r"x is torch\.float32 but policy"),
+        ("log_prob: list", lambda: old.log_prob([[0.0, 0.0]] * 3), ValueError, "x must be a torch.Tensor"),
+        ("log_prob: NaN", lambda: old.log_prob(new.mean + math.nan), ValueError, "x contains NaN or inf"),
+        (
+            "log_prob: negative std",
+            lambda: tg.Gaussian.from_std(diag_new.mean, -diag_new.factor).log_prob(diag_new.mean),
+            ValueError,
+            r"policy\.factor \(std\) must be > 0",
+        ),
+        ("control_entropy: policy", lambda: tg.control_entropy(proj, 0.0), TypeError, "policy must be a troll"),
+        (
+            "projection_metrics: mean_bound=-1",
+            lambda: tg.projection_metrics(proj, mean_bound=-1, cov_bound=0.01),
+            ValueError,
+            "mean_bound must be > 0",
+        ),
+        (
+            "projection_metrics: cov_bound",
+            lambda: tg.projection_metrics(proj, mean_bound=0.05, cov_bound=math.nan),
+            ValueError,
+            "cov_bound must be > 0",
+        ),
+        (
+            "projection_metrics: proj",
+            lambda: tg.projection_metrics(proj.policy, mean_bound=0.05, cov_bound=0.01),
+            TypeError,
+            "proj must be the GaussianProjection",
+        ),
+        (
+            "trpl_loss: entropy_bound=inf",
+            lambda: tg.trpl_loss(
+                new, old, old.mean, torch.zeros(3, dtype=F64), mean_bound=0.05, cov_bound=0.01, entropy_bound=math.inf
+            ),
+            ValueError,
+            r"entropy_bound must be a number or None, got inf",
+        ),
+    ]
+
+
+BAD_CALLS = bad_calls()
+
+
+@pytest.mark.parametrize("index", range(len(BAD_CALLS)), ids=[c[0] for c in BAD_CALLS])
+def test_public_functions_check_their_input(index):
+    _, call, error, match = BAD_CALLS[index]
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_every_public_function_is_covered():
+    """Each callable of troll.gaussian.__all__ (and Gaussian.log_prob) has a bad-input case here or above."""
+    covered = {name.split(":")[0] for name, *_ in BAD_CALLS} | {"project", "Gaussian", "EntropySchedule"}
+    callables = {n for n in tg.__all__ if callable(getattr(tg, n)) and n != "GaussianProjection"} | {"log_prob"}
+    assert callables <= covered, callables - covered

@@ -98,7 +98,8 @@ def test_regression_is_zero_where_inactive_and_pulls_towards_the_projection(dist
     assert (reg[inside] == 0).all() and (reg[~inside] > 0).all()
     g_mean, g_factor = torch.autograd.grad(reg.sum(), [mean, factor])
     assert (g_mean[inside] == 0).all() and (g_factor[inside] == 0).all()
-    # a small step down the gradient moves pi~ towards pi^
+    # a small step down the gradient moves pi~ towards pi^ (kept in the kind's form: regression checks it)
+    g_factor = g_factor.tril() if kind == "chol" else (g_factor + g_factor.mT) / 2 if kind == "sqrt" else g_factor
     step = tg.Gaussian(new.mean - 1e-3 * g_mean, new.factor - 1e-3 * g_factor, kind)
     after = tg.regression(step, proj.policy, distance=distance)
     assert (after[~inside] < reg[~inside].detach()).all()

@@ -14,8 +14,16 @@ from __future__ import annotations
 
 import torch
 
-from troll._checks import check_choice
-from troll.gaussian.policy import Gaussian, whiten
+from troll._checks import check_choice, check_tensor
+from troll.gaussian.policy import (
+    Gaussian,
+    all_finite,
+    check_comparable,
+    check_gaussian,
+    check_like,
+    check_range,
+    whiten,
+)
 
 DISTANCES = ("kl", "w2", "frobenius")
 SERIES_BELOW = 1e-2  # |x| below which x - log1p(x) is summed as a series (the direct form cancels there)
@@ -74,8 +82,24 @@ def kl_from_relative_factor(rel: torch.Tensor) -> torch.Tensor:
 
 
 def mean_distance(mean: torch.Tensor, q: Gaussian, *, distance: str) -> torch.Tensor:
-    """The mean part: m = |L_q^-1 (mean - mu_q)|^2, halved for "kl". mean (B, D) -> (B,)."""
+    """The mean part: m = |W_q^-1 (mean - mu_q)|^2, halved for "kl". mean (B, D) -> (B,).
+
+    Checks its input as :func:`troll.gaussian.project` does (docs/gaussian.md, "Input checks"): ``mean`` a finite
+    tensor of q.mean's shape, dtype and device, ``q`` a valid policy; a distance the dtype cannot hold is refused.
+    """
     check_choice("distance", distance, DISTANCES)
+    check_tensor("mean", mean)
+    check_gaussian("q", q)
+    check_like("mean", mean, "q.mean", q.mean)
+    if not all_finite(mean.detach()):
+        raise ValueError("mean contains NaN or inf; check the network output (and its learning rate).")
+    out = mean_part(mean, q, distance=distance)
+    check_range("mean", out.detach(), mean.dtype, "its distance to q.mean")
+    return out
+
+
+def mean_part(mean: torch.Tensor, q: Gaussian, *, distance: str) -> torch.Tensor:
+    """:func:`mean_distance` without the checks (for callers that checked their policies)."""
     z = whiten(q, mean - q.mean)
     m = (z * z).sum(-1)
     return m / 2 if distance == "kl" else m
@@ -85,9 +109,19 @@ def cov_distance(p: Gaussian, q: Gaussian, *, distance: str) -> torch.Tensor:
     """The covariance part of ``distance`` between p and q: (B,), or () when both covariances are global.
 
     "w2" needs the symmetric square root: kinds "sqrt" or "diag" (for "diag", S = diag(std)). Policies of different
-    kinds are compared through their Cholesky factors ("kl", "frobenius").
+    kinds are compared through their Cholesky factors ("kl", "frobenius"). Checks both policies as ``project`` does
+    (:func:`troll.gaussian.policy.check_comparable`); a distance the dtype cannot hold (e.g. against a numerically
+    singular q) is refused, never returned as NaN or inf.
     """
     check_choice("distance", distance, DISTANCES)
+    check_comparable("p", p, "q", q)
+    out = cov_part(p, q, distance=distance)
+    check_range("p", out.detach(), p.factor.dtype, f"its {distance} distance to q (the covariance part)")
+    return out
+
+
+def cov_part(p: Gaussian, q: Gaussian, *, distance: str) -> torch.Tensor:
+    """:func:`cov_distance` without the checks (for callers that checked their policies)."""
     if p.kind == q.kind:
         return factor_distance(p.kind, p.factor, q.factor, distance=distance)
     if distance == "w2":
@@ -150,5 +184,10 @@ _W2_KINDS = (
 
 
 def total_distance(p: Gaussian, q: Gaussian, *, distance: str) -> torch.Tensor:
-    """Mean part + covariance part, per state: (B,). A global covariance part is added to every state."""
-    return mean_distance(p.mean, q, distance=distance) + cov_distance(p, q, distance=distance)
+    """Mean part + covariance part, per state: (B,). A global covariance part is added to every state. Checks its
+    input as :func:`cov_distance` does."""
+    check_choice("distance", distance, DISTANCES)
+    check_comparable("p", p, "q", q)
+    out = mean_part(p.mean, q, distance=distance) + cov_part(p, q, distance=distance)
+    check_range("p", out.detach(), p.mean.dtype, f"its {distance} distance to q")
+    return out

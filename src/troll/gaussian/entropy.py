@@ -14,7 +14,7 @@ from numbers import Real
 import torch
 
 from troll._checks import check_choice, check_int, check_number
-from troll.gaussian.policy import Gaussian
+from troll.gaussian.policy import Gaussian, check_gaussian
 
 SCHEDULES = ("none", "linear", "exponential")
 
@@ -63,6 +63,7 @@ def control_entropy(policy: Gaussian, bound: float) -> Gaussian:
     policy: any kind; a global covariance is scaled once. Rows at or above the bound keep their factor exactly.
     The gradient flows through H as well as through the factor. ``bound = -inf`` returns ``policy`` itself.
     """
+    check_gaussian("policy", policy)
     if not isinstance(bound, Real) or isinstance(bound, bool) or math.isnan(bound) or bound == math.inf:
         raise ValueError(f"bound must be a real number or -inf (no control), got {bound!r}; see EntropySchedule.")
     if bound == -math.inf:

@@ -77,7 +77,12 @@ def project_kl_global(factor: torch.Tensor, f_o: torch.Tensor, *, bound: float):
     with torch.no_grad():
         x = factor.double()
         before_t = kl_from_relative_factor(torch.linalg.solve_triangular(f_o, x, upper=False))
-        check_range("new.factor", before_t, factor.dtype, "its kl distance to old.factor (the covariance part)")
+        check_range(
+            "new.factor",
+            before_t,
+            factor.dtype,
+            "its kl distance to old.factor (the covariance part) before the projection",
+        )
         before = float(before_t)
         if before <= bound:
             return factor, factor.new_zeros(()), factor.new_full((), before), factor.new_full((), before)

@@ -18,8 +18,8 @@ from troll._checks import check_number, check_shape, check_tensor
 from troll.batch import LossOutput
 from troll.gaussian.distances import cov_distance, mean_distance
 from troll.gaussian.entropy import control_entropy
-from troll.gaussian.policy import Gaussian, all_finite
-from troll.gaussian.projection import GaussianProjection, project
+from troll.gaussian.policy import Gaussian, all_finite, check_comparable
+from troll.gaussian.projection import GaussianProjection, check_metrics_args, project
 
 BOUND_RTOL = 1e-6  # a distance above bound * (1 + this) counts as exceeding it (bound_exceeded_frac)
 
@@ -31,6 +31,7 @@ def regression(new: Gaussian, projected: Gaussian, *, distance: str) -> torch.Te
     (the same values) its part is exactly 0, value and gradient (not a rounding residue of L^-1 L). A global
     covariance part is added to every state's value.
     """
+    check_comparable("new", new, "projected", projected)
     target = projected.detach()
     mean_part = mean_distance(new.mean, target, distance=distance)
     cov_part = cov_distance(new, target, distance=distance)
@@ -47,6 +48,7 @@ def projection_metrics(proj: GaussianProjection, *, mean_bound: float, cov_bound
     ``bound_exceeded_frac`` is the share of states whose returned mean or covariance is above its bound by more than
     1e-6 relative (0 unless float32 rounding defeated the margin; docs/gaussian.md, "Numerics").
     """
+    check_metrics_args(proj, mean_bound, cov_bound)
     m = {}
     for name, value in (
         ("mean_dist_before", proj.mean_before),
@@ -106,8 +108,11 @@ def trpl_loss(
             raise ValueError(f"{name} contains NaN or inf; check the rollout buffer.")
     policy = proj.policy
     if entropy_bound is not None:
-        if not isinstance(entropy_bound, Real) or math.isnan(entropy_bound):
-            raise ValueError(f"entropy_bound must be a number or None, got {entropy_bound!r}.")
+        if not isinstance(entropy_bound, Real) or isinstance(entropy_bound, bool) or not entropy_bound < math.inf:
+            raise ValueError(
+                f"entropy_bound must be a number or None, got {entropy_bound!r}; a real number, -inf (no control) "
+                "or None, e.g. EntropySchedule(...).bound(step)."
+            )
         policy = control_entropy(policy, entropy_bound)
     ratio = (policy.log_prob(actions.to(policy.mean.dtype)) - old_log_prob.detach().to(policy.mean.dtype)).exp()
     pg = -(ratio * advantages.to(ratio.dtype)).mean()

@@ -99,7 +99,14 @@ class Gaussian:
         return 0.5 * self.dim * (1 + LOG_2PI) + 0.5 * self.log_det()
 
     def log_prob(self, x: torch.Tensor) -> torch.Tensor:
-        """log N(x; mean, Sigma) = -1/2 |L^-1 (x - mean)|^2 - 1/2 log det Sigma - D/2 log 2 pi. x: (B, D) -> (B,)."""
+        """log N(x; mean, Sigma) = -1/2 |W^-1 (x - mean)|^2 - 1/2 log det Sigma - D/2 log 2 pi. x: (B, D) -> (B,).
+
+        Checks x (a finite tensor of the mean's shape, dtype and device) and the policy's values (as ``project``)."""
+        check_tensor("x", x)
+        check_like("x", x, "policy.mean", self.mean)
+        check_gaussian("policy", self)
+        if not all_finite(x.detach()):
+            raise ValueError("x contains NaN or inf; check the actions (or the rollout buffer).")
         z = whiten(self, x - self.mean)
         return -0.5 * ((z * z).sum(-1) + self.log_det() + self.dim * LOG_2PI)
 
@@ -252,16 +259,43 @@ def check_pair(new: Gaussian, old: Gaussian) -> None:
 
 
 def check_range(name: str, dist: torch.Tensor, dtype: torch.dtype, what: str) -> None:
-    """Refuse a distance before the projection that the output dtype cannot hold (docs/gaussian.md, "Supported range").
+    """Refuse a distance that its dtype cannot hold (docs/gaussian.md, "Supported range").
 
-    A projection reports its distances (and eta, omega ~ sqrt(distance / bound)) in the input's dtype; a distance
+    Distances are reported in the input's dtype (a projection's also eta, omega ~ sqrt(distance / bound)); a distance
     above the largest finite number of that dtype (about 1.8e308 in float64, 3.4e38 in float32) or NaN is refused.
     """
     limit = torch.finfo(dtype).max
     if not bool((dist <= limit).all()):  # NaN fails the comparison too
         worst = float(dist.nan_to_num(nan=math.inf, posinf=math.inf).max())
         raise ValueError(
-            f"{name} is outside the supported range: {what} is {worst:.3g} before the projection, above "
-            f'{limit:.3g}, the largest {dtype} number (docs/gaussian.md, "Supported range"). A policy that far '
-            "from the old one has diverged: check the network output; float32 inputs can be cast to float64."
+            f"{name} is outside the supported range: {what} is {worst:.3g}, above "
+            f'{limit:.3g}, the largest {dtype} number (docs/gaussian.md, "Supported range"). Policies that far '
+            "apart mean a diverged network: check its output; float32 inputs can be cast to float64."
+        )
+
+
+def check_like(name: str, x: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
+    """``x`` has ``ref``'s shape (ValueError), dtype (TypeError) and device (ValueError), with the fix."""
+    if x.shape != ref.shape:
+        raise ValueError(
+            f"{name} has shape {tuple(x.shape)} but {ref_name} has {tuple(ref.shape)}; they must match (B, D): "
+            "one row per state."
+        )
+    if x.dtype != ref.dtype:
+        raise TypeError(f"{name} is {x.dtype} but {ref_name} is {ref.dtype}; cast it with {name}.to({ref.dtype}).")
+    if x.device != ref.device:
+        raise ValueError(f"{name} is on {x.device} but {ref_name} on {ref.device}; move it with {name}.to(...).")
+
+
+def check_comparable(p_name: str, p, q_name: str, q) -> None:
+    """Two valid policies (:func:`check_gaussian`) over the same states, dtype and device, with a global covariance on
+    both sides or on neither; their kinds may differ (the distances compare them through their Cholesky factors)."""
+    check_gaussian(p_name, p)
+    check_gaussian(q_name, q)
+    check_like(f"{q_name}.mean", q.mean, f"{p_name}.mean", p.mean)
+    if p.is_global != q.is_global:
+        which = p_name if p.is_global else q_name
+        raise ValueError(
+            f"{which} has one global covariance but the other policy one per state; give both the same layout "
+            "(expand the global factor to (B, ...), or compare two global ones)."
         )

@@ -91,6 +91,16 @@ def project(new: Gaussian, old: Gaussian, *, mean_bound: float, cov_bound: float
     return GaussianProjection(policy, mean_before, mean_after, cov_before, cov_after, omega, eta)
 
 
+def check_metrics_args(proj, mean_bound, cov_bound) -> None:
+    """The arguments of :func:`troll.gaussian.projection_metrics`: a GaussianProjection, bounds as ``project``'s."""
+    if not isinstance(proj, GaussianProjection):
+        raise TypeError(
+            f"proj must be the GaussianProjection that troll.gaussian.project returned, got {type(proj).__name__}."
+        )
+    check_number("mean_bound", mean_bound, hint="; pass the bound the projection used")
+    check_number("cov_bound", cov_bound, hint="; pass the bound the projection used")
+
+
 def project_mean(mean: torch.Tensor, old: Gaussian, *, bound: float, distance: str):
     """The mean projection, closed form: mu^ = mu_o + r (mu - mu_o), r = sqrt(bound / d) on rows with d > bound.
 
@@ -106,7 +116,7 @@ def project_mean(mean: torch.Tensor, old: Gaussian, *, bound: float, distance: s
         diff = mean - old.mean  # float64 (type promotion)
         z = whiten(old, diff)  # W_o^-1 diff, |z|^2 = diff^T Sigma_o^-1 diff
         before = half * torch.linalg.vecdot(z, z)
-        check_range("new.mean", before, dtype, "its distance to old.mean (the mean part)")
+        check_range("new.mean", before, dtype, "its distance to old.mean (the mean part) before the projection")
         idx = (before > bound).nonzero().view(-1)
     if idx.numel() == 0:
         return mean, torch.zeros_like(before, dtype=dtype), before.to(dtype), before.to(dtype)
@@ -184,7 +194,12 @@ def project_cov(new: Gaussian, old: Gaussian, *, bound: float, distance: str):
     else:
         c = factor_distance(kind, x, f_o, distance=distance)
     before = c.detach()
-    check_range("new.factor", before, dtype, f"its {distance} distance to old.factor (the covariance part)")
+    check_range(
+        "new.factor",
+        before,
+        dtype,
+        f"its {distance} distance to old.factor (the covariance part) before the projection",
+    )
     active = before > bound
     out, eta, after = rows, torch.zeros_like(before), before
     if bool(active.any()):
