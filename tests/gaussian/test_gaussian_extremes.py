@@ -198,21 +198,22 @@ def test_mean_bound_at_condition_1e8(kind, single):
 
 def test_float32_frobenius_holds_its_bound_at_high_condition():
     """Issue 28 measured float32 Frobenius projections up to 19x above bounds 1e-6..1e-4 at condition numbers
-    1e4..1e6. 24 such problems (per-state and global, chol and diag, near and unrelated), distances recomputed in
-    float64 from the returned float32 factors: every one within the bound."""
+    1e4..1e6. Here 40 such problems with covariance eigenvalues in [1, 1e6] and D = 20..63 (per-state and global,
+    chol and diag, near and unrelated; 2 of them ended 1.23x and 6.63x above the bound before the step halving of
+    projection.project_linear_rows), distances recomputed in float64 from the returned float32 factors."""
     worst = 0.0
-    for seed in range(24):
-        g = gen(100 + seed)
-        kind, single, near = ("chol", "diag")[seed % 2], seed % 4 >= 2, seed % 8 >= 4
-        dim = int(torch.randint(2, 24, (1,), generator=g))
+    for seed in range(40):
+        g = gen(200 + seed)
+        kind, single, unrelated = ("chol", "diag")[seed % 2], seed % 4 >= 2, seed % 8 >= 4
+        dim = int(torch.randint(20, 64, (1,), generator=g))
         log10_cond = 4 + 2 * float(torch.rand(1, generator=g, dtype=F64))
         rows = 1 if single else 3
-        cov_o = random_spd(rows, dim, g, log10_cond=log10_cond)
-        scale = 10 ** torch.empty(rows, dtype=F64).uniform_(-4, 0.5, generator=g)
-        cov = perturbed(cov_o, scale, g) if near else random_spd(rows, dim, g, log10_cond=log10_cond)
+        cov_o = random_spd(rows, dim, g, log10_cond=log10_cond) * 10 ** (log10_cond / 2)
+        if unrelated:
+            cov = random_spd(rows, dim, g, log10_cond=log10_cond) * 10 ** (log10_cond / 2)
+        else:
+            cov = perturbed(cov_o, 10 ** torch.empty(rows, dtype=F64).uniform_(-4, 0.5, generator=g), g)
         f, f_o = factor_of(cov, kind).float(), factor_of(cov_o, kind).float()
-        if kind == "diag":
-            f, f_o = f, f_o
         if single:
             f, f_o = f[0], f_o[0]
         bound = 10 ** float(-6 + 2 * torch.rand(1, generator=g, dtype=F64))
@@ -225,5 +226,6 @@ def test_float32_frobenius_holds_its_bound_at_high_condition():
             distance="frobenius",
         )
         after = factor_distance(kind, out.policy.factor.double(), f_o.double(), distance="frobenius")
+        torch.testing.assert_close(out.cov_after.double(), after, rtol=1e-6, atol=0)
         worst = max(worst, float((after / bound).max()))
-    assert worst <= 1 + 1e-6, worst
+    assert worst <= 1, worst

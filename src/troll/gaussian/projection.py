@@ -29,6 +29,9 @@ from troll.gaussian.distances import DISTANCES, factor_distance, factor_distance
 from troll.gaussian.kl import RTOL, U32, kl_rows, multiplier, project_kl_global, project_kl_rows
 from troll.gaussian.policy import Gaussian, check_gaussian, check_pair, check_range, whiten, whiten_t
 
+MAX_HALVINGS = (
+    60  # float32 Frobenius / W2: a row still above its bound once rounded halves its step, at most this often
+)
 KINDS_FOR = {"kl": ("diag", "chol"), "frobenius": ("diag", "chol"), "w2": ("diag", "sqrt")}
 
 
@@ -211,8 +214,7 @@ def project_cov(new: Gaussian, old: Gaussian, *, bound: float, distance: str):
             ra = rows if every else rows.index_select(0, idx)
             projected, s, after_a = project_kl_rows(kind, ra, xa, fa, bound=bound, rounded=rounded)
         else:
-            projected, s = project_linear_rows(kind, distance, xa, fa, ca, bound=bound, rounded=rounded)
-            after_a = None
+            projected, s, after_a = project_linear_rows(kind, distance, xa, fa, ca, bound=bound, rounded=rounded)
         projected = projected.to(dtype)
         if after_a is None:  # the distance of the returned (rounded) factor, measured
             with torch.no_grad():
@@ -246,7 +248,13 @@ def project_linear_rows(kind, distance, x, f_o, c, *, bound, rounded):
     """Rows of "frobenius" (interpolate Sigma) or "w2" (interpolate S) with c = d(x, f_o) > bound; float64.
 
     The distance is quadratic in the interpolated matrix, so s = sqrt(target / c) puts it on target exactly.
-    Returns (factor rows, s), both with gradient.
+    Returns (factor rows, s, after): factor and s with the gradient; after = the distance of the float32-rounded
+    factor when ``rounded`` (measured), else None.
+
+    float32: the first-order margin of :func:`rounded_target` does not cover the second-order term when the bound is
+    small next to the covariance (|dSigma|_F^2 ~ (u |Sigma|)^2 D^2 from rounding L: a Frobenius distance 6.6x its
+    bound 2e-6 at eigenvalues up to 1e6, D = 44). Rows still above the bound once rounded halve their step until
+    they are not (:data:`MAX_HALVINGS`): as s -> 0 the factor rounds to the old one, at distance 0.
     """
     target = torch.full_like(c, bound)
     if rounded:
@@ -255,7 +263,19 @@ def project_linear_rows(kind, distance, x, f_o, c, *, bound, rounded):
             grad = factor_distance_grad(kind, at_bound, f_o, distance=distance)
             target = rounded_target(at_bound, grad, bound)
     s = target.sqrt() / c.sqrt()  # not (target / c).sqrt(): its backward squares c, which overflows from c ~ 1e154
-    return interpolate_linear(kind, distance, x, f_o, s), s
+    if not rounded:
+        return interpolate_linear(kind, distance, x, f_o, s), s, None
+    with torch.no_grad():
+        scale = torch.ones_like(c)
+        for k in range(MAX_HALVINGS + 1):
+            y = interpolate_linear(kind, distance, x.detach(), f_o, s.detach() * scale).float().double()
+            after = factor_distance(kind, y, f_o, distance=distance)
+            over = after > bound
+            if k == MAX_HALVINGS or not bool(over.any()):
+                break
+            scale = torch.where(over, scale / 2, scale)
+    s = s * scale
+    return interpolate_linear(kind, distance, x, f_o, s), s, after
 
 
 def interpolate_linear(kind, distance, x, f_o, s):
