@@ -89,10 +89,13 @@ class Gaussian:
         return torch.linalg.cholesky(self.factor @ self.factor)
 
     def log_det(self) -> torch.Tensor:
-        """log det Sigma: (B,), or () for a global covariance."""
+        """log det Sigma: (B,), or () for a global covariance. For kind "sqrt", 2 log det S through the Cholesky factor
+        of S, not of S S (which squares S's condition number)."""
         if self.kind == "diag":
             return 2 * self.factor.log().sum(-1)
-        return 2 * self.cholesky().diagonal(dim1=-2, dim2=-1).log().sum(-1)
+        if self.kind == "sqrt":
+            return 4 * torch.linalg.cholesky(self.factor).diagonal(dim1=-2, dim2=-1).log().sum(-1)
+        return 2 * self.factor.diagonal(dim1=-2, dim2=-1).log().sum(-1)
 
     def entropy(self) -> torch.Tensor:
         """H = D/2 (1 + log 2 pi) + 1/2 log det Sigma: (B,), or () for a global covariance."""

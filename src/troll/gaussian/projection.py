@@ -29,9 +29,8 @@ from troll.gaussian.distances import DISTANCES, factor_distance, factor_distance
 from troll.gaussian.kl import RTOL, U32, kl_rows, multiplier, project_kl_global, project_kl_rows
 from troll.gaussian.policy import Gaussian, check_gaussian, check_pair, check_range, whiten, whiten_t
 
-MAX_HALVINGS = (
-    60  # float32 Frobenius / W2: a row still above its bound once rounded halves its step, at most this often
-)
+# float32 Frobenius / W2: how often a row still above its bound once rounded halves its step (project_linear_rows)
+MAX_HALVINGS = 60
 KINDS_FOR = {"kl": ("diag", "chol"), "frobenius": ("diag", "chol"), "w2": ("diag", "sqrt")}
 
 
