@@ -14,9 +14,11 @@ from numbers import Real
 
 import torch
 
-from troll._checks import check_number, check_shape, check_tensor
+from troll._checks import check_choice, check_number, check_shape, check_tensor
 from troll.batch import LossOutput
-from troll.gaussian.distances import cov_distance, mean_distance
+from troll.gaussian.distances import DISTANCES
+from troll.gaussian.distances import cov_part as cov_distance_unchecked
+from troll.gaussian.distances import mean_part as mean_distance_unchecked
 from troll.gaussian.entropy import control_entropy
 from troll.gaussian.policy import Gaussian, all_finite, check_comparable
 from troll.gaussian.projection import GaussianProjection, check_metrics_args, project
@@ -31,10 +33,11 @@ def regression(new: Gaussian, projected: Gaussian, *, distance: str) -> torch.Te
     (the same values) its part is exactly 0, value and gradient (not a rounding residue of L^-1 L). A global
     covariance part is added to every state's value.
     """
-    check_comparable("new", new, "projected", projected)
+    check_choice("distance", distance, DISTANCES)
+    check_comparable("new", new, "projected", projected)  # once: the two parts below do not check again
     target = projected.detach()
-    mean_part = mean_distance(new.mean, target, distance=distance)
-    cov_part = cov_distance(new, target, distance=distance)
+    mean_part = mean_distance_unchecked(new.mean, target, distance=distance)
+    cov_part = cov_distance_unchecked(new, target, distance=distance)
     same_mean = (new.mean.detach() == target.mean).all(-1)
     per_row = 1 if new.kind == "diag" else 2  # the factor dims of one state (or of the global covariance)
     same_cov = (new.factor.detach() == target.factor).flatten(-per_row).all(-1)
