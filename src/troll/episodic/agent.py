@@ -7,7 +7,7 @@ One iteration:
    V(s_t, t/T, c); BBRL: the episode returns R for the context critic V(c));
 3. advantages with the fitted critic (TCE: one per segment pair, segments.py; BBRL: A = R - V(c) per episode),
    normalised over the batch;
-4. policy: ``policy_epochs`` of Adam on
+4. policy: ``policy_epochs`` of Adam on troll.gaussian's ``trpl_loss`` (scored by ``log_prob``)
        loss = -mean(exp(log p^ - log p_old) A) + trust_region_coeff * mean(d(pi~, sg(pi^)))
    where pi~ = net(c), pi^ its KL projection onto the trust region around the old (pre-update, detached) policy,
    log p the pair log-likelihoods of the sampled trajectories (TCE) or the log-likelihood of theta (BBRL), both
@@ -23,7 +23,6 @@ function.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 
@@ -36,7 +35,7 @@ from troll.episodic.envs.base import Episodes, EpisodeStart
 from troll.episodic.policy import ContextPolicy, check_context
 from troll.episodic.prodmp import ProDMP, gather_times
 from troll.episodic.segments import normalize, pair_log_prob, segment_advantages, segment_index
-from troll.gaussian import EntropySchedule, Gaussian, control_entropy, project, projection_metrics, regression
+from troll.gaussian import EntropySchedule, Gaussian, trpl_loss
 from troll.gaussian.distances import cov_distance, mean_distance
 
 EVAL_STREAM = 0x7E57  # the evaluation's reset seed is drawn from (seed, EVAL_STREAM): fixed through a run
@@ -246,7 +245,7 @@ class TCEAgent:
         return metrics, adv, log_prob
 
     def _policy_epochs(self, context: torch.Tensor, adv: torch.Tensor, log_prob) -> dict[str, float]:
-        """The projected surrogate + regression, ``policy_epochs`` full-batch Adam steps (module docstring)."""
+        """``policy_epochs`` full-batch Adam steps on troll.gaussian's :func:`trpl_loss` (module docstring)."""
         cfg = self.config
         metrics = {"adv/raw_mean": float(adv.mean()), "adv/raw_std": float(adv.std()) if adv.numel() > 1 else 0.0}
         adv = normalize(adv) if cfg.normalize_advantages else adv
@@ -256,42 +255,47 @@ class TCEAgent:
             old_log_prob = log_prob(old)
         active, first = 0, None
         for _ in range(cfg.policy_epochs):
-            new = self.policy(context)
-            proj = project(new, old, mean_bound=cfg.mean_bound, cov_bound=cfg.cov_bound, distance=cfg.distance)
-            projected = control_entropy(proj.policy, bound) if bound > -math.inf else proj.policy
-            ratio = (log_prob(projected) - old_log_prob).exp()
-            pg = -(ratio * adv).mean()
-            reg = regression(new, projected, distance=cfg.distance).mean()
-            loss = pg + cfg.trust_region_coeff * reg
-            if not torch.isfinite(loss):
+            out = trpl_loss(
+                self.policy(context),
+                old,
+                None,
+                adv,
+                log_prob=log_prob,
+                old_log_prob=old_log_prob,
+                mean_bound=cfg.mean_bound,
+                cov_bound=cfg.cov_bound,
+                distance=cfg.distance,
+                alpha=cfg.trust_region_coeff,
+                entropy_bound=bound,
+            )
+            m = out.metrics
+            if not torch.isfinite(out.loss):
                 raise FloatingPointError(
-                    f"the TCE policy loss is {float(loss)} (surrogate {float(pg)}, regression {float(reg)}); the ratio "
-                    f"ranged {float(ratio.min()):.3g} - {float(ratio.max()):.3g}. Lower policy_lr or the bounds."
+                    f"the TCE policy loss is {float(out.loss)} (surrogate {float(m['loss/pg'])}, regression "
+                    f"{float(m['loss/reg'])}); the ratio ranged {float(m['ratio/min']):.3g} - "
+                    f"{float(m['ratio/max']):.3g}. Lower policy_lr or the bounds."
                 )
             self.policy_opt.zero_grad(set_to_none=True)
-            loss.backward()
+            out.loss.backward()
             self.policy_opt.step()
-            first = pg.item() if first is None else first
-            active += bool((proj.omega > 0).any() or (proj.eta > 0).any())
-        pm = projection_metrics(proj._replace(policy=projected), mean_bound=cfg.mean_bound, cov_bound=cfg.cov_bound)
-        metrics |= {f"proj/{k}": float(v) for k, v in pm.items()}
-        metrics |= self._step_metrics(context, old, pg.item(), first, reg.item(), ratio.detach(), adv)
+            first = float(m["loss/pg"]) if first is None else first
+            active += bool(m["projected_frac/mean"] > 0 or m["projected_frac/cov"] > 0)
+        last = {k: float(v) for k, v in m.items()}
+        metrics |= {f"proj/{k}": v for k, v in last.items() if not k.startswith(("loss/", "ratio/"))}
+        metrics |= self._step_metrics(context, old, first, last, adv)
         metrics["proj/active_epochs"] = active / cfg.policy_epochs
         metrics["policy/entropy_bound"] = bound
         return metrics
 
     @torch.no_grad()
-    def _step_metrics(self, context, old: Gaussian, pg, first, reg, ratio, adv) -> dict[str, float]:
-        """How far the network moved (unprojected, vs the old policy), its entropy, the loss and ratio stats."""
+    def _step_metrics(self, context, old: Gaussian, first: float, last: dict, adv) -> dict[str, float]:
+        """How far the network moved (unprojected, vs the old policy), its entropy, the loss and ratio stats
+        (``last``: the last epoch's loss metrics)."""
         new = self.policy(context)
         std = new.factor.diagonal()
         return {
             "loss/pg_first": first,
-            "loss/pg": pg,
-            "loss/reg": reg,
-            "ratio/mean": float(ratio.mean()),
-            "ratio/min": float(ratio.min()),
-            "ratio/max": float(ratio.max()),
+            **{k: last[k] for k in ("loss/pg", "loss/reg", "ratio/mean", "ratio/min", "ratio/max")},
             "adv/mean": float(adv.mean()),
             "adv/std": float(adv.std()) if adv.numel() > 1 else 0.0,
             "adv/pos_frac": float((adv > 0).double().mean()),

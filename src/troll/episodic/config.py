@@ -23,9 +23,12 @@ from dataclasses import dataclass, field
 from numbers import Real
 
 from troll.episodic.envs.registry import ENV_NAMES, GYM, METAWORLD, TOY
+from troll.gaussian.distances import DISTANCES as GAUSSIAN_DISTANCES
+from troll.gaussian.projection import KINDS_FOR
 
 ALGOS = ("tce", "bbrl")
-DISTANCES = ("kl", "frobenius")  # projections of a Cholesky factor (w2 needs a symmetric square root)
+# troll.gaussian's distances that project the policy's Cholesky factor (w2 needs a symmetric square root)
+DISTANCES = tuple(d for d in GAUSSIAN_DISTANCES if "chol" in KINDS_FOR[d])
 ACTIVATIONS = ("tanh", "relu", "elu", "silu")
 ENTROPY_SCHEDULES = ("none", "linear", "exponential")
 # Fields that say how a run executes, not what it computes: a resumed run may change them.

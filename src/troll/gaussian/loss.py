@@ -2,14 +2,16 @@
 
 Shapes: B states, D action dimensions.
     new, old     Gaussian policies (mean (B, D); a per-state or global factor)
-    actions      (B, D)  sampled actions
-    advantages   (B,)
-    old_log_prob (B,)    log pi_old(a|s) at sampling time (optional: computed from ``old`` otherwise)
+    actions      (B, D)  sampled actions (a step-based policy), or None with ``log_prob``
+    log_prob     Gaussian -> (B, ...) log-probabilities of what was sampled (TCE: segment pairs, (E, K))
+    advantages   (B,) with actions, else the shape of log_prob's output
+    old_log_prob the shape of advantages: log pi_old at sampling time (optional: computed from ``old`` otherwise)
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from numbers import Real
 
 import torch
@@ -77,7 +79,7 @@ def projection_metrics(proj: GaussianProjection, *, mean_bound: float, cov_bound
 def trpl_loss(
     new: Gaussian,
     old: Gaussian,
-    actions: torch.Tensor,
+    actions: torch.Tensor | None,
     advantages: torch.Tensor,
     *,
     mean_bound: float,
@@ -85,30 +87,26 @@ def trpl_loss(
     distance: str = "kl",
     alpha: float = 1.0,
     old_log_prob: torch.Tensor | None = None,
+    log_prob: Callable[[Gaussian], torch.Tensor] | None = None,
     entropy_bound: float | None = None,
 ) -> LossOutput:
     """The TRPL loss (docs/gaussian.md, "The loss"): with pi^ the projection of pi~ = ``new`` around ``old``,
 
-        loss = -mean_s[ exp(log pi^(a|s) - log pi_old(a|s)) A ]  +  alpha * mean_s[ d(pi~(s), sg(pi^(s))) ]
+        loss = -mean[ exp(log pi^(x) - log pi_old(x)) A ]  +  alpha * mean_s[ d(pi~(s), sg(pi^(s))) ]
 
-    No clipping. ``entropy_bound`` (e.g. ``EntropySchedule.bound(step)``) raises the entropy of pi^ to at least that
+    What is scored, ``x``, is given one of two ways:
+    - ``actions`` (B, D): a step-based policy's sampled actions, ``log pi(x) = policy.log_prob(actions)`` (B,);
+    - ``log_prob``: a function of a Gaussian (the projected policy, or ``old``) returning log-probabilities of any
+      shape (B, ...) that ``advantages`` shares, e.g. TCE's segment-pair likelihoods (E, K); pass
+      ``actions=None``. It must be differentiable w.r.t. the Gaussian's mean and factor.
+    ``old_log_prob`` (the shape of ``advantages``): log pi_old(x) recorded at sampling time; computed from ``old``
+    under no_grad when omitted. The surrogate's mean runs over every entry of ``advantages``. No clipping.
+    ``entropy_bound`` (e.g. ``EntropySchedule.bound(step)``; -inf: none) raises the entropy of pi^ to at least that
     value before both terms. Metrics: :func:`projection_metrics` plus loss/pg, loss/reg and ratio (mean, min, max).
     """
     check_number("alpha", alpha, strict=False, hint="; TRPL and TCE use alpha=1.0")
     proj = project(new, old, mean_bound=mean_bound, cov_bound=cov_bound, distance=distance)
-    bsz, dim = new.mean.shape
-    check_tensor("actions", actions)
-    check_shape("actions", actions, (bsz, dim), " (new.mean's shape, one action per state)")
-    check_tensor("advantages", advantages)
-    check_shape("advantages", advantages, (bsz,), " (one advantage per state)")
-    if old_log_prob is None:
-        with torch.no_grad():
-            old_log_prob = old.log_prob(actions)
-    check_tensor("old_log_prob", old_log_prob)
-    check_shape("old_log_prob", old_log_prob, (bsz,), " (one log-prob per state)")
-    for name, t in (("actions", actions), ("advantages", advantages), ("old_log_prob", old_log_prob)):
-        if not all_finite(t.detach()):
-            raise ValueError(f"{name} contains NaN or inf; check the rollout buffer.")
+    score, old_log_prob = _scoring(new, old, actions, advantages, old_log_prob, log_prob)
     policy = proj.policy
     if entropy_bound is not None:
         if not isinstance(entropy_bound, Real) or isinstance(entropy_bound, bool) or not entropy_bound < math.inf:
@@ -117,7 +115,10 @@ def trpl_loss(
                 "or None, e.g. EntropySchedule(...).bound(step)."
             )
         policy = control_entropy(policy, entropy_bound)
-    ratio = (policy.log_prob(actions.to(policy.mean.dtype)) - old_log_prob.detach().to(policy.mean.dtype)).exp()
+    lp = score(policy)
+    if lp.shape != advantages.shape:
+        raise ValueError(f"log_prob returned shape {tuple(lp.shape)} but advantages have {tuple(advantages.shape)}.")
+    ratio = (lp - old_log_prob.detach().to(lp.dtype)).exp()
     pg = -(ratio * advantages.to(ratio.dtype)).mean()
     reg = regression(new, policy, distance=distance).mean()
     metrics = projection_metrics(proj._replace(policy=policy), mean_bound=mean_bound, cov_bound=cov_bound)
@@ -126,3 +127,42 @@ def trpl_loss(
         metrics |= {"loss/pg": pg.detach().double(), "loss/reg": reg.detach().double()}
         metrics |= {"ratio/mean": r.mean(), "ratio/min": r.min(), "ratio/max": r.max()}
     return LossOutput(pg + alpha * reg, metrics)
+
+
+def _scoring(new: Gaussian, old: Gaussian, actions, advantages, old_log_prob, log_prob):
+    """Checks what is scored; returns the log-probability function and old_log_prob (advantages' shape)."""
+    if (actions is None) == (log_prob is None):
+        raise ValueError(
+            "pass exactly one of actions (B, D) (a step-based policy) and log_prob (a function of the projected "
+            "Gaussian, e.g. TCE's segment likelihoods, with actions=None)."
+        )
+    check_tensor("advantages", advantages)
+    if actions is not None:
+        bsz, dim = new.mean.shape
+        check_tensor("actions", actions)
+        check_shape("actions", actions, (bsz, dim), " (new.mean's shape, one action per state)")
+        check_shape("advantages", advantages, (bsz,), " (one advantage per state)")
+
+        def log_prob(policy: Gaussian) -> torch.Tensor:
+            return policy.log_prob(actions.to(policy.mean.dtype))
+
+        checked = (("actions", actions), ("advantages", advantages))
+    else:
+        if not callable(log_prob):
+            raise ValueError(f"log_prob must be a function Gaussian -> tensor, got {type(log_prob).__name__}.")
+        if advantages.dim() < 1 or advantages.shape[0] != new.mean.shape[0]:
+            raise ValueError(
+                f"advantages has shape {tuple(advantages.shape)} but (B, ...) with B = {new.mean.shape[0]} (new.mean's "
+                "rows) is expected."
+            )
+        checked = (("advantages", advantages),)
+    if old_log_prob is None:
+        with torch.no_grad():
+            old_log_prob = log_prob(old)
+    check_tensor("old_log_prob", old_log_prob)
+    what = " (one log-prob per state)" if actions is not None else " (the shape of advantages)"
+    check_shape("old_log_prob", old_log_prob, tuple(advantages.shape), what)
+    for name, t in (*checked, ("old_log_prob", old_log_prob)):
+        if not all_finite(t.detach()):
+            raise ValueError(f"{name} contains NaN or inf; check the rollout buffer.")
+    return log_prob, old_log_prob
