@@ -1,5 +1,9 @@
 """Golden numbers of one TCE and one BBRL update on fixed batches (recorded before the loss and speed refactors).
 
+History: recorded at 483233f (before any change); held through the move to trpl_loss (b21e11b); re-recorded once
+when ProDMP's trapezoid became Gauss-Legendre (its columns moved by ~1e-7 relative, the updated parameters by up to
+1e-5), with cases for the faithful Meta-World setup added.
+
 Each case builds an agent from a fully spelled-out config (no preset: presets may change, these numbers may not),
 makes one batch (the toy env, or a synthetic Meta-World-sized batch: E episodes of 500 steps, 39-entry states,
 4 DoF, with no simulator) and runs one ``update``. The metrics (timings aside) and every tensor of the agent's
@@ -41,12 +45,20 @@ TOY = dict(
     relative_goal=False, init_std=0.3, num_segments=10, policy_lr=1e-3, critic_lr=1e-3, critic_epochs=5,
     critic_minibatches=4, mean_bound=0.1, cov_bound=0.02,
 )  # fmt: skip
+# The authors' Meta-World setup (the preset's numbers, without its env options: the batch is synthetic)
+FAITHFUL = dict(
+    env="metaworld/reach-v3", tau=5.0, basis_bandwidth=5.0, auto_scale_basis=True, weights_scale=0.1, goal_scale=0.1,
+    activation="relu", init_std=1.0, min_std=1e-5, lr_final=0.01, entropy_schedule="linear",
+    entropy_reference="zero", entropy_target=0.0, values_before_fit=True, offset_per_iteration=True,
+)  # fmt: skip
 CASES = {
     "toy-tce": dict(TOY, algo="tce"),
     "toy-tce-entropy": dict(TOY, algo="tce", entropy_schedule="linear", entropy_target=-0.5, mean_bound=0.002),
-    "toy-bbrl": dict(TOY, algo="bbrl"),
+    "toy-bbrl-cov": dict(TOY, algo="bbrl-cov"),
     "mw-tce": dict(env="metaworld/reach-v3", algo="tce"),
-    "mw-bbrl": dict(env="metaworld/reach-v3", algo="bbrl", critic_epochs=20),
+    "mw-bbrl-cov": dict(env="metaworld/reach-v3", algo="bbrl-cov", critic_epochs=20),
+    "mw-tce-faithful": dict(FAITHFUL, algo="tce"),
+    "mw-bbrl-faithful": dict(FAITHFUL, algo="bbrl", covariance="diag", num_basis=4, trust_region_coeff=10.0),
 }
 
 

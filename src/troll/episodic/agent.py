@@ -93,6 +93,9 @@ class TCEAgent:
             weights_scale=cfg.weights_scale,
             goal_scale=cfg.goal_scale,
             relative_goal=cfg.relative_goal,
+            tau=cfg.tau,
+            basis_bandwidth=cfg.basis_bandwidth,
+            auto_scale=cfg.auto_scale_basis,
         )
         with torch.random.fork_rng(devices=[]):  # initialise from the run's seed without touching the global RNG
             torch.manual_seed(cfg.seed)
@@ -103,9 +106,10 @@ class TCEAgent:
                 activation=cfg.activation,
                 init_std=cfg.init_std,
                 min_std=cfg.min_std,
+                covariance=cfg.covariance,
                 normalize=cfg.normalize_context,
             )
-            critic_in = context_dim if cfg.algo == "bbrl" else state_dim + 1 + context_dim * cfg.critic_context
+            critic_in = context_dim if cfg.algo != "tce" else state_dim + 1 + context_dim * cfg.critic_context
             self.critic = Critic(
                 critic_in,
                 hidden=cfg.critic_hidden,
@@ -116,13 +120,14 @@ class TCEAgent:
         self.policy_opt = torch.optim.Adam(self.policy.parameters(), lr=cfg.policy_lr)
         self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_lr)
         self.generator = torch.Generator().manual_seed(cfg.seed)
-        self.iteration = 0
+        self.iteration, self.total_iterations = 0, max(1, total_iterations)
         chol = self.policy.cholesky().detach()
         h0 = float(Gaussian.from_chol(torch.zeros(1, self.dmp.num_params, dtype=chol.dtype), chol).entropy())
+        reference = h0 if cfg.entropy_reference == "initial" else 0.0
         self.entropy_schedule = EntropySchedule(
             cfg.entropy_schedule,
             initial=h0,
-            target=h0 + cfg.entropy_target * self.dmp.num_params,
+            target=reference + cfg.entropy_target * self.dmp.num_params,
             total_steps=max(1, total_iterations),
             rate=cfg.entropy_rate,
         )
@@ -155,7 +160,8 @@ class TCEAgent:
             theta = policy.mean
             if not deterministic:
                 noise = torch.randn(theta.shape, generator=self.generator, dtype=theta.dtype)
-                theta = theta + noise @ policy.factor.mT
+                factor = policy.factor
+                theta = theta + (noise * factor if policy.kind == "diag" else noise @ factor.mT)
             y0, v0 = start.pos.double(), start.vel.double()
             pos, vel = self.dmp.trajectory(theta, y0, v0)
         return theta, pos, vel
@@ -180,6 +186,7 @@ class TCEAgent:
         """Critic epochs, then advantages, then policy epochs on one batch; returns the iteration's metrics."""
         self.check_batch(batch)
         ep, cfg = batch.episodes, self.config
+        self._set_learning_rates()
         t0 = time.perf_counter()
         if cfg.algo == "tce":
             metrics, adv, log_prob = self._tce_critic(batch)
@@ -199,7 +206,7 @@ class TCEAgent:
         alive = alive_mask(ep.dones)
         inputs = step_inputs(ep.states, batch.start.context if cfg.critic_context else None, self.horizon)
         with torch.no_grad():
-            values = self.critic(inputs)
+            values = self.critic(inputs)  # the critic of sampling time (it changes only in update)
         _, targets = gae(ep.rewards, values, alive, gamma=cfg.gamma, lam=cfg.gae_lambda)
         live = alive[:, :-1]
         x, y = inputs[:, :-1][live], targets[live]
@@ -213,11 +220,17 @@ class TCEAgent:
             minibatches=cfg.critic_minibatches,
             generator=self.generator,
         )
-        with torch.no_grad():
-            values = self.critic(inputs)
+        if not cfg.values_before_fit:
+            with torch.no_grad():
+                values = self.critic(inputs)
         e = ep.rewards.shape[0]
         index = segment_index(
-            e, self.horizon, cfg.num_segments, random_offset=cfg.random_offset, generator=self.generator
+            e,
+            self.horizon,
+            cfg.num_segments,
+            random_offset=cfg.random_offset,
+            shared=cfg.offset_per_iteration,
+            generator=self.generator,
         )
         adv = segment_advantages(ep.rewards, values, alive, index, gamma=cfg.gamma)
         desired = gather_times(batch.pos, index)
@@ -233,10 +246,12 @@ class TCEAgent:
         ep, cfg = batch.episodes, self.config
         returns = discounted_returns(ep.rewards, alive_mask(ep.dones), cfg.gamma)
         context = batch.start.context
+        with torch.no_grad():
+            recorded = self.critic(context).double()  # the critic of sampling time
         self.critic.update_statistics(context, returns)
         metrics = fit_critic(self.critic, self.critic_opt, context, returns, epochs=cfg.critic_epochs)
         with torch.no_grad():
-            adv = returns - self.critic(context).double()
+            adv = returns - (recorded if cfg.values_before_fit else self.critic(context).double())
         theta = batch.theta
 
         def log_prob(policy: Gaussian) -> torch.Tensor:  # (E,)
@@ -287,12 +302,26 @@ class TCEAgent:
         metrics["policy/entropy_bound"] = bound
         return metrics
 
+    def learning_rate_factor(self, iteration: int) -> float:
+        """The share of the configured learning rates at ``iteration``: 1 - (1 - lr_final) t / T, from 1 at t = 0 to
+        lr_final at t = T (the run's iterations); constant 1 for lr_final = 1."""
+        frac = min(iteration, self.total_iterations) / self.total_iterations
+        return 1.0 - (1.0 - self.config.lr_final) * frac
+
+    def _set_learning_rates(self) -> None:
+        if self.config.lr_final == 1.0:  # constant: leave the optimisers exactly as built
+            return
+        factor = self.learning_rate_factor(self.iteration)
+        for opt, lr in ((self.policy_opt, self.config.policy_lr), (self.critic_opt, self.config.critic_lr)):
+            for group in opt.param_groups:
+                group["lr"] = lr * factor
+
     @torch.no_grad()
     def _step_metrics(self, context, old: Gaussian, first: float, last: dict, adv) -> dict[str, float]:
         """How far the network moved (unprojected, vs the old policy), its entropy, the loss and ratio stats
         (``last``: the last epoch's loss metrics)."""
         new = self.policy(context)
-        std = new.factor.diagonal()
+        std = new.factor if new.kind == "diag" else new.factor.diagonal()
         return {
             "loss/pg_first": first,
             **{k: last[k] for k in ("loss/pg", "loss/reg", "ratio/mean", "ratio/min", "ratio/max")},

@@ -46,7 +46,11 @@ def add_commands(sub) -> None:
     train = tce_sub.add_parser("train", help="one run", description=TRAIN_DOC)
     train.add_argument("--env", default=argparse.SUPPRESS, help="toy/viapoint[-sparse], gym/reacher[-sparse] or "
                        "metaworld/<task>-v3 (required unless --resume)")  # fmt: skip
-    train.add_argument("--algo", default=argparse.SUPPRESS, help="tce, bbrl or ppo (default: tce)")
+    train.add_argument(
+        "--algo",
+        default=argparse.SUPPRESS,
+        help="tce, bbrl (diagonal covariance), bbrl-cov (full) or ppo (default: tce)",
+    )
     train.add_argument("--seed", default=argparse.SUPPRESS, help="seed of everything random (default: 0)")
     train.add_argument("--out", default=argparse.SUPPRESS,
                        help="run folder (default: runs/tce-<env>-<algo>-seed<seed>, '/' made '-')")  # fmt: skip

@@ -26,7 +26,9 @@ from troll.episodic.envs.registry import ENV_NAMES, GYM, METAWORLD, TOY
 from troll.gaussian.distances import DISTANCES as GAUSSIAN_DISTANCES
 from troll.gaussian.projection import KINDS_FOR
 
-ALGOS = ("tce", "bbrl")
+ALGOS = ("tce", "bbrl", "bbrl-cov")  # bbrl: diagonal covariance (the authors'); bbrl-cov: full (the paper's BBRL-Cov)
+COVARIANCES = ("full", "diag")
+ENTROPY_REFERENCES = ("initial", "zero")
 # troll.gaussian's distances that project the policy's Cholesky factor (w2 needs a symmetric square root)
 DISTANCES = tuple(d for d in GAUSSIAN_DISTANCES if "chol" in KINDS_FOR[d])
 ACTIVATIONS = ("tanh", "relu", "elu", "silu")
@@ -38,6 +40,7 @@ RUNTIME_FIELDS = ("threads", "workers")
 # Scales: a unit weight of the ProDMP moves a DoF by ~0.008 (std at mid-motion) per unit of weights_scale, a unit
 # goal by goal_scale (96 % of it at the end of the episode), so theta ~ N(0, init_std^2) explores positions of about
 # init_std * goal_scale, and the network's outputs stay O(1).
+METAWORLD_ENV = {"controller": "mocap", "gain": 100.0, "gripper_start": "fingers", "context": "full"}
 PRESETS: dict[str, dict] = {
     # point mass, positions in [-1, 1], 100 steps (docs/tce.md, "Config and presets"). A stiffer DMP (alpha 25) settles
     # within the episode, so the mass can stop at the goal (with alpha 10 and tau = the duration it is still moving,
@@ -80,22 +83,49 @@ PRESETS: dict[str, dict] = {
         mean_bound=0.05,
         cov_bound=0.001,
     ),
-    # hand xyz in m (+ gripper command), 500 steps: the spec's bounds and sizes; goals relative to the start, moves
-    # of ~0.1 - 0.3 m (goal_scale 0.2: theta_g ~ 1). init_std 0.5: the spec's cov_bound shrinks the covariance by
-    # ~0.02 nats an iteration, so the start sets the exploration for the whole run; on reach-v3 (seed 0, 480k steps)
-    # init_std 1.0 ended 0.07 m from the goal (best success 0.31), 0.5 at 0.04 m (success 0.88 at 400k steps)
+    # The authors' Meta-World setup (TCE_RL's public configs; docs/tce.md, "Config and presets" and the departures):
+    # the env's mocap controller (gain 100), the gripper starting at the fingers and the full observation as the
+    # context (env options of metaworld/*); a ProDMP with tau 5 s of the 6.25 s episode, centres over [0, tau],
+    # bandwidth factor 5 and every basis column scaled to a peak of 1 before the scales 0.1; ReLU, init_std 1,
+    # min_std 1e-5, learning rates decaying linearly to 1 %; a linear entropy schedule from the initial entropy to
+    # 0 nats over the run; advantages from the critic's values at sampling time; one segment offset per iteration.
     "metaworld": dict(
+        env_options=dict(METAWORLD_ENV),
         episodes=16,
         eval_episodes=16,
         eval_every=10,
         total_env_steps=2_000_000,
-        weights_scale=10.0,
-        goal_scale=0.2,
+        tau=5.0,
+        basis_bandwidth=5.0,
+        auto_scale_basis=True,
+        weights_scale=0.1,
+        goal_scale=0.1,
         relative_goal=True,
-        init_std=0.5,
+        activation="relu",
+        init_std=1.0,
+        min_std=1e-5,
+        lr_final=0.01,
+        entropy_schedule="linear",
+        entropy_reference="zero",
+        entropy_target=0.0,
+        values_before_fit=True,
+        offset_per_iteration=True,
         mean_bound=0.005,
         cov_bound=0.0005,
     ),
+}
+
+
+# Per algorithm, over the family's preset. BBRL is the authors' black-box baseline with a diagonal covariance;
+# bbrl-cov the same with TCE's full covariance. On Meta-World both take the authors' BBRL sizes.
+_BBRL_METAWORLD = dict(
+    num_basis=4, policy_hidden=(32, 32), critic_hidden=(32, 32), policy_epochs=100, critic_epochs=100,
+    trust_region_coeff=10.0,
+)  # fmt: skip
+ALGO_PRESETS: dict[tuple[str, str], dict] = {
+    **{(family, "bbrl"): dict(covariance="diag") for family in ("toy", "gym")},
+    ("metaworld", "bbrl"): dict(_BBRL_METAWORLD, covariance="diag"),
+    ("metaworld", "bbrl-cov"): dict(_BBRL_METAWORLD),
 }
 
 
@@ -122,8 +152,9 @@ class TCEConfig:
     """TCE / BBRL settings (docs/tce.md). Defaults: the spec's Meta-World values; see :meth:`preset`.
 
     Algorithm and budget:
-        algo:            "tce" (segment-pair likelihoods, step critic) or "bbrl" (one likelihood of theta and one
-                         advantage R - V(c) per episode, context critic).
+        algo:            "tce" (segment-pair likelihoods, step critic), "bbrl" (one likelihood of theta and one
+                         advantage R - V(c) per episode, context critic; the authors' diagonal covariance) or
+                         "bbrl-cov" (BBRL with the full covariance).
         env:             an episodic env name (toy/viapoint, gym/reacher, metaworld/<task>-v3, ...).
         env_options:     keyword options of the env (make_env's ``options``, e.g. {"gain": 50.0}).
         episodes:        E, episodes per iteration (16).
@@ -131,20 +162,28 @@ class TCEConfig:
         eval_every:      evaluate the mean trajectory (no sampling) every this many iterations, and after the last.
         eval_episodes:   episodes of each evaluation (fixed contexts: the same eval seed every time).
     ProDMP (docs/tce.md, "ProDMP"): num_basis N (8), dmp_alpha (10), dmp_alpha_x (3), weights_scale, goal_scale,
-        relative_goal (goal = y0 + goal_scale theta_g). P = D (N + 1) parameters.
+        relative_goal (goal = y0 + goal_scale theta_g), tau (seconds; None: the episode's duration; the basis
+        centres lie over [0, tau]), basis_bandwidth (phi_i = exp(-bandwidth/2 (x - c_i)^2 / dc_i^2); 2: neighbours
+        overlap at e^-1), auto_scale_basis (every basis column divided by its peak |value| over the episode).
+        P = D (N + 1) parameters.
     Segments: num_segments K pairs (24) from K + 1 indices at a fixed interval floor(T / K) with a random offset per
-        episode (``random_offset=False``: offset 0, the first index at step 0).
+        episode, or one for all episodes of an iteration (``offset_per_iteration``; ``random_offset=False``: offset
+        0, the first index at step 0).
     Policy: policy_hidden (2 x 128), activation, init_std (initial std of every theta entry), min_std (added to the
-        softplus diagonal of the global Cholesky factor), normalize_context, policy_lr, policy_epochs (50).
+        softplus diagonal of the global Cholesky factor), covariance ("full": L lower triangular; "diag": a
+        diagonal std), normalize_context, policy_lr, policy_epochs (50), lr_final (both learning rates decay
+        linearly to lr_final x their value over the run's iterations; 1: constant).
     Critic: critic_hidden, critic_activation ("relu": tanh costs ~30x more per element on this CPU build, and the
         step critic sees E (T + 1) states), critic_lr, critic_epochs (50), critic_minibatches (1: full batch; BBRL's
         context critic always takes its E contexts as one batch), normalize_observations,
         normalize_values (targets standardised by running statistics, outputs preserved when they move),
         critic_context (append the context to the step critic's input), gae_lambda (0.95), gamma (1),
-        normalize_advantages.
+        normalize_advantages, values_before_fit (advantages from the critic's values at sampling time, before this
+        iteration's fit; False: from the critic just fitted).
     Trust region: distance ("kl"), mean_bound, cov_bound, trust_region_coeff (the spec's alpha: weight of the
-        regression), entropy_schedule ("none" | "linear" | "exponential"), entropy_target (the final entropy bound,
-        relative to the initial entropy, in nats per parameter: -1 lowers every std by e on average), entropy_rate.
+        regression), entropy_schedule ("none" | "linear" | "exponential"), entropy_target (the final entropy bound in
+        nats per parameter, relative to entropy_reference: "initial", the initial policy's entropy (-1 lowers
+        every std by e on average), or "zero", 0 nats), entropy_rate.
     Run: seed, threads (torch threads), workers (env processes), checkpoint_every (iterations).
     """
 
@@ -162,17 +201,23 @@ class TCEConfig:
     weights_scale: float = 10.0
     goal_scale: float = 0.2
     relative_goal: bool = True
+    tau: float | None = None
+    basis_bandwidth: float = 2.0
+    auto_scale_basis: bool = False
     # segments
     num_segments: int = 24
     random_offset: bool = True
+    offset_per_iteration: bool = False
     # policy
     policy_hidden: tuple[int, ...] = (128, 128)
     activation: str = "tanh"
     init_std: float = 0.5
     min_std: float = 1e-4
+    covariance: str = "full"
     normalize_context: bool = True
     policy_lr: float = 3e-4
     policy_epochs: int = 50
+    lr_final: float = 1.0
     # critic
     critic_hidden: tuple[int, ...] = (128, 128)
     critic_activation: str = "relu"
@@ -185,6 +230,7 @@ class TCEConfig:
     gae_lambda: float = 0.95
     gamma: float = 1.0
     normalize_advantages: bool = True
+    values_before_fit: bool = False
     # trust region
     distance: str = "kl"
     mean_bound: float = 0.005
@@ -192,6 +238,7 @@ class TCEConfig:
     trust_region_coeff: float = 1.0
     entropy_schedule: str = "none"
     entropy_target: float = 0.0
+    entropy_reference: str = "initial"
     entropy_rate: float = 0.01
     # run
     seed: int = 0
@@ -218,6 +265,8 @@ class TCEConfig:
             ("activation", ACTIVATIONS, "activation='tanh'"),
             ("critic_activation", ACTIVATIONS, "critic_activation='relu'"),
             ("entropy_schedule", ENTROPY_SCHEDULES, "entropy_schedule='none'"),
+            ("entropy_reference", ENTROPY_REFERENCES, "entropy_reference='initial'"),
+            ("covariance", COVARIANCES, "covariance='full' (TCE's)"),
         ):
             value = getattr(self, name)
             if value not in choices:
@@ -228,7 +277,9 @@ class TCEConfig:
             raise ValueError(f"env_options must be a dict of keyword options, got {self.env_options!r}; e.g. {{}}.")
         for name in ("relative_goal", "random_offset", "normalize_context", "normalize_observations"):
             _check_bool(name, getattr(self, name))
-        for name in ("normalize_values", "critic_context", "normalize_advantages"):
+        for name in ("normalize_values", "critic_context", "normalize_advantages", "auto_scale_basis"):
+            _check_bool(name, getattr(self, name))
+        for name in ("offset_per_iteration", "values_before_fit"):
             _check_bool(name, getattr(self, name))
 
     def _check_numbers(self) -> None:
@@ -244,7 +295,17 @@ class TCEConfig:
             "policy_lr": "the policy's Adam step size; e.g. 3e-4",
             "critic_lr": "the critic's Adam step size; e.g. 3e-4",
             "entropy_rate": "the exponential schedule's remaining share of the entropy gap; e.g. 0.01",
+            "basis_bandwidth": "the basis width factor; 2 (neighbours overlap at e^-1), the authors' Meta-World 5",
         }
+        if self.tau is not None:
+            _check_real("tau", self.tau, meaning="the ProDMP time constant in seconds, or None for the duration")
+        _check_real("lr_final", self.lr_final, meaning="the share of the learning rates left at the end; e.g. 0.01")
+        if not self.lr_final <= 1:
+            raise ValueError(f"lr_final must lie in (0, 1], got {self.lr_final!r}; 1 keeps the rates constant.")
+        if self.algo == "bbrl-cov" and self.covariance != "full":
+            raise ValueError(
+                "algo='bbrl-cov' is BBRL with the full covariance; pass covariance='full', or algo='bbrl'."
+            )
         for name, meaning in positive.items():
             _check_real(name, getattr(self, name), strict=True, meaning=meaning)
         _check_real("trust_region_coeff", self.trust_region_coeff, strict=False, meaning="the regression weight; 1")
@@ -294,21 +355,24 @@ class TCEConfig:
                 raise ValueError(
                     f"{name} must be a tuple of layer widths >= 1 (empty: linear), got {value!r}; e.g. (128, 128)."
                 )
-        if self.algo == "bbrl" and self.episodes < 2:
+        if self.algo != "tce" and self.episodes < 2:
             raise ValueError(
-                "episodes must be >= 2 with algo='bbrl': it normalises one advantage per episode over the batch."
+                f"episodes must be >= 2 with algo={self.algo!r}: it normalises one advantage per episode over the "
+                "batch."
             )
 
     # ------------------------------------------------------------------------------------------ presets, JSON
 
     @classmethod
     def preset(cls, env: str, **overrides) -> TCEConfig:
-        """The config for ``env`` with its family's :data:`PRESETS` applied, then ``overrides`` (field=value)."""
+        """The config for ``env``: its family's :data:`PRESETS`, then :data:`ALGO_PRESETS` of (family, algo), then
+        ``overrides`` (field=value)."""
         family = env_family(env)
         unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
             raise ValueError(cls._unknown_fields(unknown))
-        return cls(**{**PRESETS[family], "env": env, **overrides})
+        algo = overrides.get("algo", cls.algo)
+        return cls(**{**PRESETS[family], **ALGO_PRESETS.get((family, algo), {}), "env": env, **overrides})
 
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)

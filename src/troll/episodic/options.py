@@ -19,7 +19,7 @@ import math
 
 from troll.study.files import UsageError
 
-ALGOS = ("tce", "bbrl", "ppo")
+ALGOS = ("tce", "bbrl", "bbrl-cov", "ppo")
 TOY_ENVS = ("toy/viapoint", "toy/viapoint-sparse")
 GYM_ENVS = ("gym/reacher", "gym/reacher-sparse")
 # TCEConfig fields with a flag of their own (the rest are --<field> from TCE_FLAGS)
@@ -42,15 +42,21 @@ TCE_FLAGS: tuple[tuple[str, str, str], ...] = (
     ("weights_scale", "X", f"scale of the ProDMP weights ({PRESET})"),
     ("goal_scale", "X", f"scale of the ProDMP goal ({PRESET})"),
     ("relative_goal", "BOOL", f"goal relative to the start position ({PRESET}: true on Meta-World)"),
+    ("tau", "SECONDS", f"ProDMP time constant; basis centres over [0, tau] ({PRESET}: Meta-World 5; else the episode)"),
+    ("basis_bandwidth", "X", f"ProDMP basis width factor ({PRESET}: Meta-World 5; else 2)"),
+    ("auto_scale_basis", "BOOL", f"scale every ProDMP basis column to a peak of 1 ({PRESET}: true on Meta-World)"),
     ("num_segments", "K", f"segment pairs per episode, K + 1 step indices (TCE; {PRESET}: 24, Reacher/toy 10)"),
     ("random_offset", "BOOL", "random offset of the segment indices per episode (default: true)"),
+    ("offset_per_iteration", "BOOL", f"one segment offset for all episodes of an iteration ({PRESET}: Meta-World)"),
     ("policy_hidden", "WIDTHS", "policy MLP widths, e.g. 128,128; 'none' for linear (default: 128,128)"),
     ("activation", "NAME", "policy activation: tanh, relu, elu, silu (default: tanh)"),
     ("init_std", "X", f"initial std of every ProDMP parameter ({PRESET})"),
-    ("min_std", "X", "floor added to the Cholesky diagonal (default: 1e-4)"),
+    ("min_std", "X", f"floor added to the Cholesky diagonal ({PRESET}: 1e-4; Meta-World 1e-5)"),
+    ("covariance", "NAME", f"policy covariance: full or diag ({PRESET}: full; diag for --algo bbrl)"),
     ("normalize_context", "BOOL", "standardise the context by running statistics (default: true)"),
     ("policy_lr", "X", f"policy Adam step size ({PRESET}: 3e-4; toy 1e-3)"),
     ("policy_epochs", "N", f"full-batch policy epochs per iteration ({PRESET}: 50; toy 10)"),
+    ("lr_final", "X", f"learning rates decay linearly to this share over the run ({PRESET}: 1; Meta-World 0.01)"),
     ("critic_hidden", "WIDTHS", f"critic MLP widths ({PRESET}: 128,128; toy 64,64)"),
     ("critic_activation", "NAME", "critic activation (default: relu)"),
     ("critic_lr", "X", f"critic Adam step size ({PRESET}: 3e-4; toy 1e-3)"),
@@ -62,12 +68,14 @@ TCE_FLAGS: tuple[tuple[str, str, str], ...] = (
     ("gae_lambda", "X", "GAE lambda (default: 0.95)"),
     ("gamma", "X", "discount (default: 1.0)"),
     ("normalize_advantages", "BOOL", "normalise the advantages over the batch (default: true)"),
+    ("values_before_fit", "BOOL", f"advantages from the critic at sampling time ({PRESET}: true on Meta-World)"),
     ("distance", "NAME", "trust-region distance: kl or frobenius (default: kl)"),
     ("mean_bound", "X", f"trust-region bound of the mean part, > 0 ({PRESET}: Meta-World 0.005)"),
     ("cov_bound", "X", f"trust-region bound of the covariance part, > 0 ({PRESET}: Meta-World 0.0005)"),
     ("trust_region_coeff", "X", "weight of the regression to the projection (default: 1)"),
     ("entropy_schedule", "NAME", "entropy bound schedule: none, linear, exponential (default: none)"),
-    ("entropy_target", "X", "final entropy bound relative to the initial, nats per parameter (default: 0)"),
+    ("entropy_target", "X", "final entropy bound, nats per parameter, relative to --entropy-reference (default: 0)"),
+    ("entropy_reference", "NAME", f"initial (the initial entropy) or zero ({PRESET}: initial; Meta-World zero)"),
     ("entropy_rate", "X", "the exponential schedule's remaining share (default: 0.01)"),
     ("checkpoint_every", "N", "iterations (ppo: rollouts) between checkpoints (default: 10; toy 20)"),
 )
@@ -170,7 +178,9 @@ def kinds() -> dict[str, type]:
     from troll.episodic.config import TCEConfig
     from troll.episodic.ppo import PPOConfig
 
-    out = {f.name: type(getattr(TCEConfig(), f.name)) for f in dataclasses.fields(TCEConfig)}
+    default = TCEConfig()
+    out = {f.name: float if getattr(default, f.name) is None else type(getattr(default, f.name))
+           for f in dataclasses.fields(TCEConfig)}  # fmt: skip
     ppo = PPOConfig()
     out |= {f"ppo_{name}": type(getattr(ppo, name)) for name, _, _ in PPO_FLAGS}
     return out

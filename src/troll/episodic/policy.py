@@ -6,9 +6,10 @@ The mean is an MLP of the (normalised) context; the covariance is ONE global ful
     L = diag(softplus(d) + min_std) + strictly-lower(F)           d (P,), F (P, P) free parameters
 
 (docs/tce.md, "What TCE is"), so the policy is a :class:`troll.gaussian.Gaussian` of kind "chol" with a (P, P) factor:
-projected once per update, not once per context. The network runs in float64: it is tiny (E contexts, not T
-steps), and the segment likelihoods and the KL projection are float64 anyway (prodmp.py's note: float32 pair
-covariances are off by nats).
+projected once per update, not once per context. ``covariance="diag"`` (the authors' BBRL) keeps only the diagonal,
+std = softplus(d) + min_std, a Gaussian of kind "diag" with a global (P,) std. The network runs in float64: it is
+tiny (E contexts, not T steps), and the segment likelihoods and the KL projection are float64 anyway (prodmp.py's
+note: float32 pair covariances are off by nats).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class ContextPolicy(nn.Module):
         context_dim: C.   num_params: P.   hidden: MLP widths (TCE: (128, 128)).   activation: a key of ACTIVATION.
         init_std:    the initial std of every theta entry (L starts as init_std * I).
         min_std:     floor of L's diagonal (softplus(d) + min_std > min_std).
+        covariance:  "full" (L lower triangular) or "diag" (a diagonal std; no off-diagonal parameters).
         normalize:   standardise the context by running statistics (:class:`RunningNorm`), updated by the agent
                      before it samples a batch and frozen while it trains on it.
     """
@@ -65,30 +67,41 @@ class ContextPolicy(nn.Module):
         activation: str = "tanh",
         init_std: float = 1.0,
         min_std: float = 1e-4,
+        covariance: str = "full",
         normalize: bool = True,
     ):
         super().__init__()
         if not init_std > min_std > 0:
             raise ValueError(f"need init_std > min_std > 0, got init_std={init_std}, min_std={min_std}.")
+        if covariance not in ("full", "diag"):
+            raise ValueError(f"covariance must be 'full' or 'diag', got {covariance!r}.")
         self.context_dim, self.num_params, self.min_std = context_dim, num_params, float(min_std)
+        self.covariance = covariance
         self.norm = RunningNorm(context_dim) if normalize else None
         self.mean_net = mlp(context_dim, hidden, num_params, activation, out_gain=OUTPUT_GAIN)
         raw = inverse_softplus(init_std - min_std)
         self.chol_diag = nn.Parameter(torch.full((num_params,), raw))
-        self.chol_lower = nn.Parameter(torch.zeros(num_params, num_params))  # only the strict lower triangle is used
+        if covariance == "full":  # only the strict lower triangle is used
+            self.chol_lower = nn.Parameter(torch.zeros(num_params, num_params))
         self.double()
 
+    def std(self) -> torch.Tensor:
+        """The diagonal of L (P,): softplus(d) + min_std > 0."""
+        return nn.functional.softplus(self.chol_diag) + self.min_std
+
     def cholesky(self) -> torch.Tensor:
-        """L (P, P): lower triangular, diagonal softplus(d) + min_std > 0."""
-        diag = nn.functional.softplus(self.chol_diag) + self.min_std
-        return torch.tril(self.chol_lower, -1) + torch.diag(diag)
+        """L (P, P): lower triangular (diagonal with ``covariance="diag"``), diagonal softplus(d) + min_std > 0."""
+        diag = torch.diag(self.std())
+        return diag if self.covariance == "diag" else torch.tril(self.chol_lower, -1) + diag
 
     def forward(self, context: torch.Tensor) -> Gaussian:
-        """N(mu(c), L L^T): mean (E, P), global factor (P, P), float64; gradients to both."""
+        """N(mu(c), L L^T): mean (E, P), global factor (P, P) (std (P,) for "diag"), float64; gradients to both."""
         check_context(context, self.context_dim)
         c = context.to(torch.float64)
         if self.norm is not None:
             c = self.norm(c)
+        if self.covariance == "diag":
+            return Gaussian.from_std(self.mean_net(c), self.std())
         return Gaussian.from_chol(self.mean_net(c), self.cholesky())
 
     @torch.no_grad()

@@ -16,13 +16,19 @@ of parameters gives the motion with ``y(0) = y0``, ``y'(0) = v0``::
     I1(t) = int_0^t e^(-lam s) r(s) ds,          I2(t) = int_0^t s e^(-lam s) r(s) ds
 
 ``y_p`` is linear in ``(w, g)``. The goal column is closed form, ``G(t) = 1 - a(t)``, ``G'(t) = lam^2 t e^(lam t)``
-(the step response). The weight columns come from ``r = x psi_i / tau^2`` by a cumulative trapezoid in float64 on a
-fine grid that refines the env's step grid (so every env step time is a grid point); a time between grid points adds
-one partial trapezoid step to its left grid point, which is the same quadrature with that time as an extra node.
+(the step response). The weight columns come from ``r = x psi_i / tau^2``: I1 and I2 are sums, in float64, of
+5-point Gauss-Legendre integrals over the intervals of a fine grid that refines the env's step grid (so every env
+step time is a grid point); a time between grid points adds the Gauss-Legendre integral from its left grid point.
+The rule is exact for polynomials of degree 9 on each interval, so at the default resolution the quadrature error
+is below float64 rounding: a single weight column is within 1e-12 of its own peak of an adaptive float64 integration
+(scipy's quad at rtol 1e-13; ``test_prodmp.py::test_weight_column_matches_an_independent_float64_integral``).
 
-Basis: N centres equally spaced in time over [0, duration], ``c_i = x(t_i)``, and ``phi_i(x) = exp(-h_i (x - c_i)^2)``
-with ``h_i = 1 / (c_{i+1} - c_i)^2`` (the last centre reuses the previous gap): neighbours overlap at ``e^-1``, and
-since ``x`` is exponential in time the bumps are close to equally wide in time. Normalising is a softmax over i.
+Basis: N centres equally spaced in time over [0, tau], ``c_i = x(t_i)``, and ``phi_i(x) = exp(-h_i (x - c_i)^2)``
+with ``h_i = (b / 2) / (c_{i+1} - c_i)^2`` for the bandwidth factor b (the last centre reuses the previous gap):
+with b = 2 (the default) neighbours overlap at ``e^-1``; TCE's Meta-World setting is b = 5 with tau = 5 s of a
+6.25 s episode. Since ``x`` is exponential in time the bumps are close to equally wide in time. Normalising is a
+softmax over i. ``auto_scale`` divides every column (the N weights and the goal) by its peak |value| over the
+fine grid of [0, duration], so one unit of any parameter moves the motion by at most its scale.
 
 Shapes: E episodes, D DoF, N basis functions, P = D (N + 1) parameters, n times, T env steps (step times
 ``t_k = k dt``, ``k = 0..T``, ``dt = duration / T``), K groups of m times (TCE: m = 2, pairs).
@@ -37,6 +43,7 @@ Conventions the agent builds on:
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -51,6 +58,13 @@ _MAX_EXPONENT = 300.0
 _JITTER_F64, _JITTER_F32 = 1e-12, 1e-6
 # Times this far (relative to the duration) outside [0, duration] are rounding of k * dt, and are clamped.
 _TIME_RTOL = 1e-6
+# Seconds a duration or tau may take: beyond, alpha / tau or its square leave float64 (an OverflowError otherwise).
+_SECONDS = (1e-6, 1e6)
+# 5-point Gauss-Legendre rule on [-1, 1] (nodes, weights), in closed form.
+_A, _B = math.sqrt(5 - 2 * math.sqrt(10 / 7)) / 3, math.sqrt(5 + 2 * math.sqrt(10 / 7)) / 3
+_WA, _WB = (322 + 13 * math.sqrt(70)) / 900, (322 - 13 * math.sqrt(70)) / 900
+_GL_NODES = (-_B, -_A, 0.0, _A, _B)
+_GL_WEIGHTS = (_WB, _WA, 128 / 225, _WA, _WB)
 
 
 class LinearMap(NamedTuple):
@@ -82,13 +96,6 @@ class Marginals(NamedTuple):
     scale_tril: torch.Tensor
 
 
-def _cumulative_trapezoid(f: torch.Tensor, h: float) -> torch.Tensor:
-    """(M + 1, ...) integrals from node 0 to each node of samples ``f`` (M + 1, ...) spaced ``h``."""
-    out = torch.zeros_like(f)
-    out[1:] = torch.cumsum((f[1:] + f[:-1]) * (h / 2), dim=0)
-    return out
-
-
 def _regularised_cholesky(cov: torch.Tensor, jitter: float) -> torch.Tensor:
     """Cholesky factor (..., M, M) of ``cov + diag(jitter cov_ii + [cov_ii == 0])`` (:class:`Marginals`)."""
     diag = cov.diagonal(dim1=-2, dim2=-1)
@@ -113,6 +120,14 @@ def _check_values(name: str, x, shape: tuple, hint: str = "") -> None:
         raise ValueError(f"{name} has shape {tuple(x.shape)} but {want} is expected{hint}.")
     if not bool(torch.isfinite(x).all()):
         raise ValueError(f"{name} contains NaN or inf; pass finite values (check the network or the env state).")
+
+
+def _check_seconds(name: str, value, hint: str) -> None:
+    """A number of seconds in :data:`_SECONDS`; ValueError naming the argument and the range otherwise."""
+    check_number(name, value, hint=hint)
+    low, high = _SECONDS
+    if not low <= value <= high:
+        raise ValueError(f"{name} must lie in [{low:g}, {high:g}] seconds, got {value!r}{hint}.")
 
 
 def gather_times(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -150,13 +165,15 @@ class ProDMP:
         num_basis:      N Gaussian basis functions per DoF (TCE: 8; 3 for the fast hopper).
         alpha:          stiffness alpha of the DMP (beta = alpha / 4, critically damped).
         alpha_x:        decay of the phase, ``x = exp(-alpha_x t / tau)``.
-        tau:            time constant; ``None`` means ``duration`` (TCE).
+        tau:            time constant; ``None`` means ``duration``. The basis centres lie over [0, tau].
         weights_scale:  multiplies the weights in theta (TCE: 0.1 - 1).
         goal_scale:     multiplies the goals in theta.
         relative_goal:  if True the goal is ``y0 + goal_scale * theta_g`` (TCE on Meta-World).
-        resolution:     at least this many trapezoid intervals over the duration (rounded up to a multiple of
-                        ``num_steps``). Quadrature error is O(resolution^-2): ~1e-9 of the motion's scale at the
-                        default (docs/tce.md).
+        basis_bandwidth: b, the width factor of the basis (module docstring; 2, TCE's Meta-World 5).
+        auto_scale:     divide every basis column by its peak |value| before the scales (TCE's Meta-World).
+        resolution:     at least this many quadrature intervals over the duration (rounded up to a multiple of
+                        ``num_steps``), 5-point Gauss-Legendre on each: at the default the error of a weight column
+                        is below 1e-12 of its peak (module docstring).
 
     Everything is precomputed in float64 on the CPU; each method returns the dtype and device of its tensor inputs.
     """
@@ -174,21 +191,26 @@ class ProDMP:
         weights_scale: float = 1.0,
         goal_scale: float = 1.0,
         relative_goal: bool = False,
+        basis_bandwidth: float = 2.0,
+        auto_scale: bool = False,
         resolution: int = 10_000,
     ):
         check_int("num_dof", num_dof, hint="; e.g. 4 for Meta-World (xyz + gripper)")
-        check_number("duration", duration, hint="; pass the episode length in seconds, num_steps * dt")
+        _check_seconds("duration", duration, "; pass the episode length in seconds, num_steps * dt")
         check_int("num_steps", num_steps, hint="; pass the number of env steps of an episode, e.g. 500")
         check_int("num_basis", num_basis, hint="; TCE uses num_basis=8")
         check_number("alpha", alpha, hint="; TCE uses alpha=10")
         check_number("alpha_x", alpha_x, hint="; TCE uses alpha_x=3")
         tau = duration if tau is None else tau
-        check_number("tau", tau, hint="; pass tau=None to use the duration (TCE)")
+        _check_seconds("tau", tau, "; pass tau=None to use the duration")
         check_number("weights_scale", weights_scale, hint="; TCE uses 0.1 - 1")
         check_number("goal_scale", goal_scale, hint="; TCE uses 0.1 - 1")
+        check_number("basis_bandwidth", basis_bandwidth, hint="; 2 (neighbours overlap at e^-1), TCE Meta-World 5")
+        if not isinstance(auto_scale, bool):
+            raise ValueError(f"auto_scale must be True or False, got {auto_scale!r}.")
         if not isinstance(relative_goal, bool):
             raise ValueError(f"relative_goal must be True or False, got {relative_goal!r}.")
-        check_int("resolution", resolution, hint="; the default 10_000 keeps the quadrature error near 1e-9")
+        check_int("resolution", resolution, hint="; the default 10_000 keeps the quadrature error below 1e-12")
         if alpha * duration / (2 * tau) > _MAX_EXPONENT or alpha_x * duration / tau > _MAX_EXPONENT:
             raise ValueError(
                 f"tau={tau!r} is too small for duration={duration!r}: exp(alpha duration / (2 tau)) would overflow; "
@@ -199,15 +221,22 @@ class ProDMP:
         self.duration, self.dt, self.tau = float(duration), duration / num_steps, float(tau)
         self.alpha, self.alpha_x, self.lam = float(alpha), float(alpha_x), -alpha / (2 * tau)
         self.weights_scale, self.goal_scale, self.relative_goal = float(weights_scale), float(goal_scale), relative_goal
+        self.basis_bandwidth, self.auto_scale = float(basis_bandwidth), auto_scale
         self._scales = torch.tensor([self.weights_scale] * num_basis + [self.goal_scale], dtype=torch.float64)
         self.substeps = -(-resolution // num_steps)
         intervals = num_steps * self.substeps
         self._h = duration / intervals
         self._grid = torch.arange(intervals + 1, dtype=torch.float64) * self._h  # (M + 1,)
         self._centres, self._widths = self._layout()
-        self._f1 = self._integrand(self._grid)  # (M + 1, N)
-        self._i1 = _cumulative_trapezoid(self._f1, self._h)
-        self._i2 = _cumulative_trapezoid(self._grid.unsqueeze(-1) * self._f1, self._h)
+        q1, q2 = self._interval_integrals(self._grid[:-1], self._grid[1:])  # (M, N) each
+        zero = torch.zeros(1, num_basis, dtype=torch.float64)
+        self._i1 = torch.cat([zero, q1.cumsum(0)])  # (M + 1, N): I1 at the grid nodes
+        self._i2 = torch.cat([zero, q2.cumsum(0)])
+        if auto_scale:  # every column divided by its peak |value| over the episode, before the scales
+            unit = self._scales.clone()
+            self._scales = torch.ones_like(unit)
+            peak = self._columns(self._grid, self._i1, self._i2)[0].abs().amax(0)
+            self._scales = unit / peak
         steps = slice(None, None, self.substeps)
         self.times = self._grid[steps]  # (T + 1,) float64, exactly the grid nodes k * substeps
         self._step = self._columns(self.times, self._i1[steps], self._i2[steps]) + self._homogeneous(self.times)
@@ -216,20 +245,30 @@ class ProDMP:
     # ------------------------------------------------------------------------------------ precomputation
 
     def _layout(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Centres ``c_i = x(t_i)`` (N,) for t_i equally spaced over [0, duration], and widths ``h_i`` (N,)."""
-        t = torch.linspace(0.0, self.duration, self.num_basis, dtype=torch.float64)
+        """Centres ``c_i = x(t_i)`` (N,) for t_i equally spaced over [0, tau], and widths ``h_i`` (N,)."""
+        t = torch.linspace(0.0, self.tau, self.num_basis, dtype=torch.float64)
         centres = torch.exp(-self.alpha_x * t / self.tau)
         if self.num_basis == 1:  # a single normalised basis function is 1 whatever its width
             return centres, torch.ones(1, dtype=torch.float64)
         gaps = (centres[:-1] - centres[1:]).abs()
         gaps = torch.cat([gaps, gaps[-1:]])
-        return centres, gaps.pow(-2)
+        return centres, gaps.pow(-2) * (self.basis_bandwidth / 2)
 
     def _integrand(self, t: torch.Tensor) -> torch.Tensor:
         """``e^(-lam t) x psi_i(x) / tau^2`` (n, N): I1's integrand per unit weight (I2's is t times it)."""
         x = torch.exp(-self.alpha_x * t / self.tau).unsqueeze(-1)
         psi = torch.softmax(-self._widths * (x - self._centres).square(), dim=-1)
         return torch.exp(-self.lam * t).unsqueeze(-1) * x * psi / self.tau**2
+
+    def _interval_integrals(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gauss-Legendre integrals over [a_k, b_k] of I1's and I2's integrands, (n, N) each; a, b (n,)."""
+        nodes = torch.tensor(_GL_NODES, dtype=torch.float64)
+        weights = torch.tensor(_GL_WEIGHTS, dtype=torch.float64)
+        half, mid = ((b - a) / 2).unsqueeze(-1), ((a + b) / 2).unsqueeze(-1)
+        s = mid + half * nodes  # (n, 5)
+        f = self._integrand(s.reshape(-1)).reshape(*s.shape, -1)  # (n, 5, N)
+        w = (half * weights).unsqueeze(-1)
+        return (w * f).sum(-2), (w * s.unsqueeze(-1) * f).sum(-2)
 
     def _columns(self, t: torch.Tensor, i1: torch.Tensor, i2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-DoF basis rows (n, N + 1) of positions and velocities, scales applied, from I1, I2 (n, N)."""
@@ -256,14 +295,10 @@ class ProDMP:
         return a, t * e, da, (1 + lam * t) * e
 
     def _at(self, times: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """(pos, vel, a, b, a', b') at arbitrary float64 times (n,): grid integrals plus one partial step."""
+        """(pos, vel, a, b, a', b') at arbitrary float64 times (n,): grid integrals plus one partial interval."""
         node = torch.clamp(torch.floor(times / self._h).long(), 0, self._grid.numel() - 2)
-        left = self._grid[node].unsqueeze(-1)
-        step = times.unsqueeze(-1) - left
-        f1 = self._integrand(times)
-        i1 = self._i1[node] + step / 2 * (self._f1[node] + f1)
-        i2 = self._i2[node] + step / 2 * (left * self._f1[node] + times.unsqueeze(-1) * f1)
-        return self._columns(times, i1, i2) + self._homogeneous(times)
+        q1, q2 = self._interval_integrals(self._grid[node], times)
+        return self._columns(times, self._i1[node] + q1, self._i2[node] + q2) + self._homogeneous(times)
 
     def _rows(self, times: torch.Tensor | None, like: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """(pos, vel, a, b, a', b') at ``times`` (None: the step times), in ``like``'s dtype and device."""

@@ -27,7 +27,7 @@ from troll.study.files import CONFIG_FILE, write_json
 
 STUDY_JSON = "study.json"
 COMMAND = "tce study"
-COLORS = {"tce": "C0", "bbrl": "C1", "ppo": "C2"}
+COLORS = {"tce": "C0", "bbrl": "C1", "ppo": "C2", "bbrl-cov": "C3"}
 FAMILY_ORDER = ("toy/", "gym/", "metaworld/")
 FIGURES = (
     ("tce_success.png", "eval/success_rate", "success rate", (-0.02, 1.02)),

@@ -33,12 +33,12 @@ LOG_2PI = math.log(2 * math.pi)
 
 
 def segment_index(
-    episodes: int, horizon: int, num_segments: int, *, random_offset: bool = True, generator=None
+    episodes: int, horizon: int, num_segments: int, *, random_offset: bool = True, shared: bool = False, generator=None
 ) -> torch.Tensor:
     """(E, K, 2) int64 step indices of the K consecutive pairs of each episode (module docstring).
 
-    interval = floor(T / K) >= 1; offsets uniform in {0, ..., T - K interval} per episode (0 without
-    ``random_offset``). Every index lies in [0, T].
+    interval = floor(T / K) >= 1; offsets uniform in {0, ..., T - K interval} per episode, or one for all episodes
+    (``shared``, TCE's Meta-World setting), 0 without ``random_offset``. Every index lies in [0, T].
     """
     if not 1 <= num_segments <= horizon:
         raise ValueError(
@@ -48,7 +48,8 @@ def segment_index(
     interval = horizon // num_segments
     slack = horizon - num_segments * interval
     if random_offset and slack > 0:
-        offset = torch.randint(0, slack + 1, (episodes, 1), generator=generator)
+        offset = torch.randint(0, slack + 1, (1 if shared else episodes, 1), generator=generator)
+        offset = offset.expand(episodes, 1)
     else:
         offset = torch.zeros(episodes, 1, dtype=torch.int64)
     ticks = offset + interval * torch.arange(num_segments + 1)  # (E, K + 1)
@@ -65,13 +66,15 @@ def pair_log_prob(
 ) -> torch.Tensor:
     """log N(values_k; H_k mu + xi_k, H_k Sigma H_k^T) per episode and pair, (E, K) float64.
 
-    policy: a Gaussian over theta of kind "chol" (mean (E, P), factor (P, P) or (E, P, P)); y0, v0 (E, D);
+    policy: a Gaussian over theta of kind "chol" (mean (E, P), factor (P, P) or (E, P, P)) or "diag"; y0, v0 (E, D);
     index (E, K, 2); values (E, K, 2D) the desired positions at the pair's times, time-major
     (``prodmp.gather_times(pos, index)``). Differentiable w.r.t. the policy's mean and factor.
     """
-    if policy.kind != "chol":
-        raise ValueError(f"pair_log_prob needs a Gaussian of kind 'chol', got {policy.kind!r}.")
+    if policy.kind not in ("chol", "diag"):
+        raise ValueError(f"pair_log_prob needs a Gaussian of kind 'chol' or 'diag', got {policy.kind!r}.")
     mean, factor = policy.mean.double(), policy.factor.double()
+    if policy.kind == "diag":
+        factor = torch.diag_embed(factor)
     marg = dmp.marginals(mean, y0.double(), v0.double(), index, scale_tril=factor)
     diff = (values.double() - marg.mean).unsqueeze(-1)  # (E, K, 2D, 1)
     z = torch.linalg.solve_triangular(marg.scale_tril, diff, upper=False).squeeze(-1)
