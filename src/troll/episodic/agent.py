@@ -303,10 +303,10 @@ class TCEAgent:
         return metrics
 
     def learning_rate_factor(self, iteration: int) -> float:
-        """The share of the configured learning rates at ``iteration``: 1 - (1 - lr_final) t / T, from 1 at t = 0 to
+        """The share of the configured learning rates at ``iteration``: (1 - t / T) + lr_final t / T, from 1 at t = 0 to
         lr_final at t = T (the run's iterations); constant 1 for lr_final = 1."""
         frac = min(iteration, self.total_iterations) / self.total_iterations
-        return 1.0 - (1.0 - self.config.lr_final) * frac
+        return (1.0 - frac) + frac * self.config.lr_final  # exactly 1 and lr_final at the ends
 
     def _set_learning_rates(self) -> None:
         if self.config.lr_final == 1.0:  # constant: leave the optimisers exactly as built

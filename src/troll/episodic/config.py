@@ -372,7 +372,9 @@ class TCEConfig:
         if unknown:
             raise ValueError(cls._unknown_fields(unknown))
         algo = overrides.get("algo", cls.algo)
-        return cls(**{**PRESETS[family], **ALGO_PRESETS.get((family, algo), {}), "env": env, **overrides})
+        fields = {**PRESETS[family], **ALGO_PRESETS.get((family, algo), {}), "env": env, **overrides}
+        fields["env_options"] = dict(fields.get("env_options", {}))  # the config's own copy, not the preset's
+        return cls(**fields)
 
     def to_dict(self) -> dict:
         out = dataclasses.asdict(self)

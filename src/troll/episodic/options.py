@@ -42,7 +42,11 @@ TCE_FLAGS: tuple[tuple[str, str, str], ...] = (
     ("weights_scale", "X", f"scale of the ProDMP weights ({PRESET})"),
     ("goal_scale", "X", f"scale of the ProDMP goal ({PRESET})"),
     ("relative_goal", "BOOL", f"goal relative to the start position ({PRESET}: true on Meta-World)"),
-    ("tau", "SECONDS", f"ProDMP time constant; basis centres over [0, tau] ({PRESET}: Meta-World 5; else the episode)"),
+    (
+        "tau",
+        "SECONDS",
+        f"ProDMP time constant, basis centres over [0, tau]; none: the episode ({PRESET}: Meta-World 5)",
+    ),
     ("basis_bandwidth", "X", f"ProDMP basis width factor ({PRESET}: Meta-World 5; else 2)"),
     ("auto_scale_basis", "BOOL", f"scale every ProDMP basis column to a peak of 1 ({PRESET}: true on Meta-World)"),
     ("num_segments", "K", f"segment pairs per episode, K + 1 step indices (TCE; {PRESET}: 24, Reacher/toy 10)"),
@@ -166,7 +170,16 @@ def _parse_json(text: str) -> dict:
     return value
 
 
-_PARSERS = {bool: (_parse_bool, "true or false"), int: (_parse_int, "an integer"), float: (float, "a number"),
+class OptionalFloat(float):
+    """The kind of a float field whose default is None (``tau``): 'none' on the command line."""
+
+
+def _parse_optional_float(text: str) -> float | None:
+    return None if text.strip().lower() == "none" else float(text)
+
+
+_PARSERS = {OptionalFloat: (_parse_optional_float, "a number or none"),
+            bool: (_parse_bool, "true or false"), int: (_parse_int, "an integer"), float: (float, "a number"),
             tuple: (_parse_widths, "comma-separated widths, e.g. 128,128"), dict: (_parse_json, "a JSON object"),
             str: (str, "a name")}  # fmt: skip
 
@@ -179,7 +192,7 @@ def kinds() -> dict[str, type]:
     from troll.episodic.ppo import PPOConfig
 
     default = TCEConfig()
-    out = {f.name: float if getattr(default, f.name) is None else type(getattr(default, f.name))
+    out = {f.name: OptionalFloat if getattr(default, f.name) is None else type(getattr(default, f.name))
            for f in dataclasses.fields(TCEConfig)}  # fmt: skip
     ppo = PPOConfig()
     out |= {f"ppo_{name}": type(getattr(ppo, name)) for name, _, _ in PPO_FLAGS}
@@ -198,6 +211,8 @@ def parse_value(name: str, text: str, kind: type, option: str | None = None):
 
 def format_value(value) -> str:
     """The command-line text of a field value (inverse of :func:`parse_value`)."""
+    if value is None:
+        return "none"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (tuple, list)):
