@@ -34,7 +34,7 @@ from troll.episodic.critic import Critic, alive_mask, fit_critic, gae, step_inpu
 from troll.episodic.envs.base import Episodes, EpisodeStart
 from troll.episodic.policy import ContextPolicy, check_context
 from troll.episodic.prodmp import ProDMP, gather_times
-from troll.episodic.segments import normalize, pair_log_prob, segment_advantages, segment_index
+from troll.episodic.segments import normalize, pair_log_prob_fn, segment_advantages, segment_index
 from troll.gaussian import EntropySchedule, Gaussian, trpl_loss
 from troll.gaussian.distances import cov_distance, mean_distance
 
@@ -234,11 +234,7 @@ class TCEAgent:
         )
         adv = segment_advantages(ep.rewards, values, alive, index, gamma=cfg.gamma)
         desired = gather_times(batch.pos, index)
-        y0, v0 = batch.start.pos.double(), batch.start.vel.double()
-
-        def log_prob(policy: Gaussian) -> torch.Tensor:  # (E, K)
-            return pair_log_prob(self.dmp, policy, y0, v0, index, desired)
-
+        log_prob = pair_log_prob_fn(self.dmp, batch.start.pos, batch.start.vel, index, desired)  # (E, K)
         return metrics, adv, log_prob
 
     def _bbrl_critic(self, batch: Rollout):

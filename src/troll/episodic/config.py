@@ -1,11 +1,11 @@
 """``TCEConfig``: every number a user would tune for TCE and BBRL, in one validated dataclass.
 
-The defaults are the paper's Meta-World settings (docs/tce.md, "Config and presets"): 16 episodes an iteration, a
-ProDMP with 8 basis functions (alpha 10, alpha_x 3), 25 segment indices (24 pairs) at a fixed interval with a
-random offset, a 2 x 128 tanh policy with one global Cholesky factor, 50 critic then 50 policy epochs of full-batch
-Adam, GAE lambda 0.95 with gamma 1, and the KL trust region 0.005 / 0.0005 with regression weight 1.
-:meth:`TCEConfig.preset` fills in what depends on the environment family (:data:`PRESETS`: bounds, the ProDMP's
-scales, the budget). Every field is checked in ``__post_init__`` with a message that says how to fix it; the config
+The defaults are the settings runs had before the authors' Meta-World setup, so that an old config.json resumes as
+it ran (docs/tce.md, "Config and presets"): 16 episodes an iteration, a ProDMP with 8 basis functions (alpha 10,
+alpha_x 3), 25 segment indices (24 pairs) at a fixed interval with a random offset, a 2 x 128 tanh policy with one
+global Cholesky factor, 50 critic then 50 policy epochs of full-batch Adam, GAE lambda 0.95 with gamma 1, and the
+KL trust region 0.005 / 0.0005 with regression weight 1. :meth:`TCEConfig.preset` fills in what depends on the
+environment family (:data:`PRESETS`: on Meta-World the authors' setup) and on the algorithm (:data:`ALGO_PRESETS`). Every field is checked in ``__post_init__`` with a message that says how to fix it; the config
 round-trips through JSON (the run folder's config.json).
 
     cfg = TCEConfig.preset("metaworld/reach-v3", seed=1)          # Meta-World defaults, seed 1
@@ -149,7 +149,7 @@ def _unknown(name: str, value, choices, example: str) -> str:
 
 @dataclass(frozen=True)
 class TCEConfig:
-    """TCE / BBRL settings (docs/tce.md). Defaults: the spec's Meta-World values; see :meth:`preset`.
+    """TCE / BBRL settings (docs/tce.md). Defaults: the settings before the faithful preset; see :meth:`preset`.
 
     Algorithm and budget:
         algo:            "tce" (segment-pair likelihoods, step critic), "bbrl" (one likelihood of theta and one

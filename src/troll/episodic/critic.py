@@ -158,6 +158,8 @@ def fit_critic(
     """
     with torch.no_grad():
         before = critic(inputs)
+        # the input normalisation is frozen through the fit and acts row by row: applied once, not every epoch
+        z = inputs.float() if critic.norm is None else critic.norm(inputs.float())
     scaled = critic.rescale(targets)
     n = inputs.shape[0]
     losses = []
@@ -166,7 +168,7 @@ def fit_critic(
         total = 0.0
         for part in range(minibatches):
             idx = slice(None) if order is None else order[part * n // minibatches : (part + 1) * n // minibatches]
-            loss = (critic.normalized(inputs[idx]) - scaled[idx]).square().mean()
+            loss = (critic.net(z[idx]).squeeze(-1) - scaled[idx]).square().mean()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()

@@ -70,13 +70,35 @@ def pair_log_prob(
     index (E, K, 2); values (E, K, 2D) the desired positions at the pair's times, time-major
     (``prodmp.gather_times(pos, index)``). Differentiable w.r.t. the policy's mean and factor.
     """
+    factor = _factor(policy)
+    marg = dmp.marginals(policy.mean.double(), y0.double(), v0.double(), index, scale_tril=factor)
+    return _log_normal(values.double(), marg)
+
+
+def pair_log_prob_fn(dmp: ProDMP, y0: torch.Tensor, v0: torch.Tensor, index: torch.Tensor, values: torch.Tensor):
+    """:func:`pair_log_prob` as a function of the policy alone (y0, v0, index and values fixed): what the agent calls
+    in every policy epoch. The basis rows and start terms are gathered once (``ProDMP.marginal_map``); the same
+    numbers as :func:`pair_log_prob`."""
+    marginals = dmp.marginal_map(y0.double(), v0.double(), index)
+    values = values.double()
+
+    def log_prob(policy: Gaussian) -> torch.Tensor:  # (E, K)
+        return _log_normal(values, marginals(policy.mean.double(), scale_tril=_factor(policy)))
+
+    return log_prob
+
+
+def _factor(policy: Gaussian) -> torch.Tensor:
+    """The Gaussian's factor as a (P, P) or (E, P, P) matrix, float64 (a diagonal std made a diagonal matrix)."""
     if policy.kind not in ("chol", "diag"):
         raise ValueError(f"pair_log_prob needs a Gaussian of kind 'chol' or 'diag', got {policy.kind!r}.")
-    mean, factor = policy.mean.double(), policy.factor.double()
-    if policy.kind == "diag":
-        factor = torch.diag_embed(factor)
-    marg = dmp.marginals(mean, y0.double(), v0.double(), index, scale_tril=factor)
-    diff = (values.double() - marg.mean).unsqueeze(-1)  # (E, K, 2D, 1)
+    factor = policy.factor.double()
+    return torch.diag_embed(factor) if policy.kind == "diag" else factor
+
+
+def _log_normal(values: torch.Tensor, marg) -> torch.Tensor:
+    """log N(values; marg.mean, marg.scale_tril marg.scale_tril^T) over the last axis, (E, K)."""
+    diff = (values - marg.mean).unsqueeze(-1)  # (E, K, 2D, 1)
     z = torch.linalg.solve_triangular(marg.scale_tril, diff, upper=False).squeeze(-1)
     log_det = marg.scale_tril.diagonal(dim1=-2, dim2=-1).log().sum(-1)
     return -0.5 * (z.square().sum(-1) + values.shape[-1] * LOG_2PI) - log_det
