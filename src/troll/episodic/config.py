@@ -5,8 +5,9 @@ it ran (docs/tce.md, "Config and presets"): 16 episodes an iteration, a ProDMP w
 alpha_x 3), 25 segment indices (24 pairs) at a fixed interval with a random offset, a 2 x 128 tanh policy with one
 global Cholesky factor, 50 critic then 50 policy epochs of full-batch Adam, GAE lambda 0.95 with gamma 1, and the
 KL trust region 0.005 / 0.0005 with regression weight 1. :meth:`TCEConfig.preset` fills in what depends on the
-environment family (:data:`PRESETS`: on Meta-World the authors' setup) and on the algorithm (:data:`ALGO_PRESETS`). Every field is checked in ``__post_init__`` with a message that says how to fix it; the config
-round-trips through JSON (the run folder's config.json).
+environment family (:data:`PRESETS`: on Meta-World the authors' setup) and on the algorithm (:data:`ALGO_PRESETS`).
+Every field is checked in ``__post_init__`` with a message that says how to fix it; the config round-trips through
+JSON (the run folder's config.json).
 
     cfg = TCEConfig.preset("metaworld/reach-v3", seed=1)          # Meta-World defaults, seed 1
     cfg = TCEConfig.preset("toy/viapoint", algo="bbrl")           # the black-box baseline on the toy task
