@@ -85,7 +85,10 @@ def main() -> None:
         order = names if r % 2 == 0 else names[::-1]
         for name, row in run_round(trees, order, args.algo, args.repeats).items():
             per[name].append(row)
-        print(f"round {r + 1}/{args.rounds}: " + ", ".join(f"{n} {per[n][-1]['update_s']:.3f} s" for n in order))
+        print(
+            f"round {r + 1}/{args.rounds}: " + ", ".join(f"{n} {per[n][-1]['update_s']:.3f} s" for n in order),
+            flush=True,
+        )
     load = round(os.getloadavg()[0], 2)
     rows = []
     for name in names:
