@@ -5,8 +5,8 @@ One iteration:
    ProDMP, let the env track it (every step's state, reward, done comes back);
 2. critic: ``critic_epochs`` of Adam on the MSE to the targets (TCE: GAE lambda-returns of the step critic
    V(s_t, t/T, c); BBRL: the episode returns R for the context critic V(c));
-3. advantages with the fitted critic (TCE: one per segment pair, segments.py; BBRL: A = R - V(c) per episode),
-   normalised over the batch;
+3. advantages (TCE: one per segment pair, segments.py; BBRL: A = R - V(c) per episode), normalised over the batch,
+   from the critic just fitted, or with ``values_before_fit`` (the authors') from its values at sampling time;
 4. policy: ``policy_epochs`` of Adam on troll.gaussian's ``trpl_loss`` (scored by ``log_prob``)
        loss = -mean(exp(log p^ - log p_old) A) + trust_region_coeff * mean(d(pi~, sg(pi^)))
    where pi~ = net(c), pi^ its KL projection onto the trust region around the old (pre-update, detached) policy,
