@@ -35,7 +35,7 @@ demo: $(VENV)/.installed
 # run only in the verl environment, the rest only in the main one.
 VERL_TESTS := tests/test_verl_config.py tests/test_verl_loss.py tests/test_verl_engine_outputs.py tests/test_verl_engine.py
 test: $(VENV)/.installed $(VERL_VENV)/.installed lint
-	$(PY) -m pytest --require trl,deepspeed,reasoning_gym,gymnasium,mujoco,metaworld $(VERL_TESTS:%=--ignore=%)
+	$(PY) -m pytest --require trl,deepspeed,reasoning_gym,gymnasium,mujoco,metaworld,envpool $(VERL_TESTS:%=--ignore=%)
 	$(VERL_VENV)/bin/python -m pytest --require verl,tensordict $(VERL_TESTS)
 
 # docs/results.md: the four studies behind it (about 2 hours on a 2-core CPU), in a new folder each time.

@@ -91,6 +91,9 @@ def _add_run_flags(p: argparse.ArgumentParser, *, study: bool = False) -> None:
         help=f"environment worker processes of a tce / bbrl run, 0: in-process (default: {workers})",
     )
     p.add_argument("--threads", default=argparse.SUPPRESS, help="torch threads of a run (default: 1)")
+    p.add_argument("--backend", default=argparse.SUPPRESS, choices=("envpool", "python"),
+                   help="simulator of metaworld/*: envpool (default; --workers sets its threads) or python (the "
+                   "metaworld package in --workers processes); the env option 'backend' (docs/tce.md)")  # fmt: skip
     if not study:
         p.add_argument("--no-progress", action="store_true", help="no progress bar: a line per evaluation instead")
     group = p.add_argument_group("TCE and BBRL (default: the env family's preset; docs/tce.md, 'Config and presets')")
@@ -108,7 +111,10 @@ def given_options(args: argparse.Namespace) -> dict:
     """Field -> parsed value of every TCE / PPO option on the command line (``ppo_<field>`` for PPO's)."""
     kinds = opts.kinds()
     names = [name for name, _, _ in opts.TCE_FLAGS] + [f"ppo_{name}" for name, _, _ in opts.PPO_FLAGS]
-    return {n: opts.parse_value(n, getattr(args, n), kinds[n]) for n in names if hasattr(args, n)}
+    given = {n: opts.parse_value(n, getattr(args, n), kinds[n]) for n in names if hasattr(args, n)}
+    if hasattr(args, "backend"):  # --backend B is the env option {"backend": B}
+        given["env_options"] = {**given.get("env_options", {}), "backend": args.backend}
+    return given
 
 
 def _int_flag(args: argparse.Namespace, name: str, low: int, default: int | None = None) -> int | None:

@@ -250,9 +250,24 @@ def build_config(algo: str, env: str, *, seed: int, steps: int | None, options: 
                                     seed=seed, threads=threads, **budget, **shared, **own)  # fmt: skip
         from troll.episodic.config import TCEConfig
 
-        return TCEConfig.preset(env, algo=algo, seed=seed, threads=threads, workers=workers, **budget, **options)
+        config = TCEConfig.preset(env, algo=algo, seed=seed, threads=threads, workers=workers, **budget, **options)
     except ValueError as err:
         raise UsageError(_with_flag(str(err), algo)) from None
+    return with_env_options(config)
+
+
+def with_env_options(config):
+    """``config`` with its env options checked (type, range, finite: envs/registry.check_options) and the backend
+    recorded, so that a resumed run keeps its simulator; UsageError naming --env-options otherwise."""
+    import dataclasses
+
+    from troll.episodic.envs.registry import check_options
+
+    try:
+        checked = check_options(config.env, config.env_options)
+    except ValueError as err:
+        raise UsageError(f"--env-options: {err}") from None
+    return dataclasses.replace(config, env_options=checked)
 
 
 def _with_flag(message: str, algo: str) -> str:

@@ -12,23 +12,23 @@ statistics, checkers) only cost time.
 Observation (39): hand xyz (0:3), gripper opening (3), object 1 xyz + quaternion and object 2 xyz + quaternion,
 zero-padded (4:18), the previous frame's 18 entries (18:36), the goal xyz (36:39). At reset the previous frame
 repeats the current one.
-Context: the entries of the reset observation's current frame and goal (0:18, 36:39) that differ between MT1's 50
-variations of the task, found by resetting 10 of them when the runner is built: for reach-v3 and pick-place-v3 the
-object xy and the goal xyz (C = 5), for push-v3 the object xy and the goal xy (C = 4). The rest is the same in
-every episode (hand start, quaternions, padding) and would only be noise to normalise.
+Context (option ``context``): "varying" (default) the entries of the reset observation's current frame and goal
+(0:18, 36:39) that differ between the task's variations, found by resetting 10 of them when the env is built: for
+reach-v3 and pick-place-v3 the object xy and the goal xyz (C = 5), for push-v3 the object xy and the goal xy
+(C = 4); the rest is the same in every episode (hand start, quaternions, padding) and would only be noise to
+normalise. "full": the whole 39-entry reset observation (C = 39), as the TCE authors feed their policy.
 State: the full 39-entry observation (S = 39).
 
-Controller (Meta-World's action is a mocap displacement: xyz in [-1, 1], times action_scale = 0.01 m per step,
-the hand following the mocap through a weld):  a_xyz(t) = clip(K (y_d(t+1) - x_t), -1, 1) with x_t the observed
-hand position. K = 50 per metre, from a tracking-error check on reach-v3 (minimum-jerk moves from the hand's start
-to the goal in 100 and 400 steps, K in {25 .. 300}): K = 100 would move the mocap by the whole remaining error
-every step, but the hand lags the mocap by ~5 steps, so K >= 75 overshoots and oscillates (errors of 3-4 cm on
-the slow move); K = 50 kept the error under 1 cm on the fast move and 2 mm on the slow one, and ended every move
-on the goal.
-Gripper: by default a 4th tracked DoF whose desired position is the gripper command itself (-1 open, +1 closed),
-applied as a_4(t) = clip(y_d4(t+1), -1, 1); its initial position is -1 (the command Meta-World's reset holds the
-hand with) and its initial velocity 0. With ``gripper=<float>`` the command is held at that value and D = 3.
-The hand's initial velocity is the observation's finite difference, 0 at reset.
+Controller: control.py (options ``controller``, ``gain``, ``gripper``, ``gripper_start``). The default, "hand"
+with K = 50 per metre, comes from a tracking-error check on reach-v3 (minimum-jerk moves from the hand's start to
+the goal in 100 and 400 steps, K in {25 .. 300}): the hand lags the mocap by ~5 steps, so K >= 75 overshoots and
+oscillates (errors of 3-4 cm on the slow move); K = 50 kept the error under 1 cm on the fast move and 2 mm on the
+slow one, and ended every move on the goal. The TCE authors drive the mocap instead ("mocap", K = 100).
+
+final: "distance" (info["obj_to_target"] after the last step: hand to goal for reach, object to goal otherwise)
+only for the tasks that define it: :data:`NO_DISTANCE` report a hard-coded 0 there; "success_any" (1 if the
+success flag was set at any step: Meta-World's own evaluation), "return". ``success`` is the flag after the last
+step (the TCE authors' metric).
 """
 
 from __future__ import annotations
@@ -38,34 +38,72 @@ from dataclasses import dataclass
 import numpy as np
 
 from troll.episodic.envs.base import check_finite
+from troll.episodic.envs.control import ControlConfig, Controller
+from troll.episodic.envs.options import Option
 from troll.episodic.envs.workers import EpisodeResult, RunnerSpec
 
 # Of the 39 observation entries: the current frame and the goal (the previous frame repeats the current at reset).
-_CONTEXT_CANDIDATES = np.r_[0:18, 36:39]
+CONTEXT_CANDIDATES = np.r_[0:18, 36:39]
+# tasks whose info["obj_to_target"] is a hard-coded 0 in metaworld 3.1.1 (a test checks the list against the source)
+NO_DISTANCE = frozenset({"assembly-v3", "box-close-v3", "disassemble-v3", "door-open-v3", "hammer-v3"})
+
+# the options of metaworld/<task> in both backends (envpool.py adds none; "backend" is make_env's)
+OPTIONS = {
+    "controller": Option("choice", choices=("hand", "mocap"), help="track the observed hand or the mocap target"),
+    "gain": Option("float", 1e-3, 1e4, help="K per metre of position error"),
+    "gripper": Option("float", -1.0, 1.0, optional=True, help="null: tracked 4th DoF; a number: held command"),
+    "gripper_start": Option("choice", choices=("command", "fingers"), help="initial gripper DoF: -1, or ~0"),
+    "context": Option("choice", choices=("varying", "full"), help="the policy's input: varying entries or all 39"),
+}
 
 
 @dataclass(frozen=True)
 class MetaWorldConfig:
-    """Options of ``metaworld/<task>``: the MT1 seed of the 50 task variations, the xyz gain, the gripper."""
+    """Options of ``metaworld/<task>`` (checked by registry.make_env against :data:`OPTIONS`): the MT1 seed of the
+    50 task variations (Python backend), the controller (control.py) and the context."""
 
     task: str
     seed: int = 0
+    controller: str = "hand"
     gain: float = 50.0
     gripper: float | None = None
+    gripper_start: str = "command"
+    context: str = "varying"
 
-    def __post_init__(self):
-        if self.gain <= 0:
-            raise ValueError(f"metaworld/{self.task}: gain must be > 0, got {self.gain}")
-        if self.gripper is not None and not -1.0 <= self.gripper <= 1.0:
-            raise ValueError(f"metaworld/{self.task}: gripper must be None (tracked) or in [-1, 1], got {self.gripper}")
+    @property
+    def control(self) -> ControlConfig:
+        return ControlConfig(self.controller, self.gain, self.gripper, self.gripper_start)
+
+
+def task_bounds(task: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The task's hand_init_pos, mocap_low and mocap_high (3,) each, read from metaworld's class (they differ
+    between tasks; EnvPool ports them)."""
+    from metaworld.env_dict import ALL_V3_ENVIRONMENTS
+
+    sim = ALL_V3_ENVIRONMENTS[task]()
+    try:
+        return tuple(np.array(v, dtype=np.float64) for v in (sim.hand_init_pos, sim.mocap_low, sim.mocap_high))
+    finally:
+        sim.close()
+
+
+def varying_entries(first_obs: np.ndarray) -> np.ndarray:
+    """Observation indices (among the current frame and the goal) that differ between reset observations (N, 39)
+    of different task variations."""
+    first = first_obs[:, CONTEXT_CANDIDATES]
+    return CONTEXT_CANDIDATES[first.max(0) - first.min(0) > 1e-6]
+
+
+def final_metrics(task: str, obj_to_target: float | np.ndarray, success: np.ndarray, rewards: np.ndarray) -> dict:
+    """final of an episode batch: success (T, ...) per step, rewards (T, ...); "distance" only where defined."""
+    out = {"success_any": success.any(0).astype(np.float64), "return": rewards.sum(0)}
+    if task not in NO_DISTANCE:
+        out["distance"] = np.asarray(obj_to_target, dtype=np.float64)
+    return out
 
 
 class MetaWorldRunner:
-    """One Meta-World MT1 task in a worker. D = 4 (hand xyz, gripper command) or 3, T = 500, dt = 0.0125, S = 39.
-
-    final: "distance" (info["obj_to_target"] at the end: hand to goal for reach, object to goal otherwise),
-    "success_any" (1 if the success flag was set at any step), "return".
-    """
+    """One Meta-World MT1 task in a worker. D = 4 (hand xyz, gripper) or 3, T = 500, dt = 0.0125, S = 39."""
 
     def __init__(self, config: MetaWorldConfig):
         import gymnasium as gym
@@ -77,18 +115,15 @@ class MetaWorldRunner:
         self.sim = self.env.unwrapped
         self.name = f"metaworld/{config.task}"
         self._starts: dict[tuple[int, int], np.ndarray] = {}
-        self.context_index = self._varying_entries()
-        dof = 4 if config.gripper is None else 3
-        horizon = int(self.sim.max_path_length)
-        self.spec = RunnerSpec(self.name, dof, horizon, float(self.sim.dt), len(self.context_index), 39, True)
-
-    def _varying_entries(self) -> np.ndarray:
-        """Observation indices (among the current frame and the goal) that differ between the task variations."""
         # 10 of the 50 variations are enough: the randomised entries are drawn from continuous distributions, so any
         # two variations differ in all of them (and resets cost ~20 ms each)
-        first = np.stack([self._reset_to(task) for task in self.tasks[:10]])[:, _CONTEXT_CANDIDATES]
-        spread = first.max(0) - first.min(0)
-        return _CONTEXT_CANDIDATES[spread > 1e-6]
+        self.varying = varying_entries(np.stack([self._reset_to(task) for task in self.tasks[:10]]))
+        self.context_index = self.varying if config.context == "varying" else np.arange(39)
+        bounds = (self.sim.hand_init_pos, self.sim.mocap_low, self.sim.mocap_high)
+        self.controller = Controller(config.control, *bounds)
+        horizon = int(self.sim.max_path_length)
+        dof = config.control.dof
+        self.spec = RunnerSpec(self.name, dof, horizon, float(self.sim.dt), len(self.context_index), 39, True)
 
     def _reset_to(self, task) -> np.ndarray:
         self.sim.set_task(task)
@@ -112,27 +147,22 @@ class MetaWorldRunner:
 
     def reset(self, episode: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         obs = self._start(episode, seed, first=True)
-        pos = obs[:3] if self.config.gripper is not None else np.r_[obs[:3], -1.0]
-        return obs[self.context_index], pos.copy(), np.zeros_like(pos)
+        pos, vel = self.controller.start(obs[None])
+        return obs[self.context_index], pos[0], vel[0]
 
     def run(self, episode: int, seed: int, pos: np.ndarray, vel: np.ndarray) -> EpisodeResult:
-        horizon, gain = self.spec.horizon, self.config.gain
+        horizon = self.spec.horizon
         states = np.empty((horizon + 1, 39))
         rewards, success = np.empty(horizon), np.zeros(horizon, bool)
         obs = states[0] = self._start(episode, seed, first=False)
-        action = np.full(4, -1.0 if self.config.gripper is None else self.config.gripper)
+        self.controller.start(obs[None])
         for t in range(horizon):
-            action[:3] = np.clip(gain * (pos[t + 1, :3] - obs[:3]), -1.0, 1.0)
-            if self.config.gripper is None:
-                action[3] = np.clip(pos[t + 1, 3], -1.0, 1.0)
+            action = self.controller.action(pos[None, t + 1], obs[None])[0]
             obs, reward, _, _, info = self.sim.step(action)
             check_finite(self.name, episode, t + 1, observation=obs, reward=reward)
             states[t + 1], rewards[t], success[t] = obs, reward, info["success"] > 0
-        final = {
-            "distance": float(info["obj_to_target"]),
-            "success_any": float(success.any()),
-            "return": float(rewards.sum()),
-        }
+        final = final_metrics(self.config.task, info["obj_to_target"], success, rewards)
+        final = {k: float(v) for k, v in final.items()}
         return EpisodeResult(states, rewards, np.zeros(horizon, bool), bool(success[-1]), final)
 
     def close(self) -> None:

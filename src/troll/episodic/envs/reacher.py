@@ -28,7 +28,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from troll.episodic.envs.base import check_finite
+from troll.episodic.envs.options import Option
 from troll.episodic.envs.workers import EpisodeResult, RunnerSpec
+
+# the options of gym/reacher (registry.check_options); kp * gear * dt stays below the stability limit ~2 at 0.5
+OPTIONS = {
+    "kp": Option("float", 0.0, 100.0, help="P gain per rad"),
+    "kd": Option("float", 0.0, 0.5, help="D gain per rad/s (kd * 200 * 0.02 > 2 is unstable)"),
+    "success_radius": Option("float", 1e-4, 1.0, help="success: final distance <= this (m)"),
+}
 
 
 @dataclass(frozen=True)

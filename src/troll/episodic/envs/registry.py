@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
-import inspect
 from functools import partial
 
 from troll.episodic.envs.base import EpisodicEnv
@@ -41,21 +40,58 @@ def _unknown(name: str) -> ValueError:
     )
 
 
-def _require(name: str, modules: tuple[str, ...]) -> None:
+def _require(name: str, modules: tuple[str, ...], alternative: str = "") -> None:
     missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
         raise ImportError(
             f"{name} needs {', '.join(missing)}: pip install troll[episodic] (gymnasium>=1.1, mujoco==3.3.0, "
-            "metaworld==3.1.1, packaging)"
+            f"metaworld==3.1.1, envpool==1.2.*, packaging){'; ' + alternative if alternative else ''}"
         )
 
 
-def _check_options(name: str, target, options: dict) -> None:
-    """ValueError for an option ``target`` (a class) does not take; make_env's own arguments are not options."""
-    taken = [p for p in inspect.signature(target).parameters if p not in ("num_episodes", "sparse", "task", "seed")]
-    unknown = sorted(set(options) - set(taken))
-    if unknown:
-        raise ValueError(f"{name}: unknown option(s) {', '.join(unknown)}; this env takes {', '.join(taken)}")
+BACKENDS = ("envpool", "python")
+# metaworld tasks on which the backends differ beyond noise (docs/tce.md, "Backends"): the Python one by default
+PYTHON_DEFAULT: frozenset[str] = frozenset({"door-open-v3"})
+
+
+def default_backend(name: str) -> str:
+    """The simulator ``name`` runs on when the options do not say: EnvPool for Meta-World (but
+    :data:`PYTHON_DEFAULT`), the Python packages for the rest (EnvPool is slower on Reacher's 50-step episodes,
+    which pay its pool build at every reset: benchmarks/bench_envs.py)."""
+    if name in METAWORLD and name.split("/", 1)[1] not in PYTHON_DEFAULT:
+        return "envpool"
+    return "python"
+
+
+def option_table(name: str) -> dict:
+    """The options ``name`` takes (envs/options.py), "backend" included."""
+    from troll.episodic.envs.options import Option
+
+    if name in TOY:
+        from troll.episodic.envs.toy import OPTIONS
+    elif name in GYM:
+        from troll.episodic.envs.reacher import OPTIONS
+    else:
+        from troll.episodic.envs.metaworld import OPTIONS
+    choices = BACKENDS if name in METAWORLD else ("python",)
+    return {**OPTIONS, "backend": Option("choice", choices=choices, help="the simulator")}
+
+
+def check_options(name: str, options: dict) -> dict:
+    """The options of env ``name`` checked (type, range, finite; envs/options.py) and the backend resolved: a
+    ValueError naming the option otherwise. Returns them with "backend" set."""
+    from troll.episodic.envs import options as opts
+
+    if name not in ENV_NAMES:
+        raise _unknown(name)
+    if isinstance(options, dict) and options.get("backend") == "envpool" and name not in METAWORLD:
+        raise ValueError(
+            f"{name}: backend 'envpool' is available for metaworld/* only; {name} runs on the Python packages "
+            "(drop the option or pass backend 'python')."
+        )
+    checked = opts.check(name, options, option_table(name))
+    checked.setdefault("backend", default_backend(name))
+    return checked
 
 
 def make_env(
@@ -69,13 +105,16 @@ def make_env(
 ) -> EpisodicEnv:
     """Build the episodic environment ``name`` for ``num_episodes`` episodes per reset/run.
 
-    workers: processes the MuJoCo envs split their episodes over (0: run them in this process); the toy env is
-             vectorised in-process and ignores it.
+    workers: processes the Python MuJoCo envs split their episodes over (0: run them in this process); EnvPool's
+             threads on the envpool backend (0 counts as 1); the toy env is vectorised in-process and ignores it.
     seed: what a built environment draws once (Meta-World: MT1's 50 task variations); each reset(seed) draws the
           episodes' variations.
     start_method: multiprocessing start method of the workers (default forkserver; see workers.py).
-    options: the env's own settings: toy ViaPointEnv's keyword arguments; gym/reacher's ReacherConfig (kp, kd,
-             success_radius); metaworld's MetaWorldConfig (gain, gripper).
+    options: the env's own settings (:func:`option_table`, checked by :func:`check_options`): toy ViaPointEnv's
+             keyword arguments; gym/reacher's ReacherConfig (kp, kd, success_radius); metaworld's MetaWorldConfig
+             (controller, gain, gripper, gripper_start, context) and ``backend``: "envpool" (the default on
+             Meta-World: EnvPool's C++ simulators on ``workers`` threads, envpool_backend.py) or "python" (the
+             metaworld package in ``workers`` processes).
     Raises ValueError for an unknown name (with the known ones and a close match) or bad options, ImportError for
     a missing simulator package, before any process starts.
     """
@@ -85,10 +124,11 @@ def make_env(
         raise ValueError(f"{name}: num_episodes must be a positive integer, got {num_episodes!r}")
     if not isinstance(workers, int) or workers < 0:
         raise ValueError(f"{name}: workers must be an integer >= 0 (0 runs in this process), got {workers!r}")
+    options = check_options(name, options)
+    backend = options.pop("backend")
     if name in TOY:
         from troll.episodic.envs.toy import ViaPointEnv
 
-        _check_options(name, ViaPointEnv, options)
         return ViaPointEnv(num_episodes=num_episodes, sparse=name.endswith("-sparse"), **options)
 
     from troll.episodic.envs.workers import PooledEnv
@@ -96,16 +136,20 @@ def make_env(
     if name in GYM:
         from troll.episodic.envs.reacher import ReacherConfig, ReacherRunner
 
-        _check_options(name, ReacherConfig, options)
         _require(name, ("gymnasium", "mujoco"))
         factory = partial(ReacherRunner, ReacherConfig(sparse=name.endswith("-sparse"), **options))
         preload = ("gymnasium", "mujoco")
     else:
         from troll.episodic.envs.metaworld import MetaWorldConfig, MetaWorldRunner
 
-        _check_options(name, MetaWorldConfig, options)
+        config = MetaWorldConfig(task=name.split("/", 1)[1], seed=seed, **options)
+        if backend == "envpool":
+            _require(name, ("envpool", "metaworld"), "--backend python runs the metaworld package instead")
+            from troll.episodic.envs.envpool_backend import EnvPoolMetaWorld
+
+            return EnvPoolMetaWorld(config, num_episodes=num_episodes, threads=max(workers, 1))
         _require(name, ("gymnasium", "mujoco", "metaworld", "packaging"))
-        factory = partial(MetaWorldRunner, MetaWorldConfig(task=name.split("/", 1)[1], seed=seed, **options))
+        factory = partial(MetaWorldRunner, config)
         preload = ("gymnasium", "mujoco", "metaworld")
     return PooledEnv(
         factory, name=name, num_episodes=num_episodes, workers=workers, start_method=start_method, preload=preload

@@ -27,6 +27,19 @@ import torch
 from torch import Tensor
 
 from troll.episodic.envs.base import Episodes, EpisodeStart, EpisodicEnv, check_episodes_finite
+from troll.episodic.envs.options import Option
+
+# the options of toy/viapoint (registry.check_options): ranges where the task stays meaningful and float64-safe
+OPTIONS = {
+    "horizon": Option("int", 10, 10_000, help="steps per episode"),
+    "dt": Option("float", 1e-4, 1.0, help="seconds per step"),
+    "radius": Option("float", 1e-4, 10.0, help="success radius"),
+    "max_speed": Option("float", 1e-4, 100.0, help="speed above which the speed cost starts"),
+    "speed_cost": Option("float", 0.0, 1e3, help="weight of the speed cost"),
+    "kp": Option("float", 0.0, 1e4, help="P gain"),
+    "kd": Option("float", 0.0, 1e3, help="D gain"),
+    "max_accel": Option("float", 1e-3, 1e4, help="acceleration clip"),
+}
 
 
 class ViaPointEnv(EpisodicEnv):
