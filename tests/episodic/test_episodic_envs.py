@@ -156,7 +156,7 @@ def test_make_env_errors():
         make_env("toy/viapoint", num_episodes=0)
     with pytest.raises(ValueError, match="workers"):
         make_env("gym/reacher", num_episodes=2, workers=-1)
-    with pytest.raises(ValueError, match=r"unknown option\(s\) gian; this env takes gain, gripper"):
+    with pytest.raises(ValueError, match=r"unknown option 'gian'. Did you mean 'gain'\? This env takes: controller, gain"):
         make_env("metaworld/push-v3", num_episodes=2, gian=10.0)
     with pytest.raises(ValueError, match="kp"):
         make_env("gym/reacher", num_episodes=2, workers=0, kp=-1.0)
@@ -333,10 +333,14 @@ def test_reacher_parallel_equals_serial(reachers):
 # ---------------------------------------------------------------- Meta-World
 
 
-@pytest.fixture(scope="module")
-def reach():
+BACKENDS = ["envpool", "python"]
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def reach(request):
     pytest.importorskip("metaworld")
-    with make_env("metaworld/reach-v3", num_episodes=2, workers=2) as env:
+    with make_env("metaworld/reach-v3", num_episodes=2, workers=2, backend=request.param) as env:
+        env.backend = request.param
         yield env
 
 
@@ -368,7 +372,8 @@ def test_metaworld_reach_tracks_to_the_goal(reach):
 def test_metaworld_parallel_equals_serial_and_seeds(reach):
     a, b, c = reach.reset(3), reach.reset(3), reach.reset(4)
     assert torch.equal(a.context, b.context) and not torch.equal(a.context, c.context)
-    with make_env("metaworld/reach-v3", num_episodes=2, workers=0) as serial:
+    # python: 2 worker processes against in-process; envpool: 2 threads against 1
+    with make_env("metaworld/reach-v3", num_episodes=2, workers=0, backend=reach.backend) as serial:
         s = serial.reset(3)
         assert torch.equal(a.context, s.context) and torch.equal(a.pos, s.pos)
         pos, vel = _to_goal(serial, s, s.context[:, 2:])
@@ -378,9 +383,10 @@ def test_metaworld_parallel_equals_serial_and_seeds(reach):
     assert torch.equal(ra.success, rs.success)
 
 
-def test_metaworld_push_with_a_held_gripper():
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_metaworld_push_with_a_held_gripper(backend):
     pytest.importorskip("metaworld")
-    with make_env("metaworld/push-v3", num_episodes=1, workers=0, gripper=1.0) as push:
+    with make_env("metaworld/push-v3", num_episodes=1, workers=0, gripper=1.0, backend=backend) as push:
         assert (push.dof, push.context_dim) == (3, 4)  # object xy, goal xy: push's goal height is fixed
         start = push.reset(0)
         assert start.pos.shape == (1, 3)
@@ -402,13 +408,14 @@ def _through(points: list[torch.Tensor], horizon: int, dt: float):
     return pos, vel
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("task", ["push-v3", "pick-place-v3"])
-def test_metaworld_hand_made_trajectories_solve_push_and_pick_place(task):
+def test_metaworld_hand_made_trajectories_solve_push_and_pick_place(task, backend):
     """The wrapper can solve the tasks TCE trains on: a scripted trajectory (push: from behind the puck along the
     line to the goal; pick-place: down to the object, close, lift, carry to the goal) succeeds through the tracking
     controller, so a run that does not succeed is short of samples, not of a reachable solution."""
     pytest.importorskip("metaworld")
-    with make_env(f"metaworld/{task}", num_episodes=2, workers=0) as env:
+    with make_env(f"metaworld/{task}", num_episodes=2, workers=0, backend=backend) as env:
         start = env.reset(seed=0)
         hold = start.pos[:, None].expand(-1, env.horizon + 1, -1).contiguous()
         rest = env.run(hold, torch.zeros_like(hold))
