@@ -10,7 +10,7 @@ PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test lint bench results map tce-results clean
+.PHONY: demo test lint bench results map tce-results envpool-equivalence clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -108,6 +108,13 @@ lint: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/bench_loss.py
+	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_envs.py --quick
+	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_tce.py --quick
+
+# docs/tce.md, "Backends": Meta-World's scripted policies, 50 tasks x 32 episodes on each backend (~15 min, 2 cores)
+envpool-equivalence: $(VENV)/.installed
+	OMP_NUM_THREADS=1 $(PY) -m troll.episodic.envs.equivalence --episodes 32 --jobs 2 \
+		--csv docs/img/envpool-equivalence.csv | tee docs/img/envpool-equivalence.md
 
 clean:
 	rm -rf $(VENV) $(VERL_VENV) .pytest_cache .ruff_cache .hypothesis

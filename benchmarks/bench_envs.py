@@ -1,15 +1,18 @@
-"""Environment throughput: env steps per second of each episodic environment, in one process and over workers.
+"""Environment throughput: env steps per second of each episodic environment, on both Meta-World backends, on one
+core and on N.
 
-For each environment and each mode (``workers=0``: every episode in this process; ``workers=N``: the episodes split
-over N worker processes), build it once, then time ``--repeats`` rounds of reset(seed) + run(desired trajectory)
-of a batch of E episodes and report the medians: reset and run seconds, the whole batch (what a TCE iteration
-spends in the environment), and env steps per second of the run (E * T / run seconds); for the in-process modes
-also per CPU second of this process, what one idle core would do whatever else the machine runs. The desired
-trajectory is a smooth move away from the start (the toy: its hand-made via-point solution), so that the
-controllers work as in training. The toy env is vectorised in-process and has a single mode.
+For each environment, backend and mode (python: ``workers=0``, every episode in this process, or ``workers=N``
+processes; envpool: 1 or N EnvPool threads, all in this process), build it once, then time ``--repeats`` rounds of
+reset(seed) + run(desired trajectory) of a batch of E episodes and report the medians: reset and run seconds, the
+whole batch (what a TCE iteration spends in the environment; on EnvPool it includes building the pool, which every
+reset does: envpool_backend.py), env steps per second of the run (E * T / run seconds) and of the batch (E * T /
+batch seconds); for the one-core modes also per CPU second of this process (EnvPool's threads included), what one
+idle core would do whatever else the machine runs. The desired trajectory is a smooth move away from the start
+(the toy: its hand-made via-point solution), so that the controllers work as in training. The toy env is
+vectorised in-process and has a single mode.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_envs.py                       # all, E = 16 (toy: 1024), 2 workers
-    OMP_NUM_THREADS=1 python benchmarks/bench_envs.py --envs metaworld/reach-v3 --repeats 5
+    OMP_NUM_THREADS=1 python benchmarks/bench_envs.py --quick               # push-v3 and reach-v3, 1 core, 1 repeat
 Writes benchmarks/results/bench_envs.csv and prints a markdown table. The load average printed with each row says
 how busy the machine was: on a shared machine the figures are preliminary.
 """
@@ -30,6 +33,7 @@ from troll.episodic.envs.toy import straight_through
 
 RESULTS = Path(__file__).parent / "results"
 DEFAULT_ENVS = ("toy/viapoint", "gym/reacher", "metaworld/reach-v3", "metaworld/push-v3", "metaworld/pick-place-v3")
+QUICK_ENVS = ("metaworld/push-v3", "metaworld/reach-v3")
 
 
 def trajectory(env, start) -> tuple[torch.Tensor, torch.Tensor]:
@@ -46,10 +50,11 @@ def trajectory(env, start) -> tuple[torch.Tensor, torch.Tensor]:
     return pos, vel.expand_as(pos).contiguous()
 
 
-def measure(name: str, *, episodes: int, workers: int, repeats: int) -> dict:
+def measure(name: str, *, episodes: int, workers: int, repeats: int, backend: str = "python") -> dict:
     """Build ``name`` once, then the medians over ``repeats`` batches of reset + run."""
     t0 = time.perf_counter()
-    env = make_env(name, num_episodes=episodes, workers=workers)
+    options = {"backend": backend} if name.startswith("metaworld/") else {}
+    env = make_env(name, num_episodes=episodes, workers=workers, **options)
     build = time.perf_counter() - t0
     resets, runs, cpus = [], [], []
     with env:
@@ -66,7 +71,13 @@ def measure(name: str, *, episodes: int, workers: int, repeats: int) -> dict:
                 runs.append(t3 - t2)
                 cpus.append(c3 - c2)
     reset_s, run_s, cpu_s = statistics.median(resets), statistics.median(runs), statistics.median(cpus)
-    mode = "in-process (vectorised)" if name.startswith("toy/") else ("one process" if workers == 0 else "workers")
+    one_core = workers <= 1 if backend == "envpool" else workers == 0
+    if name.startswith("toy/"):
+        mode, one_core = "in-process (vectorised)", True
+    elif backend == "envpool":
+        mode = f"envpool, {max(workers, 1)} thread{'s' if workers > 1 else ''}"
+    else:
+        mode = "python, one process" if workers == 0 else f"python, {workers} workers"
     return {
         "env": name,
         "mode": mode,
@@ -77,8 +88,9 @@ def measure(name: str, *, episodes: int, workers: int, repeats: int) -> dict:
         "run_s": round(run_s, 3),
         "batch_s": round(reset_s + run_s, 3),
         "steps_per_s": round(episodes * env.horizon / run_s),
-        # in-process modes only: CPU time of this process, i.e. what the run would take on an idle core
-        "steps_per_cpu_s": round(episodes * env.horizon / cpu_s) if workers == 0 or name.startswith("toy/") else "",
+        "batch_steps_per_s": round(episodes * env.horizon / (reset_s + run_s)),
+        # one-core modes only: CPU time of this process, i.e. what the run would take on an idle core
+        "steps_per_cpu_s": round(episodes * env.horizon / cpu_s) if one_core else "",
         "load_avg_1min": round(os.getloadavg()[0], 2),
     }
 
@@ -91,15 +103,23 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads in this process")
+    parser.add_argument("--backends", default="envpool,python", help="Meta-World backends (default: both)")
+    parser.add_argument("--quick", action="store_true", help="push-v3 and reach-v3, one core, 1 repeat")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    envs, modes, repeats = args.envs, (0, args.workers), args.repeats
+    if args.quick:
+        envs, modes, repeats = QUICK_ENVS, (0,), 1
     rows = []
-    for name in args.envs:
+    for name in envs:
         if name.startswith("toy/"):
-            rows.append(measure(name, episodes=args.toy_episodes, workers=0, repeats=args.repeats))
+            rows.append(measure(name, episodes=args.toy_episodes, workers=0, repeats=repeats))
             continue
-        for workers in (0, args.workers):
-            rows.append(measure(name, episodes=args.episodes, workers=workers, repeats=args.repeats))
+        backends = args.backends.split(",") if name.startswith("metaworld/") else ["python"]
+        for backend in backends:
+            for workers in modes:
+                workers = max(workers, 1) if backend == "envpool" else workers
+                rows.append(measure(name, episodes=args.episodes, workers=workers, repeats=repeats, backend=backend))
     write_results(rows, RESULTS / "bench_envs.csv", f"# episodic env throughput ({os.cpu_count()} cores)")
 
 

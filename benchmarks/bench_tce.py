@@ -4,10 +4,13 @@ Update: ``critic_epochs`` + ``policy_epochs`` (50 + 50) on one synthetic Meta-Wo
 T = 500 steps, S = 39 state entries, C = 5 context entries, for D = 4 DoF (P = 36, Meta-World's xyz + gripper)
 and D = 7 (P = 63, a 7-joint arm), num_basis 8; BBRL's update on the same batch for comparison. The batch is
 random (states, rewards) with theta sampled from the policy: the update's cost does not depend on the values.
-Iteration: rollout (16 episodes of metaworld/reach-v3 over ``--workers`` processes) + update, and the evaluation
-of the mean trajectory (16 more episodes, every ``eval_every`` iterations in a run) on its own row.
+Iteration: rollout (16 episodes of 500 steps of ``--env``, default metaworld/push-v3, on each backend: EnvPool on
+``--workers`` threads, the Python package over ``--workers`` processes) + update, split into rollout and update
+seconds, and the evaluation of the mean trajectory (16 more episodes, every ``eval_every`` iterations in a run) on
+its own row.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_tce.py                  # everything, 3 repeats, medians
+    OMP_NUM_THREADS=1 python benchmarks/bench_tce.py --quick          # the iteration on both backends, 1 repeat
     OMP_NUM_THREADS=1 python benchmarks/bench_tce.py --skip-env       # updates only (no MuJoCo needed)
 Writes benchmarks/results/bench_tce.csv and prints a markdown table. Each row carries the 1-minute load average
 when it was measured: figures taken while other jobs share the machine are preliminary.
@@ -72,17 +75,18 @@ def time_update(algo: str, dof: int, repeats: int) -> dict:
         "critic_s": round(statistics.median(critic), 3),
         "policy_s": round(statistics.median(policy), 3),
         "rollout_s": "",
+        "update_s": round(statistics.median(totals), 3),
         "cpu_s": round(statistics.median(cpu), 3),
         "load_1min": round(os.getloadavg()[0], 2),
     }
 
 
-def time_iteration(workers: int, repeats: int) -> list[dict]:
+def time_iteration(env_name: str, backend: str, workers: int, repeats: int) -> list[dict]:
     from troll.episodic.envs import make_env
 
-    cfg = TCEConfig.preset("metaworld/reach-v3", workers=workers)
+    cfg = TCEConfig.preset(env_name, workers=workers)
     rows = []
-    with make_env(cfg.env, num_episodes=cfg.episodes, workers=workers, seed=cfg.seed) as env:
+    with make_env(cfg.env, num_episodes=cfg.episodes, workers=workers, seed=cfg.seed, backend=backend) as env:
         agent = TCEAgent.for_env(cfg, env)
         agent.update(agent.rollout(env, reset_seed(0, 0)))  # warm-up
         its, rollouts, updates, evals = [], [], [], []
@@ -99,15 +103,17 @@ def time_iteration(workers: int, repeats: int) -> list[dict]:
             updates.append(t2 - t1)
             evals.append(t3 - t2)
     load = round(os.getloadavg()[0], 2)
-    sizes = f"E=16 T=500 D={env.dof} P={agent.dmp.num_params} workers={workers}"
+    unit = "threads" if backend == "envpool" else "workers"
+    sizes = f"E=16 T=500 D={env.dof} P={agent.dmp.num_params} {backend} {unit}={workers}"
     rows.append(
         {
-            "what": "tce iteration on metaworld/reach-v3 (rollout + update)",
+            "what": f"tce iteration on {env_name} (rollout + update)",
             "sizes": sizes,
             "seconds": round(statistics.median(its), 3),
             "critic_s": "",
             "policy_s": "",
             "rollout_s": round(statistics.median(rollouts), 3),
+            "update_s": round(statistics.median(updates), 3),
             "cpu_s": "",
             "load_1min": load,
         }
@@ -120,6 +126,7 @@ def time_iteration(workers: int, repeats: int) -> list[dict]:
             "critic_s": "",
             "policy_s": "",
             "rollout_s": "",
+            "update_s": "",
             "cpu_s": "",
             "load_1min": load,
         }
@@ -132,14 +139,21 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--skip-env", action="store_true", help="only the updates (no MuJoCo)")
+    parser.add_argument("--env", default="metaworld/push-v3", help="the iteration's env (default metaworld/push-v3)")
+    parser.add_argument("--backends", default="envpool,python", help="Meta-World backends (default: both)")
+    parser.add_argument("--quick", action="store_true", help="only the iteration on both backends, 1 repeat")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    rows = [time_update("tce", dof, args.repeats) for dof in (4, 7)]
-    rows.append(time_update("bbrl", 4, args.repeats))
+    repeats = 1 if args.quick else args.repeats
+    rows = []
+    if not args.quick:
+        rows += [time_update("tce", dof, repeats) for dof in (4, 7)]
+        rows.append(time_update("bbrl", 4, repeats))
     if not args.skip_env:
-        rows += time_iteration(args.workers, args.repeats)
+        for backend in args.backends.split(","):
+            rows += time_iteration(args.env, backend, args.workers, repeats)
     header = (
-        f"TCE timings (medians of {args.repeats}; target: one Meta-World iteration under {TARGET_S:g} s). "
+        f"TCE timings (medians of {repeats}; target: one Meta-World iteration under {TARGET_S:g} s). "
         f"torch {torch.__version__}, 1 torch thread, {os.cpu_count()} cores. Preliminary when load_1min is high."
     )
     write_results(rows, RESULTS / "bench_tce.csv", header)
