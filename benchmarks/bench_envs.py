@@ -33,7 +33,7 @@ from troll.episodic.envs.toy import straight_through
 
 RESULTS = Path(__file__).parent / "results"
 DEFAULT_ENVS = ("toy/viapoint", "gym/reacher", "metaworld/reach-v3", "metaworld/push-v3", "metaworld/pick-place-v3")
-QUICK_ENVS = ("metaworld/push-v3", "metaworld/reach-v3")
+QUICK_ENVS = ("metaworld/push-v3", "metaworld/reach-v3", "gym/reacher")
 
 
 def trajectory(env, start) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,6 +95,37 @@ def measure(name: str, *, episodes: int, workers: int, repeats: int, backend: st
     }
 
 
+def measure_envpool_reacher(episodes: int, repeats: int) -> dict:
+    """EnvPool's Reacher-v5, as an envpool backend of gym/reacher would run it (a pool built per reset, so that each
+    episode's seed fixes its start): build + reset + 50 steps of E episodes with a zero action, 1 thread. Compare its
+    batch seconds with gym/reacher's python rows."""
+    import envpool
+    import numpy as np
+
+    batches, runs, cpus = [], [], []
+    for r in range(repeats + 1):
+        t0 = time.perf_counter()
+        seeds = list(range(r * episodes, (r + 1) * episodes))
+        env = envpool.make_gymnasium("Reacher-v5", num_envs=episodes, env_seed=seeds, num_threads=1)
+        env.reset()
+        t1, c1 = time.perf_counter(), time.process_time()
+        for _ in range(50):
+            env.step(np.zeros((episodes, 2), np.float32))
+        t2, c2 = time.perf_counter(), time.process_time()
+        env.close()
+        if r:
+            batches.append(t2 - t0)
+            runs.append(t2 - t1)
+            cpus.append(c2 - c1)
+    run_s, batch_s = statistics.median(runs), statistics.median(batches)
+    return {"env": "Reacher-v5 (raw EnvPool)", "mode": "envpool, 1 thread, pool per reset", "workers": 1,
+            "episodes x steps": f"{episodes} x 50", "build_s": "", "reset_s": round(batch_s - run_s, 3),
+            "run_s": round(run_s, 3), "batch_s": round(batch_s, 3), "steps_per_s": round(episodes * 50 / run_s),
+            "batch_steps_per_s": round(episodes * 50 / batch_s),
+            "steps_per_cpu_s": round(episodes * 50 / statistics.median(cpus)),
+            "load_avg_1min": round(os.getloadavg()[0], 2)}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--envs", nargs="+", default=list(DEFAULT_ENVS))
@@ -120,6 +151,8 @@ def main() -> None:
             for workers in modes:
                 workers = max(workers, 1) if backend == "envpool" else workers
                 rows.append(measure(name, episodes=args.episodes, workers=workers, repeats=repeats, backend=backend))
+        if name.startswith("gym/reacher") and "envpool" in args.backends:
+            rows.append(measure_envpool_reacher(args.episodes, repeats))
     write_results(rows, RESULTS / "bench_envs.csv", f"# episodic env throughput ({os.cpu_count()} cores)")
 
 

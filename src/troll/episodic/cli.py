@@ -185,6 +185,13 @@ def _resumed_config(args, saved: dict, given: dict, seed, steps, threads, worker
         config = Config.from_dict(saved)
     except ValueError as err:
         raise UsageError(f"--resume: the folder's {CONFIG_FILE} cannot be read by this version: {err}") from None
+    import dataclasses
+
+    if algo != "ppo" and config.env.startswith("metaworld/") and "backend" not in config.env_options:
+        # a run from before the EnvPool backend ran on the Python package: it continues there
+        config = dataclasses.replace(config, env_options={**config.env_options, "backend": "python"})
+    if "env_options" in given and algo != "ppo":  # the run's env options, as given ones complete them
+        given = {**given, "env_options": {**config.env_options, **given["env_options"]}}
     wanted = {"algo": getattr(args, "algo", None), "env": getattr(args, "env", None), "seed": seed,
               "total_env_steps": steps, **given}  # fmt: skip
     differ = []
@@ -205,8 +212,6 @@ def _resumed_config(args, saved: dict, given: dict, seed, steps, threads, worker
     if differ:
         raise UsageError(f"--resume continues the run with its own settings, and {'; '.join(differ)} differ; drop "
                          "them (only --threads and --workers may change), or start a new --out.")  # fmt: skip
-    import dataclasses
-
     runtime = {"threads": threads} if threads is not None else {}
     if workers is not None and algo != "ppo":
         runtime["workers"] = workers

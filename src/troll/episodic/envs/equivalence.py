@@ -129,19 +129,29 @@ def _job(args):
     return task, backend, out, time.perf_counter() - start
 
 
-def run(tasks: list[str], episodes: int, *, jobs: int = 1, seed: int = 0, family: int = 50) -> tuple[list[dict], dict]:
+def run(tasks: list[str], episodes: int, *, jobs: int = 1, seed: int = 0, family: int = 50, on_row=None):
     """The rows of ``tasks`` (and the seconds each backend took in total); the Bonferroni threshold counts 3 tests
-    for each of ``family`` tasks (50: a subset is judged as in the full check)."""
+    for each of ``family`` tasks (50: a subset is judged as in the full check). ``on_row(row)`` sees each row as
+    soon as both backends of its task are done (tasks in order)."""
     work = [(t, b, episodes, seed) for t in tasks for b in ("envpool", "python")]
+    tests = len(METRICS) * max(family, len(tasks))
+    outs, seconds, rows = {}, {"envpool": 0.0, "python": 0.0}, []
+
+    def collect(done):
+        for task, backend, out, took in done:
+            outs[(task, backend)] = out
+            seconds[backend] += took
+            if (task, "envpool") in outs and (task, "python") in outs:
+                rows.append(compare(task, outs.pop((task, "envpool")), outs.pop((task, "python")), tests))
+                if on_row is not None:
+                    on_row(rows[-1])
+
     if jobs > 1:
         with mp.get_context("forkserver").Pool(jobs) as pool:
-            done = pool.map(_job, work, chunksize=1)
+            collect(pool.imap(_job, work, chunksize=1))
     else:
-        done = [_job(w) for w in work]
-    outs = {(t, b): out for t, b, out, _ in done}
-    seconds = {b: sum(s for _, bb, _, s in done if bb == b) for b in ("envpool", "python")}
-    tests = len(METRICS) * max(family, len(tasks))
-    return [compare(t, outs[(t, "envpool")], outs[(t, "python")], tests) for t in tasks], seconds
+        collect(_job(w) for w in work)
+    return rows, seconds
 
 
 def table(rows: list[dict]) -> str:
@@ -170,8 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(tasks) - set(METAWORLD_TASKS))
     if unknown or args.episodes < 2 or args.jobs < 1:
         parser.error(f"--tasks: unknown {unknown}" if unknown else "--episodes must be >= 2 and --jobs >= 1")
-    rows, seconds = run(tasks, args.episodes, jobs=args.jobs, seed=args.seed)
-    print(table(rows))
+    rows, seconds = run(tasks, args.episodes, jobs=args.jobs, seed=args.seed,
+                        on_row=lambda r: print(table([r]).splitlines()[-1], flush=True))  # fmt: skip
+    print("\n" + table(rows))
     flagged = [r["task"] for r in rows if r["differs"]]
     print(f"\n{len(tasks)} tasks x {args.episodes} episodes per backend; flagged at p < {ALPHA}/{3 * 50} "
           f"(Bonferroni): {', '.join(flagged) or 'none'}; layout differs: "
