@@ -156,3 +156,38 @@ def test_backend_defaults_and_missing_envpool(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "envpool" else real(n, *a))
     with pytest.raises(ImportError, match=r"needs envpool: .*--backend python runs the metaworld package instead"):
         make_env("metaworld/push-v3", num_episodes=1)
+
+
+@pytest.mark.parametrize("command", ["train", "study"])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--env", "toy/viapoint", "--env-options", '{"dt": "abc"}'], "--env-options: toy/viapoint: option 'dt'"),
+        (["--env", "toy/viapoint", "--env-options", '{"kp": null}'], "option 'kp' must be a finite number"),
+        (["--env", "toy/viapoint", "--env-options", '{"max_accel": 1e300}'], "option 'max_accel'"),
+        (["--env", "toy/viapoint", "--env-options", '{"kd": NaN}'], "option 'kd'"),
+        (["--env", "gym/reacher", "--backend", "envpool"], "backend 'envpool' is available for metaworld/* only"),
+        (["--env", "metaworld/push-v3", "--env-options", '{"gain": 1e300}'], "option 'gain'"),
+        (["--env", "metaworld/push-v3", "--env-options", '{"context": 3}'], "option 'context'"),
+    ],
+)
+def test_cli_refuses_bad_env_options_before_writing(tmp_path, capsys, command, argv, message):
+    from troll.cli import main
+
+    out = tmp_path / "run"
+    code = main(["tce", command, "--out", str(out), "--steps", "64", *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err, err
+    assert not out.exists()
+
+
+def test_cli_records_the_backend_in_the_config():
+    from troll.episodic import options as opts
+
+    def backend(env, **env_options):
+        config = opts.build_config("tce", env, seed=0, steps=None, options={"env_options": env_options}, threads=1,
+                                   workers=1)  # fmt: skip
+        return config.env_options["backend"]
+
+    assert backend("metaworld/push-v3") == "envpool" and backend("metaworld/push-v3", backend="python") == "python"
+    assert backend("metaworld/door-open-v3") == "python" and backend("toy/viapoint") == "python"
