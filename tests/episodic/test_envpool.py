@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from troll.episodic.envs import NonFiniteError, make_env
-from troll.episodic.envs.registry import METAWORLD_TASKS, check_options
+from troll.episodic.envs.registry import METAWORLD_TASKS, check_options, default_backend
 
 pytest.importorskip("envpool")
 pytest.importorskip("metaworld")
@@ -149,7 +149,7 @@ def test_backend_defaults_and_missing_envpool(monkeypatch):
 
     assert check_options("metaworld/push-v3", {})["backend"] == "envpool"
     assert check_options("metaworld/door-open-v3", {})["backend"] == "python"  # differs beyond noise: docs/tce.md
-    assert check_options("gym/reacher", {})["backend"] == "python"
+    assert "backend" not in check_options("gym/reacher", {}) and default_backend("gym/reacher") == "python"
     with pytest.raises(ValueError, match="Did you mean 'metaworld/push-v3'"):
         check_options("metaworld/psh-v3", {})
     real = importlib.util.find_spec
@@ -187,7 +187,7 @@ def test_cli_records_the_backend_in_the_config():
     def backend(env, **env_options):
         config = opts.build_config("tce", env, seed=0, steps=None, options={"env_options": env_options}, threads=1,
                                    workers=1)  # fmt: skip
-        return config.env_options["backend"]
+        return config.env_options.get("backend")
 
     assert backend("metaworld/push-v3") == "envpool" and backend("metaworld/push-v3", backend="python") == "python"
-    assert backend("metaworld/door-open-v3") == "python" and backend("toy/viapoint") == "python"
+    assert backend("metaworld/door-open-v3") == "python" and backend("toy/viapoint") is None

@@ -79,7 +79,8 @@ def option_table(name: str) -> dict:
 
 def check_options(name: str, options: dict) -> dict:
     """The options of env ``name`` checked (type, range, finite; envs/options.py) and the backend resolved: a
-    ValueError naming the option otherwise. Returns them with "backend" set."""
+    ValueError naming the option otherwise. Returns them with "backend" set on metaworld/* (the only envs with a
+    choice, recorded in a run's config so that a resume keeps its simulator)."""
     from troll.episodic.envs import options as opts
 
     if name not in ENV_NAMES:
@@ -90,7 +91,8 @@ def check_options(name: str, options: dict) -> dict:
             "(drop the option or pass backend 'python')."
         )
     checked = opts.check(name, options, option_table(name))
-    checked.setdefault("backend", default_backend(name))
+    if name in METAWORLD:
+        checked.setdefault("backend", default_backend(name))
     return checked
 
 
@@ -125,7 +127,7 @@ def make_env(
     if not isinstance(workers, int) or workers < 0:
         raise ValueError(f"{name}: workers must be an integer >= 0 (0 runs in this process), got {workers!r}")
     options = check_options(name, options)
-    backend = options.pop("backend")
+    backend = options.pop("backend", "python")
     if name in TOY:
         from troll.episodic.envs.toy import ViaPointEnv
 
