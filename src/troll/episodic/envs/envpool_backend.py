@@ -107,6 +107,10 @@ class EnvPoolMetaWorld(EpisodicEnv):
             action = self.controller.action(target[:, t + 1], obs)
             obs, reward, _, _, info = self._env.step(action.astype(np.float32))
             states[:, t + 1], rewards[:, t], success[t] = obs, reward, info["success"] > 0
+            if not (np.isfinite(obs).all() and np.isfinite(reward).all()):  # stop before a NaN reaches the controller
+                check_episodes_finite(
+                    self.name, torch.from_numpy(states[:, : t + 2]), torch.from_numpy(rewards[:, : t + 1])
+                )
         if not np.array_equal(info["env_id"], np.arange(e)):
             raise RuntimeError(f"{self.name}: EnvPool returned the episodes out of order: {info['env_id']}")
         states_t, rewards_t = torch.from_numpy(states).float(), torch.from_numpy(rewards).float()
