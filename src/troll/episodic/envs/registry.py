@@ -51,7 +51,9 @@ def _require(name: str, modules: tuple[str, ...], alternative: str = "") -> None
 
 BACKENDS = ("envpool", "python")
 # metaworld tasks on which the backends differ beyond noise (docs/tce.md, "Backends"): the Python one by default
-PYTHON_DEFAULT: frozenset[str] = frozenset({"door-open-v3"})
+# door-open-v3: success after the last step 0.94 against 0.00; window-close-v3: the window's reset position differs
+# (observation entry 4 is 0.21 on EnvPool, 0.01 in metaworld 3.1.1; entry 5 over another range)
+PYTHON_DEFAULT: frozenset[str] = frozenset({"door-open-v3", "window-close-v3"})
 
 
 def default_backend(name: str) -> str:
