@@ -382,10 +382,13 @@ def discounted_returns(rewards: torch.Tensor, alive: torch.Tensor, gamma: float)
 
 
 def episode_metrics(ep: Episodes, prefix: str) -> dict[str, float]:
-    """Mean return, success rate (when the task has a rule) and final distance (when reported) of a batch."""
+    """Mean return, success rate after the last step and at any step (when the task has a rule) and final distance
+    (when reported) of a batch."""
     out = {f"{prefix}/return": float(ep.rewards.double().sum(1).mean())}
     if ep.success is not None:
         out[f"{prefix}/success_rate"] = float(ep.success.double().mean())
+    if "success_any" in ep.final:
+        out[f"{prefix}/success_any"] = float(ep.final["success_any"].double().mean())
     if "distance" in ep.final:
         out[f"{prefix}/distance"] = float(ep.final["distance"].double().mean())
     return out

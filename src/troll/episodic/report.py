@@ -36,6 +36,7 @@ def summarise(rows: list[dict], config: dict, *, iterations: int) -> dict:
         "planned_iterations": iterations,
         "env_steps": rows[-1]["env_steps"] if rows else 0,
         "success_rate": _last(evals, "eval/success_rate"),
+        "success_any": _last(evals, "eval/success_any"),
         "return": _last(evals, "eval/return"),
         "distance": _last(evals, "eval/distance"),
         "best_success_rate": max(successes) if successes else None,

@@ -36,10 +36,12 @@ FIGURES = (
 )
 COLUMNS = (
     ("success", "success at the budget"),
+    ("success_any", "success at any step, at the budget"),
     ("best_success", "best success"),
     ("success_auc", "mean success over the run"),
     ("return", "return at the budget"),
     ("distance", "final distance at the budget"),
+    ("steps_to_success", "env steps to success >= 0.8"),
 )
 
 
@@ -84,7 +86,9 @@ def table(studies: list[tuple[str, dict]]) -> str:
         for a in data["aggregates"]:
             steps = a.get("env_steps", {}).get("mean")
             cols = [task, a["algo"], str(len(a["seeds"])), "-" if steps is None else f"{steps:,.0f}"]
-            cols += [_pm(a.get(key)) for key, _ in COLUMNS]
+            cols += [_pm(a.get(key)) for key, _ in COLUMNS if key != "steps_to_success"]
+            reached = a.get("steps_to_success") or {}  # the mean over the seeds that got there, and how many did
+            cols.append(_pm(reached, ",.0f") + (f" ({reached['n']} of {len(a['seeds'])})" if reached.get("n") else ""))
             lines.append("| " + " | ".join(cols) + " |\n")
     text = "## At the budget: mean ± standard error over seeds\n\n" + "".join(lines)
     text += "\n## Paired: TCE minus baseline, same seed (95% t-interval)\n\n"
@@ -92,6 +96,8 @@ def table(studies: list[tuple[str, dict]]) -> str:
     labels = dict(COLUMNS)
     for task, data in studies:
         for p in data["paired"]:
+            if not p["n"]:  # a metric the task does not report (success at any step off Meta-World)
+                continue
             ci = "-" if p["ci95"] is None else f"[{p['ci95'][0]:+.3f}, {p['ci95'][1]:+.3f}]"
             mean = "-" if p["mean"] is None else f"{p['mean']:+.3f}"
             metric = labels.get(p["metric"], p["metric"])

@@ -201,6 +201,7 @@ def cell_numbers(summary: dict, rows: list[dict]) -> dict:
     seconds = summary.get("seconds")
     return {
         "success": summary.get("success_rate"),
+        "success_any": summary.get("success_any"),
         "best_success": max(success, default=None),
         "success_auc": stats.mean(success),
         "return": summary.get("return"),
@@ -215,6 +216,7 @@ def cell_numbers(summary: dict, rows: list[dict]) -> dict:
 
 TABLE = (
     Number("success", "success rate at the budget"),
+    Number("success_any", "success at any step, at the budget"),
     Number("best_success", "best success rate"),
     Number("success_auc", "mean success over the run"),
     Number("return", "return at the budget"),
@@ -226,6 +228,7 @@ TABLE = (
 )
 PAIRED = (
     Number("success", "success rate at the budget"),
+    Number("success_any", "success at any step, at the budget"),
     Number("success_auc", "mean success over the run"),
     Number("return", "return at the budget"),
     Number("distance", "final distance at the budget"),
@@ -233,8 +236,8 @@ PAIRED = (
 
 
 def tce_minus_baselines(algos: list[str]) -> list[tuple[str, str]]:
-    """(tce, bbrl) and (tce, ppo), for the arms the study has."""
-    return [("tce", b) for b in ("bbrl", "ppo") if "tce" in algos and b in algos]
+    """(tce, bbrl), (tce, bbrl-cov) and (tce, ppo), for the arms the study has."""
+    return [("tce", b) for b in ("bbrl", "bbrl-cov", "ppo") if "tce" in algos and b in algos]
 
 
 PAIRING = Pairing(
@@ -242,7 +245,7 @@ PAIRING = Pairing(
     keys=("algo", "baseline"),
     heading="TCE minus baseline",
     column="TCE - baseline",
-    none="No paired comparison: the study needs tce and a baseline (bbrl or ppo).\n",
+    none="No paired comparison: the study needs tce and a baseline (bbrl, bbrl-cov or ppo).\n",
 )
 CURVES = (
     Curve("eval/success_rate", "success rate (evaluation)", ylim=(-0.02, 1.02)),
