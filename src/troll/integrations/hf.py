@@ -18,6 +18,7 @@ import contextlib
 from collections.abc import Callable
 
 import torch
+from transformers import LogitsProcessor, LogitsProcessorList
 
 from troll.distributed import full_shape, is_dtensor
 from troll.lm_head import sparsify_from_hidden
@@ -227,3 +228,68 @@ def capture_old(
             )
             parts.append(sparsify(logits, top_k=top_k, delta=delta, include=tokens))
     return cat_sparse(parts)
+
+
+class GenerationRecorder(LogitsProcessor):
+    """A logits processor for ``model.generate`` that records the old sparse policy of every generated position.
+
+    transformers calls it at each step with the sequences so far (B, S) and the next-token scores (B, V) after its
+    own logits processors (repetition penalty, ...) and before the warpers (temperature, top-k, top-p, min-p), which
+    it appends after the processors a caller passes. The recorder keeps the step's scores divided by
+    ``temperature`` and, once the next call (or :meth:`finish`) shows which token was sampled, stores
+    :func:`troll.sparsify` of them with that token included: the rule and code of the recomputing forward, on the
+    generation's own logits, so the trust region is around the temperature-scaled full distribution the token was
+    drawn from (before any truncation). Memory: one (B, V) fp32 row of scores at a time plus the (B, K) records.
+    """
+
+    def __init__(self, *, temperature: float, top_k: int, delta: float):
+        self.temperature, self.top_k, self.delta = temperature, top_k, delta
+        self.steps: list[SparseLogProbs] = []
+        self.records: list[SparseLogProbs] = []  # one (B, steps, K) entry per finished generate call
+        self._scores = None
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self._store(input_ids[:, -1])
+        self._scores = scores.detach().float() / self.temperature  # a copy: the warpers change scores in place
+        return scores
+
+    def _store(self, sampled: torch.Tensor) -> None:
+        if self._scores is not None:
+            step = sparsify(self._scores, top_k=self.top_k, delta=self.delta, include=sampled)
+            self.steps.append(step[:, None])
+            self._scores = None
+
+    def finish(self, sequences: torch.Tensor) -> SparseLogProbs:
+        """The records (B, steps, K) of a finished ``generate`` whose output is ``sequences`` (B, S)."""
+        self._store(sequences[:, -1])
+        if not self.steps:
+            raise RuntimeError("generate produced no token, so the sampler recorded no old policy.")
+        steps, self.steps = self.steps, []
+        return cat_sparse(steps, dim=1)
+
+
+@contextlib.contextmanager
+def recording_generate(model: torch.nn.Module, recorder: GenerationRecorder):
+    """Within the block, ``model.generate(...)`` also runs ``recorder`` as its last logits processor (before the
+    warpers) and, when a call returns, appends that call's records (B, steps, K) to ``recorder.records``.
+
+    The method is replaced on this model object only, and restored on exit.
+    """
+    had_own = "generate" in model.__dict__
+    original = model.generate
+
+    def generate(*args, **kwargs):
+        processors = LogitsProcessorList(kwargs.pop("logits_processor", None) or [])
+        processors.append(recorder)
+        out = original(*args, logits_processor=processors, **kwargs)
+        recorder.records.append(recorder.finish(out if torch.is_tensor(out) else out.sequences))
+        return out
+
+    model.generate = generate
+    try:
+        yield recorder
+    finally:
+        if had_own:
+            model.generate = original
+        else:
+            del model.generate

@@ -36,11 +36,14 @@ from troll.defaults import (
     TOP_K,
     TROLL_LOSSES,
 )
+from troll.integrations.sampler import OLD_POLICIES
 from troll.settings import check_tail, check_troll_settings
 
 SUPPORTED_TRL = ">=1.16,<1.17"
 # The loss types TRL 1.16's GRPOTrainer implements (it checks them only when the loss runs, so a typo in a config
 # would otherwise surface after model loading and generation).
+# vLLM's default cap on the log-probs returned per token (its max_logprobs); TRL's colocate engine keeps it.
+VLLM_MAX_LOGPROBS = 20
 TRL_LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
 
 
@@ -85,6 +88,10 @@ class TrollGRPOConfig(GRPOConfig):
             support (troll_top_k, troll_delta, troll_tail, the sampled token) under the keys TROLL uses for the KL
             before projection (``troll/kl_before/mean|max``, ``troll/kl_share/*``). TRL's loss is not touched. The
             TROLL loss types always log these.
+        troll_old_policy: where the old policy comes from: "recompute" (a no-grad forward of the trainer's
+            pre-update weights on the rollout batch) or "sampler" (the top log-probs the generation recorded: HF
+            generate, vLLM's logprob_token_ids or a rollout_func's; the trust region is then around the policy that
+            drew the tokens, and the forward is skipped). docs/trl.md, "The old policy from the sampler".
 
     TRL 1.16 checks ``loss_type`` only inside ``GRPOTrainer._compute_loss``, which the trainer overrides for the
     TROLL types, so the new values pass GRPOConfig unchanged. The TROLL values are checked here, with the options
@@ -148,11 +155,21 @@ class TrollGRPOConfig(GRPOConfig):
         },
     )
 
+    troll_old_policy: str = field(
+        default="recompute",
+        metadata={
+            "help": "TROLL: 'recompute' (the old policy from a no-grad forward of the pre-update weights) or 'sampler' "
+            "(the top log-probs recorded at generation: HF generate, vLLM, or a rollout_func's logprob_token_ids)."
+        },
+    )
+
     def __post_init__(self):
         super().__post_init__()
         self._check_troll_values()
         if self.loss_type in TROLL_LOSSES:
             self._check_troll_compatible()
+        if self.troll_old_policy == "sampler":
+            self._check_sampler()
 
     def _check_troll_values(self) -> None:
         if self.loss_type not in TROLL_LOSSES + TRL_LOSS_TYPES:
@@ -181,6 +198,11 @@ class TrollGRPOConfig(GRPOConfig):
                 f"troll_measure_kl must be True or False, got {self.troll_measure_kl!r}: True logs the KL a TRL loss "
                 "type reaches on the off-policy steps."
             )
+        if self.troll_old_policy not in OLD_POLICIES:
+            raise ValueError(
+                f"troll_old_policy={self.troll_old_policy!r} is not supported; set troll_old_policy='recompute' (a "
+                "no-grad forward of the pre-update weights) or 'sampler' (the log-probs recorded at generation)."
+            )
         if self.troll_lm_head not in LM_HEADS:
             raise ValueError(
                 f"troll_lm_head={self.troll_lm_head!r} is not supported; set troll_lm_head='chunked' (the default: "
@@ -206,3 +228,38 @@ class TrollGRPOConfig(GRPOConfig):
             fixes.append("the vLLM importance-sampling correction (set vllm_importance_sampling_correction=False)")
         if fixes:
             raise ValueError(f"loss_type={self.loss_type!r} does not support " + "; ".join(fixes) + ".")
+
+    def _check_sampler(self) -> None:
+        """What troll_old_policy='sampler' cannot make right, refused with the reason (docs/trl.md)."""
+        sampling = dict(top_p=self.top_p, top_k=self.top_k, min_p=self.min_p)
+        sampling["repetition_penalty"] = self.repetition_penalty
+        if isinstance(self.generation_kwargs, dict):  # they override the fields above
+            sampling.update({k: v for k, v in self.generation_kwargs.items() if k in sampling})
+        fixes = []
+        if sampling["repetition_penalty"] not in (None, 1.0):
+            fixes.append(
+                f"repetition_penalty={sampling['repetition_penalty']} (the sampler's distribution would carry the "
+                "penalty, which the trained policy does not: set repetition_penalty=1.0)"
+            )
+        if self.use_transformers_continuous_batching:
+            fixes.append("use_transformers_continuous_batching=True (generate_batch runs no logits processor)")
+        neutral = dict(top_p=(None, 1.0), top_k=(None, 0, -1), min_p=(None, 0, 0.0))
+        truncated = [f"{k}={sampling[k]}" for k in neutral if sampling[k] not in neutral[k]]
+        if self.use_vllm and truncated:
+            fixes.append(
+                f"{', '.join(truncated)} with use_vllm=True: vLLM's processed log-probs are renormalised over the "
+                "tokens the truncation keeps (trl#6789), so the full temperature-scaled distribution the trust region "
+                "is around cannot be recovered from them (set top_p=1.0, top_k=0, min_p=None, or generate with "
+                "transformers, whose recorder reads the scores before truncation)"
+            )
+        if self.use_vllm and self.troll_top_k > VLLM_MAX_LOGPROBS:
+            fixes.append(
+                f"troll_top_k={self.troll_top_k} with use_vllm=True: vLLM returns at most max_logprobs="
+                f"{VLLM_MAX_LOGPROBS} log-probs per token by default (TRL's colocate engine does not raise it; a "
+                f"server needs --max-logprobs): set troll_top_k <= {VLLM_MAX_LOGPROBS}"
+            )
+        if fixes:
+            raise ValueError(
+                "troll_old_policy='sampler' does not support " + "; ".join(fixes) + ". Or set "
+                "troll_old_policy='recompute'."
+            )

@@ -52,23 +52,23 @@ Multimodal inputs are rejected at the first forward.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from troll.batch import LossOutput, masked_mean, masked_stats
+from troll.batch import LossOutput
 from troll.citation import TROLL_ARXIV, TROLL_BIBTEX, TROLL_TITLE
 from troll.defaults import OLD_PREFIX, TROLL_LOSSES, troll_agg, troll_level
-from troll.distributed import is_fsdp2_model, with_lm_head
+from troll.distributed import full_shape, is_fsdp2_model, with_lm_head
 from troll.integrations import hf
+from troll.integrations.sampler import fit_length, sampled_lists, sampled_token_logps, sparse_from_topk
 from troll.integrations.trl.config import TrollGRPOConfig, check_trl_version
 from troll.lm_head import ChunkedLMHead, sparsify_from_hidden
-from troll.losses import kl_shares, troll_loss, troll_loss_from_hidden
+from troll.losses import sparse_kl_metrics, troll_loss, troll_loss_from_hidden
 from troll.policy import DenseLogits
-from troll.projection import kl_divergence
 from troll.sparse import SparseLogProbs, cat_sparse, sparsify
-from troll.sparse_projection import coarse_support
 
 _MULTIMODAL_KEYS = ("pixel_values", "image_grid_thw", "pixel_attention_mask", "image_sizes", "token_type_ids")
 # The model card's method and citation (TRL writes the card from these attributes), TROLL's beside TRL's GRPO.
@@ -100,7 +100,12 @@ class TrollGRPOTrainer(GRPOTrainer):
             )
         self._troll_head_mode = None  # resolved on first use by troll_lm_head
         self._troll_pending = None  # old-policy chunks collected during TRL's scoring forward (a list while armed)
+        self._troll_sampled = None  # while a rollout batch is generated with troll_old_policy="sampler": its source
         super().__init__(model, reward_funcs, args, *pargs, **kwargs)
+        if getattr(self.args, "troll_old_policy", "recompute") == "sampler" and (
+            self._troll_enabled or self._troll_measuring
+        ):
+            self._troll_check_sampler()
         if self._troll_enabled and self.aux_loss_enabled:
             raise ValueError(
                 f"loss_type={self.loss_type!r} does not support the MoE load-balancing auxiliary loss yet; set "
@@ -131,18 +136,22 @@ class TrollGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------------ capture
 
     def _generate_and_score_completions(self, inputs):
-        wanted = self._troll_enabled or self._troll_measuring
-        capture = wanted and self.model.training and self._troll_needs_old()
+        wanted = (self._troll_enabled or self._troll_measuring) and self.model.training
+        sampler = wanted and self._troll_from_sampler
+        capture = wanted and (sampler or self._troll_needs_old())
         # Chunked head: the capture rides on TRL's own no-grad forward for old log-probs (one forward, not two).
-        self._troll_pending = [] if capture and self.troll_lm_head == "chunked" else None
+        self._troll_pending = [] if capture and not sampler and self.troll_lm_head == "chunked" else None
         try:
-            batch = super()._generate_and_score_completions(inputs)
+            with self._troll_sampling() if sampler else contextlib.nullcontext():
+                batch = super()._generate_and_score_completions(inputs)
+                old = self._troll_sampled_old(batch["completion_ids"].shape[1]) if sampler else None
         finally:
             pending, self._troll_pending = self._troll_pending, None
-        if capture:
+        if capture and old is None:
             old = cat_sparse(pending) if pending else None
             if old is None or tuple(old.ids.shape[:2]) != tuple(batch["completion_ids"].shape):
                 old = self._troll_capture_old(batch)  # dense head, or TRL ran no old-log-prob forward
+        if capture:
             batch.update(old.to_dict())
         return batch
 
@@ -154,6 +163,11 @@ class TrollGRPOTrainer(GRPOTrainer):
         weight once the model's forward has returned (where FSDP2 or ZeRO-3 may gather the head without disturbing
         the forward). TRL's computation is not touched, so its old log-probs stay exactly what they were.
         """
+        if self._troll_skips_forward(kwargs):
+            # troll_old_policy="sampler": TRL's old log-probs are the sampler's, no forward (docs/trl.md)
+            old = self._troll_sampled_old(logits_to_keep)
+            tokens, mask = input_ids[:, -logits_to_keep:], attention_mask[:, -logits_to_keep:]
+            return sampled_token_logps(old, tokens, mask), None, None
         if self._troll_pending is None or torch.is_grad_enabled():
             return super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
@@ -186,6 +200,117 @@ class TrollGRPOTrainer(GRPOTrainer):
             self._troll_pending.append(self._troll_sparsify_head(self.model, hidden, tokens))
 
         return keep, capture
+
+    # ------------------------------------------------------------------------------------ the sampler's old policy
+
+    @property
+    def _troll_from_sampler(self) -> bool:
+        """troll_old_policy="sampler": the old policy is what the generation recorded (docs/trl.md)."""
+        return getattr(self.args, "troll_old_policy", "recompute") == "sampler"
+
+    def _troll_check_sampler(self) -> None:
+        """Refuse what the sampler cannot serve, before training; ask vLLM for the top-K log-probs."""
+        if self.tools or self.environment_factories is not None:
+            raise ValueError(
+                "troll_old_policy='sampler' does not support tools or environment_factory yet (the tool loop splices "
+                "tool tokens into the completions after generation); set troll_old_policy='recompute'."
+            )
+        if self.use_vllm and self.rollout_func is None:
+            # TRL asks vLLM for the sampled token's log-prob only (logprobs=0); the sampler needs the top K.
+            self.vllm_generation.logprobs = self.args.troll_top_k
+
+    def _troll_vocab_size(self) -> int:
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        head = hf.output_embeddings(unwrapped)
+        weight = getattr(head, "weight", None)
+        return int(full_shape(weight)[0]) if weight is not None else int(unwrapped.config.vocab_size)
+
+    @contextlib.contextmanager
+    def _troll_sampling(self):
+        """Within the block the generation records the old policy: HF generate through a logits processor
+        (:class:`troll.integrations.hf.GenerationRecorder`), vLLM and a rollout_func through their top log-probs
+        (:func:`troll.integrations.sampler.sparse_from_topk`). The source is kept in ``_troll_sampled``."""
+        kept = dict(top_k=self.args.troll_top_k, delta=self.args.troll_delta)
+        if self.rollout_func is not None:
+            original, owner, name = self.rollout_func, self, "rollout_func"
+            wrapped = self._troll_wrap_rollout(original, kept)
+        elif self.use_vllm:
+            original, owner, name = self.vllm_generation.generate, self.vllm_generation, "generate"
+            wrapped = self._troll_wrap_vllm(original, kept)
+        else:
+            recorder = hf.GenerationRecorder(temperature=self.temperature, **kept)
+            self._troll_sampled = recorder
+            try:
+                with hf.recording_generate(self.accelerator.unwrap_model(self.model_wrapped), recorder):
+                    yield
+            finally:
+                self._troll_sampled = None
+            return
+        had_own = name in owner.__dict__
+        setattr(owner, name, wrapped)
+        try:
+            yield
+        finally:
+            if had_own:
+                setattr(owner, name, original)
+            else:
+                delattr(owner, name)  # the class's method again
+            self._troll_sampled = None
+
+    def _troll_wrap_rollout(self, rollout_func, kept: dict):
+        def rollout(prompts, trainer):
+            output = rollout_func(prompts, trainer)
+            if "logprob_token_ids" not in output:
+                raise ValueError(
+                    "troll_old_policy='sampler' needs the rollout_func to return 'logprob_token_ids' beside "
+                    "'logprobs': per completion position the top log-probs and their token ids, the sampled token "
+                    "among them (as vLLM's logprobs=K gives them). Return them, or set troll_old_policy='recompute'."
+                )
+            self._troll_sampled = sparse_from_topk(
+                output["logprobs"], output["logprob_token_ids"], output["completion_ids"], source="rollout_func",
+                vocab_size=self._troll_vocab_size(), device=self.accelerator.device, **kept,
+            )  # fmt: skip
+            # TRL reads "logprobs" as the sampled tokens' log-probs (B, T)
+            return {**output, "logprobs": sampled_lists(self._troll_sampled, output["completion_ids"])}
+
+        return rollout
+
+    def _troll_wrap_vllm(self, generate, kept: dict):
+        def vllm_generate(*args, **kwargs):
+            prompt_ids, completion_ids, logprobs, token_ids = generate(*args, **kwargs)
+            self._troll_sampled = sparse_from_topk(
+                logprobs, token_ids, completion_ids, source="vLLM", vocab_size=self._troll_vocab_size(),
+                device=self.accelerator.device, **kept,
+            )  # fmt: skip
+            # TRL keeps entry 0 of each position as the sampled token's log-prob (right for logprobs=0 only)
+            sampled = [[[lp] for lp in seq] for seq in sampled_lists(self._troll_sampled, completion_ids)]
+            return prompt_ids, completion_ids, sampled, token_ids
+
+        return vllm_generate
+
+    def _troll_sampled_old(self, length: int) -> SparseLogProbs:
+        """The sampler's old policy of the batch being scored, (B, length, K) on the trainer's device."""
+        source = self._troll_sampled
+        if isinstance(source, hf.GenerationRecorder):
+            if len(source.records) != 1:
+                raise RuntimeError(f"expected one generate call per rollout batch, saw {len(source.records)}.")
+            source = source.records[0]
+        if source is None:
+            raise RuntimeError("troll_old_policy='sampler': the generation recorded no old policy.")
+        return fit_length(source, length).to(self.accelerator.device)
+
+    def _troll_skips_forward(self, kwargs: dict) -> bool:
+        """Whether TRL's no-grad old-log-prob forward is replaced by the sampler's log-probs: the TROLL loss types
+        read only the sparse old policy, so nothing else needs it (TRL's own loss types keep it)."""
+        return (
+            self._troll_sampled is not None
+            and self._troll_enabled
+            and not torch.is_grad_enabled()
+            and not kwargs.get("compute_entropy")
+            and not kwargs.get("compute_aux_loss")
+        )
+
+    # ------------------------------------------------------------------------------------------ recompute
 
     @torch.no_grad()
     def _troll_capture_old(self, batch: dict) -> SparseLogProbs:
@@ -323,7 +448,7 @@ class TrollGRPOTrainer(GRPOTrainer):
         batch) old = current, detached: the projection is the identity. Override this method for another way of
         evaluating the current policy; keep the signature and the metric keys.
         """
-        tokens, mask, adv = inputs["completion_ids"], _loss_mask(inputs), inputs["advantages"]
+        tokens, mask, adv = inputs["completion_ids"], loss_mask(inputs), inputs["advantages"]
         old = self._troll_stored_old(inputs)
         if self.troll_lm_head == "chunked":
 
@@ -357,7 +482,7 @@ class TrollGRPOTrainer(GRPOTrainer):
                 return self._troll_measured_trl_loss(model, inputs)
             return super()._compute_loss(model, inputs)
         out = self._troll_compute_loss(model, inputs)
-        mask = _loss_mask(inputs)
+        mask = loss_mask(inputs)
         self._troll_log(out.metrics, mask)
         return out.loss * self._troll_loss_scale(inputs, mask)
 
@@ -390,7 +515,7 @@ class TrollGRPOTrainer(GRPOTrainer):
             finally:
                 hook.remove()
             metrics = self._troll_measure_hidden(model, torch.cat(kept), inputs)
-        self._troll_log({f"troll/{key}": value for key, value in metrics.items()}, _loss_mask(inputs))
+        self._troll_log({f"troll/{key}": value for key, value in metrics.items()}, loss_mask(inputs))
         return loss
 
     @torch.no_grad()
@@ -410,7 +535,7 @@ class TrollGRPOTrainer(GRPOTrainer):
         """KL(pi || pi_old) per loss token over the support TROLL would project on (:func:`sparse_kl_metrics`)."""
         old = self._troll_stored_old(inputs)
         rule = dict(kl_bound=self.args.troll_kl_bound, **self._troll_kept(), **self._troll_tail())
-        return sparse_kl_metrics(new, old, inputs["completion_ids"], _loss_mask(inputs), **rule)
+        return sparse_kl_metrics(new, old, inputs["completion_ids"], loss_mask(inputs), **rule)
 
     def _troll_loss_scale(self, inputs: dict, mask: torch.Tensor):
         """Factor turning the micro-batch aggregate into the loss TRL would return for the same normalisation.
@@ -453,32 +578,6 @@ class TrollGRPOTrainer(GRPOTrainer):
             window.append(float((rows[:, i] * weight).sum() / weight.sum().clamp_min(1)))
 
 
-@torch.no_grad()
-def sparse_kl_metrics(
-    new, old: SparseLogProbs, tokens: torch.Tensor, mask: torch.Tensor, *, kl_bound, top_k, delta, tail, fill
-) -> dict[str, torch.Tensor]:
-    """KL(pi || pi_old) on TROLL's (|U| + 1)-category support, as the TROLL losses report their KL before projection.
-
-    new: a :class:`troll.policy.CurrentPolicy` over the B*T rows (ChunkedLMHead or DenseLogits); old: (B, T, K);
-    tokens, mask: (B, T). The support is old kept | new kept (top_k, delta) | sampled token, with ``tail`` as in the
-    losses; tokens whose sampled id the old policy excludes are left out, as the losses drop them. Returns
-    ``kl_before/mean``, ``kl_before/max`` over the loss tokens and ``kl_share/*`` (:func:`troll.losses.kl_shares`) over
-    the tokens whose KL exceeds ``kl_bound``: the ones a TROLL bound of ``kl_bound`` would project.
-    """
-    bsz, seq = tokens.shape
-    flat = old.flatten()
-    extra = tokens.reshape(-1, 1).long()
-    ids, _, a, b = coarse_support(new, flat, top_k=top_k, delta=delta, extra=extra, tail=tail, fill=fill)
-    mask = mask & ~torch.isneginf(old.token_logp(tokens))
-    kl = torch.where(mask, kl_divergence(a, b).reshape(bsz, seq), 0.0)
-    over = mask & (kl > kl_bound)
-    shares = kl_shares(a, b, ids, flat)
-    return {
-        **masked_stats("kl_before", kl, mask, ("mean", "max")),
-        **{f"kl_share/{key}": masked_mean(value.reshape(bsz, seq), over) for key, value in shares.items()},
-    }
-
-
 def _sequence(inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """Prompt + completion ids and attention mask (B, S); multimodal inputs are rejected."""
     if any(inputs.get(key) is not None for key in _MULTIMODAL_KEYS):
@@ -487,7 +586,7 @@ def _sequence(inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
 
 
-def _loss_mask(inputs: dict) -> torch.Tensor:
+def loss_mask(inputs: dict) -> torch.Tensor:
     """(B, T) bool: completion tokens that enter the loss (tool-output tokens excluded, as in TRL)."""
     mask = inputs["completion_mask"]
     if inputs.get("tool_mask") is not None:
