@@ -13,6 +13,8 @@ clip-family baselines, with the same call shape, are in :mod:`troll.baselines`.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from troll._checks import check_lse
@@ -93,17 +95,10 @@ def troll_loss_from_policy(
     old: flat SparseLogProbs (B*T, K); tokens, adv, mask: (B, T). Returns a fp64 :class:`LossOutput`.
     """
     bsz, seq = tokens.shape
-    support_args = dict(top_k=top_k, delta=delta, extra=tokens.reshape(-1, 1), tail=tail, fill=fill)
-    ids, support, a, b = coarse_support(new, old, **support_args)
+    ids, support, a, b, at, kept, excluded = loss_support(
+        new, old, tokens, mask, top_k=top_k, delta=delta, tail=tail, fill=fill
+    )
     with one_thread():  # small (rows, support) tensors (docs/numerics.md, "Threads")
-        at = (ids == tokens.reshape(-1, 1)).long().argmax(-1, keepdim=True)  # the sampled id's slot in U
-        # A sampled token the old policy excludes is a data error (sampler and old policy disagree): it is dropped
-        # from the loss and counted in old_excluded_frac (docs/numerics.md).
-        with torch.no_grad():
-            old_zero = torch.isneginf(b.gather(-1, at).reshape(bsz, seq))
-            old_zero |= torch.isneginf(old.token_logp(tokens.reshape(-1)).reshape(bsz, seq))
-        excluded = mask & old_zero
-        kept = mask & ~excluded
         # Positions outside the loss get old = new: inactive, finite, and no solver work.
         b = torch.where(kept.reshape(-1, 1), b, a.detach())
         proj = project_log_probs(a, b, kl_bound)
@@ -130,6 +125,64 @@ def troll_loss_from_policy(
                 **{"loss/pg": pg_loss.detach(), "loss/reg": reg_loss.detach()},
             )
         return LossOutput(loss, metrics)
+
+
+class LossSupport(NamedTuple):
+    """What the TROLL loss and its KL metrics are computed on (N = B*T rows, U support ids).
+
+    ids (N, U); support (N, U + 1) real categories, the last the rest; a, b (N, U + 1) fp64 new and old log-probs
+    (:func:`troll.sparse_projection.coarse_support`); at (N, 1) the sampled id's slot in U; kept (B, T) the loss
+    tokens that count; excluded (B, T) the loss tokens dropped because the old policy gives their sampled id zero
+    probability (sampler and old policy disagree: a data error, counted in old_excluded_frac; docs/numerics.md).
+    """
+
+    ids: torch.Tensor
+    support: torch.Tensor
+    a: torch.Tensor
+    b: torch.Tensor
+    at: torch.Tensor
+    kept: torch.Tensor
+    excluded: torch.Tensor
+
+
+def loss_support(new, old: SparseLogProbs, tokens, mask, *, top_k, delta, tail=TAIL, fill=TAIL_FILL) -> LossSupport:
+    """The support rule of the TROLL losses, the one place it is written (the loss, the KL metrics of TRL's own
+    loss types and ``troll.train.batch_check`` use it): U = old kept | new kept (top_k, delta) | sampled token, with
+    ``tail`` as in :func:`troll.troll_loss`; ``new`` a :class:`troll.policy.CurrentPolicy` over the B*T rows, ``old``
+    flat (B*T, K), tokens and mask (B, T)."""
+    bsz, seq = tokens.shape
+    extra = tokens.reshape(-1, 1).long()
+    ids, support, a, b = coarse_support(new, old, top_k=top_k, delta=delta, extra=extra, tail=tail, fill=fill)
+    with one_thread():
+        at = (ids == extra).long().argmax(-1, keepdim=True)
+        with torch.no_grad():
+            old_zero = torch.isneginf(b.gather(-1, at).reshape(bsz, seq))
+            old_zero |= torch.isneginf(old.token_logp(tokens.reshape(-1)).reshape(bsz, seq))
+        excluded = mask & old_zero
+    return LossSupport(ids, support, a, b, at, mask & ~excluded, excluded)
+
+
+@torch.no_grad()
+def sparse_kl_metrics(
+    new, old: SparseLogProbs, tokens: torch.Tensor, mask: torch.Tensor, *, kl_bound, top_k, delta, tail, fill
+) -> dict[str, torch.Tensor]:
+    """KL(pi || pi_old) before projection on the TROLL losses' support (:func:`loss_support`), without a loss.
+
+    new: a :class:`troll.policy.CurrentPolicy` over the B*T rows (ChunkedLMHead or DenseLogits); old: (B, T, K);
+    tokens, mask: (B, T). Returns ``kl_before/mean``, ``kl_before/max`` over the loss tokens, equal to the TROLL
+    loss's metrics of those names, and ``kl_share/*`` (:func:`kl_shares`) over the tokens whose KL exceeds
+    ``kl_bound``: the ones a TROLL bound of ``kl_bound`` would project.
+    """
+    bsz, seq = tokens.shape
+    flat = old.flatten()
+    s = loss_support(new, flat, tokens, mask.bool(), top_k=top_k, delta=delta, tail=tail, fill=fill)
+    kl = torch.where(s.kept, kl_divergence(s.a, s.b).reshape(bsz, seq), 0.0)
+    over = s.kept & (kl > kl_bound)
+    shares = kl_shares(s.a, s.b, s.ids, flat)
+    return {
+        **masked_stats("kl_before", kl, s.kept, ("mean", "max")),
+        **{f"kl_share/{key}": masked_mean(value.reshape(bsz, seq), over) for key, value in shares.items()},
+    }
 
 
 def _metrics(proj, a, b, ids, old, mask, excluded, support, kl_bound, shape) -> dict[str, torch.Tensor]:

@@ -124,10 +124,10 @@ def check_batch(trainer, model, inputs: dict, kwargs: dict, *, seed: int = 0) ->
     run's loss settings (:func:`loss_settings`)."""
     import torch
 
-    from troll.integrations.trl.trainer import _loss_mask
+    from troll.integrations.trl.trainer import loss_mask
     from troll.sparse import SparseLogProbs
 
-    tokens, mask, adv = inputs["completion_ids"], _loss_mask(inputs), inputs["advantages"]
+    tokens, mask, adv = inputs["completion_ids"], loss_mask(inputs), inputs["advantages"]
     old = SparseLogProbs.from_dict(inputs)
     trained = float(trainer._troll_compute_loss(model, inputs).loss.detach())
     logged_as = trained * float(trainer._troll_loss_scale(inputs, mask))  # what TRL logs as the step's loss
