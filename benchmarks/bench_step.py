@@ -37,8 +37,15 @@ tiles as torch ops over (4096 x 32768) fp32 buffers, whose backward materialises
 memory are not those of the Triton kernels on a GPU. The ratios against grpo are therefore CPU ratios.
 
     python benchmarks/bench_step.py                                   # 8 x 256 completion tokens, 3 rounds
-    python benchmarks/bench_step.py --completion-len 32 --rounds 1 --steps 1      # a quick look
+    python benchmarks/bench_step.py --quick                           # 32 tokens, 1 round, 1 step: a quick look
 Writes benchmarks/results/bench_step.csv and prints a markdown table.
+
+``--rollout`` measures a rollout batch instead of an optimiser step: troll_old_policy "sampler" (the old policy
+recorded during generation, no scoring forward) against "recompute" (benchmarks/_rollout.py says what is timed);
+writes benchmarks/results/bench_step_rollout.csv.
+
+    python benchmarks/bench_step.py --rollout                          # 8 x 256 tokens, 3 rounds x 2 batches
+    python benchmarks/bench_step.py --rollout --quick
 """
 
 from __future__ import annotations
@@ -55,6 +62,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import _rollout  # noqa: E402
 import torch  # noqa: E402
 from _report import reset_peak, status_kb, write_results  # noqa: E402
 
@@ -284,12 +292,23 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=RESULTS / "bench_step.csv")
+    p.add_argument("--rollout", action="store_true", help="time a rollout batch, old policy sampler vs recompute")
+    p.add_argument("--quick", action="store_true", help="small settings: 32 tokens, 1 round, 1 timed step")
     p.add_argument("--child", choices=list(CONFIGS), help=argparse.SUPPRESS)
+    p.add_argument("--child-rollout", choices=_rollout.POLICIES, help=argparse.SUPPRESS)
     p.add_argument("--data", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.quick:
+        args.completion_len, args.rounds, args.steps = 32, 1, 1
     if args.child:
         return child(args)
+    if args.child_rollout:
+        return _rollout.child(args, load_smollm2, PROMPTS)
+    if args.rollout:
+        rows, header = _rollout.measure(args, __file__)
+        out = args.out if args.out != RESULTS / "bench_step.csv" else RESULTS / "bench_step_rollout.csv"
+        return write_results(rows, out, header)
     load = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "batch.pt"

@@ -112,6 +112,25 @@ def _counting(generate, counts):
     return wrapped
 
 
+def test_trl_loss_types_measure_kl_to_the_sampler_and_keep_their_forward(tmp_path):
+    """troll_measure_kl with the sampler: TRL's loss keeps its own old log-probs (its scoring forward runs), the KL
+    is logged against the sampler's old policy."""
+    args = config(tmp_path, loss_type="dapo", troll_measure_kl=True, troll_old_policy="sampler", steps_per_generation=2)
+    tr = trainer(args)
+    inputs = scored_batch(tr)
+    old, mask = SparseLogProbs.from_dict(inputs), inputs["completion_mask"].bool()
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)
+    att = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)
+    with torch.no_grad():
+        trl_old, _, _ = tr._get_per_token_logps_and_entropies(
+            tr.model, ids, att, ids.shape[1] - inputs["prompt_ids"].shape[1]
+        )
+    assert torch.equal(inputs["old_per_token_logps"], trl_old)  # TRL's forward, not the sampler's values
+    torch.testing.assert_close(old.token_logp(inputs["completion_ids"]).float()[mask], trl_old[mask], atol=1e-5, rtol=0)
+    tr.train()
+    assert len(logged(tr, "troll/kl_before/max")) == tr.args.max_steps
+
+
 @pytest.mark.parametrize("reuse", [dict(steps_per_generation=4), dict(steps_per_generation=1)])
 def test_sampler_training_keeps_the_bound(tmp_path, reuse):
     """A real train(): the old policy is the sampler's (also with one step per rollout batch, where it is the
