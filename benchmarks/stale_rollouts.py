@@ -47,13 +47,15 @@ PREFIX = "study_sampler_"
 class StaleRollout:
     """A rollout_func generating from the weights one rollout batch old; keeps its last output (``last``)."""
 
-    def __init__(self, model, *, top_k: int, nested: bool):
+    def __init__(self, model, *, top_k: int, nested: bool, fresh: bool = False):
         self.lag = copy.deepcopy(model).eval()
-        self.top_k, self.nested, self.last = top_k, nested, None
+        self.top_k, self.nested, self.fresh, self.last = top_k, nested, fresh, None
 
     @torch.no_grad()
     def __call__(self, prompts, trainer):
         tok = trainer.processing_class
+        if self.fresh:  # the control: generate from the current weights
+            self.lag.load_state_dict(trainer.accelerator.unwrap_model(trainer.model).state_dict())
         texts = [tok.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
         enc = tok(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
         gen = self.lag.generate(**enc, do_sample=True, temperature=trainer.temperature, top_k=0, top_p=1.0,
@@ -145,7 +147,7 @@ def run_one(method: str, seed: int, args, out: Path) -> dict:
         config.troll_old_policy = "sampler"
     model, tok = model_lib.load_model(model_lib.resolve_model(opts.model))
     task = run_lib._build_task(opts)
-    rollout = StaleRollout(model, top_k=args.top_k, nested=method == "troll-sampler")
+    rollout = StaleRollout(model, top_k=args.top_k, nested=method == "troll-sampler", fresh=args.fresh)
     config.troll_top_k = args.top_k
     trainer = study_trainer_class()(model=model, reward_funcs=[tasks.TaskReward(task.train)], args=config,
                                      train_dataset=tasks.train_dataset(task, True), processing_class=tok,
@@ -206,7 +208,7 @@ def report(out: Path, args) -> str:
         after = [st["troll/kl_after/max"] for r in rs for st in r["steps"] if st.get("troll/kl_after/max") is not None]
         se = "" if s["se"] is None else f" +- {s['se']:.3f}"
         lines.append(f"| {m} | {s['n']} | {s['mean']:.3f}{se} | {sum(kl_mean) / max(len(kl_mean), 1):.4f} | "
-                     f"{max(kl_max, default=float('nan')):.4f} | {max(after, default=float('nan')):.4f} | "
+                     f"{max(kl_max, default=float('nan')):.4f} | {f'{max(after):.4f}' if after else 'n/a'} | "
                      f"{sum(r['train_s'] for r in rs) / len(rs):.0f} |")  # fmt: skip
     lines.append("")
     for a, b in (("troll-sampler", "troll-recompute"), ("troll-sampler", "clip-tis"), ("troll-recompute", "clip-tis")):
@@ -236,6 +238,7 @@ def main(argv=None) -> None:
     p.add_argument("--top-k", type=int, default=20, help="top log-probs the rollout returns, and TROLL's top_k")
     p.add_argument("--heldout", type=int, default=64)
     p.add_argument("--system", default="You are a helpful AI assistant.")
+    p.add_argument("--fresh", action="store_true", help="control: generate from the current weights (no staleness)")
     p.add_argument("--report", action="store_true", help="only print the table of the finished runs")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
