@@ -184,7 +184,7 @@ def test_folder_checks(tmp_path, fake):
     _run(_study(fake, out, Grid(["base"], [0])))
     with pytest.raises(UsageError, match="pass --resume to continue it"):
         check_folder(out, command="fake study", overwrite=False, resume=False)
-    with pytest.raises(UsageError, match="holds something else"):  # another command's study is not ours
+    with pytest.raises(UsageError, match="never continues nor replaces"):  # another command's study is not ours
         check_folder(out, command="study", overwrite=True, resume=False)
     assert check_folder(out, command="fake study", overwrite=True, resume=False) is True
     assert load_spec(out) == {"arms": ["base"], "seeds": [0]}

@@ -35,7 +35,7 @@ TINY = ["--episodes", "8", "--eval-episodes", "8", "--eval-every", "2", "--check
 PPO_TINY = ["--env", "gym/reacher", "--algo", "ppo", "--ppo-n-steps", "64", "--ppo-batch-size", "32",
             "--ppo-n-epochs", "1", "--eval-episodes", "2", "--eval-every", "1", "--episodes", "1",
             "--no-progress"]  # fmt: skip
-RUN_FILES = {"config.json", "metrics.jsonl", "summary.json", "plots.png"}
+RUN_FILES = {".troll-run.json", "config.json", "metrics.jsonl", "summary.json", "plots.png"}
 
 
 def cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -175,7 +175,7 @@ def test_a_folder_holding_something_else_is_refused_untouched(tmp_path, capsys):
     (out / "config.json").write_text(json.dumps({"command": "tce study", "spec": {}}))
     before = snapshot(out)
     code, _, err = cli(capsys, "train", "--out", str(out), *TOY, *TINY, "--overwrite")
-    assert code == 2 and "holds no run of 'troll tce train'" in err
+    assert code == 2 and "holds a folder of 'troll tce study', which 'troll tce train' never continues" in err
     assert snapshot(out) == before
     a_file = tmp_path / "file"
     a_file.write_text("x")
@@ -287,7 +287,7 @@ def test_overwrite_replaces_only_a_folder_of_this_command(tmp_path, capsys):
     before = snapshot(out)
     code, _, err = cli(capsys, "train", "--out", str(out), *argv)
     assert code == 2
-    assert f"--out {out} already holds a tce run; pass --resume to continue it, --overwrite to replace it" in err
+    assert f"--out {out} already holds a run of 'troll tce train'; pass --resume to continue it, --overwrite to replace it" in err
     assert snapshot(out) == before
 
     code, _, err = cli(capsys, "train", "--out", str(out), *argv, "--seed", "1", "--algo", "bbrl", "--overwrite")
@@ -302,7 +302,7 @@ def test_overwrite_replaces_only_a_folder_of_this_command(tmp_path, capsys):
     before = snapshot(out)
     code, _, err = cli(capsys, "train", "--out", str(out), *argv, "--overwrite")
     assert code == 2
-    assert f"--overwrite: {out} holds files this command did not write (notes.txt)" in err
+    assert f"--overwrite: {out} holds files 'troll tce train' did not write: notes.txt; nothing was deleted" in err
     assert snapshot(out) == before
 
 

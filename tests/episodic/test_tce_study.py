@@ -107,10 +107,10 @@ def test_a_folder_holding_something_else_or_a_study_is_not_reused(tmp_path, caps
     (out / "notes.txt").unlink()
     write_json(out / "config.json", {"command": "tce study", "spec": {}})
     code, _, err = cli(capsys, "study", "--out", str(out), "--env", "toy/viapoint")
-    assert code == 2 and "is not empty; pass --resume to continue it, --overwrite to replace it" in err
+    assert code == 2 and "already holds a study of 'troll tce study'; pass --resume to continue it, --overwrite" in err
     write_json(out / "config.json", {"command": "tce train", "config": {}})  # a run folder is not a study
     code, _, err = cli(capsys, "study", "--out", str(out), "--env", "toy/viapoint", "--overwrite")
-    assert code == 2 and "holds something else" in err
+    assert code == 2 and "'troll tce train', which 'troll tce study' never continues nor replaces" in err
     assert [p.name for p in out.iterdir()] == ["config.json"]
 
 

@@ -40,6 +40,7 @@ def test_run_folder_contents(tmp_path):
     seen = []
     summary = train(tiny(), out, progress=False, on_iteration=seen.append)
     assert sorted(p.name for p in out.iterdir()) == [
+        ".troll-run.json",
         "checkpoint-4.pt",
         "config.json",
         "metrics.jsonl",
@@ -67,7 +68,7 @@ def test_folders_that_cannot_be_used_are_refused_before_anything_is_written(tmp_
     with pytest.raises(UsageError, match="holds something else"):
         train(tiny(), other, progress=False, plot=False)
     (other / "config.json").write_text(json.dumps({"command": "train", "options": {}}))
-    with pytest.raises(UsageError, match="holds something else"):
+    with pytest.raises(UsageError, match="'troll train', which 'troll tce train' never continues nor replaces"):
         train(tiny(), other, resume=True, progress=False, plot=False)
     assert sorted(p.name for p in other.iterdir()) == ["config.json", "notes.txt"]
     a_file = tmp_path / "file"
@@ -81,7 +82,7 @@ def test_folders_that_cannot_be_used_are_refused_before_anything_is_written(tmp_
     run = tmp_path / "run"
     train(tiny(total_env_steps=800), run, progress=False, plot=False)
     before = {p.name: p.stat().st_mtime_ns for p in run.iterdir()}
-    with pytest.raises(UsageError, match="already holds a TCE run"):
+    with pytest.raises(UsageError, match="already holds a run of 'troll tce train'"):
         train(tiny(), run, progress=False, plot=False)
     with pytest.raises(UsageError, match="mean_bound: folder 0.1, given 0.3"):
         train(tiny(total_env_steps=800, mean_bound=0.3), run, resume=True, progress=False, plot=False)

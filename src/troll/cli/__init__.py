@@ -31,7 +31,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from troll.study.files import UsageError
+from troll.runs.files import UsageError
 
 PROVIDERS = ("troll.cli.lm", "troll.episodic.cli")
 

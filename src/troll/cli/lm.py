@@ -14,8 +14,9 @@ import sys
 import time
 from pathlib import Path
 
+from troll import runs
+from troll.runs.files import CONFIG_FILE, UsageError, check_out_path
 from troll.study import JSON_FILE, PLOT_FILE, TABLE_FILE
-from troll.study.files import CONFIG_FILE, UsageError, check_out_path
 from troll.train.options import DEFAULT_LOSSES, LOSSES, TROLL_LOSSES, RunOptions
 
 DEFAULTS = RunOptions()
@@ -240,13 +241,18 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
 
 def resume_options(args: argparse.Namespace) -> RunOptions:
     """The saved options of the run in --out, with the few that may change on resume taken from the command line."""
+    from troll.train import options
     from troll.train.options import saved_options
 
     if not hasattr(args, "out"):
         raise UsageError("--resume needs --out, the run folder to continue.")
     given = options_from_args(args)
     path = Path(args.out) / CONFIG_FILE
-    if not path.is_file():
+    if runs.check_folder(Path(args.out), options.COMMAND, resume=True, overwrite=False) == "new":
+        if not path.is_file() and any(Path(args.out).iterdir()):
+            # killed while its first config.json was written: nothing ran, so the run starts over from the flags
+            print(f"troll train: {args.out} holds no complete config.json; the run starts over", file=sys.stderr)
+            return given
         raise UsageError(f"--resume: {path} not found; start the run without --resume.")
     saved = saved_options(Path(args.out))
     changed = [
@@ -274,8 +280,7 @@ def validate(opts: RunOptions) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     from troll.train import options
 
-    if args.overwrite and args.resume:
-        raise UsageError("--overwrite and --resume exclude each other: one discards the run, the other continues it.")
+    runs.exclusive(resume=args.resume, overwrite=args.overwrite)
     opts = resume_options(args) if args.resume else options_from_args(args)
     options.check_values(opts)
     opts = opts.resolved()
@@ -283,9 +288,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     validate(opts)
     _quiet()
     if clear:
-        import shutil
-
-        shutil.rmtree(opts.out)
+        runs.clear(Path(opts.out), options.COMMAND)
     if args.resume and options.last_checkpoint(Path(opts.out)) is None:
         print(f"troll train: {opts.out} holds no complete checkpoint; the run starts over from step 0", file=sys.stderr)
     from troll.train.run import train
@@ -375,8 +378,7 @@ def _check_same_grid(spec, saved) -> None:
 def cmd_study(args: argparse.Namespace) -> int:
     from troll.train import model, study, tasks
 
-    if args.overwrite and args.resume:
-        raise UsageError("--overwrite and --resume exclude each other: one discards the study, the other continues it.")
+    runs.exclusive(resume=args.resume, overwrite=args.overwrite)
     if not (isinstance(args.jobs, int) and args.jobs >= 1):
         raise UsageError(f"--jobs must be >= 1 (cells run at once), got {args.jobs}.")
     spec, out = study_spec(args)

@@ -11,18 +11,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import time
 from pathlib import Path
 
+from troll import runs
 from troll.episodic import options as opts
-from troll.study.files import CONFIG_FILE, UsageError, read_config
+from troll.runs.files import CONFIG_FILE, UsageError, read_config
 
 COMMAND = "tce train"  # a run folder's config.json "command" (troll.episodic.train.COMMAND)
-STUDY_COMMAND = "tce study"
-# What a run folder of this command holds; --overwrite deletes a folder only when it holds nothing else.
-RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "plots.png")
 
 TRAIN_DOC = (
     "One run of TCE, BBRL (same code, one advantage per episode) or stable-baselines3's PPO on an episodic task. "
@@ -133,24 +130,15 @@ def safe(env: str) -> str:
 
 
 def saved_run(out: Path) -> dict | None:
-    """The config dict of the run of this command in ``out``; None when ``out`` is missing or empty; UsageError when
-    it holds something else."""
-    if not (out.is_dir() and any(out.iterdir())):
+    """The config dict of the run of this command in ``out`` to continue; None when there is none to continue (a
+    missing or empty folder, or one a start was killed in before its config.json was whole). UsageError when
+    the folder cannot be resumed (:func:`troll.runs.check_folder`)."""
+    if runs.check_folder(out, COMMAND, resume=True, overwrite=False) == "new":
         return None
-    try:
-        data = read_config(out) if (out / CONFIG_FILE).is_file() else None
-    except UsageError:
-        data = None
+    data = read_config(out)
     if not (isinstance(data, dict) and data.get("command") == COMMAND and isinstance(data.get("config"), dict)):
-        raise UsageError(f"--out {out} is not empty and holds no run of 'troll {COMMAND}' ({CONFIG_FILE}): it holds "
-                         "something else; choose another --out.")  # fmt: skip
+        raise UsageError(f"--resume: {out / CONFIG_FILE} holds no config of 'troll {COMMAND}'; choose another --out.")
     return data["config"]
-
-
-def _foreign_files(out: Path) -> list[str]:
-    """The entries of a run folder that this command did not write."""
-    ours = ("checkpoint-", ".")  # checkpoints, temporary files of atomic writes
-    return sorted(p.name for p in out.iterdir() if p.name not in RUN_FILES and not p.name.startswith(ours))
 
 
 # ---------------------------------------------------------------------------------------------- train
@@ -219,8 +207,7 @@ def _resumed_config(args, saved: dict, given: dict, seed, steps, threads, worker
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    if args.overwrite and args.resume:
-        raise UsageError("--overwrite and --resume exclude each other: one discards the run, the other continues it.")
+    runs.exclusive(resume=args.resume, overwrite=args.overwrite)
     if not hasattr(args, "out") and args.resume:
         raise UsageError("--resume needs --out, the run folder to continue.")
     out = Path(args.out) if hasattr(args, "out") else None
@@ -236,28 +223,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         from troll.episodic.ppo import require_sb3
 
         require_sb3()
-    clear = _check_run_folder(out, resume=args.resume, overwrite=args.overwrite)
-    if clear:
-        shutil.rmtree(out)
+    action = runs.check_folder(out, COMMAND, resume=args.resume, overwrite=args.overwrite)
+    if config.algo != "ppo":
+        opts.check_env_options(config.env, config.env_options)
+    if action == "replace":
+        runs.clear(out, COMMAND)
     return _run(config, out, resume=args.resume, progress=not args.no_progress)
-
-
-def _check_run_folder(out: Path, *, resume: bool, overwrite: bool) -> bool:
-    """Refuse a folder that cannot be used; True when --overwrite may delete it. Touches nothing."""
-    from troll.study.files import check_out_path
-
-    check_out_path(out, "run folder")
-    existing = saved_run(out)  # UsageError: something else
-    if existing is None or resume:
-        return False
-    if not overwrite:
-        raise UsageError(f"--out {out} already holds a {existing.get('algo')} run; pass --resume to continue it, "
-                         "--overwrite to replace it, or choose another --out.")  # fmt: skip
-    foreign = _foreign_files(out)
-    if foreign:
-        raise UsageError(f"--overwrite: {out} holds files this command did not write ({', '.join(foreign[:5])}); "
-                         "move them away or choose another --out.")  # fmt: skip
-    return True
 
 
 def _run(config, out: Path, *, resume: bool, progress: bool) -> int:
@@ -300,8 +271,7 @@ def _run(config, out: Path, *, resume: bool, progress: bool) -> int:
 def cmd_study(args: argparse.Namespace) -> int:
     from troll.episodic import study
 
-    if args.overwrite and args.resume:
-        raise UsageError("--overwrite and --resume exclude each other: one discards the study, the other continues it.")
+    runs.exclusive(resume=args.resume, overwrite=args.overwrite)
     jobs = _int_flag(args, "jobs", 1)
     spec, out = study.spec_from_args(args, given_options(args))
     cells = study.plan(spec, out)

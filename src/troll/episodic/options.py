@@ -17,7 +17,7 @@ import difflib
 import json
 import math
 
-from troll.study.files import UsageError
+from troll.runs.files import UsageError
 
 ALGOS = ("tce", "bbrl", "bbrl-cov", "ppo")
 TOY_ENVS = ("toy/viapoint", "toy/viapoint-sparse")
@@ -133,6 +133,22 @@ def check_env(name: str, algo: str | None = None) -> str:
             "torch); run ppo on gym/* or metaworld/*, or tce / bbrl here."
         )
     return name
+
+
+def check_env_options(env: str, options: dict) -> None:
+    """The env's own options (``--env-options``), checked by the env package's tables before anything is written
+    (type, range, finite; UsageError naming ``--env-options``). ``troll.episodic.envs.registry.check_env_options``
+    is the env package's check; until it exists, :func:`~troll.episodic.envs.make_env` checks them when a run
+    builds its env (still before a run writes, but after a study has written its folder)."""
+    from troll.episodic.envs import registry
+
+    check = getattr(registry, "check_env_options", None)
+    if check is None or not options:
+        return
+    try:
+        check(env, options)
+    except (TypeError, ValueError) as err:
+        raise UsageError(f"--env-options: {err}") from None
 
 
 # ---------------------------------------------------------------------------------------------- values

@@ -45,12 +45,13 @@ from pathlib import Path
 
 import numpy as np
 
+from troll import runs
 from troll.episodic.agent import EVAL_STREAM, reset_seed
 from troll.episodic.config import PRESETS, TCEConfig, env_family
 from troll.episodic.envs.base import check_finite, episode_seeds
 from troll.episodic.report import plot_run, summarise
 from troll.episodic.train import COMMAND, PLOT_FILE, numbered_files, prepare_run_folder
-from troll.study.files import (
+from troll.runs.files import (
     CONFIG_FILE,
     METRICS_FILE,
     SUMMARY_FILE,
@@ -62,6 +63,7 @@ from troll.study.files import (
     truncate_jsonl,
     write_json,
 )
+from troll.runs.numbers import is_real
 
 INSTALL = "pip install 'troll[baselines]' (stable-baselines3)"
 HORIZON = {"gym": 50, "metaworld": 500}  # the episodic envs' T (Reacher-v5's time limit, Meta-World's path length)
@@ -177,8 +179,7 @@ class PPOConfig:
         return {k: (a[k], b[k]) for k in a if k not in ignore and a[k] != b[k]}
 
 
-def _real(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+_real = is_real
 
 
 # ---------------------------------------------------------------------------------------------- the step env
@@ -296,7 +297,7 @@ def saved_config(out: Path) -> PPOConfig | None:
 def _prepare(config: PPOConfig | None, out: Path, *, resume: bool) -> tuple[PPOConfig, bool]:
     """Check ``out`` and the config before anything is written; returns (config to run, finished already)."""
     check_out_path(out, "run folder")
-    return prepare_run_folder(config, out, resume=resume, saved=saved_config(out), kind="PPO", runtime=RUNTIME_FIELDS)
+    return prepare_run_folder(config, out, resume=resume, saved=saved_config, kind="PPO", runtime=RUNTIME_FIELDS)
 
 
 def checkpoints(out: Path) -> list[tuple[int, Path]]:
@@ -359,6 +360,7 @@ def _build(config: PPOConfig, out: Path):
 
     task = make_step_task(config.env, seed=config.seed)
     eval_task = make_step_task(config.env, seed=config.seed)
+    runs.begin(out, COMMAND)  # the manifest first; stale temporary files of a killed process go
     found = checkpoints(out)
     if found:
         steps, path = found[-1]
@@ -370,7 +372,6 @@ def _build(config: PPOConfig, out: Path):
         rows = read_jsonl(out / METRICS_FILE)
         truncate_jsonl(out / METRICS_FILE, sum(1 for r in rows if r["env_steps"] <= steps))
     else:
-        out.mkdir(parents=True, exist_ok=True)
         write_json(out / CONFIG_FILE, {"command": COMMAND, "config": config.to_dict()})
         truncate_jsonl(out / METRICS_FILE, 0)
         arch = list(config.net_arch)

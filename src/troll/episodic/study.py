@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from troll.episodic import options as opts
+from troll.runs import numbered_files
 from troll.study import Cell, Curve, Frontend, Grid, Number, Pairing, Study, UsageError, runner, stats
 from troll.study import grid as grid_lib
 
@@ -280,6 +281,7 @@ def frontend(spec: StudySpec) -> Frontend:
     """The engine's view of ``troll tce study``."""
     return Frontend(
         command=COMMAND,
+        run_command="tce train",
         arm="algo",
         cell_argv=lambda cell, resume: cell_argv(cell, spec, resume=resume),
         numbers=lambda cell, summary, rows: cell_numbers(summary, rows),
@@ -289,7 +291,7 @@ def frontend(spec: StudySpec) -> Frontend:
         curves=CURVES,
         x_key="env_steps",
         x_label="environment steps",
-        can_resume=lambda cell: any(cell.folder.glob("checkpoint-*")),
+        can_resume=lambda cell: any(numbered_files(cell.folder, t) for t in ("checkpoint-{}.pt", "checkpoint-{}.zip")),
         title=lambda grid, cells: _title(spec),
         note=lambda grid, cells: _note(spec, cells),
         env={"OMP_NUM_THREADS": str(spec.threads)},

@@ -37,11 +37,13 @@ from pathlib import Path
 
 import torch
 
+from troll import runs
 from troll.episodic.agent import EVAL_STREAM, TCEAgent, reset_seed
 from troll.episodic.config import RUNTIME_FIELDS, TCEConfig
 from troll.episodic.envs import make_env
 from troll.episodic.report import plot_run, summarise
-from troll.study.files import (
+from troll.runs import numbered_files
+from troll.runs.files import (
     CONFIG_FILE,
     METRICS_FILE,
     SUMMARY_FILE,
@@ -122,39 +124,38 @@ def _prepare(config: TCEConfig | None, out: Path, *, resume: bool) -> tuple[TCEC
     check_out_path(out, "run folder")
     if config is not None and not isinstance(config, TCEConfig):
         raise UsageError(f"config must be a TCEConfig (or None with resume=True), got {type(config).__name__}.")
-    return prepare_run_folder(config, out, resume=resume, saved=saved_config(out), kind="TCE", runtime=RUNTIME_FIELDS)
+    return prepare_run_folder(config, out, resume=resume, saved=saved_config, kind="TCE", runtime=RUNTIME_FIELDS)
 
 
 def prepare_run_folder(config, out: Path, *, resume: bool, saved, kind: str, runtime: tuple[str, ...]):
-    """The folder rules of a run of this command (TCE / BBRL here, PPO in :mod:`troll.episodic.ppo`).
+    """The folder rules of a run of this command (TCE / BBRL here, PPO in :mod:`troll.episodic.ppo`), on top of
+    the shared ones (:func:`troll.runs.check_folder`: a folder of another command or holding foreign files is
+    refused, the leftovers of a start killed before its config was whole count as an empty folder).
 
-    ``saved``: the config the folder holds, or None when it holds no run of this kind; ``runtime``: the fields a
-    resumed run may change. An empty folder starts ``config``; a folder of another kind or command, a run without
-    ``resume`` or a changed setting is refused. Returns (config to run, finished already).
+    ``saved(out)``: the config the folder holds, or None when it holds no run of this kind; ``runtime``: the fields
+    a resumed run may change. Returns (config to run, finished already).
     """
-    if not (out.is_dir() and any(out.iterdir())):
+    action = runs.check_folder(out, COMMAND, resume=resume, overwrite=False)
+    if action == "new":
         if config is None:
             raise UsageError(f"{out} holds no run to resume; pass a config to start one.")
         return config, False
-    if saved is None:
+    found = saved(out)
+    if found is None:
         raise UsageError(
-            f"{out} is not empty and holds no {kind} run ({CONFIG_FILE} of '{COMMAND}'): it holds something else; "
-            "choose another folder."
-        )
-    if not resume:
-        raise UsageError(
-            f"{out} already holds a {kind} run; pass resume=True (--resume) to continue it, or choose another folder."
+            f"{out} holds a run of 'troll {COMMAND}' that is not a {kind} run; continue it with its own algorithm, "
+            "or choose another folder."
         )
     if config is not None:
-        diff = saved.differences(config, ignore=runtime)
+        diff = found.differences(config, ignore=runtime)
         if diff:
             listed = "; ".join(f"{k}: folder {a!r}, given {b!r}" for k, (a, b) in diff.items())
             raise UsageError(
                 f"--resume: the config differs from the one {out} was started with ({listed}); resume with the same "
                 f"settings (only {', '.join(runtime)} may change) or start a new folder."
             )
-        saved = dataclasses.replace(saved, **{k: getattr(config, k) for k in runtime})
-    return saved, (out / SUMMARY_FILE).is_file()
+        found = dataclasses.replace(found, **{k: getattr(config, k) for k in runtime})
+    return found, (out / SUMMARY_FILE).is_file()
 
 
 def saved_config(out: Path) -> TCEConfig | None:
@@ -182,20 +183,10 @@ def checkpoints(out: Path) -> list[tuple[int, Path]]:
     return numbered_files(out, CHECKPOINT)
 
 
-def numbered_files(out: Path, template: str) -> list[tuple[int, Path]]:
-    """(number, path) of the files of ``out`` named ``template`` with a whole number for its ``{}``, by number."""
-    prefix, suffix = template.split("{}")
-    found = []
-    for path in Path(out).glob(template.format("*")):
-        stem = path.name[len(prefix) : len(path.name) - len(suffix)]
-        if stem.isdigit():
-            found.append((int(stem), path))
-    return sorted(found)
-
-
 def _restore(agent: TCEAgent, config: TCEConfig, out: Path) -> int:
     """Load the newest checkpoint (cutting metrics.jsonl back to it) and return the next iteration; or start the
     folder (config.json, an empty metrics.jsonl) and return 0."""
+    runs.begin(out, COMMAND)  # the manifest first; stale temporary files of a killed process go
     found = checkpoints(out)
     if found:
         state = torch.load(found[-1][1], weights_only=True)
@@ -208,7 +199,6 @@ def _restore(agent: TCEAgent, config: TCEConfig, out: Path) -> int:
             ) from err
         truncate_jsonl(out / METRICS_FILE, state["metrics_lines"])
         return int(state["iteration"])
-    out.mkdir(parents=True, exist_ok=True)
     write_json(out / CONFIG_FILE, {"command": COMMAND, "config": config.to_dict()})
     truncate_jsonl(out / METRICS_FILE, 0)
     return 0

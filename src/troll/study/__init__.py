@@ -22,7 +22,7 @@ A frontend in a few lines (see :mod:`troll.study.frontend` for every field)::
                        clear=clear, jobs=args.jobs, report=print)
 """
 
-from troll.study.files import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, UsageError
+from troll.runs.files import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, UsageError
 from troll.study.frontend import Curve, Frontend, Number, Pairing, Study, against
 from troll.study.grid import Cell, Grid, parse_arms, parse_seeds, parse_sweep, plan
 from troll.study.report import JSON_FILE, PLOT_FILE, TABLE_FILE

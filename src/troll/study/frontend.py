@@ -17,7 +17,7 @@ statistics; a frontend knows its runs. It says
 ``troll study`` (:mod:`troll.train.study`) is one frontend; an episodic agent's ``troll tce study`` is another::
 
     Frontend(
-        command="tce study", arm="algo",
+        command="tce study", arm="algo", run_command="tce train",
         cell_argv=lambda cell, resume: [sys.executable, "-m", "troll.cli", "tce", "train", "--algo", cell.arm,
                                         "--seed", str(cell.seed), "--out", str(cell.folder), *(["--resume"] * resume)],
         numbers=lambda cell, summary, rows: {"success": summary["success_rate"], "return": summary["return"]},
@@ -104,10 +104,11 @@ class Frontend:
     """Everything the study engine needs to know about the runs of one command (see the module docstring).
 
     ``command`` is the study's name in its config.json (a folder is resumed only by the command that wrote it) and
-    in messages (``troll <command> --out ... --resume``); ``arm`` names the grid's first axis (``loss``, ``algo``)
-    in study.json, study.md and the plots. ``env`` is added to each cell's environment: one thread each by default,
-    so that ``--jobs N`` cells share N cores without oversubscribing them. ``title(grid, cells)`` heads study.png;
-    ``note(grid, cells)`` ends study.md (how the numbers were computed).
+    in messages (``troll <command> --out ... --resume``); ``run_command`` the command a cell runs, whose manifest
+    (:mod:`troll.runs.folder`) says what in a cell's folder may be deleted; ``arm`` names the grid's first axis
+    (``loss``, ``algo``) in study.json, study.md and the plots. ``env`` is added to each cell's environment: one
+    thread each by default, so that ``--jobs N`` cells share N cores without oversubscribing them.
+    ``title(grid, cells)`` heads study.png; ``note(grid, cells)`` ends study.md (how the numbers were computed).
     """
 
     command: str
@@ -121,6 +122,9 @@ class Frontend:
     x_key: str = "step"
     x_label: str = "step"
     can_resume: Callable[[Cell], bool] = _never
+    # the command of a cell's folder ("train", "tce train"), whose manifest says what in it may be deleted; None:
+    # an unfinished cell's folder is left to the cell's command as it is
+    run_command: str | None = None
     tidy: Callable[[Cell], None] = _nothing
     title: Callable[[Grid, list[Cell]], str] = _no_text
     note: Callable[[Grid, list[Cell]], str] = _no_text

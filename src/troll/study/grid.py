@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from troll.study.files import UsageError
+from troll.runs.files import UsageError
 
 MAX_SEEDS = 1000  # a count beyond this is a typo, not a study
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
+from troll.runs.files import METRICS_FILE, SUMMARY_FILE, read_jsonl, write_json
 from troll.study import stats
-from troll.study.files import METRICS_FILE, SUMMARY_FILE, read_jsonl, write_json
 
 if TYPE_CHECKING:
     from troll.study.frontend import Frontend, Study

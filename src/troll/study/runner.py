@@ -22,7 +22,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -30,53 +29,33 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from troll.study import report as report_lib
-from troll.study.files import (
+from troll import runs
+from troll.runs.files import (
     CONFIG_FILE,
     SUMMARY_FILE,
     UsageError,
-    check_out_path,
     load_config,
-    read_config,
     write_json,
 )
+from troll.study import report as report_lib
 from troll.study.frontend import Frontend, Study
 from troll.study.grid import Cell
 
+STUDY_FILES = (CONFIG_FILE, report_lib.JSON_FILE, report_lib.TABLE_FILE, report_lib.PLOT_FILE)
 POLL_S = 0.25  # how often running cells are checked; a study's cells run for seconds to hours
 
 
 def check_folder(out: Path, *, command: str, overwrite: bool, resume: bool) -> bool:
     """Check a study folder before anything is written; True when ``overwrite`` may delete it.
 
-    A non-empty folder must hold a study of ``command`` (its config.json says so); it is then continued with
-    ``resume`` or replaced with ``overwrite``, never silently reused. Touches nothing.
+    The rules of every run folder (:func:`troll.runs.check_folder`): a folder of another command is refused, one of
+    ``command`` is continued with ``resume`` or replaced with ``overwrite`` when it holds nothing the study did not
+    write (its cells checked by their own manifests), never silently reused. Touches nothing.
     """
-    if overwrite and resume:
-        raise UsageError("--overwrite and --resume exclude each other: one discards the study, the other continues it.")
-    check_out_path(out, "study folder")
-    if not (out.is_dir() and any(out.iterdir())):
-        if resume:
-            raise UsageError(f"--resume: {out} holds no study; start it without --resume.")
-        return False
-    if not _is_study(out, command):
-        raise UsageError(
-            f"--out {out} is not empty and holds no study's {CONFIG_FILE}: it holds something else; "
-            "choose another --out."
-        )
-    if resume:
-        return False
-    if not overwrite:
-        raise UsageError(f"study folder {out} is not empty; pass --resume to continue it, --overwrite to replace it.")
-    return True
-
-
-def _is_study(out: Path, command: str) -> bool:
-    try:
-        data = read_config(out)
-    except UsageError:
-        return False
-    return isinstance(data, dict) and data.get("command") == command
+    action = runs.check_folder(out, command, resume=resume, overwrite=overwrite, what="study")
+    if resume and action == "new":
+        raise UsageError(f"--resume: {out} holds no study; start it without --resume.")
+    return action == "replace"
 
 
 def load_spec(out: Path) -> dict:
@@ -92,9 +71,14 @@ def run_study(study: Study, *, clear: bool, jobs: int, report: Callable[[str], N
     ``clear``: delete the folder first (what :func:`check_folder` allowed). ``report(text)`` receives the progress
     lines. The report is also rewritten (without its plot) each time a cell ends, to read while the study runs.
     """
+    command = study.frontend.command
     if clear:
-        shutil.rmtree(study.out)
-    study.out.mkdir(parents=True, exist_ok=True)
+        runs.clear(study.out, command)
+    cells = tuple(c.folder.relative_to(study.out).as_posix() for c in study.cells)
+    files = (*runs.LAYOUTS.get(command, STUDY_FILES), *(c.log.relative_to(study.out).as_posix() for c in study.cells))
+    if study.frontend.run_command is None:  # cells that keep no manifest of their own are the study's whole
+        files, cells = files + tuple(f"{c}/" for c in cells), ()
+    runs.begin(study.out, command, files=files, runs=cells)
     write_json(study.out / CONFIG_FILE, {"command": study.frontend.command, "spec": study.spec, "argv": sys.argv})
 
     def partial(status: dict[str, str]) -> None:
@@ -129,6 +113,11 @@ def run_cells(
         if (cell.folder / SUMMARY_FILE).is_file():
             status[cell.label] = "kept"
             frontend.tidy(cell)
+            continue
+        problem = _restartable(frontend, cell)
+        if problem:
+            report(f"FAILED {cell.label}: {problem}")
+            status[cell.label] = "failed (foreign files)"
         else:
             todo.append(cell)
     env = {**os.environ, **frontend.env}
@@ -151,10 +140,24 @@ def run_cells(
     return status
 
 
+def _restartable(frontend: Frontend, cell: Cell) -> str | None:
+    """None when an unfinished cell can be (re)started; else why not: its folder holds files its command did not
+    write (they are never deleted)."""
+    if frontend.run_command is None or not cell.folder.exists() or frontend.can_resume(cell):
+        return None
+    try:
+        runs.check_folder(cell.folder, frontend.run_command, resume=False, overwrite=True, what="cell")
+    except UsageError as err:
+        return str(err)
+    return None
+
+
 def _start(frontend: Frontend, cell: Cell, env: dict, report) -> _Running:
     again = frontend.can_resume(cell)
-    if cell.folder.exists() and not again:
-        shutil.rmtree(cell.folder)  # ours (inside the study), interrupted before anything it could continue from
+    if frontend.run_command is not None and cell.folder.exists() and not again:
+        # interrupted before anything it could continue from: its command's files go (checked by _restartable)
+        if runs.check_folder(cell.folder, frontend.run_command, resume=False, overwrite=True) == "replace":
+            runs.clear(cell.folder, frontend.run_command)
     cell.folder.parent.mkdir(parents=True, exist_ok=True)
     argv = frontend.cell_argv(cell, again)
     log = cell.log.open("a")

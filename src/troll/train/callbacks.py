@@ -8,7 +8,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from troll.study.files import append_jsonl
+from troll.runs.files import append_jsonl
 from troll.train import checkpoints
 from troll.train.evaluate import heldout_accuracy
 from troll.train.tasks import Task

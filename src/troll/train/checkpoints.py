@@ -22,7 +22,8 @@ import json
 import shutil
 from pathlib import Path
 
-from troll.study.files import METRICS_FILE, truncate_jsonl, write_json
+from troll.runs.checkpoints import numbered_files
+from troll.runs.files import METRICS_FILE, truncate_jsonl, write_json
 
 PREFIX = "checkpoint-"
 MARK = "troll_complete.json"  # {"step": N, "metrics_lines": K}, written after the Trainer's last file
@@ -30,8 +31,7 @@ MARK = "troll_complete.json"  # {"step": N, "metrics_lines": K}, written after t
 
 def checkpoint_dirs(out: Path) -> list[Path]:
     """Every ``checkpoint-N`` folder of ``out``, complete or not, by increasing N."""
-    found = [p for p in Path(out).glob(PREFIX + "*") if p.is_dir() and p.name[len(PREFIX) :].isdigit()]
-    return sorted(found, key=step_of)
+    return [path for _, path in numbered_files(out, PREFIX + "{}", folders=True)]
 
 
 def step_of(folder: Path) -> int:

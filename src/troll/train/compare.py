@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 from pathlib import Path
 
-from troll.study.files import CONFIG_FILE, SUMMARY_FILE, write_json
+from troll import runs as run_folder
+from troll.runs.files import CONFIG_FILE, SUMMARY_FILE, write_json
 from troll.study.grid import parse_arms
 from troll.train import options
 from troll.train.metrics import off_policy_rows, read_metrics
 from troll.train.options import LOSSES, TROLL_LOSSES, RunOptions, UsageError
 
+COMMAND = "compare"
 PLOT_FILE = "compare.png"
 TABLE_FILE = "compare.md"
 
@@ -42,37 +43,35 @@ def parse_losses(text: str) -> list[str]:
 
 
 def check_folder(out: Path, *, overwrite: bool, resume: bool, runs: list[RunOptions] | None = None) -> bool:
-    """As :func:`troll.train.options.check_folder`, for a compare folder (whose checkpoints are per loss).
+    """As :func:`troll.train.options.check_folder`, for a compare folder (whose runs are run folders of their own).
 
     With ``resume`` the folder's config.json must be a comparison's, and, when ``runs`` is given, hold the same
-    runs: a comparison resumed with other options would mix two experiments in one table.
+    runs: a comparison resumed with other options would mix two experiments in one table. An unfinished run that
+    must start over is checked like ``troll train --overwrite``'s folder (nothing it did not write is deleted).
     """
-    if overwrite and resume:
-        raise UsageError(
-            "--overwrite and --resume exclude each other: one discards the runs, the other continues them."
-        )
-    options.check_out_path(out, "compare folder")
-    if not (out.is_dir() and any(out.iterdir())):
-        if resume:
-            raise UsageError(f"--resume: {out} holds no earlier comparison; start it without --resume.")
-        return False
-    if not (out / CONFIG_FILE).is_file():
-        raise UsageError(f"{out} is not empty and holds no {CONFIG_FILE}: not a troll folder; choose another --out.")
-    if resume:
+    action = run_folder.check_folder(out, COMMAND, resume=resume, overwrite=overwrite, what="comparison")
+    if resume and action == "new":
+        raise UsageError(f"--resume: {out} holds no earlier comparison; start it without --resume.")
+    if action == "resume":
         check_saved_runs(out, runs)
-        return False
-    if not overwrite:
-        raise UsageError(f"compare folder {out} is not empty; pass --overwrite to replace it, --resume to continue it.")
-    return True
+        for opts in runs or []:
+            folder = Path(opts.out)
+            if folder.exists() and not _finished(folder) and options.last_checkpoint(folder) is None:
+                run_folder.check_folder(folder, options.COMMAND, resume=False, overwrite=True)
+    return action == "replace"
+
+
+def _finished(folder: Path) -> bool:
+    return (folder / SUMMARY_FILE).is_file()
 
 
 def check_saved_runs(out: Path, runs: list[RunOptions] | None) -> None:
     """--resume: config.json must be a comparison's (``command`` "compare", a ``runs`` list) with ``runs``' options."""
     path = out / CONFIG_FILE
     data = options.read_config(out)
-    if not (isinstance(data, dict) and data.get("command") == "compare" and isinstance(data.get("runs"), list)):
+    if not (isinstance(data, dict) and data.get("command") == COMMAND and isinstance(data.get("runs"), list)):
         raise UsageError(
-            f"--resume: {path} is not a comparison's config (no command 'compare' with a 'runs' list); it was not "
+            f"--resume: {path} is not a comparison's config (no command '{COMMAND}' with a 'runs' list); it was not "
             "written by troll compare, start a new --out."
         )
     if runs is None:
@@ -99,9 +98,9 @@ def run(out: Path, runs: list[RunOptions], *, clear: bool, resume: bool) -> str:
     from troll.train.run import train
 
     if clear:
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
-    config = {"command": "compare", "runs": [r.to_json() for r in runs]}
+        run_folder.clear(out, COMMAND)
+    run_folder.begin(out, COMMAND, runs=tuple(Path(r.out).name for r in runs))
+    config = {"command": COMMAND, "runs": [r.to_json() for r in runs]}
     write_json(out / CONFIG_FILE, config)
     summaries = {}
     for opts in runs:
@@ -110,8 +109,9 @@ def run(out: Path, runs: list[RunOptions], *, clear: bool, resume: bool) -> str:
             summaries[opts.loss] = json.loads((folder / SUMMARY_FILE).read_text())
             continue
         again = resume and options.last_checkpoint(folder) is not None
-        if folder.exists() and not again:
-            shutil.rmtree(folder)  # an unfinished run of ours without a checkpoint: start it over
+        if folder.exists() and not again:  # an unfinished run without a checkpoint: start it over
+            if run_folder.check_folder(folder, options.COMMAND, resume=False, overwrite=True) == "replace":
+                run_folder.clear(folder, options.COMMAND)
         summaries[opts.loss] = train(opts, resume=again)
     metrics = {opts.loss: read_metrics(Path(opts.out)) for opts in runs}
     r = runs[0]

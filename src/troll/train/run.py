@@ -25,11 +25,12 @@ import sys
 import time
 from pathlib import Path
 
-from troll.study.files import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, write_json
+from troll import runs
+from troll.runs.files import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, write_json
 from troll.train import checkpoints, tasks
 from troll.train import model as model_lib
 from troll.train.metrics import read_metrics
-from troll.train.options import LOSSES, TROLL_LOSSES, RunOptions, UsageError
+from troll.train.options import COMMAND, LOSSES, TROLL_LOSSES, RunOptions, UsageError
 
 PLOTS_FILE = "plots.png"
 MODEL_DIR = "model"
@@ -105,7 +106,7 @@ def versions() -> dict[str, str]:
             "torch": torch.__version__}  # fmt: skip
 
 
-def write_config(opts: RunOptions, command: str = "train") -> None:
+def write_config(opts: RunOptions, command: str = COMMAND) -> None:
     data = {"command": command, "options": opts.to_json(), "versions": versions(), "argv": sys.argv}
     write_json(Path(opts.out, CONFIG_FILE), data)
 
@@ -124,7 +125,7 @@ def train(opts: RunOptions, *, resume: bool = False, keep_checkpoints: bool = Fa
     start = time.time()
     torch.set_num_threads(opts.threads)
     out = Path(opts.out)
-    out.mkdir(parents=True, exist_ok=True)
+    runs.begin(out, COMMAND)  # the manifest first; stale temporary files of a killed process go
     checkpoint, rows = checkpoints.prepare_resume(out) if resume else (None, [])
     write_config(opts)
     config_cls, trainer_cls = trainer_classes(opts.loss)
@@ -156,6 +157,7 @@ def train(opts: RunOptions, *, resume: bool = False, keep_checkpoints: bool = Fa
     log.close()
     if save_model:
         _save_model(trainer, out / MODEL_DIR, opts, ref, before, after)
+        runs.seal(out, MODEL_DIR)  # its files one by one: a user's file put there later is not the run's
     _plot(out, opts)
     summary = _summary(opts, before, after, read_metrics(out), train_time, time.time() - start, bool(checkpoint))
     write_json(out / SUMMARY_FILE, summary)  # last: from here on the run counts as finished

@@ -36,8 +36,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from troll.runs.files import CONFIG_FILE, SUMMARY_FILE, UsageError, read_jsonl, write_json
 from troll.study import stats
-from troll.study.files import CONFIG_FILE, SUMMARY_FILE, UsageError, read_jsonl, write_json
 from troll.train.metrics import off_policy_rows
 from troll.train.options import CLIP_LOSSES, LOSSES, TROLL_LOSSES, RunOptions
 from troll.train.study import cell_metrics

@@ -305,6 +305,7 @@ def frontend(*, keep_checkpoints: bool = False, keep_model: bool = False, thread
 
     return Frontend(
         command=COMMAND,
+        run_command="train",
         arm="loss",
         cell_argv=lambda cell, resume: cell_argv(
             cell, resume=resume, keep_checkpoints=keep_checkpoints, keep_model=keep_model
