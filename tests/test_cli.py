@@ -21,6 +21,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from conftest import run_cli  # noqa: E402
 
+from troll import runs  # noqa: E402
 from troll.cli import main  # noqa: E402
 from troll.train import model as model_lib  # noqa: E402
 from troll.train import options  # noqa: E402
@@ -184,20 +185,34 @@ def test_run_folder_refusal(tmp_path, capsys):
     (out / "notes.txt").write_text("mine")
     code, err = run_cli(capsys, "train", "--out", str(out))
     assert code == 2 and "not empty" in err
-    # --overwrite never deletes a folder this tool did not write
+    # --overwrite never deletes a folder this tool did not write, nor one whose config.json is not a run's
     code, err = run_cli(capsys, "train", "--out", str(out), "--overwrite")
-    assert code == 2 and "refusing to delete" in err
-    assert (out / "notes.txt").read_text() == "mine"
-    # an earlier run (config.json) may be replaced, but only with --overwrite
+    assert code == 2 and "nothing was deleted" in err
     (out / options.CONFIG_FILE).write_text(json.dumps({"options": RunOptions().to_json()}))
+    code, err = run_cli(capsys, "train", "--out", str(out), "--overwrite")
+    assert code == 2 and "holds something else (config.json, notes.txt)" in err
+    assert (out / "notes.txt").read_text() == "mine"
+    # a run folder of troll train (its manifest, then its config.json) may be replaced, but only with --overwrite
+    (out / "notes.txt").unlink()
+    runs.begin(out, options.COMMAND)
+    (out / options.CONFIG_FILE).write_text(json.dumps({"command": "train", "options": RunOptions().to_json()}))
     assert options.check_folder(out, overwrite=True, resume=False) is True
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(UsageError, match="did not write: notes.txt; nothing was deleted"):
+        options.check_folder(out, overwrite=True, resume=False)
     # --resume: an interrupted run without a complete checkpoint starts over; a finished one cannot be extended
     assert options.check_folder(out, overwrite=False, resume=True) is False
     (out / "checkpoint-2").mkdir()  # a checkpoint whose write was interrupted (no mark): it does not count
     (out / "summary.json").write_text("{}")
     with pytest.raises(UsageError, match="no complete checkpoint"):
         options.check_folder(out, overwrite=False, resume=True)
-    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-2", "config.json", "notes.txt", "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        ".troll-run.json",
+        "checkpoint-2",
+        "config.json",
+        "notes.txt",
+        "summary.json",
+    ]
     assert options.check_folder(tmp_path / "fresh", overwrite=False, resume=False) is False
 
 
@@ -205,7 +220,7 @@ def test_resume_refuses_changed_options(tmp_path, capsys):
     out = tmp_path / "run"
     (out / "checkpoint-2").mkdir(parents=True)
     saved = RunOptions(steps=2, out=str(out)).resolved()
-    (out / options.CONFIG_FILE).write_text(json.dumps({"options": saved.to_json()}))
+    (out / options.CONFIG_FILE).write_text(json.dumps({"command": "train", "options": saved.to_json()}))
     code, err = run_cli(capsys, "train", "--out", str(out), "--resume", "--loss", "grpo")
     assert code == 2 and "--loss differ" in err
 
@@ -282,7 +297,7 @@ def test_train_end_to_end_and_resume(tmp_path, capsys, tiny_model_dir, isolated_
 
     # a second run into the same folder is refused; --resume continues from checkpoint-2 to step 4
     code, err = run_cli(capsys, "train", "--model", str(tiny_model_dir), "--out", str(out), *TINY_RUN)
-    assert code == 2 and "not empty" in err
+    assert code == 2 and "already holds a run of 'troll train'" in err
     code = main(["train", "--out", str(out), "--resume", "--steps", "4"])
     assert code == 0, capsys.readouterr().err
     summary = json.loads((out / "summary.json").read_text())
@@ -291,6 +306,11 @@ def test_train_end_to_end_and_resume(tmp_path, capsys, tiny_model_dir, isolated_
     assert [r["step"] for r in rows if "troll/kl_after/max" in r] == [1, 2, 3, 4]
     # finished without --keep-checkpoints: its checkpoints are gone, the model stays
     assert not list(out.glob("checkpoint-*")) and (out / "model" / "config.json").is_file()
+    # the manifest names everything the run wrote (the Trainer's files included); a user's file in model/ is not
+    assert runs.foreign(out) == []
+    (out / "model" / "notes.txt").write_text("mine")
+    code, err = run_cli(capsys, "train", "--model", str(tiny_model_dir), "--out", str(out), *TINY_RUN, "--overwrite")
+    assert code == 2 and "did not write: model/notes.txt" in err and (out / "model" / "config.json").is_file()
 
 
 def _check_card(out: Path, base: Path, summary: dict) -> None:
@@ -438,8 +458,8 @@ def test_out_below_a_file(tmp_path, capsys, command):
         ("{not json", "cannot be read as JSON"),
         (json.dumps({"command": "train"}), "has no 'options' object"),
         (json.dumps(["options"]), "has no 'options' object"),
-        (json.dumps({"options": {"steps": "many"}}), "are not valid"),
-        (json.dumps({"options": {"alpha": float("nan")}}), "are not valid"),
+        (json.dumps({"command": "train", "options": {"steps": "many"}}), "are not valid"),
+        (json.dumps({"command": "train", "options": {"alpha": float("nan")}}), "are not valid"),
     ],
 )
 def test_resume_with_damaged_config(tmp_path, capsys, config, message):

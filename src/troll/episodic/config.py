@@ -21,11 +21,19 @@ import difflib
 import json
 import math
 from dataclasses import dataclass, field
-from numbers import Real
 
 from troll.episodic.envs.registry import ENV_NAMES, GYM, METAWORLD, TOY
 from troll.gaussian.distances import DISTANCES as GAUSSIAN_DISTANCES
 from troll.gaussian.projection import KINDS_FOR
+from troll.runs.numbers import SEED_LIMIT, check_int, check_real
+
+# Upper limits of the numbers a config takes (checked before anything is built or written): beyond them the float32
+# arithmetic of a run overflows (an Adam step of 1e300, a std of 1e300) or the sizes cannot be allocated.
+NUMBER_LIMITS = {"policy_lr": 1.0, "critic_lr": 1.0, "init_std": 1e3, "min_std": 1e3, "weights_scale": 1e6,
+                 "goal_scale": 1e6, "dmp_alpha": 1e6, "dmp_alpha_x": 1e6}  # fmt: skip
+SIZE_LIMITS = {"episodes": 100_000, "eval_episodes": 100_000, "num_basis": 1000, "num_segments": 10_000,
+               "policy_epochs": 100_000, "critic_epochs": 100_000, "critic_minibatches": 1_000_000, "threads": 1024,
+               "workers": 1024, "seed": SEED_LIMIT, "total_env_steps": 10**12, "width": 100_000}  # fmt: skip
 
 ALGOS = ("tce", "bbrl", "bbrl-cov")  # bbrl: diagonal covariance (the authors'); bbrl-cov: full (the paper's BBRL-Cov)
 COVARIANCES = ("full", "diag")
@@ -308,9 +316,11 @@ class TCEConfig:
                 "algo='bbrl-cov' is BBRL with the full covariance; pass covariance='full', or algo='bbrl'."
             )
         for name, meaning in positive.items():
-            _check_real(name, getattr(self, name), strict=True, meaning=meaning)
-        _check_real("trust_region_coeff", self.trust_region_coeff, strict=False, meaning="the regression weight; 1")
-        _check_real("entropy_target", self.entropy_target, low=-math.inf, meaning="nats per parameter; e.g. -1.0")
+            _check_real(name, getattr(self, name), strict=True, high=NUMBER_LIMITS.get(name), meaning=meaning)
+        _check_real("trust_region_coeff", self.trust_region_coeff, strict=False, high=1e6,
+                    meaning="the regression weight; 1 (beyond 1e6 it swamps the surrogate in float32)")  # fmt: skip
+        _check_real("entropy_target", self.entropy_target, low=-30.0, strict=False, high=30.0,
+                    meaning="nats per parameter, each std moved by e^target at most; e.g. -1.0")  # fmt: skip
         if not self.min_std < self.init_std:
             raise ValueError(
                 f"init_std={self.init_std!r} must exceed min_std={self.min_std!r}: the diagonal of the Cholesky "
@@ -340,21 +350,20 @@ class TCEConfig:
             "policy_epochs": (1, "TCE uses 50"),
             "critic_epochs": (0, "TCE uses 50 (0 keeps the critic untrained)"),
             "critic_minibatches": (1, "1 is a full batch (TCE)"),
-            "seed": (0, "any integer >= 0"),
+            "seed": (0, "numpy's seed range"),
             "threads": (1, "torch threads; 1 on a shared machine"),
             "workers": (0, "env processes; 0 runs the episodes in this process"),
             "checkpoint_every": (1, "iterations between checkpoints, e.g. 10"),
         }
         for name, (low, hint) in ints.items():
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}; {hint}.")
+            check_int(name, getattr(self, name), low=low, high=SIZE_LIMITS.get(name), hint=hint)
         for name in ("policy_hidden", "critic_hidden"):
             value = getattr(self, name)
             ok = isinstance(value, tuple) and all(isinstance(h, int) and not isinstance(h, bool) for h in value)
-            if not ok or not all(h >= 1 for h in value):
+            if not ok or not all(1 <= h <= SIZE_LIMITS["width"] for h in value):
                 raise ValueError(
-                    f"{name} must be a tuple of layer widths >= 1 (empty: linear), got {value!r}; e.g. (128, 128)."
+                    f"{name} must be a tuple of layer widths in [1, {SIZE_LIMITS['width']}] (empty: linear), got "
+                    f"{value!r}; e.g. (128, 128)."
                 )
         if self.algo != "tce" and self.episodes < 2:
             raise ValueError(
@@ -420,11 +429,8 @@ def _check_bool(name: str, value) -> None:
         raise ValueError(f"{name} must be True or False, got {value!r}.")
 
 
-def _check_real(name: str, value, *, strict: bool = True, low: float = 0.0, meaning: str = "") -> None:
-    """A finite real number (not a bool) above ``low`` (``>= low`` unless ``strict``; no bound for low=-inf)."""
-    ok = isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
-    if ok and low > -math.inf:
-        ok = value > low if strict else value >= low
-    if not ok:
-        where = f" {'>' if strict else '>='} {low:g} and" if low > -math.inf else ""
-        raise ValueError(f"{name} must be{where} a finite number, got {value!r} ({meaning}).")
+def _check_real(name: str, value, *, strict: bool = True, low: float = 0.0, high: float | None = None,
+                meaning: str = "") -> None:  # fmt: skip
+    """A finite real number (not a bool) above ``low`` (``>= low`` unless ``strict``; no bound for low=-inf) and at
+    most ``high`` (:func:`troll.runs.numbers.check_real`, the one check of a number)."""
+    check_real(name, value, low=None if low == -math.inf else low, low_open=strict, high=high, hint=f" ({meaning})")

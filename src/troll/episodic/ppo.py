@@ -47,7 +47,7 @@ import numpy as np
 
 from troll import runs
 from troll.episodic.agent import EVAL_STREAM, reset_seed
-from troll.episodic.config import PRESETS, TCEConfig, env_family
+from troll.episodic.config import PRESETS, SIZE_LIMITS, TCEConfig, env_family
 from troll.episodic.envs.base import check_finite, episode_seeds
 from troll.episodic.report import plot_run, summarise
 from troll.episodic.train import COMMAND, PLOT_FILE, numbered_files, prepare_run_folder
@@ -63,7 +63,7 @@ from troll.runs.files import (
     truncate_jsonl,
     write_json,
 )
-from troll.runs.numbers import is_real
+from troll.runs.numbers import check_int, check_real, check_seed, is_int
 
 INSTALL = "pip install 'troll[baselines]' (stable-baselines3)"
 HORIZON = {"gym": 50, "metaworld": 500}  # the episodic envs' T (Reacher-v5's time limit, Meta-World's path length)
@@ -120,21 +120,16 @@ class PPOConfig:
             )
         ints = ("total_env_steps", "eval_every_steps", "eval_episodes", "threads", "checkpoint_every", "n_steps")
         for name in (*ints, "batch_size", "n_epochs"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}.")
-        for name, low, high in (("learning_rate", 0, math.inf), ("clip_range", 0, math.inf), ("gamma", 0, 1),
-                                ("gae_lambda", 0, 1), ("max_grad_norm", 0, math.inf)):  # fmt: skip
-            value = getattr(self, name)
-            if not _real(value) or not low < value <= high:
-                raise ValueError(f"{name} must lie in ({low}, {high}], got {value!r}; SB3's default is "
-                                 f"{getattr(PPOConfig, name)}.")  # fmt: skip
+            check_int(name, getattr(self, name), low=1, high=SIZE_LIMITS.get(name, 10**12))
+        check_seed("seed", self.seed)
+        # an Adam step above 1 (and 1e300 overflows), a loss weight above 1e6 swamps the rest in float32
+        for name, low, high in (("learning_rate", 0, 1), ("clip_range", 0, None), ("gamma", 0, 1),
+                                ("gae_lambda", 0, 1), ("max_grad_norm", 0, None)):  # fmt: skip
+            default = getattr(PPOConfig, name)
+            check_real(name, getattr(self, name), low=low, high=high, hint=f"SB3's default is {default}")
         for name in ("ent_coef", "vf_coef"):
-            if not _real(getattr(self, name)) or getattr(self, name) < 0:
-                raise ValueError(f"{name} must be a finite number >= 0, got {getattr(self, name)!r}.")
-        if not all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in self.net_arch):
+            check_real(name, getattr(self, name), low=0, low_open=False, high=1e6)
+        if not all(is_int(h) and 1 <= h <= SIZE_LIMITS["width"] for h in self.net_arch):
             raise ValueError(f"net_arch must be layer widths >= 1, got {self.net_arch!r}; SB3's default is (64, 64).")
 
     @property
@@ -177,9 +172,6 @@ class PPOConfig:
     def differences(self, other: PPOConfig, *, ignore: tuple[str, ...] = RUNTIME_FIELDS) -> dict:
         a, b = self.to_dict(), other.to_dict()
         return {k: (a[k], b[k]) for k in a if k not in ignore and a[k] != b[k]}
-
-
-_real = is_real
 
 
 # ---------------------------------------------------------------------------------------------- the step env

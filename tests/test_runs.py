@@ -1,0 +1,211 @@
+"""The run layer (:mod:`troll.runs`): a folder knows what it wrote, and every command keeps a user's files.
+
+Issue 28 item 1: ``--overwrite`` deletes only what the command wrote and refuses, with the list, when anything else
+is there (``R/.canary``, ``R/checkpoint-notes.txt``, ``.git/``, ``checkpoint-backup/``, notes in a study folder or
+in a cell, ``model.safetensors`` beside a foreign ``config.json``); a folder of one command is never replaced by
+another; the leftovers of a start killed before its config.json was whole never make a folder unusable. The
+command-line tests refuse before anything is loaded (well under a second each).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+
+from troll import runs
+from troll.runs import UsageError, numbers
+from troll.runs.folder import MANIFEST
+
+COMMANDS = tuple(runs.LAYOUTS)
+USER_FILES = (".canary", "checkpoint-notes.txt", ".git/HEAD", "checkpoint-backup/model.pt", ".canary.tmp-1")
+
+
+def make_run(out: Path, command: str, **manifest) -> Path:
+    """A folder as ``command`` leaves it: its manifest, its config.json and a few of its files."""
+    runs.begin(out, command, **manifest)
+    runs.write_json(out / "config.json", {"command": command, "config": {}, "options": {}, "spec": {}, "runs": []})
+    for name in {
+        "train": ("metrics.jsonl", "checkpoint-2/trainer_state.json", "model/model.safetensors"),
+        "tce train": ("metrics.jsonl", "checkpoint-4.pt", ".checkpoint-6.pt.tmp-999999"),
+    }.get(command, ()):
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text("ours")  # fmt: skip
+    return out
+
+
+def tree(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("user", USER_FILES)
+def test_overwrite_refuses_and_keeps_a_user_file(tmp_path, command, user):
+    out = make_run(tmp_path / "r", command)
+    assert runs.foreign(out) == [] and runs.check_folder(out, command, resume=False, overwrite=True) == "replace"
+    (out / user).parent.mkdir(parents=True, exist_ok=True)
+    (out / user).write_text("mine")
+    before = tree(out)
+    with pytest.raises(UsageError, match=f"did not write: {user.split('/')[0]}") as err:
+        runs.check_folder(out, command, resume=False, overwrite=True)
+    assert "nothing was deleted" in str(err.value)
+    with pytest.raises(UsageError, match="changed since it was checked"):
+        runs.clear(out, command)
+    assert tree(out) == before
+    assert runs.check_folder(out, command, resume=True, overwrite=False) == "resume"  # resuming leaves it alone
+    runs.begin(out, command)
+    assert (out / user).read_text() == "mine"
+
+
+@pytest.mark.parametrize("command, other", [(a, b) for a in COMMANDS for b in COMMANDS if a != b])
+def test_a_folder_of_one_command_is_never_taken_by_another(tmp_path, command, other):
+    out = make_run(tmp_path / "r", command)
+    before = tree(out)
+    for resume, overwrite in ((False, False), (True, False), (False, True)):
+        with pytest.raises(UsageError, match=f"'troll {command}', which 'troll {other}' never continues nor"):
+            runs.check_folder(out, other, resume=resume, overwrite=overwrite)
+    assert tree(out) == before
+
+
+def test_a_foreign_config_json_is_not_a_run(tmp_path):
+    """mkdir M; echo '{}' > M/config.json; touch M/model.safetensors; troll train --out M --overwrite: refused."""
+    out = tmp_path / "M"
+    out.mkdir()
+    (out / "config.json").write_text("{}")
+    for resume, overwrite in ((False, False), (True, False), (False, True)):
+        with pytest.raises(UsageError, match=r"holds something else \(config.json\)"):
+            runs.check_folder(out, "train", resume=resume, overwrite=overwrite)
+    (out / "model.safetensors").write_text("weights")
+    with pytest.raises(UsageError, match=r"holds something else \(config.json, model.safetensors\)"):
+        runs.check_folder(out, "train", resume=False, overwrite=True)
+    assert tree(out) == {"config.json": b"{}", "model.safetensors": b"weights"}
+
+
+def test_notes_in_a_study_or_in_a_cell_stop_an_overwrite(tmp_path):
+    out = tmp_path / "study"
+    cells = ("mean_bound=0.1/tce/seed0", "mean_bound=0.1/bbrl/seed0")
+    logs = tuple(f"{c}.log" for c in cells)
+    make_run(out, "tce study", files=(*runs.LAYOUTS["tce study"], *logs), runs=cells)
+    for cell, log in zip(cells, logs, strict=True):
+        make_run(out / cell, "tce train")
+        (out / log).write_text("$ troll tce train ...\n")
+    assert runs.foreign(out) == [] and runs.check_folder(out, "tce study", resume=False, overwrite=True) == "replace"
+    for note, shown in (("notes.md", "notes.md"), ("mean_bound=0.1/notes.md", "mean_bound=0.1/notes.md"),
+                        ("mean_bound=0.1/tce/seed0/notes.md", "mean_bound=0.1/tce/seed0/notes.md"),
+                        ("mean_bound=0.2/x", "mean_bound=0.2/")):  # fmt: skip
+        (out / note).parent.mkdir(parents=True, exist_ok=True)
+        (out / note).write_text("mine")
+        with pytest.raises(UsageError, match=f"did not write: {shown};"):
+            runs.check_folder(out, "tce study", resume=False, overwrite=True)
+        (out / note).unlink()
+    (out / "mean_bound=0.2").rmdir()
+    runs.clear(out, "tce study")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("leftover", [f".{MANIFEST}.tmp-4242", ".config.json.tmp-4242"])
+def test_a_start_killed_before_its_config_is_whole_counts_as_empty(tmp_path, command, leftover):
+    out = tmp_path / "r"
+    out.mkdir()
+    if leftover.startswith(".config"):
+        runs.begin(out, command)  # the manifest was whole, config.json was not
+    (out / leftover).write_text('{"half')
+    for resume, overwrite in ((False, False), (True, False), (False, True)):
+        assert runs.check_folder(out, command, resume=resume, overwrite=overwrite) == "new"
+    (out / "notes.txt").write_text("mine")  # but a user's file beside them is still refused, untouched
+    with pytest.raises(UsageError, match=r"holds something else \(notes.txt\)"):
+        runs.check_folder(out, command, resume=False, overwrite=True)
+    (out / "notes.txt").unlink()
+    runs.begin(out, command)
+    assert sorted(os.listdir(out)) == [MANIFEST]  # the stale temporary file is gone
+
+
+def test_begin_removes_only_stale_temporary_files_of_its_own_names(tmp_path):
+    out = make_run(tmp_path / "r", "tce train")
+    (out / ".metrics.jsonl.tmp-999998").write_text("half")
+    (out / ".notes.txt.tmp-999998").write_text("mine")  # not a name of the command: kept, and foreign
+    own = out / f".config.json.tmp-{os.getpid()}"  # this process's own write in progress: kept
+    own.write_text("{}")
+    runs.begin(out, "tce train")
+    names = sorted(os.listdir(out))
+    assert ".checkpoint-6.pt.tmp-999999" not in names and ".metrics.jsonl.tmp-999998" not in names
+    assert ".notes.txt.tmp-999998" in names and own.name in names
+    assert runs.foreign(out) == [".notes.txt.tmp-999998"]
+
+
+def test_seal_records_a_folder_file_by_file(tmp_path):
+    out = make_run(tmp_path / "r", "train")
+    runs.seal(out, "model")
+    (out / "model" / "notes.txt").write_text("mine")
+    assert runs.foreign(out) == ["model/notes.txt"]
+
+
+def test_overwrite_and_resume_exclude_each_other(tmp_path):
+    with pytest.raises(UsageError, match="--overwrite and --resume exclude each other"):
+        runs.check_folder(tmp_path / "r", "train", resume=True, overwrite=True)
+
+
+def test_an_unwritable_out_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    """A read-only --out (root may write anywhere, so the permission is simulated): a message, not a traceback."""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == locked else real(p, mode))
+    for out in (locked, locked / "run"):
+        with pytest.raises(UsageError, match=f"--out {out}: {locked} is not writable"):
+            runs.check_folder(out, "tce train", resume=False, overwrite=False)
+    assert list(locked.iterdir()) == []
+
+
+# ---------------------------------------------------------------- numbers
+
+
+@pytest.mark.parametrize("value", [True, None, "1", float("nan"), float("inf"), -1.0, 0.0, 1e300])
+def test_check_real_names_the_flag_and_the_range(value):
+    with pytest.raises(UsageError, match=r"--lr must be > 0 and <= 1 and a finite number \(not a bool\), got"):
+        numbers.check_real("--lr", value, low=0, high=1, error=UsageError)
+
+
+def test_check_seed_names_the_flag_for_a_23_digit_seed():
+    with pytest.raises(ValueError, match=r"--seed must be a whole number in \[0, 2\*\*32\), got 1.235e\+22 \(23"):
+        numbers.check_seed("--seed", 12345678901234567890123)
+    numbers.check_seed("--seed", 2**32 - 1)
+
+
+# ---------------------------------------------------------------- every command on the command line
+
+
+def _cli_argv(command: str, out: Path) -> list[str]:
+    return {
+        "train": ["train", "--out", str(out), "--overwrite"],
+        "compare": ["compare", "--out", str(out), "--overwrite"],
+        "study": ["study", "--out", str(out), "--overwrite"],
+        "tce train": ["tce", "train", "--env", "toy/viapoint", "--out", str(out), "--overwrite"],
+        "tce study": ["tce", "study", "--env", "toy/viapoint", "--out", str(out), "--overwrite"],
+    }[command]
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_keeps_a_user_file_on_overwrite(tmp_path, capsys, command):
+    if command in ("train", "compare", "study"):
+        pytest.importorskip("reasoning_gym")
+    out = make_run(tmp_path / "r", command)
+    if command == "compare":  # compare's config must hold its runs to be checked further
+        runs.write_json(out / "config.json", {"command": "compare", "runs": []})
+    for user in (".canary", "checkpoint-notes.txt", "checkpoint-backup/x", ".git/HEAD"):
+        (out / user).parent.mkdir(parents=True, exist_ok=True)
+        (out / user).write_text("mine")
+    before = tree(out)
+    code, err = run_cli(capsys, *_cli_argv(command, out))
+    assert code == 2 and "did not write: .canary, .git/, checkpoint-backup/, checkpoint-notes.txt" in err, err
+    assert tree(out) == before
+    other = make_run(tmp_path / "other", "tce train" if command != "tce train" else "train")
+    before = tree(other)
+    code, err = run_cli(capsys, *_cli_argv(command, other))
+    assert code == 2 and "never continues nor replaces" in err, err
+    assert tree(other) == before
+    json.loads((other / "config.json").read_text())
