@@ -51,7 +51,12 @@ def isolated_cache(tmp_path, monkeypatch):
         (["--loss", "ppo"], "unknown loss 'ppo'; choose one of: troll, troll_seq, grpo"),
         (["--task", "chain_summ"], "Did you mean: chain_sum"),
         (["--task", "no_such_task"], "e.g. chain_sum, basic_arithmetic"),
-        (["--eps", "0"], "--eps must be > 0 and finite, got 0.0: it is the per-token KL bound"),
+        (["--eps", "0"], "--kl-bound must be > 0 and finite, got 0.0: it is the per-token KL bound"),
+        (["--kl-bound", "0"], "--kl-bound must be > 0 and finite, got 0.0: it is the per-token KL bound"),
+        (["--clip-eps", "0.2"], "--clip-eps sets the clip range of the ratio (TRL's epsilon) of grpo"),
+        (["--loss", "grpo", "--kl-bound", "0.2"], "--loss grpo takes --clip-eps"),
+        (["--loss", "cispo", "--clip-eps", "0.2"], "--loss cispo takes --cispo-cap"),
+        (["--kl-bound", "0.1", "--eps", "0.1"], "--kl-bound and --eps both set the loss's bound; give one"),
         (["--eps", "-0.1", "--loss", "grpo"], "clip range"),
         (["--model", "/nonexistent/model"], "no such file or folder"),
         (["--model", "./missing-folder"], "no such file or folder"),
@@ -401,12 +406,13 @@ def test_loss_names_map_onto_trl(tmp_path, argv, expected):
 
 def test_compare_resume_refuses_a_folder_that_is_not_a_comparison(tmp_path, capsys):
     out = tmp_path / "cmp"
-    out.mkdir()
+    runs.begin(out, "compare")  # a comparison's folder (its manifest) whose config.json is damaged
     for content, message in [("{broken", "cannot be read as JSON"), ('{"command": "train"}', "not a comparison's")]:
         (out / "config.json").write_text(content)
         code, err = run_cli(capsys, "compare", "--resume", "--out", str(out))
         assert code == 2 and message in err
-        assert (out / "config.json").read_text() == content and sorted(p.name for p in out.iterdir()) == ["config.json"]
+        assert (out / "config.json").read_text() == content
+        assert sorted(p.name for p in out.iterdir()) == [".troll-run.json", "config.json"]
 
 
 # ---------------------------------------------------------------- D9: checked before anything is written
@@ -464,11 +470,12 @@ def test_out_below_a_file(tmp_path, capsys, command):
 )
 def test_resume_with_damaged_config(tmp_path, capsys, config, message):
     out = tmp_path / "run"
+    runs.begin(out, options.COMMAND)  # a run folder (its manifest) whose config.json is damaged
     (out / "checkpoint-2").mkdir(parents=True)
     (out / options.CONFIG_FILE).write_text(config)
     code, err = run_cli(capsys, "train", "--out", str(out), "--resume")
     assert code == 2 and message in err, err
-    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-2", "config.json"]
+    assert sorted(p.name for p in out.iterdir()) == [".troll-run.json", "checkpoint-2", "config.json"]
     assert (out / options.CONFIG_FILE).read_text() == config
 
 
@@ -491,7 +498,9 @@ def _flags(command: str) -> list[tuple[str, type]]:
     from troll.cli.lm import RUN_ARGS
 
     flags = [(f, k) for f, k, _ in RUN_ARGS if not (command == "study" and f == "--seed")]
-    flags.append(("--eps", float))
+    flags += [("--eps", float), ("--kl-bound", float)]
+    if command == "train":
+        flags += [("--clip-eps", float), ("--cispo-cap", float)]
     if command in ("compare", "study"):
         flags += [("--clip-eps", float), ("--losses", str)]
     if command == "study":

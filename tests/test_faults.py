@@ -28,6 +28,7 @@ pytest.importorskip("reasoning_gym")
 
 from conftest import run_cli  # noqa: E402
 
+from troll import runs  # noqa: E402
 from troll.cli import main  # noqa: E402
 from troll.study.files import read_jsonl  # noqa: E402
 from troll.train import tasks  # noqa: E402
@@ -76,7 +77,7 @@ def _patch_tasks(module):
 
 
 def _patch_callbacks(module):
-    if not _armed():
+    if not _armed() or FAULT == "config":
         return
     kind, _, step = FAULT.partition(":")
     step = int(step)
@@ -101,6 +102,17 @@ def _patch_callbacks(module):
             return save(obj, f, *args, **kwargs)
 
         torch.save = torn_save
+
+
+if FAULT == "config":  # killed at the first config.json's atomic rename: the folder keeps its temporary file
+    _replace = os.replace
+
+    def _replace_or_die(src, dst, *args, **kwargs):
+        if os.path.basename(str(dst)) == "config.json" and _armed():
+            _die()
+        return _replace(src, dst, *args, **kwargs)
+
+    os.replace = _replace_or_die
 
 
 class _AfterImport:
@@ -167,8 +179,14 @@ def _weights(folder: Path) -> dict:
 
 def test_train_killed_anywhere_resumes_to_the_same_end(tmp_path, tiny_model_dir, hooked):
     out = tmp_path / "run"
-    # 1. killed while the first checkpoint is written: it is not complete, nothing can be resumed from
-    proc = _train("--model", tiny_model_dir, "--out", out, *RUN, fault="ckpt:2")
+    # 0. killed while its first config.json is written: the folder holds the manifest and .config.json.tmp-PID
+    proc = _train("--model", tiny_model_dir, "--out", out, *RUN, fault="config")
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    assert sorted(p.name[:17] for p in out.iterdir()) == [".config.json.tmp-", ".troll-run.json"]
+    # 1. --resume (with the run's flags: no config was saved) starts it over; killed while the first checkpoint is
+    #    written: it is not complete, nothing can be resumed from
+    proc = _train("--model", tiny_model_dir, "--out", out, *RUN, "--resume", fault="ckpt:2")
+    assert "holds no complete config.json; the run starts over" in proc.stderr, proc.stderr[-2000:]
     assert proc.returncode == -9, proc.stderr[-2000:]
     assert (out / "checkpoint-2" / "optimizer.pt").read_bytes() == b"torn" and last_checkpoint(out) is None
     # 2. --resume starts over; killed while checkpoint-4 is written, after checkpoint-2 was completed
@@ -191,6 +209,7 @@ def test_train_killed_anywhere_resumes_to_the_same_end(tmp_path, tiny_model_dir,
     assert [r["step"] for r in rows if "heldout/accuracy" in r] == [0, 2, 4, 6]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["resumed"] is True and not list(out.glob("checkpoint-*"))
+    assert runs.foreign(out) == [] and not list(out.glob(".*.tmp-*"))  # no leftover of the kills remains
 
     ref = tmp_path / "ref"  # the same run, uninterrupted (in this process, with the same reward)
     assert main(["train", "--model", str(tiny_model_dir), "--out", str(ref), *RUN]) == 0

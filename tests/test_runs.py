@@ -209,3 +209,103 @@ def test_every_command_keeps_a_user_file_on_overwrite(tmp_path, capsys, command)
     assert code == 2 and "never continues nor replaces" in err, err
     assert tree(other) == before
     json.loads((other / "config.json").read_text())
+
+
+# ---------------------------------------------------------------- values checked before anything is written
+
+TOY = ["tce", "train", "--env", "toy/viapoint", "--steps", "800", "--workers", "0", "--no-progress"]
+BIG_SEED = "12345678901234567890123"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        ([*TOY, "--init-std", "1e300"], "--init-std: init_std must be > 0 and <= 1000"),
+        ([*TOY, "--policy-lr", "1e300"], "--policy-lr: policy_lr must be > 0 and <= 1"),
+        ([*TOY, "--critic-lr", "1e300"], "--critic-lr: critic_lr must be > 0 and <= 1"),
+        ([*TOY, "--weights-scale", "1e300"], "--weights-scale: weights_scale must be > 0 and <= 1e+06"),
+        ([*TOY, "--entropy-target", "1e300"], "--entropy-target: entropy_target must be >= -30 and <= 30"),
+        ([*TOY, "--episodes", "1e30"], "--episodes: episodes must be a whole number in [1, 100000)"),
+        ([*TOY, "--critic-minibatches", "500", "--episodes", "2"], "(--critic-minibatches) 500 exceeds the 200 critic"),
+        ([*TOY, "--seed", BIG_SEED], "--seed: seed must be a whole number in [0, 2**32)"),
+        (["tce", "study", "--env", "toy/viapoint", "--seeds", f"0,{BIG_SEED}"], "--seeds 0,1234"),
+        (["tce", "study", "--env", "toy/viapoint", "--policy-lr", "1e300"], "--policy-lr: policy_lr must be"),
+        (["train", "--lr", "1e300"], "--lr must be > 0 and <= 1 and a finite number"),
+        (["train", "--seed", BIG_SEED], "--seed must be a whole number in [0, 2**32), got 1.235e+22 (23 digits)"),
+        (["train", "--steps", "10000000000"], "--steps must be a whole number in [1, 1000000000)"),
+    ],
+)
+def test_an_unchecked_value_exits_2_before_anything_is_written(tmp_path, capsys, argv, message):
+    if argv[0] == "train":
+        pytest.importorskip("reasoning_gym")
+    out = tmp_path / "out"
+    code, err = run_cli(capsys, *argv, "--out", str(out))
+    assert code == 2 and message in err, err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command", [["train"], ["compare"], ["study"], ["tce", "train"], ["tce", "study"]])
+def test_a_read_only_out_exits_2_naming_the_flag(tmp_path, capsys, monkeypatch, command):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == locked else real(p, mode))
+    env = ["--env", "toy/viapoint"] if command[0] == "tce" else []
+    code, err = run_cli(capsys, *command, *env, "--out", str(locked / "run"))
+    assert code == 2 and f"--out {locked / 'run'}: {locked} is not writable" in err, err
+    assert list(locked.iterdir()) == []
+
+
+# Every subcommand refuses an abbreviated flag (argparse's prefix matching would read --seed as --seeds).
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["tce", "study", "--env", "toy/viapoint", "--seed", "3"], "--seed"),
+        (["tce", "train", "--env", "toy/viapoint", "--ste", "800"], "--ste"),
+        (["study", "--seed", "3"], "--seed"),
+        (["study", "--loss", "troll"], "--loss"),
+        (["compare", "--loss", "troll"], "--loss"),
+        (["train", "--ste", "3"], "--ste"),
+        (["tce", "train", "--env", "toy/viapoint", "--policy", "16"], "--policy"),
+    ],
+)
+def test_abbreviated_flags_are_refused(tmp_path, capsys, argv, flag):
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(capsys, *argv, "--out", str(out))
+    assert exit_.value.code == 2
+    assert f"unrecognized arguments: {flag}" in capsys.readouterr().err
+    assert not out.exists()
+
+
+# ---------------------------------------------------------------- flags that mean one thing (issue 27 item 5)
+
+
+@pytest.mark.parametrize(
+    "argv, new",
+    [
+        (["train", "--eps", "0.07"], "--kl-bound"),
+        (["train", "--loss", "grpo", "--eps", "0.07"], "--clip-eps"),
+        (["train", "--loss", "cispo", "--eps", "0.07"], "--cispo-cap"),
+        (["compare", "--eps", "0.07"], "--kl-bound"),
+        (["study", "--eps", "0.07"], "--kl-bound"),
+        (["study", "--sweep", "eps=0.07,0.1"], "kl-bound="),
+    ],
+)
+def test_eps_still_works_with_a_warning_naming_the_new_flag(tmp_path, capsys, argv, new):
+    """--eps (and the sweep key eps=) keep working for one release; the warning says where the value went. The
+    run is stopped before it loads anything by a bad --steps, after the options were read."""
+    pytest.importorskip("reasoning_gym")
+    code, err = run_cli(capsys, *argv, "--steps", "0", "--out", str(tmp_path / "o"))
+    assert "is deprecated and will be removed in the next release" in err and f"went to {new}" in err, err
+    assert code == 2 and "--steps must be" in err and not (tmp_path / "o").exists()
+
+
+def test_the_new_flags_set_the_same_option(tmp_path):
+    from troll.cli import build_parser
+    from troll.cli.lm import options_from_args, train_bound
+
+    for argv in (["--kl-bound", "0.07"], ["--eps", "0.07"], ["--loss", "grpo", "--clip-eps", "0.07"]):
+        args = build_parser().parse_args(["train", *argv, "--out", str(tmp_path / "o")])
+        train_bound(args)
+        assert options_from_args(args).eps == 0.07

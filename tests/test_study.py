@@ -172,7 +172,7 @@ def test_arms_take_the_shared_options_that_concern_them():
         (["--sweep", "steps-per-rollout=2,3"], "--sweep steps-per-rollout=3 (troll): a rollout batch"),
         (["--sweep", "lr=1e-5,-1"], "--sweep lr=-1.0 (troll): --lr must be a finite number > 0"),
         (["--sweep", "alpha=nan"], "--sweep alpha=nan (troll): --alpha must be >= 0 and finite"),
-        (["--sweep", "clip-eps=0.2,0"], "--eps must be a finite number > 0"),
+        (["--sweep", "clip-eps=0.2,0"], "--clip-eps must be a finite number > 0"),
         (["--jobs", "0"], "--jobs must be >= 1"),
         (["--jobs=-2"], "--jobs must be >= 1"),
         (["--seeds", "0"], "a count of seeds must lie in [1, 1000]"),
@@ -181,7 +181,8 @@ def test_arms_take_the_shared_options_that_concern_them():
         (["--seeds", "1,1"], "names a seed twice"),
         (["--seeds=-1,2"], "each seed must lie in"),
         (["--clip-eps", "nan"], "--clip-eps must be a finite number > 0"),
-        (["--eps", "inf"], "--eps must be > 0 and finite, got inf"),
+        (["--eps", "inf"], "--kl-bound must be > 0 and finite, got inf"),
+        (["--kl-bound", "inf"], "--kl-bound must be > 0 and finite, got inf"),
         (["--steps", "0"], "--steps must be a whole number > 0"),
         (["--task", "no_such_task"], "unknown task"),
         (["--model", "/nonexistent/model"], "no such file or folder"),
@@ -203,7 +204,8 @@ def test_arms_take_the_shared_options_that_concern_them():
         (["--losses", "troll:eps=0.2", "--sweep", "eps=0.1,0.3"], "sets the swept option eps; sweep it or set it"),
         (["--losses", "clip:agg=token-mean"], "--losses clip:agg=token-mean: --agg sets the aggregation of the TROLL"),
         (["--losses", "troll:dual-clip=10"], "--losses troll:dual-clip=10: --dual-clip: only the clip losses"),
-        (["--losses", "troll:eps=0"], "--losses troll:eps=0: --eps must be > 0 and finite"),
+        (["--losses", "troll:eps=0"], "--losses troll:eps=0: --kl-bound must be > 0 and finite"),
+        (["--losses", "troll:kl-bound=0"], "--losses troll:kl-bound=0: --kl-bound must be > 0 and finite"),
     ],
 )
 def test_bad_input_writes_nothing(tmp_path, capsys, isolated, argv, message):
@@ -223,7 +225,7 @@ def test_folder_holding_something_else(tmp_path, capsys):
         assert code == 2 and ("holds something else" in err or "not found" in err), err
     (out / "config.json").write_text(json.dumps({"command": "train", "options": {}}))  # a train run, not a study
     code, err = run_cli(capsys, "study", "--out", str(out), "--overwrite")
-    assert code == 2 and "holds something else" in err
+    assert code == 2 and "'troll train', which 'troll study' never continues nor replaces" in err
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "notes.txt"]
     (tmp_path / "file").write_text("x")
     code, err = run_cli(capsys, "study", "--out", str(tmp_path / "file" / "below"))
@@ -316,12 +318,16 @@ def test_study_resumes_without_rerunning_finished_cells(tmp_path, capsys, tiny_m
     data = json.loads((out / "study.json").read_text())
     assert [c["status"] for c in data["cells"]] == ["kept", "done"]
 
-    # an interrupted cell without a checkpoint starts over; its leftovers go
+    # an interrupted cell without a checkpoint starts over, its own files replaced; a user's file in it is never
+    # deleted: that cell is reported failed and keeps it
     (cut / "summary.json").unlink()
-    (cut / "leftover.txt").write_text("x")
+    (cut / "notes.txt").write_text("mine")
+    code, err = run_cli(capsys, "study", "--out", str(out), "--resume")
+    assert code == 1 and "did not write: notes.txt" in err and (cut / "notes.txt").read_text() == "mine"
+    (cut / "notes.txt").unlink()
     code, err = run_cli(capsys, "study", "--out", str(out), "--resume")
     assert code == 0, err
-    assert not (cut / "leftover.txt").exists() and (cut / "summary.json").is_file()
+    assert (cut / "summary.json").is_file()
     assert json.loads((cut / "summary.json").read_text())["resumed"] is False
     assert (done / "summary.json").stat().st_mtime_ns == stamp
 

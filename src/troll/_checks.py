@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import math
-from numbers import Real
-
 import torch
 
+from troll.runs.numbers import check_real
 from troll.settings import check_choice, check_troll_settings  # noqa: F401  (shared with torch-free callers)
 
 
 def check_number(name: str, value, *, low: float = 0.0, strict: bool = True, hint: str = "") -> None:
     """A finite real number (not a bool, str or None) above ``low`` (``>= low`` when ``strict=False``)."""
-    ok = isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
-    if ok:
-        ok = value > low if strict else value >= low
-    if not ok:
-        rel = ">" if strict else ">="
-        raise ValueError(f"{name} must be {rel} {low:g} and a finite number (not a bool), got {value!r}{hint}.")
+    check_real(name, value, low=low, low_open=strict, hint=hint)
 
 
 def check_positive(name: str, value: float) -> None:

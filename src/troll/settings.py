@@ -4,11 +4,10 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from numbers import Real
 
 from troll.defaults import AGGREGATIONS, ALPHA, DELTA, KL_BOUND, LEVELS, TAILS, TOP_K
+from troll.runs.numbers import is_real
 
 
 def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
@@ -52,8 +51,7 @@ def check_troll_settings(
         check_choice(names.get("agg", "agg"), agg, AGGREGATIONS)
 
 
-def _finite(value) -> bool:
-    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+_finite = is_real  # the one check of a number (troll.runs.numbers)
 
 
 def check_tail(tail: str, fill: float, *, names: Mapping[str, str] | None = None) -> None:

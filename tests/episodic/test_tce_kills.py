@@ -1,22 +1,22 @@
 """``troll tce train`` SIGKILLed at every write point, then resumed: the same end as an uninterrupted run.
 
-The kill is injected in a subprocess by a ``sitecustomize`` (written here, on its PYTHONPATH only): with
-``TROLL_KILL=<name>:<k>`` the process SIGKILLs itself at the k-th atomic write onto ``<name>`` (a glob), after the
-temporary file is whole and before ``os.replace`` moves it into place, so the folder keeps the temporary file, as a
-kill at that instant leaves it; with ``TROLL_KILL=append:<k>`` it writes half of the k-th metrics line and dies.
-Write points: the manifest and the first config.json (a folder holding only temporary files, issue 28 item 2),
-metrics.jsonl (its first truncation, a torn line), a checkpoint (a stale ``.checkpoint-N.pt.tmp-PID``) and
-summary.json. After each, ``--resume`` (with the run's flags, which a start killed before its config needs) ends
-with the metrics and summary of the uninterrupted run, and the folder holds nothing but the command's files.
-About 2 s a case.
+The killed run is a fork of the test process (torch and the package already imported, so a case costs about a
+second of work, not an interpreter start) whose writes are patched: with ``<name>:<k>`` it SIGKILLs itself at the
+k-th atomic write onto ``<name>`` (a glob), after the temporary file is whole and before ``os.replace`` moves it
+into place, so the folder keeps the temporary file as a kill at that instant leaves it; with ``append:<k>`` it
+writes half of the k-th metrics line and dies. Write points: the manifest and the first config.json (a folder
+holding only temporary files, issue 28 item 2), metrics.jsonl (its first truncation, a torn line), a checkpoint (a
+stale ``.checkpoint-N.pt.tmp-PID``) and summary.json. After each, ``--resume`` (with the run's flags, which a start
+killed before its config needs) ends with the metrics and summary of the uninterrupted run, and the folder holds
+nothing but the command's files.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
-import subprocess
-import sys
+import signal
 from pathlib import Path
 
 import pytest
@@ -24,54 +24,55 @@ import pytest
 pytest.importorskip("gymnasium")
 
 from troll import runs  # noqa: E402
+from troll.cli import main  # noqa: E402
 from troll.runs.files import read_jsonl  # noqa: E402
 
-SRC = Path(__file__).parents[2] / "src"
 ARGV = ["--env", "toy/viapoint", "--steps", "2400", "--episodes", "8", "--eval-episodes", "8", "--eval-every", "2",
         "--checkpoint-every", "2", "--policy-hidden", "16", "--critic-hidden", "16", "--policy-epochs", "2",
         "--critic-epochs", "2", "--workers", "0", "--no-progress"]  # fmt: skip
 
-HOOK = '''"""Test-only: SIGKILL at a chosen write (tests/episodic/test_tce_kills.py); inert without TROLL_KILL."""
-import fnmatch
-import os
-import signal
 
-SPEC = os.environ.get("TROLL_KILL", "")
-if SPEC:
-    NAME, _, K = SPEC.rpartition(":")
-    K, SEEN = int(K), [0]
+def _arm(spec: str) -> None:
+    """In the forked child only: SIGKILL at the write ``spec`` names (module docstring)."""
+    name, _, k = spec.rpartition(":")
+    seen = [0]
 
-    def _count() -> bool:
-        SEEN[0] += 1
-        return SEEN[0] == K
+    def due() -> bool:
+        seen[0] += 1
+        return seen[0] == int(k)
 
-    if NAME == "append":
-        _write = os.write
+    if name == "append":
+        write = os.write
 
-        def write(fd, data):
-            if os.readlink(f"/proc/self/fd/{fd}").endswith("metrics.jsonl") and _count():
-                _write(fd, data[: len(data) // 2])
+        def torn(fd, data):
+            if os.readlink(f"/proc/self/fd/{fd}").endswith("metrics.jsonl") and due():
+                write(fd, data[: len(data) // 2])
                 os.kill(os.getpid(), signal.SIGKILL)
-            return _write(fd, data)
+            return write(fd, data)
 
-        os.write = write
+        os.write = torn
     else:
-        _replace = os.replace
+        replace = os.replace
 
-        def replace(src, dst, *args, **kwargs):
-            if fnmatch.fnmatch(os.path.basename(dst), NAME) and _count():
+        def killed(src, dst, *args, **kwargs):
+            if fnmatch.fnmatch(os.path.basename(dst), name) and due():
                 os.kill(os.getpid(), signal.SIGKILL)
-            return _replace(src, dst, *args, **kwargs)
+            return replace(src, dst, *args, **kwargs)
 
-        os.replace = replace
-'''
+        os.replace = killed
 
 
-def _cli(out: Path, *extra: str, kill: str = "", hook: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TROLL_KILL": kill, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(hook), str(SRC), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
-    cmd = [sys.executable, "-m", "troll.cli", "tce", "train", "--out", str(out), *ARGV, *extra]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+def _killed_run(out: Path, spec: str) -> int:
+    """Run ``troll tce train`` in a fork armed with ``spec``; the signal that ended it."""
+    pid = os.fork()
+    if pid == 0:  # the child never returns into pytest
+        try:
+            _arm(spec)
+            main(["tce", "train", "--out", str(out), *ARGV])
+        finally:
+            os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    return os.WTERMSIG(status) if os.WIFSIGNALED(status) else -os.WEXITSTATUS(status)
 
 
 def _steady(rows: list[dict]) -> list[dict]:
@@ -79,19 +80,15 @@ def _steady(rows: list[dict]) -> list[dict]:
 
 
 def _summary(out: Path) -> dict:
-    return {k: v for k, v in json.loads((out / "summary.json").read_text()).items() if k != "seconds"}
+    return {k: v for k, v in json.loads((out / "summary.json").read_text()).items() if not k.startswith("seconds")}
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """The uninterrupted run (3 iterations, checkpoints after 2 and 3) and the hook folder."""
+    """The uninterrupted run (3 iterations, checkpoints after 2 and 3)."""
     root = tmp_path_factory.mktemp("kills")
-    hook = root / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(HOOK)
-    done = _cli(root / "full", hook=hook)
-    assert done.returncode == 0, done.stderr
-    return root, hook
+    assert main(["tce", "train", "--out", str(root / "full"), *ARGV]) == 0
+    return root
 
 
 @pytest.mark.parametrize(
@@ -106,16 +103,13 @@ def reference(tmp_path_factory):
         ("summary.json:1", [".summary.json.tmp-"]),  # the summary, written last
     ],
 )
-def test_a_kill_at_every_write_resumes_to_the_same_end(reference, kill, left):
-    root, hook = reference
-    out = root / kill.replace("*", "N").replace(":", "-")
-    killed = _cli(out, kill=kill, hook=hook)
-    assert killed.returncode == -9, killed.stderr
+def test_a_kill_at_every_write_resumes_to_the_same_end(reference, capsys, kill, left):
+    out = reference / kill.replace("*", "N").replace(":", "-")
+    assert _killed_run(out, kill) == signal.SIGKILL
     names = [p.name for p in out.iterdir()]
     assert all(any(n.startswith(prefix) for n in names) for prefix in left), names
-    resumed = _cli(out, "--resume", hook=hook)
-    assert resumed.returncode == 0, resumed.stderr
-    full = root / "full"
+    assert main(["tce", "train", "--out", str(out), *ARGV, "--resume"]) == 0, capsys.readouterr().err
+    full = reference / "full"
     assert _steady(read_jsonl(out / "metrics.jsonl")) == _steady(read_jsonl(full / "metrics.jsonl"))
     assert _summary(out) == _summary(full)
     assert not [n for n in os.listdir(out) if ".tmp-" in n]  # the command's temporary files are gone

@@ -17,10 +17,60 @@ from pathlib import Path
 from troll import runs
 from troll.runs.files import CONFIG_FILE, UsageError, check_out_path
 from troll.study import JSON_FILE, PLOT_FILE, TABLE_FILE
-from troll.train.options import DEFAULT_LOSSES, LOSSES, TROLL_LOSSES, RunOptions
+from troll.train.options import CLIP_LOSSES, DEFAULT_LOSSES, LOSSES, TROLL_LOSSES, RunOptions
 
 DEFAULTS = RunOptions()
-TROLL_EPS_HELP = f"KL bound of TROLL (default: {LOSSES[TROLL_LOSSES[0]].eps:g})"
+TROLL_EPS_HELP = f"TROLL's per-token KL bound (default: {LOSSES[TROLL_LOSSES[0]].eps:g})"
+# One flag per meaning (issue 27): the bound of each loss family under the name its users know (TRL's epsilon is the
+# clip range; CISPO caps the detached ratio). All three set RunOptions.eps, the loss's own bound.
+BOUND_FLAGS = {
+    "kl_bound": ("--kl-bound", TROLL_LOSSES, "TROLL losses: the per-token KL bound of the trust region"),
+    "clip_eps": ("--clip-eps", CLIP_LOSSES, "clip losses: the clip range of the ratio (TRL's epsilon)"),
+    "cispo_cap": ("--cispo-cap", ("cispo",), "cispo: the cap of the detached ratio (TRL's epsilon_high)"),
+}
+DEPRECATED_EPS = "deprecated (removed in the next release): use --kl-bound, --clip-eps or --cispo-cap"
+
+
+def _deprecated(old: str, new: str, value) -> None:
+    print(f"troll: warning: {old} is deprecated and will be removed in the next release; its value {value:g} went "
+          f"to {new}. Write {new} instead.", file=sys.stderr, flush=True)  # fmt: skip
+
+
+def train_bound(args: argparse.Namespace) -> None:
+    """``troll train``: --kl-bound / --clip-eps / --cispo-cap (or the deprecated --eps) into ``args.eps``, the
+    loss's own bound; the flag must be the one of the loss's family."""
+    loss = getattr(args, "loss", None if args.resume else "troll")  # resuming: the saved loss decides
+    given = [dest for dest in BOUND_FLAGS if hasattr(args, dest)]
+    if hasattr(args, "eps"):
+        family = next((d for d, (_, users, _) in BOUND_FLAGS.items() if (loss or "troll") in users), None)
+        if family is None:  # an unknown loss: check_values names it
+            return
+        _deprecated("--eps", BOUND_FLAGS[family][0], args.eps)
+        given.append("eps")
+        setattr(args, family, args.eps)
+    if len(given) > 1:
+        raise UsageError(f"{' and '.join(BOUND_FLAGS.get(d, ('--eps',))[0] for d in given)} both set the loss's bound; "
+                         "give one.")  # fmt: skip
+    if not given or "eps" in given:
+        return
+    dest = given[0]
+    flag, users, meaning = BOUND_FLAGS[dest]
+    if loss is not None and loss in LOSSES and loss not in users:
+        own = next(f for f, u, _ in BOUND_FLAGS.values() if loss in u)
+        raise UsageError(f"{flag} sets {meaning.split(': ')[1]} of {', '.join(users)}; --loss {loss} takes {own}.")
+    args.eps = getattr(args, dest)
+
+
+def troll_bound(args: argparse.Namespace) -> None:
+    """compare and study: --kl-bound (or the deprecated --eps) into ``args.eps``, TROLL's bound there."""
+    if hasattr(args, "eps"):
+        if hasattr(args, "kl_bound"):
+            raise UsageError("--kl-bound and --eps both set TROLL's bound; give --kl-bound.")
+        _deprecated("--eps", "--kl-bound", args.eps)
+    elif hasattr(args, "kl_bound"):
+        args.eps = args.kl_bound
+
+
 # Options that may differ from the saved config when resuming (they do not change what was already trained).
 RESUMABLE = {"steps", "eval_every", "save_every", "threads"}
 
@@ -137,7 +187,7 @@ def _add_study_parser(sub) -> None:
         "--losses",
         default=argparse.SUPPRESS,
         help="comma-separated losses, each once; a loss may carry its own options, LOSS:KEY=VALUE[:KEY=VALUE] with "
-        "KEY in flag form, e.g. troll,troll:tail=renormalize,troll:eps=0.2,clip "
+        "KEY in flag form, e.g. troll,troll:tail=renormalize,troll:kl-bound=0.2,clip "
         f"(default: {','.join(DEFAULT_LOSSES)})",
     )
     study.add_argument(
@@ -147,9 +197,10 @@ def _add_study_parser(sub) -> None:
         "--sweep",
         default=argparse.SUPPRESS,
         help="one run option and its values, KEY=V1,V2,... with KEY in flag form, e.g. steps-per-rollout=2,4,8 or "
-        "lr=1e-6,1e-5 (eps: TROLL's bound; clip-eps: the clip losses')",
+        "lr=1e-6,1e-5 (kl-bound: TROLL's bound; clip-eps: the clip losses')",
     )
-    study.add_argument("--eps", type=float, default=argparse.SUPPRESS, help=TROLL_EPS_HELP)
+    study.add_argument("--kl-bound", type=float, default=argparse.SUPPRESS, help=TROLL_EPS_HELP)
+    study.add_argument("--eps", type=float, default=argparse.SUPPRESS, help=DEPRECATED_EPS)
     study.add_argument(
         "--clip-eps", type=float, default=argparse.SUPPRESS, help="eps of the other losses (default: each loss's own)"
     )
@@ -164,14 +215,10 @@ def add_commands(sub) -> None:
     """Register train, compare and study (the provider hook of :mod:`troll.cli`)."""
     train = sub.add_parser("train", help="one GRPO run with TROLL or a clipped loss", description=TRAIN_DOC)
     train.add_argument("--loss", default=argparse.SUPPRESS, help=LOSS_HELP)
-    eps_defaults = ", ".join(f"{k} {v.eps:g}" for k, v in LOSSES.items())
-    train.add_argument(
-        "--eps",
-        type=float,
-        default=argparse.SUPPRESS,
-        help=f"KL bound ({', '.join(TROLL_LOSSES)}), clip range (clip losses), ratio cap (cispo); "
-        f"default: {eps_defaults}",
-    )
+    for flag, users, meaning in BOUND_FLAGS.values():
+        shown = ", ".join(f"{k} {LOSSES[k].eps:g}" for k in users)
+        train.add_argument(flag, type=float, default=argparse.SUPPRESS, help=f"{meaning} (default: {shown})")
+    train.add_argument("--eps", type=float, default=argparse.SUPPRESS, help=DEPRECATED_EPS)
     _add_run_args(train, "run folder (default: runs/<loss>-<task>-seed<seed>)")
     train.add_argument(
         "--keep-checkpoints",
@@ -183,7 +230,8 @@ def add_commands(sub) -> None:
     compare = sub.add_parser("compare", help="TROLL against clipping on the same task and seeds", description=CMP_DOC)
     losses = ",".join(DEFAULT_LOSSES)
     compare.add_argument("--losses", default=losses, help=f"comma-separated losses (default: {losses})")
-    compare.add_argument("--eps", type=float, default=argparse.SUPPRESS, help=TROLL_EPS_HELP)
+    compare.add_argument("--kl-bound", type=float, default=argparse.SUPPRESS, help=TROLL_EPS_HELP)
+    compare.add_argument("--eps", type=float, default=argparse.SUPPRESS, help=DEPRECATED_EPS)
     compare.add_argument(
         "--clip-eps",
         type=float,
@@ -281,6 +329,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from troll.train import options
 
     runs.exclusive(resume=args.resume, overwrite=args.overwrite)
+    train_bound(args)
     opts = resume_options(args) if args.resume else options_from_args(args)
     options.check_values(opts)
     opts = opts.resolved()
@@ -303,6 +352,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from troll.train import compare
 
     losses = compare.parse_losses(args.losses)
+    troll_bound(args)
     base = options_from_args(args)
     runs = compare.plan(base, losses, troll_eps=base.eps, clip_eps=args.clip_eps)
     for opts in runs:
@@ -322,6 +372,7 @@ def study_spec(args: argparse.Namespace):
     from troll.study import parse_seeds
     from troll.train import options, study
 
+    troll_bound(args)
     saved = None
     if args.resume:
         if not hasattr(args, "out"):
@@ -336,7 +387,7 @@ def study_spec(args: argparse.Namespace):
     types = {flag[2:].replace("-", "_"): kind for flag, kind, _ in RUN_ARGS} | {"eps": float, **study.SWEEP_EXTRA}
     key, values = (saved.sweep_key, saved.sweep_values) if saved else (None, [])
     if hasattr(args, "sweep"):
-        key, values = study.parse_sweep(args.sweep, types)
+        key, values = study.parse_sweep(_sweep_text(args.sweep), types)
     clip_eps = args.clip_eps if hasattr(args, "clip_eps") else (saved.clip_eps if saved else None)
     options.check_clip_eps(clip_eps)
     spec = study.StudySpec(
@@ -350,6 +401,16 @@ def study_spec(args: argparse.Namespace):
     if saved:
         _check_same_grid(spec, saved)
     return spec, Path(getattr(args, "out", "") or f"runs/study-{base.task}")
+
+
+def _sweep_text(text: str) -> str:
+    """``--sweep kl-bound=...`` is TROLL's bound (kept as ``eps`` in the spec); ``eps=...`` is its deprecated name."""
+    key, sep, rest = text.partition("=")
+    name = key.strip().removeprefix("--").replace("_", "-")
+    if sep and name == "eps":
+        print("troll: warning: the sweep key eps= is deprecated and will be removed in the next release; its values "
+              "went to kl-bound=. Write --sweep kl-bound=... instead.", file=sys.stderr, flush=True)  # fmt: skip
+    return f"eps={rest}" if sep and name == "kl-bound" else text
 
 
 def _check_same_grid(spec, saved) -> None:

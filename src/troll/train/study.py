@@ -113,10 +113,12 @@ def split_arm(arm: str) -> tuple[str, dict]:
     for part in parts:
         key, sep, raw = part.partition("=")
         name = key.strip().replace("-", "_")
+        name = "eps" if name == "kl_bound" else name  # TROLL's bound: kl-bound (eps, its deprecated name)
         if not sep or name not in types or name in overrides:
             allowed = ", ".join(sorted(k.replace("_", "-") for k in types))
             raise UsageError(
-                f"--losses {arm}: {part!r} is not KEY=VALUE with KEY one of {allowed}, each once (e.g. {loss}:eps=0.2)."
+                f"--losses {arm}: {part!r} is not KEY=VALUE with KEY one of {allowed}, each once (e.g. "
+                f"{loss}:kl-bound=0.2)."
             )
         try:
             overrides[name] = types[name](raw.strip())

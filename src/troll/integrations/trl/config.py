@@ -7,9 +7,7 @@ config and ``troll train`` share; what TRL's own options allow with the TROLL lo
 from __future__ import annotations
 
 import difflib
-import math
 from dataclasses import dataclass, field
-from numbers import Real
 
 try:
     import trl
@@ -37,6 +35,7 @@ from troll.defaults import (
     TROLL_LOSSES,
 )
 from troll.integrations.sampler import OLD_POLICIES
+from troll.runs.numbers import is_real
 from troll.settings import check_tail, check_troll_settings
 
 SUPPORTED_TRL = ">=1.16,<1.17"
@@ -47,8 +46,7 @@ VLLM_MAX_LOGPROBS = 20
 TRL_LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
 
 
-def _finite_number(value) -> bool:
-    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
+_finite_number = is_real  # the one check of a number (troll.runs.numbers)
 
 
 def check_trl_version(version: str | None = None) -> None:
