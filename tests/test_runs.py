@@ -309,3 +309,20 @@ def test_the_new_flags_set_the_same_option(tmp_path):
         args = build_parser().parse_args(["train", *argv, "--out", str(tmp_path / "o")])
         train_bound(args)
         assert options_from_args(args).eps == 0.07
+
+
+def test_the_run_layer_imports_nothing_above_it():
+    """troll.runs is below study/, train/ and episodic/ and torch-free: its modules import only the standard
+    library and each other."""
+    import ast
+    import sys
+
+    folder = Path(runs.__file__).parent
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            for name in names:
+                top = name.split(".")[0]
+                ok = name.startswith("troll.runs") or top == "__future__" or top in sys.stdlib_module_names
+                assert ok, f"{path.name} imports {name}"

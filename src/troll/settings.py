@@ -27,7 +27,7 @@ def check_troll_settings(
 ) -> None:
     """The one check of TROLL's hyper-parameters, shared by the losses, ``TrollGRPOConfig``, verl's ``troll`` section
     and ``troll train``. ``names`` maps a setting to what the caller calls it (e.g. ``{"kl_bound":
-    "troll_kl_bound"}`` or ``{"kl_bound": "--eps"}``), so that the message names the argument the user wrote.
+    "troll_kl_bound"}`` or ``{"kl_bound": "--kl-bound"}``), so that the message names the argument the user wrote.
     ``level`` / ``agg`` are checked when given."""
     names = names or {}
 

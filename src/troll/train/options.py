@@ -42,8 +42,9 @@ __all__ = [
 
 
 class LossSpec(NamedTuple):
-    """How ``--loss NAME`` maps onto TRL (its loss_type and importance_sampling_level), its default --eps, what eps
-    is for it, what the loss does (for the model card), and its default dual clip (TRL's ``delta``; None: none)."""
+    """How ``--loss NAME`` maps onto TRL (its loss_type and importance_sampling_level), its default bound
+    (``RunOptions.eps``: --kl-bound, --clip-eps or --cispo-cap), what it is for it, what the loss does (for the
+    model card), and its default dual clip (TRL's ``delta``; None: none)."""
 
     loss_type: str
     level: str
@@ -126,7 +127,7 @@ class RunOptions:
     agg: str | None = None  # TROLL losses: the token aggregation; None: token-mean (troll), seq-mean-token-mean
     # How the mass outside the kept tokens enters the projection (TROLL) and the measured KL (every loss)
     tail: str = defaults.TAIL
-    clip_eps_high: float | None = None  # clip losses: the upper clip range (TRL's epsilon_high); None: --eps
+    clip_eps_high: float | None = None  # clip losses: the upper clip range (TRL's epsilon_high); None: --clip-eps
     dual_clip: float | None = None  # clip losses: TRL's delta; None: the loss's default (clip: 10); 0: none
     # The KL(pi || pi_old) a non-TROLL loss reaches, over TROLL's sparse support (troll_measure_kl): "auto" measures
     # it when a rollout batch feeds several optimiser steps; the TROLL losses always log it.
@@ -234,8 +235,9 @@ def check_values(opts: RunOptions) -> None:
 
 
 def _check_troll(opts: RunOptions) -> None:
-    """--eps of a clip loss here; TROLL's eps, and alpha, top_k and delta (checked for every loss, so that the
-    shared options of a comparison fail before any run starts) through the library's own check."""
+    """--clip-eps / --cispo-cap of the other losses here; TROLL's bound, and alpha, top_k and delta (checked for
+    every loss, so that the shared options of a comparison fail before any run starts) through the library's own
+    check."""
     spec = LOSSES[opts.loss]
     if opts.loss not in TROLL_LOSSES and not (opts.eps is None or _is_number(opts.eps) and opts.eps > 0):
         flag = "--cispo-cap" if opts.loss == "cispo" else "--clip-eps"

@@ -2,7 +2,7 @@
 
 The grid is losses x seeds, optionally swept over one ``troll train`` option; each cell is a ``troll train`` run,
 started as ``python -m troll.cli train ...`` with every option spelled out. What this module adds to the engine:
-the grid's options (:class:`StudySpec`: the base RunOptions, ``--eps`` as TROLL's bound and ``--clip-eps`` as the
+the grid's options (:class:`StudySpec`: the base RunOptions, ``--kl-bound`` as TROLL's bound and ``--clip-eps`` as the
 clip losses'), a cell's command line, the numbers of a cell (held-out accuracy before and after, reward of the last
 quarter, final entropy, and over the off-policy steps the largest KL after projection or the clipped share), the
 pairs (each TROLL loss minus each baseline) and the curves against optimiser steps. Cells drop their checkpoints and
@@ -44,7 +44,8 @@ __all__ = [
 COMMAND = "study"  # config.json's "command": a folder is resumed only by the command that wrote it
 # Run options a sweep may not name: the grid already varies loss and seed, and out is the study's.
 NOT_SWEPT = frozenset({"loss", "seed", "out"})
-# ``eps`` is TROLL's KL bound in a study (as --eps); ``clip_eps`` is the clip losses' (as --clip-eps).
+# ``eps`` is TROLL's KL bound in a study (--kl-bound; sweep key kl-bound, or eps, its deprecated name);
+# ``clip_eps`` is the clip losses' (as --clip-eps).
 SWEEP_EXTRA = {"clip_eps": float}
 
 
