@@ -27,7 +27,7 @@ statistics; a frontend knows its runs. It says
                         column="algorithm - TCE"),
         curves=(Curve("eval/success_rate", "success rate", ylim=(-0.02, 1.02)),),
         x_key="env_steps", x_label="environment steps",
-        can_resume=lambda cell: any(cell.folder.glob("checkpoint-*")),
+        can_resume=lambda cell: bool(numbered_files(cell.folder, "checkpoint-{}.pt")),
     )
 """
 
