@@ -224,8 +224,6 @@ def cmd_train(args: argparse.Namespace) -> int:
 
         require_sb3()
     action = runs.check_folder(out, COMMAND, resume=args.resume, overwrite=args.overwrite)
-    if config.algo != "ppo":
-        opts.check_env_options(config.env, config.env_options)
     if action == "replace":
         runs.clear(out, COMMAND)
     return _run(config, out, resume=args.resume, progress=not args.no_progress)

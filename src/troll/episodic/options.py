@@ -135,22 +135,6 @@ def check_env(name: str, algo: str | None = None) -> str:
     return name
 
 
-def check_env_options(env: str, options: dict) -> None:
-    """The env's own options (``--env-options``), checked by the env package's tables before anything is written
-    (type, range, finite; UsageError naming ``--env-options``). ``troll.episodic.envs.registry.check_env_options``
-    is the env package's check; until it exists, :func:`~troll.episodic.envs.make_env` checks them when a run
-    builds its env (still before a run writes, but after a study has written its folder)."""
-    from troll.episodic.envs import registry
-
-    check = getattr(registry, "check_env_options", None)
-    if check is None or not options:
-        return
-    try:
-        check(env, options)
-    except (TypeError, ValueError) as err:
-        raise UsageError(f"--env-options: {err}") from None
-
-
 # ---------------------------------------------------------------------------------------------- values
 
 
