@@ -62,7 +62,7 @@ def isolated_cache(tmp_path, monkeypatch):
         (["--model", "./missing-folder"], "no such file or folder"),
         (["--prompts-per-step", "3", "--generations", "3", "--steps-per-rollout", "2"], "cannot be split"),
         (["--generations", "1"], "--generations must be >= 2"),
-        (["--steps", "0"], "--steps must be a whole number > 0"),
+        (["--steps", "0"], "--steps must be an integer >= 1"),
         (["--lr", "-1"], "--lr must be a finite number > 0"),
         (["--delta", "1.5"], "--delta must be in [0, 1), got 1.5"),
         (["--save-every", "1"], "--save-every 1 is not a multiple of --steps-per-rollout 2"),

@@ -183,7 +183,7 @@ def test_arms_take_the_shared_options_that_concern_them():
         (["--clip-eps", "nan"], "--clip-eps must be a finite number > 0"),
         (["--eps", "inf"], "--kl-bound must be > 0 and finite, got inf"),
         (["--kl-bound", "inf"], "--kl-bound must be > 0 and finite, got inf"),
-        (["--steps", "0"], "--steps must be a whole number > 0"),
+        (["--steps", "0"], "--steps must be an integer >= 1"),
         (["--task", "no_such_task"], "unknown task"),
         (["--model", "/nonexistent/model"], "no such file or folder"),
         (["--overwrite", "--resume"], "exclude each other"),
