@@ -170,7 +170,7 @@ def test_arms_take_the_shared_options_that_concern_them():
         (["--sweep", "lr=1e-5,abc"], "must be a float"),
         (["--sweep", "steps=2,2"], "names a value twice"),
         (["--sweep", "steps-per-rollout=2,3"], "--sweep steps-per-rollout=3 (troll): a rollout batch"),
-        (["--sweep", "lr=1e-5,-1"], "--sweep lr=-1.0 (troll): --lr must be a finite number > 0"),
+        (["--sweep", "lr=1e-5,-1"], "--sweep lr=-1.0 (troll): --lr must be > 0"),
         (["--sweep", "alpha=nan"], "--sweep alpha=nan (troll): --alpha must be >= 0 and finite"),
         (["--sweep", "clip-eps=0.2,0"], "--clip-eps must be a finite number > 0"),
         (["--jobs", "0"], "--jobs must be >= 1"),

@@ -131,7 +131,10 @@ def test_building_the_parser_imports_no_torch_and_no_simulator():
         ([*TOY, "--algo", "ppo"], "--algo ppo needs a step-based env, and toy/viapoint has none"),
         ([*TOY, "--ppo-n-steps", "64"], "--ppo-n-steps is an option of ppo, not of --algo tce; drop it."),
         (["--env", "gym/reacher", "--algo", "ppo", "--mean-bound", "0.1"], "--mean-bound is an option of tce and bbrl"),
-        (["--env", "gym/reacher", "--algo", "ppo", "--ppo-gamma", "2"], "--ppo-gamma: gamma must lie in (0, 1]"),
+        (
+            ["--env", "gym/reacher", "--algo", "ppo", "--ppo-gamma", "2"],
+            "--ppo-gamma: gamma must be > 0 and <= 1 and a finite number",
+        ),
         (["--env", "gym/reacher", "--algo", "ppo", "--ppo-net-arch", "0"], "--ppo-net-arch: net_arch must be layer"),
         # 0 is not "the preset": PPO's evaluation interval is eval_every x episodes x T
         (["--env", "gym/reacher", "--algo", "ppo", "--eval-every", "0"], "--eval-every: eval_every must be an integer"),
