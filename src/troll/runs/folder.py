@@ -1,0 +1,270 @@
+"""A run folder knows what it wrote: the rules of resume, overwrite and refusal for every ``troll`` command.
+
+Each command (``troll train``, ``troll compare``, ``troll tce train``, ``troll study``, ``troll tce study``) writes
+into its folder, before anything else, a manifest (:data:`MANIFEST`, JSON, written atomically) that names the
+command and what it writes there:
+
+- ``files``: relative paths of the files it writes (``config.json``), folders it owns whole (``checkpoint-{n}/``,
+  ``model/``; a trailing ``/``) and numbered names (``{n}``: a whole number, so ``checkpoint-{n}.pt`` is the
+  command's and ``checkpoint-backup/`` or ``checkpoint-notes.txt`` are not);
+- ``runs``: sub-folders that are run folders of their own (a study's cells, a comparison's runs), each with its
+  own manifest, and checked by it.
+
+The temporary file of an atomic write of one of those names (``.NAME.tmp-PID``, :func:`troll.runs.files.write_json`)
+is the command's too: it is removed when the folder is started or resumed again, so a kill at any instant leaves
+a folder that the next start or resume takes up (before the manifest exists, the manifest's own temporary file and
+that of the first config.json count as the command's).
+
+The rules (:func:`check_folder`, which touches nothing):
+
+- a missing or empty folder, or one that holds only the command's leftovers of a start killed before its first
+  config.json was whole, is started anew (with ``--resume`` too: there is nothing to continue);
+- a folder of another command is never continued nor replaced, whatever the flags;
+- a folder of this command is continued with ``--resume``; ``--overwrite`` replaces it only when everything in it
+  is the command's own (:func:`foreign` lists the rest, and the command refuses with that list); without either
+  flag it is refused;
+- a folder holding anything else is refused.
+
+A folder written before manifests existed (its config.json names the command) is taken as the command's when the
+names in it are those the command writes (:data:`LAYOUTS`); anything else in it is foreign.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from troll.runs.files import CONFIG_FILE, UsageError, check_out_path, write_json
+
+MANIFEST = ".troll-run.json"
+_TMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)$")
+
+# What each command writes at the top of its folder (the manifest's ``files``); the sub-runs are listed per folder.
+RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "plots.png")
+LAYOUTS: dict[str, tuple[str, ...]] = {
+    "train": (*RUN_FILES, "model/", "checkpoint-{n}/"),
+    "tce train": (*RUN_FILES, "checkpoint-{n}.pt", "checkpoint-{n}.zip"),
+    "compare": ("config.json", "compare.png", "compare.md"),
+    "study": ("config.json", "study.json", "study.md", "study.png"),
+    "tce study": ("config.json", "study.json", "study.md", "study.png"),
+}
+
+
+def exclusive(*, resume: bool, overwrite: bool) -> None:
+    """``--overwrite`` and ``--resume`` exclude each other (every command)."""
+    if resume and overwrite:
+        raise UsageError("--overwrite and --resume exclude each other: one discards the run, the other continues it.")
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What a command recorded as its own in a folder (see the module docstring)."""
+
+    command: str
+    files: tuple[str, ...]
+    runs: tuple[str, ...] = ()
+
+    def to_json(self) -> dict:
+        return {"command": self.command, "files": list(self.files), "runs": list(self.runs)}
+
+
+def read_manifest(out: Path) -> Manifest | None:
+    """The folder's manifest; None when there is none. A damaged one (not JSON of the right shape) is None too."""
+    try:
+        data = json.loads((Path(out) / MANIFEST).read_text())
+        return Manifest(str(data["command"]), tuple(map(str, data["files"])), tuple(map(str, data.get("runs", []))))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _legacy_command(out: Path) -> str | None:
+    """The command a folder without a manifest was written by, from its config.json (None: not a troll folder)."""
+    try:
+        data = json.loads((out / CONFIG_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    command = data.get("command") if isinstance(data, dict) else None
+    return command if command in LAYOUTS else None
+
+
+def _pattern(entry: str) -> re.Pattern:
+    """A manifest entry as a regex on a relative path: ``{n}`` a whole number; ``x/`` the folder and all in it."""
+    body = re.escape(entry.rstrip("/")).replace(re.escape("{n}"), r"\d+")
+    return re.compile(body + (r"(/.*)?" if entry.endswith("/") else ""))
+
+
+def _owned(rel: str, entries: tuple[str, ...]) -> bool:
+    """Whether the relative path ``rel`` is one of ``entries`` (or inside a folder entry), or the temporary file of
+    an atomic write of one of them."""
+    match = _TMP.match(rel.rsplit("/", 1)[-1])
+    if match:
+        head = rel.rsplit("/", 1)[0] + "/" if "/" in rel else ""
+        target = head + match["name"]
+        # the manifest's and the first config.json's temporaries are the command's before any manifest exists
+        files = [e for e in entries if not e.endswith("/")]
+        return target in (MANIFEST, CONFIG_FILE) or any(_pattern(e).fullmatch(target) for e in files)
+    return any(_pattern(e).fullmatch(rel) for e in entries)
+
+
+def _leads_to(rel: str, entries: tuple[str, ...]) -> bool:
+    """Whether folder ``rel`` lies on the way to an entry (a study's ``mean_bound=0.05/tce/``)."""
+    return any(e.startswith(rel + "/") for e in entries)
+
+
+def foreign(out: Path, command: str | None = None) -> list[str]:
+    """Every path below ``out`` (relative, sorted) that the command of ``out`` did not write, sub-runs included.
+
+    Without a manifest the names of :data:`LAYOUTS` for ``command`` (or the config's command) count as its own,
+    with only the first write's leftovers (the manifest's and config.json's temporary files) otherwise.
+    """
+    out = Path(out)
+    manifest = read_manifest(out)
+    if manifest is None:
+        legacy = _legacy_command(out)
+        manifest = Manifest(legacy or command or "", LAYOUTS.get(legacy, ()))
+    found: list[str] = []
+    _walk(out, "", manifest, found)
+    return sorted(found)
+
+
+def _walk(root: Path, prefix: str, manifest: Manifest, found: list[str]) -> None:
+    folder = root / prefix if prefix else root
+    for path in sorted(folder.iterdir()):
+        rel = f"{prefix}{path.name}"
+        if rel == MANIFEST or _owned(rel, manifest.files):
+            continue
+        real_dir = path.is_dir() and not path.is_symlink()
+        if real_dir and rel in manifest.runs:
+            found += [f"{rel}/{p}" for p in foreign(path)]
+        elif real_dir and _leads_to(rel, manifest.files + manifest.runs):
+            _walk(root, rel + "/", manifest, found)
+        else:
+            found.append(rel + ("/" if real_dir else ""))
+
+
+@dataclass(frozen=True)
+class Found:
+    """What :func:`inspect` saw in a folder: whose it is (None: nobody's), whether a run was started (config.json
+    is whole), and what in it is foreign."""
+
+    command: str | None
+    started: bool
+    foreign: list[str]
+
+
+def inspect(out: Path, command: str) -> Found:
+    """Look at ``out`` without touching it (see :func:`check_folder`)."""
+    out = Path(out)
+    if not out.is_dir():
+        return Found(None, False, [])
+    manifest = read_manifest(out)
+    owner = manifest.command if manifest else _legacy_command(out)
+    started = (out / CONFIG_FILE).is_file() and (manifest is not None or owner is not None)
+    return Found(owner, started, foreign(out, command))
+
+
+def check_folder(out: Path, command: str, *, resume: bool, overwrite: bool, what: str = "run") -> str:
+    """The action for folder ``out`` of ``command``: "new" (start; leftovers of a killed first start are removed),
+    "resume" or "replace" (delete it with :func:`clear`, then start). :class:`UsageError` with the reason
+    otherwise. Touches nothing."""
+    exclusive(resume=resume, overwrite=overwrite)
+    out = Path(out)
+    check_out_path(out, f"{what} folder")
+    found = inspect(out, command)
+    if found.command not in (None, command):
+        raise UsageError(
+            f"--out {out} holds a folder of 'troll {found.command}', which 'troll {command}' never continues nor "
+            "replaces; choose another --out."
+        )
+    if not found.started:
+        if found.foreign:
+            raise UsageError(
+                f"--out {out} is not empty and holds no {what} of 'troll {command}': it holds something else "
+                f"({_listed(found.foreign)}); choose another --out (nothing was deleted)."
+            )
+        return "new"
+    if resume:
+        return "resume"
+    if not overwrite:
+        raise UsageError(
+            f"--out {out} already holds a {what} of 'troll {command}'; pass --resume to continue it, --overwrite to "
+            "replace it, or choose another --out."
+        )
+    if found.foreign:
+        raise UsageError(
+            f"--overwrite: {out} holds files 'troll {command}' did not write: {_listed(found.foreign)}; nothing was "
+            "deleted. Move them away, or choose another --out."
+        )
+    return "replace"
+
+
+def _listed(paths: list[str], most: int = 8) -> str:
+    shown = ", ".join(paths[:most])
+    return shown + (f" and {len(paths) - most} more" if len(paths) > most else "")
+
+
+def clear(out: Path, command: str) -> None:
+    """Delete the folder of ``command`` that :func:`check_folder` allowed to replace, looking once more first: a
+    file that appeared since is never deleted."""
+    found = inspect(Path(out), command)
+    if found.command not in (None, command) or found.foreign:
+        listed = _listed(found.foreign)
+        raise UsageError(f"--overwrite: {out} changed since it was checked ({listed}); nothing was deleted.")
+    shutil.rmtree(out)
+
+
+def begin(out: Path, command: str, *, files: tuple[str, ...] | None = None, runs: tuple[str, ...] = ()) -> Manifest:
+    """Make ``out`` the folder of ``command``: record (atomically, before any other file of the run is written)
+    what it writes there, adding to what an earlier start recorded, and remove the temporary files a killed
+    process left behind. Call it on every start and resume, before the first write."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    old = read_manifest(out)
+    if old is not None and old.command != command:
+        raise UsageError(f"{out} holds a folder of 'troll {old.command}', not of 'troll {command}'.")
+    files = LAYOUTS[command] if files is None else files
+    merged = Manifest(
+        command,
+        tuple(dict.fromkeys((*(old.files if old else ()), *files))),
+        tuple(dict.fromkeys((*(old.runs if old else ()), *runs))),
+    )
+    if merged != old:
+        write_json(out / MANIFEST, merged.to_json())
+    remove_leftovers(out, merged)
+    return merged
+
+
+def remove_leftovers(out: Path, manifest: Manifest | None = None) -> list[Path]:
+    """Delete the temporary files of atomic writes of the folder's own names left by earlier processes (not this
+    one's), at the top and in owned sub-folders but not inside sub-runs; returns what was removed."""
+    out = Path(out)
+    manifest = manifest or read_manifest(out)
+    if manifest is None:
+        return []
+    removed = []
+    for path in out.rglob(".*.tmp-*"):
+        rel = path.relative_to(out).as_posix()
+        match = _TMP.match(path.name)
+        inside_run = any(rel.startswith(r.rstrip("/") + "/") for r in manifest.runs)
+        if match and int(match["pid"]) != os.getpid() and not inside_run and path.is_file():
+            if _owned(rel, manifest.files):
+                path.unlink(missing_ok=True)
+                removed.append(path)
+    return removed
+
+
+def seal(out: Path, folder: str) -> None:
+    """Record the files now in the owned sub-folder ``folder`` (e.g. ``model/``) one by one instead of the folder
+    whole: a file a user puts there later is then foreign and survives ``--overwrite``."""
+    out = Path(out)
+    manifest = read_manifest(out)
+    if manifest is None:
+        return
+    entry = folder.rstrip("/") + "/"
+    names = sorted(p.relative_to(out).as_posix() for p in (out / folder).rglob("*") if p.is_file())
+    files = tuple(e for e in manifest.files if e != entry) + tuple(n for n in names if n not in manifest.files)
+    write_json(out / MANIFEST, Manifest(manifest.command, files, manifest.runs).to_json())
