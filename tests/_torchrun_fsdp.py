@@ -3,7 +3,7 @@
 Every process builds the same tiny fp64 Llama, captures the old policy of a fixed global batch of 4 sequences,
 perturbs the weights (so the projection engages), and keeps an unsharded copy as the reference. Then it shards the
 model with fully_shard (each decoder layer, the LM head as its own unit, the root), runs the model's own forward on
-its share of the batch, gathers the head with troll.distributed.gather_lm_head and computes
+its share of the batch, gathers the head with troll.categorical.distributed.gather_lm_head and computes
 troll_loss_from_hidden with chunks that cross the vocabulary (C = 64 of ~300 ids). The reference is the dense
 troll.troll_loss on the unsharded copy's full logits, one share at a time, in this same process. Rank 0 writes
 the largest deviations (loss, hidden gradient, every parameter's gathered gradient) to OUT/result.pt.
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from tiny import tiny_model, tiny_tokenizer  # noqa: E402
 
 from troll import sparsify, troll_loss, troll_loss_from_hidden  # noqa: E402
-from troll.distributed import gather_lm_head, is_dtensor  # noqa: E402
+from troll.categorical.distributed import gather_lm_head, is_dtensor  # noqa: E402
 
 GLOBAL_BATCH, SEQ = 4, 8
 LOSS = dict(kl_bound=1e-3, top_k=16, delta=1e-4)

@@ -25,7 +25,7 @@ from torch.distributed.tensor import distribute_tensor  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parent))
 from _torchrun_trl import fixed_batch, make_trainer  # noqa: E402
 
-from troll.sparse import cat_sparse  # noqa: E402
+from troll.categorical.sparse import cat_sparse  # noqa: E402
 
 
 def loss_and_grads(tr, batch, mode):

@@ -36,10 +36,10 @@ from _torchrun_trl import GLOBAL_BATCH, fixed_batch  # noqa: E402
 from tiny import reward_letter_a, tiny_dataset, tiny_model, tiny_tokenizer  # noqa: E402
 
 from troll import sparsify  # noqa: E402
-from troll.distributed import with_lm_head  # noqa: E402
+from troll.categorical.distributed import with_lm_head  # noqa: E402
+from troll.categorical.sparse import cat_sparse  # noqa: E402
 from troll.integrations import hf  # noqa: E402
 from troll.integrations.trl import TrollGRPOConfig, TrollGRPOTrainer  # noqa: E402
-from troll.sparse import cat_sparse  # noqa: E402
 
 DEEPSPEED = {
     "train_micro_batch_size_per_gpu": "auto",

@@ -89,7 +89,7 @@ def _micro_batch(seed=0, *, global_info=None):
 def _reference_old(ref):
     import torch
 
-    from troll.sparse import SparseLogProbs
+    from troll.categorical.sparse import SparseLogProbs
 
     old, pos, mask = ref["old_flat"], ref["pos"], ref["mask"]
     fields = {k: old[f"troll_old_{k}"][pos] for k in ("ids", "logp", "mask", "log_rest")}

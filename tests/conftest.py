@@ -1,7 +1,7 @@
 """Shared fixtures and generators for the troll test suite, and the guard that keeps CI from passing by skipping.
 
 Every generator takes an explicit ``torch.Generator`` so each test is reproducible on its own; the float64
-reference (``troll.reference``) is what the fast paths are compared against.
+reference (``troll.categorical.reference``) is what the fast paths are compared against.
 
 ``--require MOD1,MOD2`` (what ``make test`` passes for each environment): every listed module must import before
 any test runs, and every skipped test fails the run unless its reason matches one of :data:`ALLOWED_SKIPS`. A broken

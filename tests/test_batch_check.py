@@ -69,7 +69,7 @@ def test_a_wrong_bound_in_training_is_caught(moving_run, tmp_path, monkeypatch, 
 def test_completed_old_policy_has_the_buckets_masses():
     """Hand case: V = 6, old keeps {0, 1} (0.5, 0.3; R = 0.2), new keeps {2} and the sampled token is 3, so U =
     {0, 1, 2, 3}; ids 2 and 3 get R / 4 = 0.05 each, ids 4 and 5 share R * 2 / 4 = 0.1 in the new shape (1 : 3)."""
-    from troll.sparse import SparseLogProbs
+    from troll.categorical.sparse import SparseLogProbs
 
     new_p = torch.tensor([0.0005, 0.0005, 0.99, 0.001, 0.002, 0.006], dtype=torch.float64)
     old = SparseLogProbs(
@@ -105,7 +105,7 @@ def test_refusals_come_before_the_rerun(moving_run, capsys, monkeypatch, extra, 
 def _tied_batch():
     """Two positions over V = 40 whose current policy has ids 5-14 tied at the cut of K = 6: the kept set holds the
     four largest ids and two of the ten tied ones. The old policy keeps six other ids, so the projection is active."""
-    from troll.sparse import sparsify
+    from troll.categorical.sparse import sparsify
 
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(1, 2, 40, generator=gen, dtype=torch.float64) * 0.3 - 1

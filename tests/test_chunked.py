@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import troll
-from troll.lm_head import ChunkedLMHead, _LMHeadFn
-from troll.policy import DenseLogits
+from troll.categorical.lm_head import ChunkedLMHead, _LMHeadFn
+from troll.categorical.policy import DenseLogits
 
 B, T, H, V = 3, 5, 6, 37
 

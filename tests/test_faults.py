@@ -30,7 +30,7 @@ from conftest import run_cli  # noqa: E402
 
 from troll import runs  # noqa: E402
 from troll.cli import main  # noqa: E402
-from troll.study.files import read_jsonl  # noqa: E402
+from troll.runs.files import read_jsonl  # noqa: E402
 from troll.train import tasks  # noqa: E402
 from troll.train.checkpoints import MARK, last_checkpoint  # noqa: E402
 

@@ -1,5 +1,5 @@
 """The chunked LM-head path under FSDP2 (fully_shard): torchrun with 2 CPU processes (gloo) against the
-one-process dense float64 reference; and troll.distributed's handling of unsharded and ZeRO-3 weights."""
+one-process dense float64 reference; and troll.categorical.distributed's handling of unsharded and ZeRO-3 weights."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from conftest import check_torchrun, run_script
 
-from troll.distributed import gather_lm_head, is_dtensor, is_zero3_param
+from troll.categorical.distributed import gather_lm_head, is_dtensor, is_zero3_param
 
 HERE = Path(__file__).parent
 SRC = HERE.parent / "src"

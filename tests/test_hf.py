@@ -7,8 +7,8 @@ pytest.importorskip("transformers")
 
 from tiny import tiny_model, tiny_tokenizer  # noqa: E402
 
+from troll.categorical.sparse import sparsify  # noqa: E402
 from troll.integrations import hf  # noqa: E402
-from troll.sparse import sparsify  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import torch
 from conftest import drift, gen, peaked_logits
 
 import troll
-from troll import reference
+from troll.categorical import reference
 
 EPS = 0.05
 METRIC_KEYS = {

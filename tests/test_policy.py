@@ -1,4 +1,5 @@
-"""The dense current policy's fused backward and the one-pass kept set (troll.policy, troll.sparse.kept_ids)."""
+"""The dense current policy's fused backward and the one-pass kept set (troll.categorical.policy,
+troll.categorical.sparse.kept_ids)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,10 @@ import pytest
 import torch
 
 import troll
-from troll.lm_head import ChunkedLMHead
-from troll.policy import CurrentPolicy, DenseLogits, blocked_logsumexp
-from troll.sparse import kept_ids
-from troll.sparse_projection import coarse_support
+from troll.categorical.lm_head import ChunkedLMHead
+from troll.categorical.policy import CurrentPolicy, DenseLogits, blocked_logsumexp
+from troll.categorical.sparse import kept_ids
+from troll.categorical.sparse_projection import coarse_support
 
 NEG_INF = float("-inf")
 
@@ -146,7 +147,7 @@ def test_troll_loss_gradient_equals_plain_autograd(monkeypatch):
         def at(self, ids):
             return self.x.gather(-1, ids)
 
-    monkeypatch.setattr(troll.losses, "DenseLogits", Plain)
+    monkeypatch.setattr(troll.categorical.losses, "DenseLogits", Plain)
     torch.testing.assert_close(fused, grad_of(), rtol=1e-10, atol=1e-12)
     assert fused.abs().sum() > 0
 

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import troll
-from troll import reference
+from troll.categorical import reference
 
 EPS = 0.05
 NEG_INF = float("-inf")

@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import troll
-from troll.policy import DenseLogits
-from troll.sparse import kept_ids, merge_ids
-from troll.sparse_projection import coarse_support
+from troll.categorical.policy import DenseLogits
+from troll.categorical.sparse import kept_ids, merge_ids
+from troll.categorical.sparse_projection import coarse_support
 
 EPS = 0.05
 NEG_INF = float("-inf")

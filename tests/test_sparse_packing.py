@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from troll.sparse import SparseLogProbs, cat_sparse, sparsify
+from troll.categorical.sparse import SparseLogProbs, cat_sparse, sparsify
 
 
 def _sparse(b, t, v, seed, top_k):

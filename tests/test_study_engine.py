@@ -9,7 +9,6 @@ a lower layer to a higher one, no module over 600 lines). Seconds in all.
 
 from __future__ import annotations
 
-import ast
 import importlib.util
 import json
 import os
@@ -20,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from troll.runs.files import append_jsonl, read_jsonl, truncate_jsonl, write_json
 from troll.study import Grid, Study, UsageError, check_folder, load_spec, plan, run_study
-from troll.study.files import append_jsonl, read_jsonl, truncate_jsonl, write_json
 
 SRC = Path(__file__).parent.parent / "src"
 
@@ -267,66 +266,7 @@ def test_jsonl_drops_a_torn_last_line_and_json_is_replaced_whole(tmp_path):
 # ---------------------------------------------------------------- layers
 
 
-LAYERS = ["troll.integrations", "troll.study", "troll.train", "troll.cli"]  # core troll.* below all
-
-
-def _imports(path: Path, module: str) -> set[str]:
-    """The troll modules ``path`` imports anywhere (lazily inside functions too), outside ``if TYPE_CHECKING``."""
-    tree = ast.parse(path.read_text())
-    skipped = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING":
-            skipped.update(id(n) for n in ast.walk(node))
-    found = set()
-    for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            for alias in node.names:  # "from troll.train import options" imports the module troll.train.options
-                sub = f"{node.module}.{alias.name}"
-                found.add(sub if _module_path(sub) else node.module)
-    return {m for m in found if m == "troll" or m.startswith("troll.")} - {module}
-
-
-def _module_path(name: str) -> Path | None:
-    base = SRC.joinpath(*name.split("."))
-    for path in (base.with_suffix(".py"), base / "__init__.py"):
-        if path.is_file():
-            return path
-    return None
-
-
-def _layer(module: str) -> int:
-    return max([i + 1 for i, top in enumerate(LAYERS) if module == top or module.startswith(top + ".")], default=0)
-
-
-def test_import_layers_and_no_circles():
-    modules = {}
-    for package in ("study", "train", "cli"):
-        for path in sorted((SRC / "troll" / package).glob("*.py")):
-            name = "troll." + package + ("" if path.stem == "__init__" else "." + path.stem)
-            modules[name] = _imports(path, name)
-            assert len(path.read_text().splitlines()) <= 600, f"{path} is over 600 lines"
-    for name, imported in modules.items():
-        upward = [m for m in imported if _layer(m) > _layer(name)]
-        assert not upward, f"{name} imports the higher layer(s) {upward}"
-    # no circle: a depth-first search over the import graph of these packages finds no back edge
-    state: dict[str, int] = {}
-
-    def visit(name: str, trail: list[str]) -> None:
-        state[name] = 1
-        for nxt in sorted(modules.get(name, ())):
-            if state.get(nxt) == 1:
-                raise AssertionError("import circle: " + " -> ".join([*trail[trail.index(nxt) :], nxt]))
-            if nxt in modules and not state.get(nxt):
-                visit(nxt, [*trail, nxt])
-        state[name] = 2
-
-    for name in modules:
-        if not state.get(name):
-            visit(name, [name])
+# the layers of every package: tests/test_architecture.py
 
 
 def test_engine_imports_nothing_heavy():

@@ -23,7 +23,7 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 from trl.trainer.utils import split_tensor_dict  # noqa: E402
 
 from troll import SparseLogProbs, clip_loss, old_token_logp, project_sparse, troll_loss  # noqa: E402
-from troll.defaults import OLD_PREFIX  # noqa: E402
+from troll.categorical.defaults import OLD_PREFIX  # noqa: E402
 from troll.integrations.trl import TrollGRPOConfig, TrollGRPOTrainer, check_trl_version  # noqa: E402
 
 OLD_KEYS = tuple(OLD_PREFIX + k for k in ("ids", "logp", "mask", "log_rest", "vocab"))  # SparseLogProbs.to_dict

@@ -331,14 +331,15 @@ def test_sampler_with_tools_is_refused_before_training(tmp_path):
 
 @pytest.mark.parametrize("tail", ["bucket", "renormalize"])
 def test_kl_metric_is_the_losss_kl(tail):
-    """troll.losses.sparse_kl_metrics (what troll_measure_kl logs) and the TROLL loss share one support rule
-    (troll.losses.loss_support): on a batch with projected tokens and one sampled id the old policy excludes, the
+    """troll.categorical.losses.sparse_kl_metrics (what troll_measure_kl logs) and the TROLL loss share one support rule
+    (troll.categorical.losses.loss_support): on a batch with projected tokens and one sampled id the old policy
+    excludes, the
     metric's kl_before and kl_share equal the loss's."""
     from conftest import drift, gen, peaked_logits
 
     from troll import sparsify
-    from troll.losses import sparse_kl_metrics
-    from troll.policy import DenseLogits
+    from troll.categorical.losses import sparse_kl_metrics
+    from troll.categorical.policy import DenseLogits
 
     g = gen(3)
     old_logits = peaked_logits(3, 5, vocab=50, g=g)

@@ -66,7 +66,8 @@ def test_bad_troll_values_and_aggregation():
 
 
 def test_troll_settings_messages_name_the_hydra_key():
-    """The shared check (troll._checks.check_troll_settings) names each key as the Hydra override writes it."""
+    """The shared check (troll.categorical.settings.check_troll_settings) names each key as the Hydra override writes
+    it."""
     with pytest.raises(ValueError, match=r"^actor_rollout_ref\.actor\.troll\.kl_bound must be > 0"):
         troll_settings(_actor("troll", {**TROLL, "kl_bound": -1.0}))
     with pytest.raises(ValueError, match=r"^actor_rollout_ref\.actor\.troll\.top_k must be an integer"):
@@ -177,7 +178,10 @@ def test_check_config_reads_the_recipe():
         ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", r"ulysses_sequence_parallel_size=1"),
         ("actor_rollout_ref.model.use_fused_kernels=True", r"model\.use_fused_kernels=False"),
         ("actor_rollout_ref.actor.troll.top_k=null", r"actor_rollout_ref\.actor\.troll\.top_k"),
-        ("+actor_rollout_ref.actor.troll.lm_head=sparse", r"actor_rollout_ref\.actor\.troll\.lm_head='sparse'"),
+        (
+            "+actor_rollout_ref.actor.troll.lm_head=sparse",
+            r"actor_rollout_ref\.actor\.troll\.lm_head='sparse'",
+        ),
     ],
 )
 def test_check_config_names_the_key_to_fix(override, message):

@@ -14,7 +14,7 @@ def test_engine_capture_equals_sparsify_of_the_models_own_logits():
     import torch
 
     from troll import sparsify
-    from troll.sparse import SparseLogProbs
+    from troll.categorical.sparse import SparseLogProbs
 
     engine = _engine()
     output, args, micro_batch, scaled, rolled = _engine_inputs({"troll_capture": {"top_k": 5, "delta": 1e-3}})
@@ -56,7 +56,7 @@ def test_engine_without_logits_is_a_clear_error():
 def test_engine_chunked_outputs_equal_the_dense_ones(temperatures):
     import torch
 
-    from troll.sparse import SparseLogProbs
+    from troll.categorical.sparse import SparseLogProbs
 
     flags = {"troll_capture": {"top_k": 5, "delta": 1e-3}, "calculate_entropy": True}
     engine, dense, chunked, args, micro_batch, _, chunked_outputs = _hidden_engine_inputs(flags, temperatures)

@@ -22,8 +22,8 @@ def test_capture_rows_equal_sparsify_with_the_sampled_token():
     import torch
 
     from troll import sparsify
+    from troll.categorical.sparse import SparseLogProbs
     from troll.integrations.verl.engine import capture_rows, capture_width
-    from troll.sparse import SparseLogProbs
 
     logits = 3 * torch.randn(7, VOCAB, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     tokens = logits.argmin(-1)  # the least likely token: kept only because it was sampled
@@ -80,7 +80,7 @@ def test_verl_scale_matches_verls_agg_loss(agg, info):
     import torch
     from verl.trainer.ppo.core_algos import agg_loss
 
-    from troll.batch import aggregate
+    from troll.categorical.batch import aggregate
     from troll.integrations.verl.loss import verl_scale
 
     gen = torch.Generator().manual_seed(2)

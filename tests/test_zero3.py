@@ -1,5 +1,5 @@
 """The chunked LM-head path under DeepSpeed ZeRO-3: TrollGRPOTrainer run by torchrun with 2 CPU processes (gloo),
-against an unsharded one-process dense reference (tests/_torchrun_zero3_trainer.py); and troll.distributed's
+against an unsharded one-process dense reference (tests/_torchrun_zero3_trainer.py); and troll.categorical.distributed's
 call_in_forward / with_lm_head in one process."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import torch
 import torch.distributed as dist
 from conftest import check_torchrun, run_script
 
-from troll.batch import LossOutput
-from troll.distributed import call_in_forward, full_shape, with_lm_head
-from troll.sparse import SparseLogProbs
+from troll.categorical.batch import LossOutput
+from troll.categorical.distributed import call_in_forward, full_shape, with_lm_head
+from troll.categorical.sparse import SparseLogProbs
 
 HERE = Path(__file__).parent
 SRC = HERE.parent / "src"

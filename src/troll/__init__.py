@@ -18,23 +18,23 @@ __version__ = "0.1.0"
 
 # name -> module that defines it
 _EXPORTS = {
-    "AGGREGATIONS": "troll.defaults",
-    "ChunkedLMHead": "troll.lm_head",
-    "LossOutput": "troll.batch",
-    "Projection": "troll.projection",
-    "SparseLogProbs": "troll.sparse",
-    "SparseProjection": "troll.sparse_projection",
-    "aggregate": "troll.batch",
-    "cispo_loss": "troll.baselines",
-    "clip_loss": "troll.baselines",
-    "infeasible": "troll.projection",
-    "old_token_logp": "troll.sparse",
-    "project": "troll.projection",
-    "project_sparse": "troll.sparse_projection",
-    "sparsify": "troll.sparse",
-    "sparsify_from_hidden": "troll.lm_head",
-    "troll_loss": "troll.losses",
-    "troll_loss_from_hidden": "troll.losses",
+    "AGGREGATIONS": "troll.categorical.defaults",
+    "ChunkedLMHead": "troll.categorical.lm_head",
+    "LossOutput": "troll.output",
+    "Projection": "troll.categorical.projection",
+    "SparseLogProbs": "troll.categorical.sparse",
+    "SparseProjection": "troll.categorical.sparse_projection",
+    "aggregate": "troll.categorical.batch",
+    "cispo_loss": "troll.categorical.baselines",
+    "clip_loss": "troll.categorical.baselines",
+    "infeasible": "troll.categorical.projection",
+    "old_token_logp": "troll.categorical.sparse",
+    "project": "troll.categorical.projection",
+    "project_sparse": "troll.categorical.sparse_projection",
+    "sparsify": "troll.categorical.sparse",
+    "sparsify_from_hidden": "troll.categorical.lm_head",
+    "troll_loss": "troll.categorical.losses",
+    "troll_loss_from_hidden": "troll.categorical.losses",
 }
 __all__ = [
     "AGGREGATIONS",
@@ -57,14 +57,15 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from troll.baselines import cispo_loss, clip_loss
-    from troll.batch import LossOutput, aggregate
-    from troll.defaults import AGGREGATIONS
-    from troll.lm_head import ChunkedLMHead, sparsify_from_hidden
-    from troll.losses import troll_loss, troll_loss_from_hidden
-    from troll.projection import Projection, infeasible, project
-    from troll.sparse import SparseLogProbs, old_token_logp, sparsify
-    from troll.sparse_projection import SparseProjection, project_sparse
+    from troll.categorical.baselines import cispo_loss, clip_loss
+    from troll.categorical.batch import aggregate
+    from troll.categorical.defaults import AGGREGATIONS
+    from troll.categorical.lm_head import ChunkedLMHead, sparsify_from_hidden
+    from troll.categorical.losses import troll_loss, troll_loss_from_hidden
+    from troll.categorical.projection import Projection, infeasible, project
+    from troll.categorical.sparse import SparseLogProbs, old_token_logp, sparsify
+    from troll.categorical.sparse_projection import SparseProjection, project_sparse
+    from troll.output import LossOutput
 
 
 def __getattr__(name: str):

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from troll.runs.numbers import check_real
-from troll.settings import check_choice, check_troll_settings  # noqa: F401  (shared with torch-free callers)
+from troll.runs.numbers import check_choice, check_real  # noqa: F401  (check_choice: one for both wings)
 
 
 def check_number(name: str, value, *, low: float = 0.0, strict: bool = True, hint: str = "") -> None:

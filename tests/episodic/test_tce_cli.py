@@ -23,7 +23,7 @@ from troll.cli import build_parser, main
 from troll.episodic import options as opts
 from troll.episodic.config import TCEConfig
 from troll.episodic.ppo import PPOConfig, evaluate, make_step_task
-from troll.study.files import read_jsonl
+from troll.runs.files import read_jsonl
 
 SRC = Path(__file__).parents[2] / "src"
 TOY = ["--env", "toy/viapoint"]

@@ -20,7 +20,7 @@ import pytest
 from troll.cli import main
 from troll.episodic import results, study
 from troll.episodic.report import summarise
-from troll.study.files import read_jsonl, write_json
+from troll.runs.files import read_jsonl, write_json
 
 SRC = Path(__file__).parents[2] / "src"
 # 8 episodes x 100 steps = 800 env steps an iteration, evaluated and checkpointed after each

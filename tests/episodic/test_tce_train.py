@@ -11,7 +11,7 @@ import torch
 
 from troll.episodic.config import TCEConfig
 from troll.episodic.train import checkpoints, train
-from troll.study.files import UsageError, read_jsonl
+from troll.runs.files import UsageError, read_jsonl
 
 
 def tiny(**overrides) -> TCEConfig:

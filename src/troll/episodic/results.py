@@ -23,7 +23,7 @@ import json
 import sys
 from pathlib import Path
 
-from troll.study.files import CONFIG_FILE, write_json
+from troll.runs.files import CONFIG_FILE, write_json
 
 STUDY_JSON = "study.json"
 COMMAND = "tce study"

@@ -17,13 +17,13 @@ from numbers import Real
 import torch
 
 from troll._checks import check_choice, check_number, check_shape, check_tensor
-from troll.batch import LossOutput
 from troll.gaussian.distances import DISTANCES
 from troll.gaussian.distances import cov_part as cov_distance_unchecked
 from troll.gaussian.distances import mean_part as mean_distance_unchecked
 from troll.gaussian.entropy import control_entropy
 from troll.gaussian.policy import Gaussian, all_finite, check_comparable
 from troll.gaussian.projection import GaussianProjection, check_metrics_args, project
+from troll.output import LossOutput
 
 BOUND_RTOL = 1e-6  # a distance above bound * (1 + this) counts as exceeding it (bound_exceeded_frac)
 

@@ -20,9 +20,9 @@ from collections.abc import Callable
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from troll.distributed import full_shape, is_dtensor
-from troll.lm_head import sparsify_from_hidden
-from troll.sparse import SparseLogProbs, cat_sparse, sparsify
+from troll.categorical.distributed import full_shape, is_dtensor
+from troll.categorical.lm_head import sparsify_from_hidden
+from troll.categorical.sparse import SparseLogProbs, cat_sparse, sparsify
 
 # Config fields that rescale or soft-cap the logits after the LM head (the ones TRL's fused head reads too), with
 # their neutral value: the chunked path computes hidden @ weight.T + bias only.
@@ -167,7 +167,8 @@ def sparsify_head(
     """The old sparse policy of ``hidden`` (..., H) through the LM head, the sampled ``tokens`` (...) kept.
 
     ``with_head(fn, *tensors)`` calls ``fn(weight, bias, *tensors)`` with the head's full weight (a sharded head
-    gathered for the call, e.g. :func:`troll.distributed.with_lm_head`). Returns :func:`troll.sparsify_from_hidden`'s
+    gathered for the call, e.g. :func:`troll.categorical.distributed.with_lm_head`). Returns
+    :func:`troll.sparsify_from_hidden`'s
     result (and the rows' entropy with ``return_entropy``), computed in fp32 whatever autocast is on.
     """
 
@@ -201,7 +202,8 @@ def capture_old(
     (the sampled token). ``chunked``: the chunked LM head (:func:`head_blocker` and the probe must have passed)
     instead of the dense logits. ``wrapped``: the model to call if the forward must go through a wrapper (default
     ``model``, which owns the head). ``with_head``: how to reach the head's full weight (default: its parameters
-    as they are; pass :func:`troll.distributed.with_lm_head` bound to the head for FSDP2 / ZeRO-3). ``autocast``: a
+    as they are; pass :func:`troll.categorical.distributed.with_lm_head` bound to the head for FSDP2 / ZeRO-3).
+    ``autocast``: a
     callable returning a fresh context manager for each forward (e.g. ``accelerator.autocast``), or None.
     """
     if batch_size < 1:

@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from troll.sparse import SparseLogProbs, mass_rule
+from troll.categorical.sparse import SparseLogProbs, mass_rule
 
 OLD_POLICIES = ("recompute", "sampler")
 # Log-probs a little above 0 are float rounding of a token at probability 1; more is not a log-prob.

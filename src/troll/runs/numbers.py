@@ -1,6 +1,6 @@
 """The one check of a number given by a user: a finite real (not a bool), in a range, named as the user wrote it.
 
-Every check of a hyper-parameter or a flag goes through here (:mod:`troll.settings`, :mod:`troll._checks`,
+Every check of a hyper-parameter or a flag goes through here (:mod:`troll.categorical.settings`, :mod:`troll._checks`,
 ``troll train``'s options, the TRL config, the episodic configs), so that "a finite real number, not a bool" is
 written once. Torch-free. ``name`` is what the user typed: ``"--policy-lr"`` on the command line, ``"policy_lr"``
 for a config field, so that the message points at the thing to change. ``error`` picks the exception class: a
@@ -86,3 +86,9 @@ def _sep(hint: str) -> str:
     if not hint:
         return ""
     return hint if hint.startswith((";", ":", ",", " (")) else f"; {hint}"
+
+
+def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    """``value`` is one of ``choices``; the message lists them."""
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not supported; choose one of {', '.join(map(repr, choices))}.")

@@ -7,9 +7,10 @@ folder (never overwriting results: ``--resume`` or ``--overwrite``), runs the ce
 cell is reported without stopping the others; a resumed study reruns only unfinished cells), and writes study.json,
 study.md (mean ± standard error over seeds, paired differences with 95% t-intervals) and study.png.
 
-Modules, lowest first: ``files`` (atomic JSON, whole-line JSONL, folder checks, :class:`UsageError`), ``stats``,
-``grid`` (parsing and planning), ``frontend`` (the interface), ``report`` and ``plot``, ``runner``. This package
-imports nothing above the core (never :mod:`troll.train`, :mod:`troll.cli` or :mod:`troll.episodic`), nor torch or
+Modules, lowest first: ``stats``, ``grid`` (parsing and planning), ``frontend`` (the interface), ``report`` and
+``plot``, ``runner``; the folders' files and rules (atomic JSON, whole-line JSONL, manifests, :class:`UsageError`)
+are the shared run layer's, :mod:`troll.runs`. This package imports nothing above the core (never
+:mod:`troll.train`, :mod:`troll.cli` or :mod:`troll.episodic`), nor torch or
 matplotlib at import time.
 
 A frontend in a few lines (see :mod:`troll.study.frontend` for every field)::

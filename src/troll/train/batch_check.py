@@ -9,13 +9,15 @@ study cell) of ``troll train`` with a TROLL loss. Runs do not store their batche
 2. It checks that the rerun logged the same loss as RUN at every step before N (relative difference at most 1e-5).
 3. At step N, on the first micro-batch, before the optimiser touches it, it computes the loss three ways:
    - ``trained``: the trainer's own loss, on the LM-head path the run used (float32);
-   - ``dense``: the library's :func:`troll.losses.troll_loss` in float64, on the same weights' logits cast to it;
-   - ``reference``: :mod:`troll.reference`'s dense float64 loss, written from the equations of docs/method.md,
+   - ``dense``: the library's :func:`troll.categorical.losses.troll_loss` in float64, on the same weights' logits
+   cast to it;
+   - ``reference``: :mod:`troll.categorical.reference`'s dense float64 loss, written from the equations of
+   docs/method.md,
      against the old policy completed over the whole vocabulary as "The sparse support and the rest bucket" says
      (stored log-probs on the old kept ids, the unkept mass spread uniformly on the rest of the support, and
      inside the rest the old mass in the current policy's shape; the support takes the current policy's kept ids
      as the library chose them, which matters where ids tie at the cut); with ``--tail renormalize``, the paper's
-     representation position by position (:func:`troll.reference.troll_loss_renormalized`).
+     representation position by position (:func:`troll.categorical.reference.troll_loss_renormalized`).
    It also compares the gradient: the directional derivative of ``dense`` along a random direction in logit space
    (autograd) against central finite differences of the reference, with the old policy and the projection inside
    the regression term held fixed, as the loss's gradient treats them.
@@ -39,7 +41,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from troll.study.files import CONFIG_FILE, METRICS_FILE, UsageError, read_jsonl
+from troll.runs.files import CONFIG_FILE, METRICS_FILE, UsageError, read_jsonl
 from troll.train.metrics import off_policy_rows
 from troll.train.options import TROLL_LOSSES, saved_options
 
@@ -72,13 +74,14 @@ def completed_old_logp(logits, old, tokens, *, top_k: int, delta: float, new_kep
     Outside U: the remaining old mass R (V - |U|) / (V - |kept|), spread in the current policy's shape.
 
     ``new_kept``: the new kept ids per position ((B, T) nested lists) as the library chose them, in place of
-    :func:`troll.reference.kept_set`'s. Where tokens tie at the cut (SmolLM2 has ids with equal logits), both
+    :func:`troll.categorical.reference.kept_set`'s. Where tokens tie at the cut (SmolLM2 has ids with equal logits),
+    both
     choices are kept sets, but the completion, and with it the loss's gradient, depends on which ids are in U. The
     given sets are checked to be kept sets: the same probabilities as the reference's, ties aside.
     """
     import torch
 
-    from troll import reference
+    from troll.categorical import reference
 
     new = torch.log_softmax(logits.double(), -1)
     bsz, seq, vocab = new.shape
@@ -109,9 +112,10 @@ def completed_old_logp(logits, old, tokens, *, top_k: int, delta: float, new_kep
 
 
 def loss_settings(opts) -> dict:
-    """The keywords of :func:`troll.losses.troll_loss` that ``opts`` (a run's saved options) asks for, read from the
+    """The keywords of :func:`troll.categorical.losses.troll_loss` that ``opts`` (a run's saved options) asks for,
+    read from the
     options themselves rather than from the trainer that ran them."""
-    from troll.defaults import TAIL_FILL, troll_agg, troll_level
+    from troll.categorical.defaults import TAIL_FILL, troll_agg, troll_level
 
     opts = opts.resolved()
     level, agg = troll_level(opts.loss), troll_agg(opts.loss, opts.agg)
@@ -124,8 +128,8 @@ def check_batch(trainer, model, inputs: dict, kwargs: dict, *, seed: int = 0) ->
     run's loss settings (:func:`loss_settings`)."""
     import torch
 
+    from troll.categorical.sparse import SparseLogProbs
     from troll.integrations.trl.trainer import loss_mask
-    from troll.sparse import SparseLogProbs
 
     tokens, mask, adv = inputs["completion_ids"], loss_mask(inputs), inputs["advantages"]
     old = SparseLogProbs.from_dict(inputs)
@@ -143,8 +147,8 @@ def check_logits(logits, old, tokens, adv, mask, kwargs: dict, *, seed: int = 0)
     derivative (:func:`check_batch` without the trainer)."""
     import torch
 
-    from troll import reference
-    from troll.losses import troll_loss
+    from troll.categorical import reference
+    from troll.categorical.losses import troll_loss
 
     x = logits.clone().requires_grad_(True)
     dense = troll_loss(x, old, tokens, adv.double(), mask, **kwargs).loss
@@ -204,7 +208,7 @@ def check_logits(logits, old, tokens, adv, mask, kwargs: dict, *, seed: int = 0)
 
 def _renormalized_projection(logits, old_logits, tokens, mask, bound: float, rule: dict) -> dict:
     """{(i, t): (support ids, projected log-probs, eta)} of the paper's representation at every loss position."""
-    from troll import reference
+    from troll.categorical import reference
 
     out = {}
     for i, t in mask.nonzero().tolist():
@@ -215,9 +219,10 @@ def _renormalized_projection(logits, old_logits, tokens, mask, bound: float, rul
 
 
 def _library_kept(logits, top_k: int, delta: float) -> list[list[list[int]]]:
-    """The new kept ids per position, (B, T) nested lists, as :func:`troll.losses.troll_loss` picks them on these
+    """The new kept ids per position, (B, T) nested lists, as :func:`troll.categorical.losses.troll_loss` picks them
+    on these
     logits (the same rows in one call, hence the same ties broken the same way)."""
-    from troll.policy import DenseLogits
+    from troll.categorical.policy import DenseLogits
 
     bsz, seq, vocab = logits.shape
     ids, mask = DenseLogits(logits.reshape(-1, vocab)).kept(top_k, delta)
@@ -227,7 +232,7 @@ def _library_kept(logits, top_k: int, delta: float) -> list[list[list[int]]]:
 
 def _kl_on(new_row, old_row, token: int, rule: dict, frozen):
     """KL(pi~ || pi) on the support of the paper's representation, pi the frozen projection (same ids)."""
-    from troll import reference
+    from troll.categorical import reference
 
     ids, a, _ = reference.renormalized_row(new_row, old_row, token, **rule)
     if ids != frozen[0]:

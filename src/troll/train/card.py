@@ -13,8 +13,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from troll.categorical.defaults import TROLL_LOSSES, troll_agg
 from troll.citation import GRPO_BIBTEX, TROLL_BIBTEX
-from troll.defaults import TROLL_LOSSES, troll_agg
 from troll.train import model as model_lib
 from troll.train.options import LOSSES, RunOptions
 from troll.train.tasks import HELDOUT_SEED_OFFSET, PRESETS

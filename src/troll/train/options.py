@@ -2,7 +2,8 @@
 
 Nothing here imports transformers or TRL (torch comes with the core package ``troll`` itself): ``troll train``
 validates its input in well under a second of its own work (reasoning_gym's registry, imported to check the task
-name, is the slowest part) and writes nothing when a check fails. Loss names come from :mod:`troll.defaults`,
+name, is the slowest part) and writes nothing when a check fails. Loss names come from
+:mod:`troll.categorical.defaults`,
 folder and JSON helpers from :mod:`troll.runs.files`.
 """
 
@@ -13,11 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from troll import defaults, runs
-from troll.defaults import TROLL_LOSSES
+from troll import runs
+from troll.categorical import defaults
+from troll.categorical.defaults import TROLL_LOSSES
+from troll.categorical.settings import check_tail, check_troll_settings
 from troll.runs.files import CONFIG_FILE, SUMMARY_FILE, UsageError, check_out_path, load_config, read_config
-from troll.runs.numbers import check_int, check_real, check_seed, is_int, is_real
-from troll.settings import check_choice, check_tail, check_troll_settings
+from troll.runs.numbers import check_choice, check_int, check_real, check_seed, is_int, is_real
 from troll.train.checkpoints import last_checkpoint
 
 __all__ = [
@@ -207,7 +209,8 @@ def check_values(opts: RunOptions) -> None:
     """Raise :class:`UsageError` for any value TRL or TROLL would reject later (or silently misuse).
 
     Every number must be finite and of the field's type (NaN passes ``x < 0``, so each check is written as the
-    condition that must hold). TROLL's own settings go through :func:`troll._checks.check_troll_settings`, the
+    condition that must hold). TROLL's own settings go through
+    :func:`troll.categorical.settings.check_troll_settings`, the
     one rule set the library, the TRL config and verl share.
     """
     if opts.loss not in LOSSES:

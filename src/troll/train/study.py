@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from troll.defaults import TROLL_LOSSES
+from troll.categorical.defaults import TROLL_LOSSES
 from troll.study import Cell, Curve, Frontend, Grid, Number, Pairing, Study, UsageError, runner, stats
 from troll.study import grid as grid_lib
 from troll.train import checkpoints, options

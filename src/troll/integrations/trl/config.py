@@ -1,6 +1,7 @@
 """``TrollGRPOConfig``: TRL's GRPOConfig with TROLL's hyper-parameters, and the TRL version this integration supports.
 
-The TROLL values are checked by :func:`troll._checks.check_troll_settings`, the one check the library's losses, verl's
+The TROLL values are checked by :func:`troll.categorical.settings.check_troll_settings`, the one check the library's
+losses, verl's
 config and ``troll train`` share; what TRL's own options allow with the TROLL loss types is checked here.
 """
 
@@ -21,7 +22,7 @@ except ImportError as err:  # pragma: no cover - only without TRL
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from troll.defaults import (
+from troll.categorical.defaults import (
     AGGREGATIONS,
     ALPHA,
     DELTA,
@@ -34,9 +35,9 @@ from troll.defaults import (
     TOP_K,
     TROLL_LOSSES,
 )
+from troll.categorical.settings import check_tail, check_troll_settings
 from troll.integrations.sampler import OLD_POLICIES
 from troll.runs.numbers import is_real
-from troll.settings import check_tail, check_troll_settings
 
 SUPPORTED_TRL = ">=1.16,<1.17"
 # The loss types TRL 1.16's GRPOTrainer implements (it checks them only when the loss runs, so a typo in a config

@@ -58,17 +58,17 @@ import warnings
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from troll.batch import LossOutput
+from troll.categorical.defaults import OLD_PREFIX, TROLL_LOSSES, troll_agg, troll_level
+from troll.categorical.distributed import full_shape, is_fsdp2_model, with_lm_head
+from troll.categorical.lm_head import ChunkedLMHead, sparsify_from_hidden
+from troll.categorical.losses import sparse_kl_metrics, troll_loss, troll_loss_from_hidden
+from troll.categorical.policy import DenseLogits
+from troll.categorical.sparse import SparseLogProbs, cat_sparse, sparsify
 from troll.citation import TROLL_ARXIV, TROLL_BIBTEX, TROLL_TITLE
-from troll.defaults import OLD_PREFIX, TROLL_LOSSES, troll_agg, troll_level
-from troll.distributed import full_shape, is_fsdp2_model, with_lm_head
 from troll.integrations import hf
 from troll.integrations.sampler import fit_length, sampled_lists, sampled_token_logps, sparse_from_topk
 from troll.integrations.trl.config import TrollGRPOConfig, check_trl_version
-from troll.lm_head import ChunkedLMHead, sparsify_from_hidden
-from troll.losses import sparse_kl_metrics, troll_loss, troll_loss_from_hidden
-from troll.policy import DenseLogits
-from troll.sparse import SparseLogProbs, cat_sparse, sparsify
+from troll.output import LossOutput
 
 _MULTIMODAL_KEYS = ("pixel_values", "image_grid_thw", "pixel_attention_mask", "image_sizes", "token_type_ids")
 # The model card's method and citation (TRL writes the card from these attributes), TROLL's beside TRL's GRPO.
@@ -125,7 +125,8 @@ class TrollGRPOTrainer(GRPOTrainer):
         return not self._troll_enabled and getattr(self.args, "troll_measure_kl", False) is True
 
     def _troll_agg(self) -> str:
-        """The token aggregation: troll_agg, else the loss type's default (:func:`troll.defaults.troll_agg`)."""
+        """The token aggregation: troll_agg, else the loss type's default
+        (:func:`troll.categorical.defaults.troll_agg`)."""
         return troll_agg(self.loss_type, self.args.troll_agg)
 
     def _troll_needs_old(self) -> bool:
@@ -400,9 +401,10 @@ class TrollGRPOTrainer(GRPOTrainer):
 
     def _troll_with_head(self, model, fn, *tensors):
         """``fn(weight (V, H), bias (V,) or None, *tensors)`` with the full LM head of ``model``, gradients flowing
-        back to its parameters: FSDP2 shards are all-gathered (:func:`troll.distributed.gather_lm_head`), a
+        back to its parameters: FSDP2 shards are all-gathered (:func:`troll.categorical.distributed.gather_lm_head`), a
         DeepSpeed ZeRO-3 partition is used inside the head's own forward call, where ZeRO-3 gathers it
-        (:func:`troll.distributed.call_in_forward`; pass the hidden states as ``tensors``). docs/trl.md, "Sharded
+        (:func:`troll.categorical.distributed.call_in_forward`; pass the hidden states as ``tensors``). docs/trl.md,
+        "Sharded
         models", has the memory."""
         return with_lm_head(hf.output_embeddings(self.accelerator.unwrap_model(model)), fn, *tensors)
 

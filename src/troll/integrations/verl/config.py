@@ -2,7 +2,8 @@
 choice, and :class:`TrollFSDPActorConfig`, the actor config class that carries the ``troll`` section.
 
 Everything here but that class is plain Python and works without verl. The names and defaults come from
-:mod:`troll.defaults`; the values are checked by :func:`troll._checks.check_troll_settings`, the check the losses,
+:mod:`troll.categorical.defaults`; the values are checked by :func:`troll.categorical.settings.check_troll_settings`,
+the check the losses,
 ``TrollGRPOConfig`` and ``troll train`` share, with every message naming the Hydra key to fix.
 """
 
@@ -15,8 +16,9 @@ from importlib.util import find_spec
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from troll._checks import check_choice, check_troll_settings
-from troll.defaults import ALPHA, DELTA, KL_BOUND, LM_HEAD, LM_HEADS, TOP_K, TROLL_LOSSES, troll_level
+from troll.categorical.defaults import ALPHA, DELTA, KL_BOUND, LM_HEAD, LM_HEADS, TOP_K, TROLL_LOSSES, troll_level
+from troll.categorical.settings import check_troll_settings
+from troll.runs.numbers import check_choice
 
 SUPPORTED_VERL = ">=0.9,<0.10"
 ACTOR = "actor_rollout_ref.actor"  # verl's actor config in the Hydra config

@@ -24,12 +24,12 @@ from verl.utils import tensordict_utils as tu
 from verl.workers.engine.base import EngineRegistry
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 
-from troll.defaults import OLD_PREFIX
-from troll.distributed import gather_lm_head
+from troll.categorical.defaults import OLD_PREFIX
+from troll.categorical.distributed import gather_lm_head
+from troll.categorical.lm_head import ChunkedLMHead
+from troll.categorical.sparse import SparseLogProbs, old_token_logp, sparsify
 from troll.integrations import hf
 from troll.integrations.verl.loss import TROLL_HEAD, TROLL_HIDDEN, TROLL_LOGITS, LMHeadRef, troll_ppo_loss
-from troll.lm_head import ChunkedLMHead
-from troll.sparse import SparseLogProbs, old_token_logp, sparsify
 
 # Non-tensor flags the trainer sets on a batch and the engine reads on each micro-batch:
 FLAG_CAPTURE = "troll_capture"  # {"top_k": k, "delta": d}: compute_log_prob captures the old policy

@@ -26,12 +26,12 @@ from verl.utils.metric import AggregationType, Metric
 from verl.workers.utils.losses import ppo_loss
 from verl.workers.utils.padding import no_padding_2_padding
 
-from troll.batch import LossOutput
-from troll.defaults import OLD_PREFIX
-from troll.distributed import gather_lm_head
+from troll.categorical.defaults import OLD_PREFIX
+from troll.categorical.distributed import gather_lm_head
+from troll.categorical.losses import troll_loss, troll_loss_from_hidden
+from troll.categorical.sparse import SparseLogProbs
 from troll.integrations.verl.config import troll_settings
-from troll.losses import troll_loss, troll_loss_from_hidden
-from troll.sparse import SparseLogProbs
+from troll.output import LossOutput
 
 # The old policy's fields in verl's batch: the keys of SparseLogProbs.to_dict(OLD_PREFIX).
 OLD_KEYS = tuple(OLD_PREFIX + name for name in ("ids", "logp", "mask", "log_rest", "vocab"))

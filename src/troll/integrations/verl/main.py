@@ -28,7 +28,7 @@ import ray
 from omegaconf import OmegaConf
 from verl.trainer import main_ppo, main_ppo_v0
 
-from troll.defaults import TROLL_LOSSES
+from troll.categorical.defaults import TROLL_LOSSES
 from troll.integrations.verl.config import ACTOR, ACTOR_CONFIG, troll_lm_head, troll_settings
 from troll.integrations.verl.engine import register
 from troll.integrations.verl.trainer import TrollRayPPOTrainer

@@ -11,12 +11,20 @@ from __future__ import annotations
 import torch
 
 from troll._checks import check_choice, check_delta, check_lse, check_positive, check_top_k
-from troll.batch import LossOutput, aggregate, check_logits_batch, check_old, masked_mean, masked_stats, sequence_weight
-from troll.defaults import AGGREGATIONS, CISPO_EPS_HIGH, CLIP_EPS, DELTA, LEVELS, TOP_K
-from troll.policy import DenseLogits
-from troll.projection import compute_dtype, kl_divergence
-from troll.sparse import SparseLogProbs
-from troll.sparse_projection import coarse_support
+from troll.categorical.batch import (
+    aggregate,
+    check_logits_batch,
+    check_old,
+    masked_mean,
+    masked_stats,
+    sequence_weight,
+)
+from troll.categorical.defaults import AGGREGATIONS, CISPO_EPS_HIGH, CLIP_EPS, DELTA, LEVELS, TOP_K
+from troll.categorical.policy import DenseLogits
+from troll.categorical.projection import compute_dtype, kl_divergence
+from troll.categorical.sparse import SparseLogProbs
+from troll.categorical.sparse_projection import coarse_support
+from troll.output import LossOutput
 
 
 def _policy_terms(logits, old, tokens, advantages, mask):

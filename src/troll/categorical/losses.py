@@ -7,8 +7,8 @@ Shapes: B sequences, T response positions, V vocabulary, K stored old ids, H hid
     tokens     (B, T)     sampled ids
     advantages (B,) or (B, T)
     mask       (B, T)     True on response tokens
-Each returns a :class:`troll.batch.LossOutput`: the scalar ``loss`` and a dict of detached scalar ``metrics``. The
-clip-family baselines, with the same call shape, are in :mod:`troll.baselines`.
+Each returns a :class:`troll.output.LossOutput`: the scalar ``loss`` and a dict of detached scalar ``metrics``. The
+clip-family baselines, with the same call shape, are in :mod:`troll.categorical.baselines`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 
 from troll._checks import check_lse
 from troll._threads import one_thread
-from troll.batch import (
+from troll.categorical.batch import (
     LossOutput,
     aggregate,
     check_batch,
@@ -29,13 +29,13 @@ from troll.batch import (
     masked_stats,
     sequence_weight,
 )
-from troll.defaults import ALPHA, DELTA, KL_BOUND, TAIL, TAIL_FILL, TOP_K
-from troll.lm_head import ChunkedLMHead, check_chunk_size, check_head, head_dtype
-from troll.policy import DenseLogits
-from troll.projection import NEG_INF, infeasible, kl_divergence, project_log_probs
-from troll.settings import check_tail, check_troll_settings
-from troll.sparse import SparseLogProbs
-from troll.sparse_projection import coarse_support
+from troll.categorical.defaults import ALPHA, DELTA, KL_BOUND, TAIL, TAIL_FILL, TOP_K
+from troll.categorical.lm_head import ChunkedLMHead, check_chunk_size, check_head, head_dtype
+from troll.categorical.policy import DenseLogits
+from troll.categorical.projection import NEG_INF, infeasible, kl_divergence, project_log_probs
+from troll.categorical.settings import check_tail, check_troll_settings
+from troll.categorical.sparse import SparseLogProbs
+from troll.categorical.sparse_projection import coarse_support
 
 KL_SHARE_TOP = 8  # the kl_share metrics split off the old policy's 8 most probable tokens
 
@@ -131,7 +131,8 @@ class LossSupport(NamedTuple):
     """What the TROLL loss and its KL metrics are computed on (N = B*T rows, U support ids).
 
     ids (N, U); support (N, U + 1) real categories, the last the rest; a, b (N, U + 1) fp64 new and old log-probs
-    (:func:`troll.sparse_projection.coarse_support`); at (N, 1) the sampled id's slot in U; kept (B, T) the loss
+    (:func:`troll.categorical.sparse_projection.coarse_support`); at (N, 1) the sampled id's slot in U; kept (B, T)
+    the loss
     tokens that count; excluded (B, T) the loss tokens dropped because the old policy gives their sampled id zero
     probability (sampler and old policy disagree: a data error, counted in old_excluded_frac; docs/numerics.md).
     """
@@ -148,7 +149,8 @@ class LossSupport(NamedTuple):
 def loss_support(new, old: SparseLogProbs, tokens, mask, *, top_k, delta, tail=TAIL, fill=TAIL_FILL) -> LossSupport:
     """The support rule of the TROLL losses, the one place it is written (the loss, the KL metrics of TRL's own
     loss types and ``troll.train.batch_check`` use it): U = old kept | new kept (top_k, delta) | sampled token, with
-    ``tail`` as in :func:`troll.troll_loss`; ``new`` a :class:`troll.policy.CurrentPolicy` over the B*T rows, ``old``
+    ``tail`` as in :func:`troll.troll_loss`; ``new`` a :class:`troll.categorical.policy.CurrentPolicy` over the B*T
+    rows, ``old``
     flat (B*T, K), tokens and mask (B, T)."""
     bsz, seq = tokens.shape
     extra = tokens.reshape(-1, 1).long()
@@ -168,7 +170,8 @@ def sparse_kl_metrics(
 ) -> dict[str, torch.Tensor]:
     """KL(pi || pi_old) before projection on the TROLL losses' support (:func:`loss_support`), without a loss.
 
-    new: a :class:`troll.policy.CurrentPolicy` over the B*T rows (ChunkedLMHead or DenseLogits); old: (B, T, K);
+    new: a :class:`troll.categorical.policy.CurrentPolicy` over the B*T rows (ChunkedLMHead or DenseLogits); old: (B,
+    T, K);
     tokens, mask: (B, T). Returns ``kl_before/mean``, ``kl_before/max`` over the loss tokens, equal to the TROLL
     loss's metrics of those names, and ``kl_share/*`` (:func:`kl_shares`) over the tokens whose KL exceeds
     ``kl_bound``: the ones a TROLL bound of ``kl_bound`` would project.

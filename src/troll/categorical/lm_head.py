@@ -13,8 +13,9 @@ gradient:
 
 That is the same matmul count as a fused log-prob kernel (TRL's ChunkedLogProbFunction): one forward pass, one
 recomputation and two gradient products. :class:`ChunkedLMHead` is a drop-in for
-:class:`troll.policy.DenseLogits`, so the support, the projection and the loss are the dense path's code
-(:func:`troll.troll_loss_from_hidden` in :mod:`troll.losses`). :func:`sparsify_from_hidden` captures the old policy
+:class:`troll.categorical.policy.DenseLogits`, so the support, the projection and the loss are the dense path's code
+(:func:`troll.troll_loss_from_hidden` in :mod:`troll.categorical.losses`). :func:`sparsify_from_hidden` captures the
+old policy
 the same way, matching :func:`troll.sparsify`.
 
 Shapes: B sequences, T positions, N = B*T rows, H hidden size, V vocabulary, C chunk columns, U support ids.
@@ -25,8 +26,8 @@ from __future__ import annotations
 import torch
 
 from troll._checks import check_delta, check_lse, check_number, check_shape, check_tensor, check_top_k
-from troll.defaults import DELTA, TOP_K
-from troll.sparse import SparseLogProbs, include_ids, mass_rule, merge_ids, trim_kept
+from troll.categorical.defaults import DELTA, TOP_K
+from troll.categorical.sparse import SparseLogProbs, include_ids, mass_rule, merge_ids, trim_kept
 
 # A chunk's logits take about this many elements (64 MB in fp32): C = CHUNK_ELEMENTS // N, at least MIN_CHUNK.
 CHUNK_ELEMENTS = 2**24
@@ -194,7 +195,7 @@ class _LMHeadFn(torch.autograd.Function):
 class ChunkedLMHead:
     """The current policy as ``hidden @ weight.T (+ bias) / temperature`` without the (N, V) logits.
 
-    A :class:`troll.policy.CurrentPolicy` like :class:`troll.policy.DenseLogits`:
+    A :class:`troll.categorical.policy.CurrentPolicy` like :class:`troll.categorical.policy.DenseLogits`:
 
         hidden: (N, H); weight: (V, H); bias: (V,) or None; chunk_size: C vocabulary columns a pass
         (default: about 2**24 / N).
@@ -232,7 +233,8 @@ class ChunkedLMHead:
         return self._lse
 
     def kept(self, top_k: int, delta: float):
-        """(ids, mask) (N, k) of the most probable tokens until mass 1 - delta, the rule of ``troll.sparse``."""
+        """(ids, mask) (N, k) of the most probable tokens until mass 1 - delta, the rule of
+        ``troll.categorical.sparse``."""
         k = min(top_k, self.vocab_size)
         lse, top, ids, _ = self._stats(k)
         return trim_kept(ids[:, :k], mass_rule(top[:, :k] - lse, delta))

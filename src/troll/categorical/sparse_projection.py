@@ -28,11 +28,11 @@ from troll._checks import (
     check_top_k,
 )
 from troll._threads import one_thread
-from troll.defaults import DELTA, TAIL, TAIL_FILL, TOP_K
-from troll.policy import CurrentPolicy, DenseLogits
-from troll.projection import project_log_probs
-from troll.settings import check_tail
-from troll.sparse import SparseLogProbs, merge_ids
+from troll.categorical.defaults import DELTA, TAIL, TAIL_FILL, TOP_K
+from troll.categorical.policy import CurrentPolicy, DenseLogits
+from troll.categorical.projection import project_log_probs
+from troll.categorical.settings import check_tail
+from troll.categorical.sparse import SparseLogProbs, merge_ids
 
 # Masses below this are rounding noise of fp32 log-probs; the floor keeps every log finite (docs/numerics.md).
 MASS_FLOOR = 1e-30
@@ -122,7 +122,7 @@ class SparseProjection(NamedTuple):
     logp:      (..., U + 1) fp64 projected log-probs ``log pi`` on the support and the rest.
     new_logp:  (..., U + 1) fp64 current log-probs ``log pi~`` (with gradient).
     old_logp:  (..., U + 1) fp64 old log-probs (stored, tail-filled, rest).
-    eta, kl_before, kl_after: (...) as in :class:`troll.projection.Projection`.
+    eta, kl_before, kl_after: (...) as in :class:`troll.categorical.projection.Projection`.
     """
 
     ids: torch.Tensor

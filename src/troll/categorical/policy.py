@@ -1,8 +1,8 @@
 """The current policy as the loss sees it (docs/method.md): its logsumexp, its most probable ids, its logits at ids.
 
 Any object with the four members of :class:`CurrentPolicy` can be the current policy: :class:`DenseLogits` over
-(N, V) logits here, :class:`troll.lm_head.ChunkedLMHead` from the LM head's input.
-:func:`troll.sparse_projection.coarse_support` turns one and the old policy into the (|U| + 1)-category
+(N, V) logits here, :class:`troll.categorical.lm_head.ChunkedLMHead` from the LM head's input.
+:func:`troll.categorical.sparse_projection.coarse_support` turns one and the old policy into the (|U| + 1)-category
 distributions the projection works on, so the support, the projection and the loss are written once.
 
 The dense path costs what a clip loss costs (docs/numerics.md, "The dense path"): the logsumexp is taken in row
@@ -20,8 +20,8 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from troll._threads import one_thread
-from troll.projection import compute_dtype
-from troll.sparse import kept_ids
+from troll.categorical.projection import compute_dtype
+from troll.categorical.sparse import kept_ids
 
 # Row blocks of the dense logsumexp and backward hold about this many elements (1 MB in fp32): cache-sized.
 BLOCK_ELEMENTS = 2**18

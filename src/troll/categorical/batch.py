@@ -9,8 +9,6 @@ Shapes: B sequences, T positions, V vocabulary, K stored old ids.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
 from troll._checks import (
@@ -23,16 +21,9 @@ from troll._checks import (
     check_sparse,
     check_tensor,
 )
-from troll.defaults import AGGREGATIONS, MAX_LOG_RATIO
-from troll.sparse import SparseLogProbs
-
-
-@dataclass
-class LossOutput:
-    """A loss: the scalar ``loss`` and a dict of detached scalar ``metrics`` (keys as logged, e.g. ``kl_after/max``)."""
-
-    loss: torch.Tensor
-    metrics: dict[str, torch.Tensor] = field(default_factory=dict)
+from troll.categorical.defaults import AGGREGATIONS, MAX_LOG_RATIO
+from troll.categorical.sparse import SparseLogProbs
+from troll.output import LossOutput  # noqa: F401  (re-exported: every loss of this wing returns it)
 
 
 def aggregate(values: torch.Tensor, mask: torch.Tensor, agg: str, *, max_len: int | None = None) -> torch.Tensor:

@@ -6,13 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from troll.defaults import AGGREGATIONS, ALPHA, DELTA, KL_BOUND, LEVELS, TAILS, TOP_K
-from troll.runs.numbers import is_real
-
-
-def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"{name}={value!r} is not supported; choose one of {', '.join(map(repr, choices))}.")
+from troll.categorical.defaults import AGGREGATIONS, ALPHA, DELTA, KL_BOUND, LEVELS, TAILS, TOP_K
+from troll.runs.numbers import check_choice, is_real
 
 
 def check_troll_settings(
@@ -55,7 +50,8 @@ _finite = is_real  # the one check of a number (troll.runs.numbers)
 
 
 def check_tail(tail: str, fill: float, *, names: Mapping[str, str] | None = None) -> None:
-    """``tail`` one of :data:`troll.defaults.TAILS`; ``fill`` (the renormalize mode's probability) in (0, 1e-3]."""
+    """``tail`` one of :data:`troll.categorical.defaults.TAILS`; ``fill`` (the renormalize mode's probability) in (0,
+    1e-3]."""
     names = names or {}
     check_choice(names.get("tail", "tail"), tail, TAILS)
     if not _finite(fill) or not 0 < fill <= 1e-3:

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from troll.batch import LossOutput
+from troll.output import LossOutput
 
 
 def is_dtensor(t) -> bool:
@@ -78,7 +78,7 @@ def gather_lm_head(weight: torch.Tensor, bias: torch.Tensor | None = None) -> tu
     if is_zero3_param(weight):
         raise ValueError(
             "the LM head's weight is a DeepSpeed ZeRO-3 partition; gather_lm_head handles FSDP2 DTensors only. "
-            "Run the head computation with troll.distributed.with_lm_head (or call_in_forward) instead."
+            "Run the head computation with troll.categorical.distributed.with_lm_head (or call_in_forward) instead."
         )
     if is_dtensor(weight):
         weight = _full(weight)
@@ -114,7 +114,7 @@ def call_in_forward(module: torch.nn.Module, fn: Callable[..., Any], *tensors: t
     gathers ``module``'s parameters; the hook on the output re-gathers them before the backward; the hook on the
     inputs (``tensors``: pass the hidden states here, not through a closure) releases them after it; the gradient
     hooks reduce-scatter the weight's gradient. ``fn`` must use the tensors it is given, which the hooks may have
-    wrapped. ``fn`` returns a tensor, a :class:`~troll.batch.LossOutput`, or anything without a tensor that needs
+    wrapped. ``fn`` returns a tensor, a :class:`~troll.output.LossOutput`, or anything without a tensor that needs
     a gradient. A tensor (a LossOutput's loss) that needs a gradient is routed through the module's output, so that
     the backward from it fires the hooks; the rest is returned untouched. Any other tensor that needs a gradient
     would reach a released partition in its backward, so it is refused with a TypeError. The module's forward is

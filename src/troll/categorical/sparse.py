@@ -16,7 +16,7 @@ from troll._checks import (
     check_tensor,
     check_top_k,
 )
-from troll.defaults import DELTA, OLD_PREFIX, TOP_K
+from troll.categorical.defaults import DELTA, OLD_PREFIX, TOP_K
 
 
 @dataclass

@@ -1,0 +1,123 @@
+"""The layout of docs/architecture.md, held against the code: every module of src/troll sits in a layer, imports
+only layers below its own (or its own package), the two wings and the two applications never import each other,
+no module imports itself back through others, and no module is over 600 lines."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+
+# package -> layer, lowest first (docs/architecture.md's picture); a module belongs to its longest matching prefix
+LAYERS = {
+    "troll._threads": 1,
+    "troll.citation": 1,
+    "troll.rootfind": 1,
+    "troll.runs": 1,
+    "troll.output": 1,
+    "troll._checks": 2,
+    "troll.study": 2,
+    "troll.categorical": 3,
+    "troll.gaussian": 3,
+    "troll.integrations": 4,
+    "troll.episodic": 4,
+    "troll.train": 5,
+    "troll.cli": 6,
+}
+FACE = "troll"  # the face: it names its exports as strings and imports them on first use (checked below)
+
+
+def _name(path: Path) -> str:
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _package(module: str) -> str | None:
+    found = [p for p in LAYERS if module == p or module.startswith(p + ".")]
+    return max(found, key=len) if found else None
+
+
+def _module_path(name: str) -> Path | None:
+    base = SRC.joinpath(*name.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def _imports(path: Path, module: str) -> set[str]:
+    """The troll modules ``path`` imports anywhere (lazily inside functions too), outside ``if TYPE_CHECKING``."""
+    tree = ast.parse(path.read_text())
+    skipped = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING":
+            skipped.update(id(n) for n in ast.walk(node))
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            for alias in node.names:  # "from troll.train import options" imports the module troll.train.options
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if _module_path(sub) else node.module)
+    return {m for m in found if m == "troll" or m.startswith("troll.")} - {module}
+
+
+MODULES = {_name(p): p for p in sorted((SRC / "troll").rglob("*.py"))}
+GRAPH = {name: _imports(path, name) for name, path in MODULES.items()}
+
+
+def test_every_module_has_a_layer():
+    assert not [m for m in MODULES if m != FACE and _package(m) is None], "add the package to LAYERS and the docs"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m != FACE))
+def test_imports_run_down(module):
+    mine = _package(module)
+    for imported in GRAPH[module]:
+        if imported == FACE:  # its version and lazy names: it imports nothing itself
+            continue
+        theirs = _package(imported)
+        if theirs == mine:
+            continue
+        assert LAYERS[theirs] < LAYERS[mine], (
+            f"{module} (layer {LAYERS[mine]}) imports {imported} (layer {LAYERS[theirs]}): imports run down only"
+        )
+
+
+def test_no_circle():
+    state: dict[str, int] = {}
+
+    def visit(name: str, trail: list[str]) -> None:
+        state[name] = 1
+        for nxt in sorted(GRAPH.get(name, ())):
+            if state.get(nxt) == 1:
+                raise AssertionError("import circle: " + " -> ".join([*trail[trail.index(nxt) :], nxt]))
+            if nxt in GRAPH and not state.get(nxt):
+                visit(nxt, [*trail, nxt])
+        state[name] = 2
+
+    for name in GRAPH:
+        if not state.get(name):
+            visit(name, [name])
+
+
+def test_the_layer_table_catches_an_upward_import():
+    # the rule itself: a wing importing an application, or one wing the other, is refused
+    assert LAYERS[_package("troll.integrations.trl.trainer")] > LAYERS[_package("troll.categorical.losses")]
+    assert LAYERS[_package("troll.gaussian.loss")] == LAYERS[_package("troll.categorical.batch")]
+    assert _package("troll.categorical.losses") != _package("troll.gaussian.loss")
+
+
+def test_modules_stay_under_600_lines():
+    long = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > 600}
+    assert not long, f"split these modules: {long}"
+
+
+def test_the_face_imports_nothing_of_its_own():
+    assert GRAPH[FACE] <= {"troll"}, "troll/__init__.py must stay lazy: name exports in _EXPORTS"
