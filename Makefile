@@ -120,10 +120,20 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/ruff format --check src tests benchmarks
 
-bench: $(VENV)/.installed
-	$(PY) benchmarks/bench_loss.py
+# A smoke run: every benchmark's --quick mode (small sizes, 1 round, results in <name>-quick.csv), one core each.
+# The full figures come from each script's own command (docs/benchmarks.md).
+bench: $(VENV)/.installed $(VERL_VENV)/.installed
+	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_loss.py --quick --threads 1
+	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_fused.py --quick --threads 1
+	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_step.py --quick --threads 1
+	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_train.py --quick
+	OMP_NUM_THREADS=1 $(VERL_VENV)/bin/python benchmarks/bench_verl_head.py --quick
+	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_gaussian.py --quick
+	OMP_NUM_THREADS=1 $(PY) benchmarks/gaussian_accuracy.py --quick
+	OMP_NUM_THREADS=1 $(PY) benchmarks/gaussian_ppo.py --quick --algo trpl sb3
 	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_envs.py --quick
 	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_tce.py --quick
+	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_tce_update.py --quick
 
 # docs/tce.md's evidence with the authors' Meta-World setup (the metaworld/* preset): MT10 at 2M env steps with TCE,
 # bbrl and bbrl-cov (SB3's PPO too on reach and push), then push-v3 at 10M with TCE and bbrl; 3 seeds each, cells

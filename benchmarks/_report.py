@@ -46,6 +46,12 @@ def reset_peak() -> bool:
         return False
 
 
+def quick_path(out: Path) -> Path:
+    """Where a ``--quick`` run writes instead of ``out``: ``<name>-quick.csv`` beside it, so that a smoke run (``make
+    bench``) never overwrites the full run's results."""
+    return out.with_name(f"{out.stem}-quick{out.suffix}")
+
+
 def write_results(rows: list[dict], out: Path, header: str) -> None:
     """Write ``rows`` as CSV to ``out`` and print ``header`` and a markdown table of them."""
     out.parent.mkdir(parents=True, exist_ok=True)

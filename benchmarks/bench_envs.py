@@ -12,9 +12,9 @@ idle core would do whatever else the machine runs. The desired trajectory is a s
 vectorised in-process and has a single mode.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_envs.py                       # all, E = 16 (toy: 1024), 2 workers
-    OMP_NUM_THREADS=1 python benchmarks/bench_envs.py --quick               # push-v3 and reach-v3, 1 core, 1 repeat
-Writes benchmarks/results/bench_envs.csv and prints a markdown table. The load average printed with each row says
-how busy the machine was: on a shared machine the figures are preliminary.
+    OMP_NUM_THREADS=1 python benchmarks/bench_envs.py --quick               # push, reach, reacher: E = 4, 1 core
+Writes benchmarks/results/bench_envs.csv (--quick: bench_envs-quick.csv) and prints a markdown table. The load
+average printed with each row says how busy the machine was: on a shared machine the figures are preliminary.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import torch
-from _report import write_results
+from _report import quick_path, write_results
 
 from troll.episodic.envs import make_env
 from troll.episodic.envs.toy import straight_through
@@ -135,12 +135,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads in this process")
     parser.add_argument("--backends", default="envpool,python", help="Meta-World backends (default: both)")
-    parser.add_argument("--quick", action="store_true", help="push-v3 and reach-v3, one core, 1 repeat")
+    parser.add_argument("--quick", action="store_true", help="push-v3, reach-v3, reacher; E = 4, one core, 1 repeat")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     envs, modes, repeats = args.envs, (0, args.workers), args.repeats
     if args.quick:
-        envs, modes, repeats = QUICK_ENVS, (0,), 1
+        envs, modes, repeats, args.episodes = QUICK_ENVS, (0,), 1, 4
     rows = []
     for name in envs:
         if name.startswith("toy/"):
@@ -153,7 +153,8 @@ def main() -> None:
                 rows.append(measure(name, episodes=args.episodes, workers=workers, repeats=repeats, backend=backend))
         if name.startswith("gym/reacher") and "envpool" in args.backends:
             rows.append(measure_envpool_reacher(args.episodes, repeats))
-    write_results(rows, RESULTS / "bench_envs.csv", f"# episodic env throughput ({os.cpu_count()} cores)")
+    out = quick_path(RESULTS / "bench_envs.csv") if args.quick else RESULTS / "bench_envs.csv"
+    write_results(rows, out, f"# episodic env throughput ({os.cpu_count()} cores)")
 
 
 if __name__ == "__main__":

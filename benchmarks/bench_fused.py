@@ -23,8 +23,8 @@ Without clear_refs (non-Linux) the script falls back to ru_maxrss and says so. T
 in the same subprocess (the first is the memory run).
 
     python benchmarks/bench_fused.py                                   # N = 4096, (H, V) = (576, 49152), (896, 151936)
-    python benchmarks/bench_fused.py --tokens 512 --shapes 576x49152 --repeats 1     # a quick look
-Writes benchmarks/results/bench_fused.csv and prints a markdown table.
+    python benchmarks/bench_fused.py --quick     # smoke run: --tokens 256 --seq-len 128 --shapes 576x16384 --repeats 1
+Writes benchmarks/results/bench_fused.csv (--quick: bench_fused-quick.csv) and prints a markdown table.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 import torch
-from _report import reset_peak, status_kb, write_results
+from _report import quick_path, reset_peak, status_kb, write_results
 
 import troll
 
@@ -231,9 +231,13 @@ def main(argv=None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--out", type=Path, default=RESULTS / "bench_fused.csv")
+    p.add_argument("--quick", action="store_true", help="smoke run: N 256, (H, V) = (576, 16384), 1 repeat")
     p.add_argument("--child", choices=METHODS, help=argparse.SUPPRESS)
     p.add_argument("--batch-file", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.quick:
+        args.tokens, args.seq_len, args.shapes, args.repeats = 256, 128, [(576, 16384)], 1
+        args.out = quick_path(args.out) if args.out == RESULTS / "bench_fused.csv" else args.out
     if args.tokens % args.seq_len:
         p.error(f"--tokens ({args.tokens}) must be a multiple of --seq-len ({args.seq_len}).")
     if args.threads:

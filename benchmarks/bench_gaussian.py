@@ -16,12 +16,12 @@ Times are the process's CPU time (time.process_time) with --threads 1, the defau
 work it does not count the time the process waits for a core, which wall time would. With more threads, wall time.
 
     python benchmarks/bench_gaussian.py --threads 1
-    python benchmarks/bench_gaussian.py --dims 12 --repeats 3 --batch 1024     # a quick look
+    python benchmarks/bench_gaussian.py --quick                                 # smoke run: D 4, 12, B 256
     python benchmarks/bench_gaussian.py --precision 400                         # the float64 / float32 figures
-Writes benchmarks/results/bench_gaussian.csv and prints a markdown table. ``--precision N`` instead projects N random
-problems (dimensions 1-63, condition numbers up to 1e6, bounds 1e-6 to 10, every distance and kind, float64 and
-float32) and prints how far the distances recomputed in float64 from the returned values lie from the bounds
-(docs/gaussian.md, "Numerics").
+Writes benchmarks/results/bench_gaussian.csv (--quick: bench_gaussian-quick.csv) and prints a markdown table.
+``--precision N`` instead projects N random problems (dimensions 1-63, condition numbers up to 1e6, bounds 1e-6 to
+10, every distance and kind, float64 and float32) and prints how far the distances recomputed in float64 from the
+returned values lie from the bounds (docs/gaussian.md, "Numerics").
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 import torch
-from _report import write_results
+from _report import quick_path, write_results
 
 import troll.gaussian as tg
 
@@ -235,7 +235,11 @@ def main(argv=None) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--out", type=Path, default=RESULTS / "bench_gaussian.csv")
     p.add_argument("--precision", type=int, default=0, help="instead: the precision scan over this many problems")
+    p.add_argument("--quick", action="store_true", help="smoke run: D 4 and 12, B 256, 1 round of >= 5 ms")
     args = p.parse_args(argv)
+    if args.quick:
+        args.dims, args.batch, args.rounds, args.min_round = [4, 12], 256, 1, 0.005
+        args.out = quick_path(args.out) if args.out == RESULTS / "bench_gaussian.csv" else args.out
     args.methods = ["clip"] + [m for m in args.methods if m != "clip"]
     torch.set_num_threads(args.threads)
     if args.precision:

@@ -26,7 +26,9 @@ high-water mark is the method's own working set, inputs excluded.
     python benchmarks/bench_loss.py --synthetic --vocab 32000 151936 --threads 1
     python benchmarks/bench_loss.py --tokens 512 --vocab 49152 --repeats 3 --no-memory    # a quick look
     python benchmarks/bench_loss.py --vocab 49152 --threads 2 --load both --no-memory      # idle and under load
-Writes benchmarks/results/bench_loss.csv and prints a markdown table.
+    python benchmarks/bench_loss.py --quick --threads 1                # smoke run: synthetic rows, N 256, V 32000
+Writes benchmarks/results/bench_loss.csv (--quick: bench_loss-quick.csv) and prints a markdown table. ``--quick``
+takes synthetic rows because the real ones take minutes to generate the first time.
 
 ``--head`` times the losses from the LM head's input instead, on the same real rows (V = 49152; the perturbed
 model's final hidden states and head weight, cached beside the rows): ``troll_chunked`` is
@@ -51,7 +53,7 @@ from pathlib import Path
 
 import torch
 from _real import real_batch, real_head, widen
-from _report import competing_load, reset_peak, status_kb, write_results
+from _report import competing_load, quick_path, reset_peak, status_kb, write_results
 
 import troll
 from troll.categorical.sparse import kept_ids
@@ -300,9 +302,15 @@ def main(argv=None) -> None:
         help="time alone (none), while another process keeps one core busy (busy), or both, round by round",
     )
     p.add_argument("--head", action="store_true", help="the losses from the LM head's input (chunked TROLL)")
-    p.add_argument("--out", type=Path, default=None, help="default benchmarks/results/bench_loss[_head].csv")
+    p.add_argument("--out", type=Path, default=None, help="default benchmarks/results/bench_loss[_head][-quick].csv")
+    p.add_argument("--quick", action="store_true", help="smoke run: synthetic rows, N 256, V 32000, 1 round")
     p.add_argument("--child", choices=METHODS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.quick and args.head:
+        p.error("--head needs the real model's rows, which take minutes to generate; drop --quick")
+    if args.quick:
+        args.synthetic, args.tokens, args.vocab, args.repeats = True, 256, [32000], 1
+        print("--quick: synthetic rows (not the real model's), N 256, V 32000, 1 round: a smoke run, not figures")
     args.vocab = args.vocab or ([32000, 151936] if args.synthetic else [49152, 151936])
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -310,7 +318,9 @@ def main(argv=None) -> None:
         return child(args)
     if args.head and args.synthetic:
         p.error("--head uses the real model's rows; drop --synthetic")
-    args.out = args.out or RESULTS / ("bench_loss_head.csv" if args.head else "bench_loss.csv")
+    if args.out is None:
+        args.out = RESULTS / ("bench_loss_head.csv" if args.head else "bench_loss.csv")
+        args.out = quick_path(args.out) if args.quick else args.out
     rows = bench_head(args) if args.head else [row for v in args.vocab for row in bench_vocab(v, args)]
     header = (
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, "

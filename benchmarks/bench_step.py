@@ -37,12 +37,12 @@ tiles as torch ops over (4096 x 32768) fp32 buffers, whose backward materialises
 memory are not those of the Triton kernels on a GPU. The ratios against grpo are therefore CPU ratios.
 
     python benchmarks/bench_step.py                                   # 8 x 256 completion tokens, 3 rounds
-    python benchmarks/bench_step.py --quick                           # 32 tokens, 1 round, 1 step: a quick look
-Writes benchmarks/results/bench_step.csv and prints a markdown table.
+    python benchmarks/bench_step.py --quick        # smoke run: troll, grpo_compact; 1 x 2 x 16 tokens, 1 round, 1 step
+Writes benchmarks/results/bench_step.csv (--quick: bench_step-quick.csv) and prints a markdown table.
 
 ``--rollout`` measures a rollout batch instead of an optimiser step: troll_old_policy "sampler" (the old policy
 recorded during generation, no scoring forward) against "recompute" (benchmarks/_rollout.py says what is timed);
-writes benchmarks/results/bench_step_rollout.csv.
+writes benchmarks/results/bench_step_rollout.csv (--quick: bench_step_rollout-quick.csv).
 
     python benchmarks/bench_step.py --rollout                          # 8 x 256 tokens, 3 rounds x 2 batches
     python benchmarks/bench_step.py --rollout --quick
@@ -64,7 +64,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import _rollout  # noqa: E402
 import torch  # noqa: E402
-from _report import reset_peak, status_kb, write_results  # noqa: E402
+from _report import quick_path, reset_peak, status_kb, write_results  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 CONFIGS = {
@@ -181,7 +181,7 @@ def prepare(args, path: Path) -> dict:
         with torch.no_grad():
             logps, _, _ = tr._get_per_token_logps_and_entropies(model, input_ids, mask, args.completion_len)
             batch["old_per_token_logps"] = logps
-            batch.update(tr._troll_capture_old(batch))
+            batch.update(tr._troll_capture_old(batch).to_dict())  # troll_old_* as the trainer stores them
         batch["num_items_in_batch"] = batch["completion_mask"].sum() * args.reuse
         tr.loss_type = "grpo"
         optimizer = tr.create_optimizer()
@@ -293,21 +293,26 @@ def main(argv=None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=RESULTS / "bench_step.csv")
     p.add_argument("--rollout", action="store_true", help="time a rollout batch, old policy sampler vs recompute")
-    p.add_argument("--quick", action="store_true", help="small settings: 32 tokens, 1 round, 1 timed step")
+    p.add_argument("--quick", action="store_true", help="smoke run: 1 x 2 x 16 tokens, 1 round, 1 timed step")
     p.add_argument("--child", choices=list(CONFIGS), help=argparse.SUPPRESS)
     p.add_argument("--child-rollout", choices=_rollout.POLICIES, help=argparse.SUPPRESS)
     p.add_argument("--data", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    if args.quick:
-        args.completion_len, args.rounds, args.steps = 32, 1, 1
+    if args.quick:  # a smoke run: the same step on 1 prompt x 2 completions of 16 tokens, one warm-up step
+        args.prompts, args.group, args.completion_len, args.warmup, args.rounds, args.steps = 1, 2, 16, 1, 1, 1
+        if args.configs == list(CONFIGS) and not args.rollout:
+            args.configs = ["troll", "grpo_compact"]  # the pair docs/benchmarks.md quotes
     if args.child:
         return child(args)
     if args.child_rollout:
         return _rollout.child(args, load_smollm2, PROMPTS)
+    out = args.out
+    if args.out == RESULTS / "bench_step.csv":  # the default: the rollout and quick runs get their own files
+        out = RESULTS / "bench_step_rollout.csv" if args.rollout else out
+        out = quick_path(out) if args.quick else out
     if args.rollout:
         rows, header = _rollout.measure(args, __file__)
-        out = args.out if args.out != RESULTS / "bench_step.csv" else RESULTS / "bench_step_rollout.csv"
         return write_results(rows, out, header)
     load = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory() as tmp:
@@ -324,7 +329,7 @@ def main(argv=None) -> None:
         f"eps {args.eps}, lr {args.lr}; old kept tokens/position {facts['old_kept_mean']}; medians of "
         f"{args.rounds} x {args.steps} steps; 1-min load average {min(load):.2f}-{max(load):.2f}"
     )
-    write_results(rows, args.out, header)
+    write_results(rows, out, header)
 
 
 if __name__ == "__main__":

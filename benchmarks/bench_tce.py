@@ -10,10 +10,11 @@ seconds, and the evaluation of the mean trajectory (16 more episodes, every ``ev
 its own row.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_tce.py                  # everything, 3 repeats, medians
-    OMP_NUM_THREADS=1 python benchmarks/bench_tce.py --quick          # the iteration on both backends, 1 repeat
+    OMP_NUM_THREADS=1 python benchmarks/bench_tce.py --quick          # the iteration on both backends, E = 4, 1 core
     OMP_NUM_THREADS=1 python benchmarks/bench_tce.py --skip-env       # updates only (no MuJoCo needed)
-Writes benchmarks/results/bench_tce.csv and prints a markdown table. Each row carries the 1-minute load average
-when it was measured: figures taken while other jobs share the machine are preliminary.
+Writes benchmarks/results/bench_tce.csv (--quick: bench_tce-quick.csv) and prints a markdown table. Each row
+carries the 1-minute load average when it was measured: figures taken while other jobs share the machine
+are preliminary.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import time
 from pathlib import Path
 
 import torch
-from _report import write_results
+from _report import quick_path, write_results
 
 from troll.episodic.agent import Rollout, TCEAgent, reset_seed
 from troll.episodic.config import TCEConfig
@@ -81,10 +82,12 @@ def time_update(algo: str, dof: int, repeats: int) -> dict:
     }
 
 
-def time_iteration(env_name: str, backend: str, workers: int, repeats: int) -> list[dict]:
+def time_iteration(env_name: str, backend: str, workers: int, repeats: int, episodes: int | None = None) -> list[dict]:
+    """Rollout + update and evaluation rows of ``env_name``; ``episodes`` replaces the preset's E (both kinds)."""
     from troll.episodic.envs import make_env
 
-    cfg = TCEConfig.preset(env_name, workers=workers)
+    sizes = {"episodes": episodes, "eval_episodes": episodes} if episodes else {}
+    cfg = TCEConfig.preset(env_name, workers=workers, **sizes)
     rows = []
     with make_env(cfg.env, num_episodes=cfg.episodes, workers=workers, seed=cfg.seed, backend=backend) as env:
         agent = TCEAgent.for_env(cfg, env)
@@ -104,7 +107,7 @@ def time_iteration(env_name: str, backend: str, workers: int, repeats: int) -> l
             evals.append(t3 - t2)
     load = round(os.getloadavg()[0], 2)
     unit = "threads" if backend == "envpool" else "workers"
-    sizes = f"E=16 T=500 D={env.dof} P={agent.dmp.num_params} {backend} {unit}={workers}"
+    sizes = f"E={cfg.episodes} T={env.horizon} D={env.dof} P={agent.dmp.num_params} {backend} {unit}={workers}"
     rows.append(
         {
             "what": f"tce iteration on {env_name} (rollout + update)",
@@ -120,7 +123,7 @@ def time_iteration(env_name: str, backend: str, workers: int, repeats: int) -> l
     )
     rows.append(
         {
-            "what": "evaluation of the mean trajectory (16 episodes)",
+            "what": f"evaluation of the mean trajectory ({cfg.eval_episodes} episodes)",
             "sizes": sizes,
             "seconds": round(statistics.median(evals), 3),
             "critic_s": "",
@@ -141,7 +144,7 @@ def main() -> None:
     parser.add_argument("--skip-env", action="store_true", help="only the updates (no MuJoCo)")
     parser.add_argument("--env", default="metaworld/push-v3", help="the iteration's env (default metaworld/push-v3)")
     parser.add_argument("--backends", default="envpool,python", help="Meta-World backends (default: both)")
-    parser.add_argument("--quick", action="store_true", help="only the iteration on both backends, 1 repeat")
+    parser.add_argument("--quick", action="store_true", help="only the iteration on both backends; E = 4, 1 core")
     args = parser.parse_args()
     torch.set_num_threads(1)
     repeats = 1 if args.quick else args.repeats
@@ -151,12 +154,14 @@ def main() -> None:
         rows.append(time_update("bbrl", 4, repeats))
     if not args.skip_env:
         for backend in args.backends.split(","):
-            rows += time_iteration(args.env, backend, args.workers, repeats)
+            # quick: one core (EnvPool on 1 thread, the Python package in this process), E = 4
+            workers, episodes = (int(backend == "envpool"), 4) if args.quick else (args.workers, None)
+            rows += time_iteration(args.env, backend, workers, repeats, episodes)
     header = (
         f"TCE timings (medians of {repeats}; target: one Meta-World iteration under {TARGET_S:g} s). "
         f"torch {torch.__version__}, 1 torch thread, {os.cpu_count()} cores. Preliminary when load_1min is high."
     )
-    write_results(rows, RESULTS / "bench_tce.csv", header)
+    write_results(rows, quick_path(RESULTS / "bench_tce.csv") if args.quick else RESULTS / "bench_tce.csv", header)
 
 
 if __name__ == "__main__":

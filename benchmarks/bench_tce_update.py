@@ -9,7 +9,9 @@ update, and the ratio of the medians.
 
     git archive <commit> src | tar -x -C /tmp/base          # the tree to compare against
     OMP_NUM_THREADS=1 python benchmarks/bench_tce_update.py --baseline /tmp/base/src --rounds 6
-Writes benchmarks/results/bench_tce_update.csv and prints a markdown table (with the 1-minute load average).
+    OMP_NUM_THREADS=1 python benchmarks/bench_tce_update.py --quick      # smoke run: this tree, 1 round x 1 update
+Writes benchmarks/results/bench_tce_update.csv (--quick: bench_tce_update-quick.csv) and prints a markdown table (with
+the 1-minute load average).
 """
 
 from __future__ import annotations
@@ -73,8 +75,11 @@ def main() -> None:
     p.add_argument("--algo", default="tce", choices=("tce", "bbrl", "bbrl-cov"))
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--repeats", type=int, default=3, help="updates timed per process (median)")
+    p.add_argument("--quick", action="store_true", help="smoke run: 1 round of 1 timed update")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.quick:
+        args.rounds, args.repeats = 1, 1
     if args.child:
         print(json.dumps(child(args.algo, args.repeats)))
         return
@@ -104,7 +109,7 @@ def main() -> None:
         print(f"| {row['tree']} | {row['algo']} | {row['update_s']} | {row['critic_s']} | {row['policy_s']} | "
               f"{row['rounds']} | {row['load_1min']} |")  # fmt: skip
     RESULTS.mkdir(exist_ok=True)
-    with open(RESULTS / "bench_tce_update.csv", "w") as f:
+    with open(RESULTS / ("bench_tce_update-quick.csv" if args.quick else "bench_tce_update.csv"), "w") as f:
         f.write(",".join(rows[0]) + "\n")
         for row in rows:
             f.write(",".join(str(v) for v in row.values()) + "\n")

@@ -4,9 +4,11 @@ held-out evaluation.
 
     .venv/bin/python benchmarks/bench_train.py                       # the default run (troll, 16 steps)
     .venv/bin/python benchmarks/bench_train.py --loss grpo --steps 8 -- --steps-per-rollout 4
+    .venv/bin/python benchmarks/bench_train.py --quick               # smoke run: 2 steps of 2 x 2 completions
 
 Each phase is timed by wrapping the trainer method that does it (the wrappers add nothing but a clock read), in
-wall time and in the process's CPU time. Prints a table and writes benchmarks/results/bench_train.csv. It is one
+wall time and in the process's CPU time. Prints a table and writes benchmarks/results/bench_train<label>.csv
+(--quick: bench_train<label>-quick.csv; its flags go before the ones after --, which win). It is one
 process with one torch thread, as ``troll train`` runs by default: on an idle machine the two agree; on a shared
 one the CPU time is what the run needs of a core of its own (wall time = CPU time divided by the share it got).
 
@@ -33,6 +35,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from _report import write_results  # noqa: E402
 
+QUICK_FLAGS = ("--prompts-per-step", "2", "--generations", "2", "--steps-per-rollout", "1",
+               "--max-completion-length", "8", "--heldout", "4", "--eval-every", "0")  # fmt: skip
 PHASES = {
     # (module, class, method) -> phase name; nested phases are subtracted from their parents below.
     ("trl.trainer.grpo_trainer", "GRPOTrainer", "_generate"): "generate",
@@ -87,8 +91,12 @@ def main(argv=None) -> int:
     parser.add_argument("--loss", default="troll")
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--label", default="", help="a name for this configuration in the CSV")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 2 steps, 2 prompts x 2 completions of 8")
     parser.add_argument("extra", nargs="*", help="further `troll train` flags, after --")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.steps, args.label = 2, args.label + "-quick"
+        args.extra = [*QUICK_FLAGS, *args.extra]
 
     import importlib
 

@@ -15,6 +15,8 @@ Peak memory: each method runs in a fresh subprocess; VmHWM is reset after the in
 so the peak is the measured work's own. Times are medians of --repeats runs after that first (memory) run.
 
     .venv-verl/bin/python benchmarks/bench_verl_head.py                    # 4 x (128 + 384) tokens, ~2 min
+    .venv-verl/bin/python benchmarks/bench_verl_head.py --quick            # smoke run: 1 x (64 + 192), 1 x 1
+Writes benchmarks/results/verl_head.csv (--quick: verl_head-quick.csv) and prints a markdown table.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 import torch  # noqa: E402
-from _report import reset_peak, status_kb, write_results  # noqa: E402
+from _report import quick_path, reset_peak, status_kb, write_results  # noqa: E402
 
 METHODS = ("vanilla", "troll_dense", "troll_chunked")
 TROLL = {"kl_bound": 0.05, "alpha": 1.0, "top_k": 64, "delta": 1e-5}
@@ -182,10 +184,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "verl_head.csv")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 1 x (64 + 192) tokens, 1 round x 1 repeat")
     parser.add_argument("--child", choices=METHODS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         return child(args)
+    if args.quick:
+        args.batch, args.prompt, args.response, args.repeats, args.rounds = 1, 64, 192, 1, 1
+        args.out = quick_path(args.out) if args.out == Path(__file__).parent / "results" / "verl_head.csv" else args.out
     runs = {m: [] for m in METHODS}
     for _ in range(args.rounds):
         for method in METHODS:

@@ -18,6 +18,7 @@ time) and returns.png.
 
     python benchmarks/gaussian_ppo.py --algo trpl sb3 --seeds 0 1 2 --steps 60000        # InvertedPendulum-v5
     python benchmarks/gaussian_ppo.py --algo trpl --env Reacher-v5 --threshold -10 --steps 200000
+    python benchmarks/gaussian_ppo.py --quick --algo trpl sb3     # smoke run: seed 0, 2048 steps
 
 Needs gymnasium >= 1.1, mujoco and (for --algo sb3) stable-baselines3; matplotlib for the plot.
 """
@@ -233,10 +234,13 @@ def main(argv=None) -> None:
     p.add_argument("--gamma", type=float, default=0.99)
     p.add_argument("--gae-lambda", type=float, default=0.95)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", type=Path, default=None, help="a new folder (default results/gaussian_ppo-<time>)")
+    p.add_argument("--out", type=Path, default=None, help="a new folder (default results/gaussian_ppo[-quick]-<time>)")
+    p.add_argument("--quick", action="store_true", help="smoke run: seed 0, 2048 env steps, rollouts of 512")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    out = args.out or RESULTS / f"gaussian_ppo-{datetime.now():%Y%m%d-%H%M%S}"
+    if args.quick:
+        args.seeds, args.steps, args.rollout = [0], 2048, 512
+    out = args.out or RESULTS / f"gaussian_ppo{'-quick' if args.quick else ''}-{datetime.now():%Y%m%d-%H%M%S}"
     out.mkdir(parents=True, exist_ok=False)  # never write into a folder that already holds results
     (out / "config.json").write_text(json.dumps({k: str(v) for k, v in vars(args).items()}, indent=1))
     rows, summary = [], {}
