@@ -11,14 +11,14 @@ A provider is a module with a function ``add_commands(sub)`` that adds its subpa
         train.set_defaults(run=cmd_train, name="tce train")   # run(args) -> exit status
 
 :data:`PROVIDERS` lists them: :mod:`troll.cli.lm` (``troll train``, ``troll compare``, ``troll study``) and
-``troll.episodic.cli``, the episodic agent's ``troll tce ...``, registered as soon as that module exists (a
-provider that is absent is skipped without importing its package; one that fails to import fails loudly).
-Building the parser imports every provider, so a provider imports nothing heavy at module level (no
-transformers, TRL, gymnasium or MuJoCo; torch arrives with the core package ``troll``): handlers import what
-their run needs. A ``tce study`` handler reuses the study engine, :mod:`troll.study`, as ``troll study`` does
+:mod:`troll.episodic.cli` (the episodic agent's ``troll tce ...``); a provider whose module is absent is skipped
+without importing its package, one that fails to import fails loudly. Building the parser imports every provider,
+so a provider imports nothing heavy at module level (no torch, transformers, TRL, gymnasium or MuJoCo; ``import
+troll`` is lazy): handlers import what their run needs.
+A ``tce study`` handler reuses the study engine, :mod:`troll.study`, as ``troll study`` does
 (:mod:`troll.study.frontend` shows a TCE frontend).
 
-A handler raises :class:`troll.study.UsageError` for bad input, before anything is written; :func:`main` prints
+A handler raises :class:`troll.runs.UsageError` for bad input, before anything is written; :func:`main` prints
 ``troll <name>: error: <message>`` and returns 2. ``python -m troll.cli`` runs :func:`main` (the study engine starts
 its cells that way).
 """
