@@ -28,6 +28,7 @@ import time
 import numpy as np
 
 from troll.episodic.envs.base import episode_seeds
+from troll.episodic.envs.workers import one_thread_children
 
 METRICS = ("success_last", "success_any", "return")
 ALPHA = 0.05
@@ -147,7 +148,9 @@ def run(tasks: list[str], episodes: int, *, jobs: int = 1, seed: int = 0, family
                     on_row(rows[-1])
 
     if jobs > 1:
-        with mp.get_context("forkserver").Pool(jobs) as pool:
+        # one thread a process; and a forkserver started here passes the 1-thread settings on to the env workers
+        # that later fork from it (envs/workers.py), as one started by a worker pool would
+        with one_thread_children(), mp.get_context("forkserver").Pool(jobs) as pool:
             collect(pool.imap(_job, work, chunksize=1))
     else:
         collect(_job(w) for w in work)

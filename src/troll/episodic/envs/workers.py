@@ -89,7 +89,7 @@ class EpisodeRunner(Protocol):
 def _serve(conn: Connection, factory: Callable[[], EpisodeRunner]) -> None:
     """Worker main loop: build the runner, then answer ("reset" | "run" | "close", ...) messages until closed."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's to handle: it stops us
-    torch.set_num_threads(1)  # in case this process (or its forkserver) was started before _one_thread_children
+    torch.set_num_threads(1)  # in case this process (or its forkserver) was started before one_thread_children
     runner = None
     try:
         runner = factory()
@@ -118,7 +118,7 @@ def _serve(conn: Connection, factory: Callable[[], EpisodeRunner]) -> None:
 
 
 @contextlib.contextmanager
-def _one_thread_children():
+def one_thread_children():
     """Processes started inside (the forkserver too, if this starts it) inherit 1-thread settings for OpenMP, MKL
     and OpenBLAS, read when those libraries load; the caller's environment is restored afterwards."""
     saved = {var: os.environ.get(var) for var in _THREAD_VARS}
@@ -156,7 +156,7 @@ class WorkerPool:
         for i in range(workers):
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=_serve, args=(child, factory), name=f"troll-env-{i}", daemon=True)
-            with _one_thread_children():
+            with one_thread_children():
                 proc.start()
             child.close()  # so that the worker's death reads as EOF here
             self.conns.append(parent)
