@@ -13,9 +13,9 @@ import torch
 import torch.distributed as dist
 from conftest import check_torchrun, run_script
 
-from troll.categorical.batch import LossOutput
 from troll.categorical.distributed import call_in_forward, full_shape, with_lm_head
 from troll.categorical.sparse import SparseLogProbs
+from troll.output import LossOutput
 
 HERE = Path(__file__).parent
 SRC = HERE.parent / "src"

@@ -1,5 +1,5 @@
-"""A policy-gradient batch as every loss sees it: its checks, its aggregation over tokens, masked statistics, the
-GSPO sequence weight, and the :class:`LossOutput` every loss returns.
+"""A policy-gradient batch as every loss sees it: its checks, its aggregation over tokens, masked statistics and the
+GSPO sequence weight (what a loss returns, :class:`~troll.output.LossOutput`, is shared by both wings).
 
 Shapes: B sequences, T positions, V vocabulary, K stored old ids.
     tokens     (B, T)     sampled ids
@@ -23,7 +23,6 @@ from troll._checks import (
 )
 from troll.categorical.defaults import AGGREGATIONS, MAX_LOG_RATIO
 from troll.categorical.sparse import SparseLogProbs
-from troll.output import LossOutput  # noqa: F401  (re-exported: every loss of this wing returns it)
 
 
 def aggregate(values: torch.Tensor, mask: torch.Tensor, agg: str, *, max_len: int | None = None) -> torch.Tensor:

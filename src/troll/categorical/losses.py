@@ -20,7 +20,6 @@ import torch
 from troll._checks import check_lse
 from troll._threads import one_thread
 from troll.categorical.batch import (
-    LossOutput,
     aggregate,
     check_batch,
     check_logits_batch,
@@ -36,6 +35,7 @@ from troll.categorical.projection import NEG_INF, infeasible, kl_divergence, pro
 from troll.categorical.settings import check_tail, check_troll_settings
 from troll.categorical.sparse import SparseLogProbs
 from troll.categorical.sparse_projection import coarse_support
+from troll.output import LossOutput
 
 KL_SHARE_TOP = 8  # the kl_share metrics split off the old policy's 8 most probable tokens
 
