@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from troll.episodic.envs import ENV_NAMES, EnvWorkerError, NonFiniteError, make_env
+from troll.episodic.envs.registry import horizon
 from troll.episodic.envs.toy import ViaPointEnv, straight_through
 from troll.episodic.envs.workers import EpisodeResult, PooledEnv, RunnerSpec
 
@@ -282,6 +283,16 @@ def reachers():
         env.close()
 
 
+def test_horizon_before_building_matches_the_built_envs(reachers):
+    """registry.horizon (what a study checks its cells against) is each env's own T."""
+    assert horizon("toy/viapoint") == ViaPointEnv(num_episodes=1).horizon == 100
+    assert horizon("toy/viapoint-sparse", {"horizon": 20}) == ViaPointEnv(num_episodes=1, horizon=20).horizon == 20
+    assert horizon("gym/reacher") == reachers["dense"].horizon == 50
+    assert horizon("gym/reacher-sparse") == reachers["sparse"].horizon == 50
+    with pytest.raises(ValueError, match="unknown episodic environment"):
+        horizon("gym/reachr")
+
+
 def _reacher_move(env, seed):
     start = env.reset(seed)
     target = start.pos + torch.tensor([0.8, -0.6])
@@ -342,6 +353,10 @@ def reach(request):
     with make_env("metaworld/reach-v3", num_episodes=2, workers=2, backend=request.param) as env:
         env.backend = request.param
         yield env
+
+
+def test_metaworld_horizon_before_building(reach):
+    assert horizon("metaworld/reach-v3") == reach.horizon == 500
 
 
 def _to_goal(env, start, goal):

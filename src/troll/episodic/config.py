@@ -434,3 +434,16 @@ def _check_real(name: str, value, *, strict: bool = True, low: float = 0.0, high
     """A finite real number (not a bool) above ``low`` (``>= low`` unless ``strict``; no bound for low=-inf) and at
     most ``high`` (:func:`troll.runs.numbers.check_real`, the one check of a number)."""
     check_real(name, value, low=None if low == -math.inf else low, low_open=strict, high=high, hint=f" ({meaning})")
+
+
+def check_critic_batches(config: TCEConfig, horizon: int) -> None:
+    """TCE's step critic fits the E T states of an iteration in ``critic_minibatches`` parts: more parts than states
+    would leave some empty (a NaN loss). BBRL's context critic takes its E contexts as one batch. ``horizon``: T,
+    known before the env is built (envs/registry.horizon), so a study refuses such a cell when it plans it."""
+    states = config.episodes * horizon
+    if config.algo == "tce" and config.critic_minibatches > states:
+        raise ValueError(
+            f"critic_minibatches (--critic-minibatches) {config.critic_minibatches} exceeds the {states} critic states "
+            f"of an iteration (episodes {config.episodes} x {horizon} steps): a minibatch would be empty. Use at most "
+            f"{states}, or more --episodes."
+        )

@@ -258,15 +258,21 @@ def build_config(algo: str, env: str, *, seed: int, steps: int | None, options: 
 
 def with_env_options(config):
     """``config`` with its env options checked (type, range, finite: envs/registry.check_options) and the backend
-    recorded, so that a resumed run keeps its simulator; UsageError naming --env-options otherwise."""
+    recorded, so that a resumed run keeps its simulator; UsageError naming --env-options otherwise. Also the sizes
+    that need the env's horizon (``--critic-minibatches``), so that a study refuses a cell when it plans it."""
     import dataclasses
 
-    from troll.episodic.envs.registry import check_options
+    from troll.episodic.config import check_critic_batches
+    from troll.episodic.envs.registry import check_options, horizon
 
     try:
         checked = check_options(config.env, config.env_options)
     except ValueError as err:
         raise UsageError(f"--env-options: {err}") from None
+    try:
+        check_critic_batches(config, horizon(config.env, checked))
+    except ValueError as err:
+        raise UsageError(str(err)) from None
     return dataclasses.replace(config, env_options=checked)
 
 

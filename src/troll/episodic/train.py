@@ -39,7 +39,7 @@ import torch
 
 from troll import runs
 from troll.episodic.agent import EVAL_STREAM, TCEAgent, reset_seed
-from troll.episodic.config import RUNTIME_FIELDS, TCEConfig
+from troll.episodic.config import RUNTIME_FIELDS, TCEConfig, check_critic_batches
 from troll.episodic.envs import make_env
 from troll.episodic.report import plot_run, summarise
 from troll.runs import numbered_files
@@ -95,7 +95,7 @@ def train(
                 if config.eval_episodes != config.episodes:
                     eval_env = stack.enter_context(_make_env(config, config.eval_episodes))
                 iterations = math.ceil(config.total_env_steps / (config.episodes * env.horizon))
-                _check_critic_batches(config, env.horizon)
+                check_critic_batches(config, env.horizon)
                 agent = TCEAgent.for_env(config, env, total_iterations=iterations)
             except (ValueError, ImportError) as err:
                 raise UsageError(str(err)) from err
@@ -173,18 +173,6 @@ def saved_config(out: Path) -> TCEConfig | None:
         return TCEConfig.from_dict(data["config"])
     except ValueError as err:
         raise UsageError(f"{out / CONFIG_FILE} holds a TCE config this version cannot read: {err}") from err
-
-
-def _check_critic_batches(config: TCEConfig, horizon: int) -> None:
-    """TCE's step critic fits the E T states of an iteration in ``critic_minibatches`` parts: more parts than states
-    would leave some empty (a NaN loss). BBRL's context critic takes its E contexts as one batch."""
-    states = config.episodes * horizon
-    if config.algo == "tce" and config.critic_minibatches > states:
-        raise ValueError(
-            f"critic_minibatches (--critic-minibatches) {config.critic_minibatches} exceeds the {states} critic states "
-            f"of an iteration (episodes {config.episodes} x {horizon} steps): a minibatch would be empty. Use at most "
-            f"{states}, or more --episodes."
-        )
 
 
 def _make_env(config: TCEConfig, episodes: int):
