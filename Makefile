@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test lint bench results map tce-results tce-authors envpool-equivalence clean
+.PHONY: demo test lint bench results map tce-results tce-authors tce-backends envpool-equivalence clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -152,6 +152,18 @@ tce-authors: $(VENV)/.installed
 	done; \
 	go $$d/push-v3-10m --env metaworld/push-v3 --algos tce,bbrl --steps 10000000 || status=1; \
 	$(PY) -m troll.episodic.results $$d && exit $$status
+
+# docs/tce.md, "Backends": TCE and its baselines on reach-v3 (480k env steps, 3 seeds) on the default simulator
+# (EnvPool), TCE again on the Python package, then Welch's comparison of the two TCE arms. About 1.5 hours of both
+# cores; the fixed folders continue where a sitting stopped.
+BACKENDS_DIR ?= studies/tce-backends
+tce-backends: $(VENV)/.installed
+	d=$(BACKENDS_DIR) && status=0 && \
+	go() { out=$$1; shift; r=; [ -e $$out/config.json ] && r=--resume; $(TCE_STUDY) "$$@" --out $$out $$r; } && \
+	go $$d/reach-v3-envpool --env metaworld/reach-v3 --steps 480000 --algos tce,bbrl,ppo --backend envpool || status=1; \
+	go $$d/reach-v3-python --env metaworld/reach-v3 --steps 480000 --algos tce --backend python || status=1; \
+	$(PY) -m troll.episodic.results --compare $$d/reach-v3-envpool $$d/reach-v3-python | tee $$d/compare.md && \
+	exit $$status
 
 # docs/tce.md, "Backends": Meta-World's scripted policies, 50 tasks x 32 episodes on each backend (~15 min, 2 cores)
 envpool-equivalence: $(VENV)/.installed

@@ -74,6 +74,24 @@ def test_paired_interval_by_hand():
     assert one["mean"] == 0.5 and one["se"] is None and one["ci95"] is None
 
 
+def test_welch_interval_by_hand_and_against_scipy():
+    # a = [1, 2, 3]: mean 2, se^2 = 1/3; b = [2, 4, 6, 8]: mean 5, s^2 = 20/3, se^2 = 5/3; var = 2;
+    # df = 4 / ((1/3)^2 / 2 + (5/3)^2 / 3) = 4 / (1/18 + 25/27) = 4.0755 -> 4; t(0.975, 4) = 2.7764
+    w = stats.welch([1.0, 2.0, None, 3.0], [2.0, 4.0, 6.0, 8.0])
+    assert (w["mean"], w["df"], w["n_a"], w["n_b"]) == (-3.0, 4, 3, 4)
+    assert w["se"] == pytest.approx(2**0.5, abs=1e-12)
+    assert w["ci95"] == pytest.approx([-3 - 2.7764 * 2**0.5, -3 + 2.7764 * 2**0.5], abs=1e-9)
+    scipy_stats = pytest.importorskip("scipy.stats")
+    exact = scipy_stats.ttest_ind([1, 2, 3], [2, 4, 6, 8], equal_var=False)
+    assert exact.df == pytest.approx(4.0755, abs=1e-4)  # ours rounds it down: a wider interval than scipy's
+    low, high = exact.confidence_interval(0.95)
+    assert w["ci95"][0] < low and w["ci95"][1] > high
+    one = stats.welch([1.0], [0.5, 0.7])
+    assert one["mean"] == pytest.approx(0.4) and one["ci95"] is None
+    same = stats.welch([1.0, 1.0], [0.5, 0.5])
+    assert same["ci95"] == [0.5, 0.5] and same["se"] == 0.0
+
+
 def test_cell_metrics_and_curves_by_hand():
     rows = [
         {"step": 0, "heldout/accuracy": 0.25},

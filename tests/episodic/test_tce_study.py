@@ -305,3 +305,22 @@ def test_results_without_a_finished_study_says_so(tmp_path):
     with pytest.raises(SystemExit, match="no finished 'troll tce study'"):
         results.main([str(tmp_path)])
     assert not (tmp_path / "report").exists()
+
+
+def test_results_compare_two_studies_by_hand(tmp_path, capsys):
+    """--compare: one algorithm in two studies whose seeds share nothing, Welch's interval per number."""
+    fake_study(tmp_path / "a", "gym/reacher-sparse", GYM_EVALS)
+    other = {(algo, seed): [(s, r - 10.0, d) for s, r, d in e] for (algo, seed), e in GYM_EVALS.items()}
+    fake_study(tmp_path / "b", "gym/reacher-sparse", other)
+    assert results.main(["--compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in capsys.readouterr().out.splitlines()[4:]}
+    # tce return: A [-10, -20, -30], B [-20, -30, -40]: difference +10, se sqrt(2 x 100/3) = 8.1649658,
+    # df (200/3)^2 / (2 (100/3)^2 / 2) = 4, t 2.7764: half-width 22.6692
+    assert rows["return at the budget"][1:5] == ["-20.000 ± 5.774 (n=3)", "-30.000 ± 5.774 (n=3)", "+10.000",
+                                                   "[-12.669, +32.669]"]  # fmt: skip
+    assert rows["success at the budget"][3:5] == ["+0.000", "[-0.567, +0.567]"]  # se 0.1443376 each, df 4
+    assert "success at any step, at the budget" not in rows  # off Meta-World: no value
+    with pytest.raises(SystemExit, match="no finished cell of --algo ppo"):
+        results.main(["--compare", str(tmp_path / "a"), str(tmp_path / "b"), "--algo", "ppo"])
+    with pytest.raises(SystemExit):
+        results.main([str(tmp_path / "a"), "--compare", str(tmp_path / "a"), str(tmp_path / "b")])

@@ -13,6 +13,12 @@ mean curves with their standard errors) and writes, for docs/tce.md:
   distance against environment steps, one panel per task, one line per algorithm with a ± 1 standard-error band;
 - ``tce_results.json``: what the table holds.
 
+With ``--compare A B`` it compares one algorithm (``--algo``, default tce) across two studies whose seeds share
+nothing (the same task on the two simulators, ``make tce-backends``) and prints, per number, each study's mean ±
+standard error, the difference A - B and Welch's 95% interval (troll.study.stats.welch):
+
+    python -m troll.episodic.results --compare studies/tce-backends/reach-v3-{envpool,python}
+
 Nothing here imports torch; matplotlib is imported to draw. A swept study gives one task per swept value.
 """
 
@@ -24,6 +30,7 @@ import sys
 from pathlib import Path
 
 from troll.runs.files import CONFIG_FILE, write_json
+from troll.study import stats
 
 STUDY_JSON = "study.json"
 COMMAND = "tce study"
@@ -161,11 +168,45 @@ def write_report(folder: Path, out: Path | None = None) -> list[Path]:
     return written
 
 
+def per_seed(study: Path, algo: str) -> dict[str, list]:
+    """Each number of COLUMNS over the finished cells of ``algo`` in the study folder (one value per seed)."""
+    path = Path(study) / STUDY_JSON
+    if not path.is_file():
+        raise SystemExit(f"{study}: no study.json (a finished 'troll tce study' folder is needed).")
+    cells = [c for c in json.loads(path.read_text())["cells"] if c.get("algo") == algo and c.get("metrics")]
+    if not cells:
+        raise SystemExit(f"{study}: no finished cell of --algo {algo}.")
+    return {key: [c["metrics"].get(key) for c in cells] for key, _ in COLUMNS}
+
+
+def compare(a: Path, b: Path, algo: str = "tce") -> str:
+    """The markdown table of ``--compare``: per number, A and B (mean ± se, n), A - B and Welch's 95% interval."""
+    va, vb = per_seed(a, algo), per_seed(b, algo)
+    text = f"{algo}: A = {a}, B = {b} (mean ± standard error over seeds; Welch's 95% interval, unpaired)\n\n"
+    text += "| number | A | B | A - B | 95% interval | df |\n|---|---|---|---|---|---|\n"
+    for key, label in COLUMNS:
+        sa, sb = stats.summarize(va[key]), stats.summarize(vb[key])
+        if not (sa["n"] and sb["n"]):
+            continue
+        w = stats.welch(va[key], vb[key])
+        ci = "-" if w["ci95"] is None else f"[{w['ci95'][0]:+.3f}, {w['ci95'][1]:+.3f}]"
+        cols = [label, f"{_pm(sa)} (n={sa['n']})", f"{_pm(sb)} (n={sb['n']})", f"{w['mean']:+.3f}", ci]
+        text += "| " + " | ".join(cols + ["-" if w["df"] is None else str(w["df"])]) + " |\n"
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m troll.episodic.results", description=__doc__.split("\n\n")[0])
-    parser.add_argument("folder", type=Path, help="a folder holding troll tce study folders (make tce-results)")
+    parser.add_argument("folder", type=Path, nargs="?", help="a folder holding troll tce study folders")
     parser.add_argument("--out", type=Path, default=None, help="where to write (default: <folder>/report)")
+    parser.add_argument("--compare", type=Path, nargs=2, metavar=("A", "B"), help="two study folders to compare")
+    parser.add_argument("--algo", default="tce", help="the algorithm --compare compares (default: tce)")
     args = parser.parse_args(argv)
+    if (args.folder is None) == (args.compare is None):
+        parser.error("give a folder of studies, or --compare A B (not both)")
+    if args.compare:
+        print(compare(*args.compare, algo=args.algo), end="")
+        return 0
     for path in write_report(args.folder, args.out):
         print(f"wrote {path}")
     return 0

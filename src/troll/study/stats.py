@@ -8,7 +8,11 @@ Pure Python on lists of floats, no numpy or scipy. With n seeds:
 - a paired comparison of two losses takes, per seed, ``d = a - b`` (same seed: same data, same initial model,
   same held-out items) and reports ``mean(d) +- t * se(d)`` with ``t`` the 0.975 quantile of Student's t with
   n - 1 degrees of freedom: a 95% confidence interval for the mean difference, assuming the differences are
-  roughly normal. With 3 seeds t = 4.303, so an interval excludes 0 only for a large, consistent difference.
+  roughly normal. With 3 seeds t = 4.303, so an interval excludes 0 only for a large, consistent difference;
+- an unpaired comparison (two groups whose seeds share nothing, e.g. one algorithm on two simulators that draw
+  different episodes) takes Welch's interval: ``mean(a) - mean(b) +- t * sqrt(se_a^2 + se_b^2)`` with the
+  Welch-Satterthwaite degrees of freedom ``(se_a^2 + se_b^2)^2 / (se_a^4 / (n_a - 1) + se_b^4 / (n_b - 1))``,
+  rounded down (a wider, conservative interval).
 """
 
 from __future__ import annotations
@@ -70,3 +74,22 @@ def paired(a: dict, b: dict) -> dict:
     m, se = mean(values), std_error(values)
     ci = None if se is None else [m - t975(len(values) - 1) * se, m + t975(len(values) - 1) * se]
     return {"diffs": diffs, "mean": m, "se": se, "ci95": ci, "n": len(values)}
+
+
+def welch(a: list[float | None], b: list[float | None]) -> dict:
+    """Unpaired difference ``mean(a) - mean(b)`` over the values that are not None, with its standard error, the
+    Welch-Satterthwaite degrees of freedom (rounded down, at least 1) and the 95% interval (module docstring);
+    se, df and ci95 are None when either group has fewer than 2 values."""
+    a, b = [v for v in a if v is not None], [v for v in b if v is not None]
+    ma, mb = mean(a), mean(b)
+    out = {"mean": None if ma is None or mb is None else ma - mb, "se": None, "df": None, "ci95": None}
+    out |= {"n_a": len(a), "n_b": len(b)}
+    sa, sb = std_error(a), std_error(b)
+    if sa is None or sb is None:
+        return out
+    var = sa**2 + sb**2
+    if var == 0.0:  # both groups constant: the difference is exact
+        return out | {"se": 0.0, "df": len(a) + len(b) - 2, "ci95": [out["mean"], out["mean"]]}
+    df = max(1, math.floor(var**2 / (sa**4 / (len(a) - 1) + sb**4 / (len(b) - 1))))
+    half = t975(df) * math.sqrt(var)
+    return out | {"se": math.sqrt(var), "df": df, "ci95": [out["mean"] - half, out["mean"] + half]}
