@@ -40,26 +40,25 @@ def scripted(task: str, backend: str, episodes: int, seed: int = 0) -> dict[str,
     from metaworld.policies import ENV_POLICY_MAP
 
     policy = ENV_POLICY_MAP[task]()
-    seeds = episode_seeds(seed, episodes)
     if backend == "envpool":
-        steps = _envpool_steps(task, seeds, policy)
+        steps = _envpool_steps(task, seed, episodes, policy)
     else:
-        steps = _python_steps(task, seeds, policy)
+        steps = _python_steps(task, episode_seeds(seed, episodes), policy)
     first, rewards, success = steps
     return {"success_last": success[:, -1].astype(float), "success_any": success.any(1).astype(float),
             "return": rewards.sum(1), "first": first}  # fmt: skip
 
 
-def _envpool_steps(task, seeds, policy):
+def _envpool_steps(task, seed, episodes, policy):
     import envpool
 
-    from troll.episodic.envs.envpool_backend import HORIZON, task_id
+    from troll.episodic.envs.envpool_backend import HORIZON, pool_seeds, task_id
 
-    env = envpool.make_gymnasium(task_id(task), num_envs=len(seeds), env_seed=[s >> 1 for s in seeds],
+    env = envpool.make_gymnasium(task_id(task), num_envs=episodes, env_seed=pool_seeds(seed, episodes),
                                  num_threads=1, partially_observable=False, max_episode_steps=HORIZON)  # fmt: skip
     obs, _ = env.reset()
     first = np.asarray(obs, dtype=np.float64).copy()
-    rewards, success = np.empty((len(seeds), HORIZON)), np.empty((len(seeds), HORIZON), bool)
+    rewards, success = np.empty((episodes, HORIZON)), np.empty((episodes, HORIZON), bool)
     for t in range(HORIZON):
         action = np.stack([policy.get_action(o) for o in obs]).astype(np.float32)
         obs, reward, _, _, info = env.step(action)
