@@ -1,7 +1,8 @@
-"""The EnvPool backend of metaworld/*, the env options and the pieces both Meta-World backends share: task ids,
-seeding (independent of threads, repeatable, a second run of one reset), the mocap controller against the Python
-env's own mocap, the finger start, the context options, honest final distances, non-finite detection, and every
-bad option refused with its name before anything is built."""
+"""The EnvPool backends (metaworld/*, and gym/* where they share the rule), the env options and the pieces both
+Meta-World backends share: task ids, seeding (independent of threads, repeatable, a second run of one reset), the
+mocap controller against the Python env's own mocap, the finger start, the context options, honest final
+distances, non-finite detection, every bad option refused with its name before anything is built, and a run folder
+from before a backend existed resuming on the Python package. Reacher's own checks: test_reacher_envpool.py."""
 
 from __future__ import annotations
 
@@ -100,8 +101,9 @@ def test_no_distance_where_metaworld_hard_codes_zero():
         assert "distance" not in ep.final and {"return", "success_any"} <= ep.final.keys()
 
 
-def test_envpool_non_finite_names_episode_and_step(monkeypatch):
-    with make_env("metaworld/reach-v3", num_episodes=2, workers=0) as env:
+@pytest.mark.parametrize("name", ["metaworld/reach-v3", "gym/reacher"])
+def test_envpool_non_finite_names_episode_and_step(monkeypatch, name):
+    with make_env(name, num_episodes=2, workers=0, backend="envpool") as env:
         start = env.reset(0)
         real = env._env.step
         calls = []
@@ -115,8 +117,8 @@ def test_envpool_non_finite_names_episode_and_step(monkeypatch):
             return obs, r, te, tr, info
 
         monkeypatch.setattr(env._env, "step", step)
-        hold = start.pos[:, None].expand(-1, 501, -1).contiguous()
-        with pytest.raises(NonFiniteError, match=r"metaworld/reach-v3: non-finite observation at step 7 of episode 1"):
+        hold = start.pos[:, None].expand(-1, env.horizon + 1, -1).contiguous()
+        with pytest.raises(NonFiniteError, match=rf"{name}: non-finite observation at step 7 of episode 1"):
             env.run(hold, torch.zeros_like(hold))
 
 
@@ -133,7 +135,8 @@ def test_envpool_non_finite_names_episode_and_step(monkeypatch):
         ("metaworld/push-v3", {"context": "all"}, "option 'context' must be 'varying' or 'full'"),
         ("metaworld/push-v3", {"gripper_start": "open"}, "option 'gripper_start'"),
         ("metaworld/push-v3", {"backend": "mujoco"}, "option 'backend' must be 'envpool' or 'python'"),
-        ("gym/reacher", {"backend": "envpool"}, "backend 'envpool' is available for metaworld/\\* only"),
+        ("toy/viapoint", {"backend": "envpool"}, "backend 'envpool' is available for gym/\\* and metaworld/\\* only"),
+        ("gym/reacher", {"backend": "mujoco"}, "option 'backend' must be 'envpool' or 'python'"),
         ("gym/reacher", {"gain": 3.0}, "unknown option 'gain'"),
     ],
 )
@@ -149,13 +152,17 @@ def test_backend_defaults_and_missing_envpool(monkeypatch):
 
     assert check_options("metaworld/push-v3", {})["backend"] == "envpool"
     assert check_options("metaworld/door-open-v3", {})["backend"] == "python"  # differs beyond noise: docs/tce.md
-    assert "backend" not in check_options("gym/reacher", {}) and default_backend("gym/reacher") == "python"
+    assert check_options("gym/reacher", {})["backend"] == default_backend("gym/reacher") == "python"
+    assert check_options("gym/reacher-sparse", {"backend": "envpool"})["backend"] == "envpool"
+    assert "backend" not in check_options("toy/viapoint", {})
     with pytest.raises(ValueError, match="Did you mean 'metaworld/push-v3'"):
         check_options("metaworld/psh-v3", {})
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "envpool" else real(n, *a))
     with pytest.raises(ImportError, match=r"needs envpool: .*--backend python runs the metaworld package instead"):
         make_env("metaworld/push-v3", num_episodes=1)
+    with pytest.raises(ImportError, match=r"needs envpool: .*--backend python runs gymnasium's Reacher-v5 instead"):
+        make_env("gym/reacher", num_episodes=1, backend="envpool")
 
 
 @pytest.mark.parametrize("command", ["train", "study"])
@@ -166,7 +173,8 @@ def test_backend_defaults_and_missing_envpool(monkeypatch):
         (["--env", "toy/viapoint", "--env-options", '{"kp": null}'], "option 'kp' must be a finite number"),
         (["--env", "toy/viapoint", "--env-options", '{"max_accel": 1e300}'], "option 'max_accel'"),
         (["--env", "toy/viapoint", "--env-options", '{"kd": NaN}'], "option 'kd'"),
-        (["--env", "gym/reacher", "--backend", "envpool"], "backend 'envpool' is available for metaworld/* only"),
+        (["--env", "toy/viapoint", "--backend", "envpool"], "available for gym/* and metaworld/* only"),
+        (["--env", "gym/reacher", "--env-options", '{"backend": "gymnasium"}'], "option 'backend' must be"),
         (["--env", "metaworld/push-v3", "--env-options", '{"gain": 1e300}'], "option 'gain'"),
         (["--env", "metaworld/push-v3", "--env-options", '{"context": 3}'], "option 'context'"),
     ],
@@ -191,6 +199,25 @@ def test_cli_records_the_backend_in_the_config():
 
     assert backend("metaworld/push-v3") == "envpool" and backend("metaworld/push-v3", backend="python") == "python"
     assert backend("metaworld/door-open-v3") == "python" and backend("toy/viapoint") is None
+    assert backend("gym/reacher") == default_backend("gym/reacher")
+    assert backend("gym/reacher-sparse", backend="envpool") == "envpool"
+
+
+@pytest.mark.parametrize("env", ["metaworld/reach-v3", "gym/reacher"])
+def test_a_run_from_before_the_backend_resumes_on_python(env):
+    """A run folder's config without "backend" (written before the env had an EnvPool backend) continues on the
+    Python package, whatever the default now is; asking for EnvPool on resume is refused as a change."""
+    import argparse
+
+    from troll.episodic.cli import train_config
+    from troll.episodic.config import TCEConfig
+    from troll.runs.files import UsageError
+
+    old = TCEConfig.preset(env).to_dict()
+    old["env_options"] = {k: v for k, v in old["env_options"].items() if k != "backend"}
+    assert train_config(argparse.Namespace(), old).env_options["backend"] == "python"
+    with pytest.raises(UsageError, match="--env-options"):
+        train_config(argparse.Namespace(backend="envpool"), old)
 
 
 @pytest.mark.parametrize("backend", ["envpool", "python"])

@@ -268,15 +268,21 @@ def test_pool_build_failure_propagates():
 
 # ---------------------------------------------------------------- Reacher-v5
 
+BACKENDS = ["envpool", "python"]
 
-@pytest.fixture(scope="module")
-def reachers():
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def reachers(request):
+    """Reacher on each backend: in one process / on one EnvPool thread, and on two workers / two threads."""
     pytest.importorskip("gymnasium")
     pytest.importorskip("mujoco")
+    if request.param == "envpool":
+        pytest.importorskip("envpool")
+    b = request.param
     envs = {
-        "dense": make_env("gym/reacher", num_episodes=4, workers=0),
-        "sparse": make_env("gym/reacher-sparse", num_episodes=4, workers=0),
-        "parallel": make_env("gym/reacher", num_episodes=4, workers=2),
+        "dense": make_env("gym/reacher", num_episodes=4, workers=0, backend=b),
+        "sparse": make_env("gym/reacher-sparse", num_episodes=4, workers=0, backend=b),
+        "parallel": make_env("gym/reacher", num_episodes=4, workers=2, backend=b),
     }
     yield envs
     for env in envs.values():
@@ -330,21 +336,21 @@ def test_reacher_dense_and_sparse_rewards_agree(reachers):
 
 
 def test_reacher_parallel_equals_serial(reachers):
+    """Two workers (python) or two EnvPool threads give the episodes of one process / one thread, bit for bit."""
     serial, parallel = reachers["dense"], reachers["parallel"]
-    assert parallel.workers == 2
+    assert getattr(parallel, "workers", None) == 2 or getattr(parallel, "threads", None) == 2
     a, (pos, vel) = _reacher_move(serial, 11)
     b = parallel.reset(11)
     assert torch.equal(a.context, b.context) and torch.equal(a.pos, b.pos)
     ra, rb = serial.run(pos, vel), parallel.run(pos, vel)
     assert torch.equal(ra.states, rb.states) and torch.equal(ra.rewards, rb.rewards)
+    again = serial.run(pos, vel)  # a second run of one reset plays the same episodes
+    assert torch.equal(ra.states, again.states) and torch.equal(ra.final["return"], again.final["return"])
     c = serial.reset(12)
     assert not torch.equal(a.context, c.context)
 
 
 # ---------------------------------------------------------------- Meta-World
-
-
-BACKENDS = ["envpool", "python"]
 
 
 @pytest.fixture(scope="module", params=BACKENDS)

@@ -89,8 +89,9 @@ def _add_run_flags(p: argparse.ArgumentParser, *, study: bool = False) -> None:
     )
     p.add_argument("--threads", default=argparse.SUPPRESS, help="torch threads of a run (default: 1)")
     p.add_argument("--backend", default=argparse.SUPPRESS, choices=("envpool", "python"),
-                   help="simulator of metaworld/*: envpool (default; --workers sets its threads) or python (the "
-                   "metaworld package in --workers processes); the env option 'backend' (docs/tce.md)")  # fmt: skip
+                   help="simulator of gym/* and metaworld/*: envpool (EnvPool's C++ port; --workers sets its "
+                   "threads) or python (gymnasium / the metaworld package in --workers processes); the default "
+                   "depends on the env (docs/tce.md, 'Backends'); the env option 'backend'")  # fmt: skip
     if not study:
         p.add_argument("--no-progress", action="store_true", help="no progress bar: a line per evaluation instead")
     group = p.add_argument_group("TCE and BBRL (default: the env family's preset; docs/tce.md, 'Config and presets')")
@@ -175,8 +176,10 @@ def _resumed_config(args, saved: dict, given: dict, seed, steps, threads, worker
         raise UsageError(f"--resume: the folder's {CONFIG_FILE} cannot be read by this version: {err}") from None
     import dataclasses
 
-    if algo != "ppo" and config.env.startswith("metaworld/") and "backend" not in config.env_options:
-        # a run from before the EnvPool backend ran on the Python package: it continues there
+    from troll.episodic.envs.registry import has_backends
+
+    if algo != "ppo" and has_backends(config.env) and "backend" not in config.env_options:
+        # a run from before its env had an EnvPool backend ran on the Python package: it continues there
         config = dataclasses.replace(config, env_options={**config.env_options, "backend": "python"})
     if "env_options" in given and algo != "ppo":  # the run's env options, as given ones complete them
         given = {**given, "env_options": {**config.env_options, **given["env_options"]}}

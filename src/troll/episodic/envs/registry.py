@@ -3,7 +3,9 @@
 Names: ``toy/viapoint``, ``toy/viapoint-sparse``, ``gym/reacher``, ``gym/reacher-sparse`` and
 ``metaworld/<task>`` for the 50 Meta-World v3 tasks (``metaworld/reach-v3``, ``metaworld/push-v3``,
 ``metaworld/pick-place-v3``, ...). The MuJoCo environments need gymnasium, mujoco (and metaworld); they are
-imported only inside the worker processes that build them, and their absence is reported here first.
+imported only inside the worker processes that build them (EnvPool's in this process), and their absence is
+reported here first. ``gym/*`` and ``metaworld/*`` run on one of two simulators (option ``backend``: EnvPool's C++
+port or the Python package; :func:`default_backend`).
 """
 
 from __future__ import annotations
@@ -74,10 +76,15 @@ PYTHON_DEFAULT: frozenset[str] = frozenset(
 )
 
 
+def has_backends(name: str) -> bool:
+    """Whether ``name`` runs on a choice of simulators (option ``backend``: :data:`BACKENDS`): gym/* and
+    metaworld/*; the toy env is torch code."""
+    return name in GYM or name in METAWORLD
+
+
 def default_backend(name: str) -> str:
     """The simulator ``name`` runs on when the options do not say: EnvPool for Meta-World (but
-    :data:`PYTHON_DEFAULT`), the Python packages for the rest (EnvPool is slower on Reacher's 50-step episodes,
-    which pay its pool build at every reset: benchmarks/bench_envs.py)."""
+    :data:`PYTHON_DEFAULT`; docs/tce.md, "Backends"), the Python packages for the rest."""
     if name in METAWORLD and name.split("/", 1)[1] not in PYTHON_DEFAULT:
         return "envpool"
     return "python"
@@ -104,25 +111,25 @@ def option_table(name: str) -> dict:
         from troll.episodic.envs.reacher import OPTIONS
     else:
         from troll.episodic.envs.metaworld import OPTIONS
-    choices = BACKENDS if name in METAWORLD else ("python",)
+    choices = BACKENDS if has_backends(name) else ("python",)
     return {**OPTIONS, "backend": Option("choice", choices=choices, help="the simulator")}
 
 
 def check_options(name: str, options: dict) -> dict:
     """The options of env ``name`` checked (type, range, finite; envs/options.py) and the backend resolved: a
-    ValueError naming the option otherwise. Returns them with "backend" set on metaworld/* (the only envs with a
-    choice, recorded in a run's config so that a resume keeps its simulator)."""
+    ValueError naming the option otherwise. Returns them with "backend" set on gym/* and metaworld/* (the envs with
+    a choice, :func:`has_backends`; recorded in a run's config so that a resume keeps its simulator)."""
     from troll.episodic.envs import options as opts
 
     if name not in ENV_NAMES:
         raise _unknown(name)
-    if isinstance(options, dict) and options.get("backend") == "envpool" and name not in METAWORLD:
+    if isinstance(options, dict) and options.get("backend") == "envpool" and not has_backends(name):
         raise ValueError(
-            f"{name}: backend 'envpool' is available for metaworld/* only; {name} runs on the Python packages "
+            f"{name}: backend 'envpool' is available for gym/* and metaworld/* only; {name} runs in torch "
             "(drop the option or pass backend 'python')."
         )
     checked = opts.check(name, options, option_table(name))
-    if name in METAWORLD:
+    if has_backends(name):
         checked.setdefault("backend", default_backend(name))
     return checked
 
@@ -145,9 +152,10 @@ def make_env(
     start_method: multiprocessing start method of the workers (default forkserver; see workers.py).
     options: the env's own settings (:func:`option_table`, checked by :func:`check_options`): toy ViaPointEnv's
              keyword arguments; gym/reacher's ReacherConfig (kp, kd, success_radius); metaworld's MetaWorldConfig
-             (controller, gain, gripper, gripper_start, context) and ``backend``: "envpool" (the default on
-             Meta-World: EnvPool's C++ simulators on ``workers`` threads, envpool_backend.py) or "python" (the
-             metaworld package in ``workers`` processes).
+             (controller, gain, gripper, gripper_start, context); and on gym/* and metaworld/* ``backend``:
+             "envpool" (the default but on :data:`PYTHON_DEFAULT`: EnvPool's C++ simulators on ``workers`` threads,
+             envpool_backend.py, reacher.py) or "python" (gymnasium or the metaworld package in ``workers``
+             processes).
     Raises ValueError for an unknown name (with the known ones and a close match) or bad options, ImportError for
     a missing simulator package, before any process starts.
     """
@@ -167,10 +175,14 @@ def make_env(
     from troll.episodic.envs.workers import PooledEnv
 
     if name in GYM:
-        from troll.episodic.envs.reacher import ReacherConfig, ReacherRunner
+        from troll.episodic.envs.reacher import EnvPoolReacher, ReacherConfig, ReacherRunner
 
+        config = ReacherConfig(sparse=name.endswith("-sparse"), **options)
+        if backend == "envpool":
+            _require(name, ("envpool",), "--backend python runs gymnasium's Reacher-v5 instead")
+            return EnvPoolReacher(config, num_episodes=num_episodes, threads=max(workers, 1))
         _require(name, ("gymnasium", "mujoco"))
-        factory = partial(ReacherRunner, ReacherConfig(sparse=name.endswith("-sparse"), **options))
+        factory = partial(ReacherRunner, config)
         preload = ("gymnasium", "mujoco")
     else:
         from troll.episodic.envs.metaworld import MetaWorldConfig, MetaWorldRunner
