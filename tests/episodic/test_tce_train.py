@@ -31,6 +31,14 @@ def tiny(**overrides) -> TCEConfig:
     return TCEConfig.preset("toy/viapoint", **{**base, **overrides})
 
 
+def tiny_reacher(**overrides) -> TCEConfig:
+    """A few fast iterations on gym/reacher on EnvPool (8 episodes of 50 steps an iteration, one thread)."""
+    base = dict(episodes=8, eval_episodes=8, total_env_steps=8 * 50 * 4, eval_every=2, checkpoint_every=2,
+                policy_hidden=(16,), critic_hidden=(16,), policy_epochs=4, critic_epochs=4, critic_minibatches=2,
+                workers=1, env_options={"backend": "envpool"})  # fmt: skip
+    return TCEConfig.preset("gym/reacher", **{**base, **overrides})
+
+
 def strip_times(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in row.items() if not k.startswith("time/")} for row in rows]
 
@@ -106,9 +114,15 @@ def test_same_seed_same_results(tmp_path):
     assert a != c
 
 
-@pytest.mark.parametrize("algo", ["tce", "bbrl"])
-def test_resume_equals_uninterrupted(tmp_path, algo):
-    config = tiny(algo=algo, eval_every=1)
+@pytest.mark.parametrize(("algo", "make"), [("tce", tiny), ("bbrl", tiny), ("tce", tiny_reacher)],
+                         ids=["tce", "bbrl", "tce-reacher-envpool"])  # fmt: skip
+def test_resume_equals_uninterrupted(tmp_path, algo, make):
+    """Stopped after iteration 3 and resumed from the checkpoint of iteration 2: the same metrics (evaluations on
+    the same fixed episodes included) and the same policy as an uninterrupted run; on the toy task and on Reacher
+    on EnvPool, whose episodes are drawn by pools built per reset."""
+    if make is tiny_reacher:
+        pytest.importorskip("envpool")
+    config = make(algo=algo, eval_every=1)
     train(config, tmp_path / "full", progress=False, plot=False)
 
     class Stop(Exception):
