@@ -1,15 +1,17 @@
-"""Environment throughput: env steps per second of each episodic environment, on both Meta-World backends, on one
-core and on N.
+"""Environment throughput: env steps per second of each episodic environment, on both backends (EnvPool and the
+Python package, for Reacher and Meta-World), on one core and on N.
 
 For each environment, backend and mode (python: ``workers=0``, every episode in this process, or ``workers=N``
 processes; envpool: 1 or N EnvPool threads, all in this process), build it once, then time ``--repeats`` rounds of
-reset(seed) + run(desired trajectory) of a batch of E episodes and report the medians: reset and run seconds, the
-whole batch (what a TCE iteration spends in the environment; on EnvPool it includes building the pool, which every
-reset does: envpool_backend.py), env steps per second of the run (E * T / run seconds) and of the batch (E * T /
-batch seconds); for the one-core modes also per CPU second of this process (EnvPool's threads included), what one
-idle core would do whatever else the machine runs. The desired trajectory is a smooth move away from the start
-(the toy: its hand-made via-point solution), so that the controllers work as in training. The toy env is
-vectorised in-process and has a single mode.
+reset(seed) + run(desired trajectory) of a batch of E episodes, the modes of one environment taking turns within
+each round (so that a change of a shared machine's load falls on all of them alike), and report the medians: reset
+and run seconds, the whole batch (what a TCE iteration spends in the environment; on EnvPool it includes building
+the pool, which every reset does: envpool_backend.py), env steps per second of the run (E * T / run seconds) and of
+the batch (E * T / batch seconds); for the one-core modes also per CPU second of this process (EnvPool's threads
+included), of the run and of the batch (reset + run, a pool build included): what one idle core would do whatever
+else the machine runs. The desired trajectory is a smooth move away from the start (the toy: its hand-made
+via-point solution), so that the controllers work as in training. The toy env is vectorised in-process and has a
+single mode.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_envs.py                       # all, E = 16 (toy: 1024), 2 workers
     OMP_NUM_THREADS=1 python benchmarks/bench_envs.py --quick               # push, reach, reacher: E = 4, 1 core
@@ -50,80 +52,66 @@ def trajectory(env, start) -> tuple[torch.Tensor, torch.Tensor]:
     return pos, vel.expand_as(pos).contiguous()
 
 
-def measure(name: str, *, episodes: int, workers: int, repeats: int, backend: str = "python") -> dict:
-    """Build ``name`` once, then the medians over ``repeats`` batches of reset + run."""
-    t0 = time.perf_counter()
-    options = {"backend": backend} if name.startswith("metaworld/") else {}
-    env = make_env(name, num_episodes=episodes, workers=workers, **options)
-    build = time.perf_counter() - t0
-    resets, runs, cpus = [], [], []
-    with env:
-        for r in range(repeats + 1):  # the first round warms up (imports, caches) and is not counted
-            t0 = time.perf_counter()
-            start = env.reset(seed=r)
-            t1 = time.perf_counter()
-            pos, vel = trajectory(env, start)
-            t2, c2 = time.perf_counter(), time.process_time()
-            env.run(pos, vel)
-            t3, c3 = time.perf_counter(), time.process_time()
-            if r:
-                resets.append(t1 - t0)
-                runs.append(t3 - t2)
-                cpus.append(c3 - c2)
-    reset_s, run_s, cpu_s = statistics.median(resets), statistics.median(runs), statistics.median(cpus)
-    one_core = workers <= 1 if backend == "envpool" else workers == 0
+def _mode(name: str, backend: str, workers: int) -> tuple[str, bool]:
+    """The row's mode label, and whether it runs on one core."""
     if name.startswith("toy/"):
-        mode, one_core = "in-process (vectorised)", True
-    elif backend == "envpool":
-        mode = f"envpool, {max(workers, 1)} thread{'s' if workers > 1 else ''}"
-    else:
-        mode = "python, one process" if workers == 0 else f"python, {workers} workers"
-    return {
-        "env": name,
-        "mode": mode,
-        "workers": workers if not name.startswith("toy/") else 0,
-        "episodes x steps": f"{episodes} x {env.horizon}",
-        "build_s": round(build, 2),
-        "reset_s": round(reset_s, 3),
-        "run_s": round(run_s, 3),
-        "batch_s": round(reset_s + run_s, 3),
-        "steps_per_s": round(episodes * env.horizon / run_s),
-        "batch_steps_per_s": round(episodes * env.horizon / (reset_s + run_s)),
-        # one-core modes only: CPU time of this process, i.e. what the run would take on an idle core
-        "steps_per_cpu_s": round(episodes * env.horizon / cpu_s) if one_core else "",
-        "load_avg_1min": round(os.getloadavg()[0], 2),
-    }
+        return "in-process (vectorised)", True
+    if backend == "envpool":
+        return f"envpool, {workers} thread{'s' if workers > 1 else ''}", workers == 1
+    return ("python, one process", True) if workers == 0 else (f"python, {workers} workers", False)
 
 
-def measure_envpool_reacher(episodes: int, repeats: int) -> dict:
-    """EnvPool's Reacher-v5, as an envpool backend of gym/reacher would run it (a pool built per reset, so that each
-    episode's seed fixes its start): build + reset + 50 steps of E episodes with a zero action, 1 thread. Compare its
-    batch seconds with gym/reacher's python rows."""
-    import envpool
-    import numpy as np
-
-    batches, runs, cpus = [], [], []
-    for r in range(repeats + 1):
-        t0 = time.perf_counter()
-        seeds = list(range(r * episodes, (r + 1) * episodes))
-        env = envpool.make_gymnasium("Reacher-v5", num_envs=episodes, env_seed=seeds, num_threads=1)
-        env.reset()
-        t1, c1 = time.perf_counter(), time.process_time()
-        for _ in range(50):
-            env.step(np.zeros((episodes, 2), np.float32))
-        t2, c2 = time.perf_counter(), time.process_time()
-        env.close()
-        if r:
-            batches.append(t2 - t0)
-            runs.append(t2 - t1)
-            cpus.append(c2 - c1)
-    run_s, batch_s = statistics.median(runs), statistics.median(batches)
-    return {"env": "Reacher-v5 (raw EnvPool)", "mode": "envpool, 1 thread, pool per reset", "workers": 1,
-            "episodes x steps": f"{episodes} x 50", "build_s": "", "reset_s": round(batch_s - run_s, 3),
-            "run_s": round(run_s, 3), "batch_s": round(batch_s, 3), "steps_per_s": round(episodes * 50 / run_s),
-            "batch_steps_per_s": round(episodes * 50 / batch_s),
-            "steps_per_cpu_s": round(episodes * 50 / statistics.median(cpus)),
-            "load_avg_1min": round(os.getloadavg()[0], 2)}  # fmt: skip
+def measure(name: str, cells: list[tuple[str, int]], *, episodes: int, repeats: int) -> list[dict]:
+    """Build ``name`` once per (backend, workers) cell, then ``repeats`` rounds (after a warm-up round, not counted)
+    in which every cell does one reset + run in turn, the order rotating from round to round: a change of the
+    machine's load falls on all cells alike. One row per cell, with the medians over the rounds."""
+    envs, builds = [], []
+    try:
+        for backend, workers in cells:
+            t0 = time.perf_counter()
+            options = {} if name.startswith("toy/") else {"backend": backend}
+            envs.append(make_env(name, num_episodes=episodes, workers=workers, **options))
+            builds.append(time.perf_counter() - t0)
+        times = [{"reset": [], "run": [], "cpu": [], "batch_cpu": [], "load": []} for _ in cells]
+        for r in range(repeats + 1):
+            for k in range(len(cells)):
+                i = (k + r) % len(cells)
+                t0, c0 = time.perf_counter(), time.process_time()
+                start = envs[i].reset(seed=r)
+                t1 = time.perf_counter()
+                pos, vel = trajectory(envs[i], start)
+                t2, c2 = time.perf_counter(), time.process_time()
+                envs[i].run(pos, vel)
+                t3, c3 = time.perf_counter(), time.process_time()
+                if r:
+                    values = (t1 - t0, t3 - t2, c3 - c2, c3 - c0, os.getloadavg()[0])
+                    for key, value in zip(("reset", "run", "cpu", "batch_cpu", "load"), values):
+                        times[i][key].append(value)
+    finally:
+        for env in envs:
+            env.close()
+    rows = []
+    for (backend, workers), env, build, t in zip(cells, envs, builds, times):
+        reset_s, run_s, cpu_s, batch_cpu_s = (statistics.median(t[k]) for k in ("reset", "run", "cpu", "batch_cpu"))
+        mode, one_core = _mode(name, backend, workers)
+        steps = episodes * env.horizon
+        rows.append({
+            "env": name,
+            "mode": mode,
+            "workers": workers,
+            "episodes x steps": f"{episodes} x {env.horizon}",
+            "build_s": round(build, 2),
+            "reset_s": round(reset_s, 3),
+            "run_s": round(run_s, 3),
+            "batch_s": round(reset_s + run_s, 3),
+            "steps_per_s": round(steps / run_s),
+            "batch_steps_per_s": round(steps / (reset_s + run_s)),
+            # one-core modes only: CPU time of this process, i.e. what the run would take on an idle core
+            "steps_per_cpu_s": round(steps / cpu_s) if one_core else "",
+            "batch_steps_per_cpu_s": round(steps / batch_cpu_s) if one_core else "",
+            "load_avg_1min": round(statistics.median(t["load"]), 2),
+        })  # fmt: skip
+    return rows
 
 
 def main() -> None:
@@ -134,7 +122,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads in this process")
-    parser.add_argument("--backends", default="envpool,python", help="Meta-World backends (default: both)")
+    parser.add_argument("--backends", default="envpool,python", help="backends of gym/* and metaworld/* "
+                        "(default: both)")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="push-v3, reach-v3, reacher; E = 4, one core, 1 repeat")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -144,15 +133,11 @@ def main() -> None:
     rows = []
     for name in envs:
         if name.startswith("toy/"):
-            rows.append(measure(name, episodes=args.toy_episodes, workers=0, repeats=repeats))
+            rows += measure(name, [("python", 0)], episodes=args.toy_episodes, repeats=repeats)
             continue
-        backends = args.backends.split(",") if name.startswith("metaworld/") else ["python"]
-        for backend in backends:
-            for workers in modes:
-                workers = max(workers, 1) if backend == "envpool" else workers
-                rows.append(measure(name, episodes=args.episodes, workers=workers, repeats=repeats, backend=backend))
-        if name.startswith("gym/reacher") and "envpool" in args.backends:
-            rows.append(measure_envpool_reacher(args.episodes, repeats))
+        backends = args.backends.split(",")
+        cells = [(b, max(w, 1) if b == "envpool" else w) for b in backends for w in modes]
+        rows += measure(name, list(dict.fromkeys(cells)), episodes=args.episodes, repeats=repeats)
     out = quick_path(RESULTS / "bench_envs.csv") if args.quick else RESULTS / "bench_envs.csv"
     write_results(rows, out, f"# episodic env throughput ({os.cpu_count()} cores)")
 
