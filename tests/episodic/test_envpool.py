@@ -152,8 +152,8 @@ def test_backend_defaults_and_missing_envpool(monkeypatch):
 
     assert check_options("metaworld/push-v3", {})["backend"] == "envpool"
     assert check_options("metaworld/door-open-v3", {})["backend"] == "python"  # differs beyond noise: docs/tce.md
-    assert check_options("gym/reacher", {})["backend"] == default_backend("gym/reacher") == "python"
-    assert check_options("gym/reacher-sparse", {"backend": "envpool"})["backend"] == "envpool"
+    assert check_options("gym/reacher", {})["backend"] == default_backend("gym/reacher-sparse") == "envpool"
+    assert check_options("gym/reacher-sparse", {"backend": "python"})["backend"] == "python"
     assert "backend" not in check_options("toy/viapoint", {})
     with pytest.raises(ValueError, match="Did you mean 'metaworld/push-v3'"):
         check_options("metaworld/psh-v3", {})
