@@ -13,8 +13,8 @@ generator. So ``reset(seed)`` builds a new pool whose env i has seed :func:`pool
 draw of a generator seeded from (seed, i) alone, whatever the thread count, the same at every evaluation, and the
 same after a resume. A second ``run`` of one reset rebuilds the pool from the same seeds (and checks that it
 resets to the same states).
-Building the pool costs ~0.3-0.6 s per reset for E = 16 Meta-World tasks and ~0.01-0.02 s for 16 Reachers on this
-machine (benchmarks/bench_envs.py).
+Building the pool costs ~0.3-0.6 s per reset for E = 16 Meta-World tasks and ~0.03 s for 16 Reachers (under load)
+on this machine (benchmarks/bench_envs.py; docs/tce.md, "Speed").
 
 Meta-World (EnvPool 1.2's ``MetaWorld/<CamelCase>-v3``, Meta-World v3's 50 Sawyer tasks): we pass
 ``partially_observable=False`` (EnvPool hides the goal by default; MT1 shows it) and step exactly the 500 steps of
