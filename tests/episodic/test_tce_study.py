@@ -324,3 +324,32 @@ def test_results_compare_two_studies_by_hand(tmp_path, capsys):
         results.main(["--compare", str(tmp_path / "a"), str(tmp_path / "b"), "--algo", "ppo"])
     with pytest.raises(SystemExit):
         results.main([str(tmp_path / "a"), "--compare", str(tmp_path / "a"), str(tmp_path / "b")])
+
+
+def test_a_study_records_its_backend_and_an_old_one_keeps_its_cells_backend(tmp_path):
+    """Every cell of a study runs on one simulator: a new study records the env's default backend (unless given);
+    a study saved before that rule resumes on the backend its started cells recorded, not today's default."""
+    import argparse
+
+    from troll.runs.files import write_json
+
+    def new(env, given):
+        return study.spec_from_args(argparse.Namespace(resume=False, env=env, out=str(tmp_path / "x")), given)[0]
+
+    assert new("gym/reacher", {}).options["env_options"] == {"backend": "envpool"}
+    assert new("metaworld/door-open-v3", {}).options["env_options"] == {"backend": "python"}  # registry.PYTHON_DEFAULT
+    given = {"env_options": {"backend": "python", "kp": 6.0}}
+    assert new("gym/reacher", given).options["env_options"] == {"backend": "python", "kp": 6.0}
+    assert "env_options" not in new("toy/viapoint", {}).options
+
+    old = study.StudySpec("gym/reacher", ["tce", "bbrl"], [0, 1], steps=800, options={})
+    (tmp_path / "old" / "tce" / "seed0").mkdir(parents=True)
+    write_json(tmp_path / "old" / "config.json", {"command": "tce study", "spec": old.to_json(), "argv": []})
+    resume = argparse.Namespace(resume=True, out=str(tmp_path / "old"))
+    assert study.spec_from_args(resume, {})[0].options["env_options"] == {"backend": "envpool"}  # nothing started
+    cell = {"command": "tce train", "config": {"algo": "tce", "env_options": {"backend": "python"}}}
+    write_json(tmp_path / "old" / "tce" / "seed0" / "config.json", cell)
+    spec, _ = study.spec_from_args(resume, {})
+    assert spec.options["env_options"] == {"backend": "python"}
+    argv = study.cell_argv(study.plan(spec, tmp_path / "old")[-1], spec, resume=False)
+    assert argv[argv.index("--env-options") + 1] == '{"backend": "python"}'

@@ -15,10 +15,13 @@ norm 0.5, advantages normalised, two 64-unit tanh layers for the policy and for 
 log std starting at 0, one environment, no observation or reward normalisation. The episode end at T is a time
 limit (SB3 bootstraps it with the value), as the policy sees no time.
 
-Same-task seeding: Meta-World's MT1 is built from the run's seed (the same 50 task variations as the episodic env)
-and each episode picks its variation from its own seed; Reacher resets from its episode seed. Evaluations use
-exactly the episodes of TCE's (``episode_seeds(reset_seed(seed, EVAL_STREAM), eval_episodes)``), with the
-deterministic policy (the mean action), at the env steps where a TCE run of the same preset evaluates (every
+Same-task seeding: PPO steps the Python packages (gymnasium's Reacher-v5, the metaworld package), whatever backend
+the episodic runs use. Meta-World's MT1 is built from the run's seed (the same 50 task variations as the episodic
+env on the Python backend) and each episode picks its variation from its own seed; Reacher resets from its episode
+seed. Evaluations use the episode seeds of TCE's (``episode_seeds(reset_seed(seed, EVAL_STREAM), eval_episodes)``):
+exactly TCE's episodes when TCE runs on the Python backend, draws from the same distribution when it runs on EnvPool
+(the default; docs/tce.md, "Backends"). With the deterministic policy (the mean action), at the env steps where a
+TCE run of the same preset evaluates (every
 ``eval_every x episodes x T`` steps; PPO checks after each rollout, so up to ``n_steps`` later) and at the end.
 
 Run folder: the same files as :mod:`troll.episodic.train`: config.json ({"command": "tce train", "config": ...}

@@ -3,7 +3,8 @@
 What the engine needs from it (:class:`troll.study.Frontend`): a cell's command line (``troll tce train`` with every
 option spelled out, or ``--resume`` from its folder when it holds a checkpoint), a cell's numbers, the pairs and the
 curves against environment steps. Numbers of a cell, from its summary.json and metrics.jsonl (evaluations of the
-mean trajectory for TCE / BBRL, of the deterministic policy for PPO, on the same episodes):
+mean trajectory for TCE / BBRL, of the deterministic policy for PPO, on the same episode seeds; PPO steps the Python
+packages, so on EnvPool its episodes are other draws from the same distribution):
 
 - ``success``, ``return``, ``distance``: the last evaluation, at the budget; ``best_success``, ``best_return``,
   ``best_distance``: the best evaluation of the run;
@@ -12,9 +13,9 @@ mean trajectory for TCE / BBRL, of the deterministic policy for PPO, on the same
 - ``steps_to_success``: the env steps of the first evaluation with success >= 0.8 (seeds that never got there are
   left out of its mean); ``minutes``: wall time of the run.
 
-Pairs: TCE - BBRL and TCE - PPO per seed (same seed: same evaluation episodes, and for TCE and BBRL the same initial
-network), with 95% t-intervals. Curves: evaluated success rate, return and final distance, the rollout return, the
-entropy of the Gaussian over the ProDMP parameters (TCE / BBRL) and the share of policy epochs the projection was
+Pairs: TCE - BBRL and TCE - PPO per seed (same seed: the same evaluation episodes for TCE and BBRL, and the same
+initial network), with 95% t-intervals. Curves: evaluated success rate, return and final distance, the rollout return,
+the entropy of the Gaussian over the ProDMP parameters (TCE / BBRL) and the share of policy epochs the projection was
 active (TCE / BBRL), each mean ± standard error over seeds. One option may be swept (``--sweep KEY=V1,V2``) if it
 applies to every algorithm of the study. Cells run with ``OMP_NUM_THREADS`` = ``--threads`` and ``--workers``
 environment processes each (default 1: ``--jobs 2`` then steps two simulators on a 2-core machine).
@@ -109,11 +110,39 @@ def spec_from_args(args, given: dict) -> tuple[StudySpec, Path]:
             raise UsageError(f"--resume continues the saved study; {', '.join(differ)} differ from its config.json. "
                              "Drop them (only --threads and --workers may change), or start a new --out.")  # fmt: skip
         runtime = {k: getattr(fresh, k) for k in ("threads", "workers") if hasattr(args, k)}
+        saved = _with_backend(saved, _started_backend(Path(args.out)))
         return dataclasses.replace(saved, **runtime), Path(args.out)
     if not hasattr(args, "env"):
         raise UsageError("--env is required to start a study, e.g. --env gym/reacher-sparse.")
-    spec = _fresh_spec(args, given, opts.check_env(args.env))
+    spec = _with_backend(_fresh_spec(args, given, opts.check_env(args.env)))
     return spec, Path(getattr(args, "out", "") or f"runs/tce-study-{spec.env.replace('/', '-')}")
+
+
+def _with_backend(spec: StudySpec, backend: str | None = None) -> StudySpec:
+    """The spec with its simulator recorded (``env_options["backend"]``), so that every cell of the study, including
+    those a later sitting starts after the default changed, runs on one backend: the one given, else ``backend`` (a
+    resumed study from before this rule: its started cells' backend), else the env's default."""
+    from troll.episodic.envs.registry import default_backend, has_backends
+
+    env_options = dict(spec.options.get("env_options", {}))
+    if not has_backends(spec.env) or "backend" in env_options:
+        return spec
+    env_options["backend"] = backend or default_backend(spec.env)
+    return dataclasses.replace(spec, options={**spec.options, "env_options": env_options})
+
+
+def _started_backend(out: Path) -> str | None:
+    """The backend recorded by the first started tce / bbrl cell of a study folder, if any."""
+    import json
+
+    for config in sorted(out.glob("*/seed*/config.json")) + sorted(out.glob("*/*/seed*/config.json")):
+        try:
+            backend = json.loads(config.read_text())["config"]["env_options"].get("backend")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+        if backend:
+            return backend
+    return None
 
 
 def _fresh_spec(args, given: dict, env: str) -> StudySpec:
@@ -269,7 +298,8 @@ def _note(spec: StudySpec, cells: list[Cell]) -> str:
     return (
         f"\nEnv {spec.env}, seeds {', '.join(map(str, spec.seeds))}; budget "
         f"{'the preset' if spec.steps is None else f'{spec.steps} env steps'}; options beyond the presets: {given}. "
-        "Evaluations: the mean trajectory (TCE, BBRL) or the deterministic policy (PPO) on the same fixed episodes. "
+        "Evaluations: the mean trajectory (TCE, BBRL) or the deterministic policy (PPO) on fixed episodes, the same "
+        "at every evaluation (PPO steps the Python packages: on EnvPool its episodes are other draws). "
         "At the budget = the last evaluation; mean success over the run = the mean of the evaluated success rates "
         "(area under the learning curve over the budget); env steps to success: the first evaluation >= 0.8, over "
         "the seeds that got there. Standard errors use n - 1; the 95% interval is mean ± t(0.975, n - 1) x standard "
