@@ -154,15 +154,17 @@ tce-authors: $(VENV)/.installed
 	$(PY) -m troll.episodic.results $$d && exit $$status
 
 # docs/tce.md, "Backends": TCE and BBRL on reach-v3 (480k env steps, 3 seeds) on the default simulator (EnvPool),
-# TCE again on the Python package, then Welch's comparison of the two TCE arms (PPO steps the Python package whatever
-# the backend, so it is not part of this check). About an hour of both cores; the fixed folders continue where a
-# sitting stopped.
+# TCE again on the Python package, and both Reacher tasks (400k, EnvPool now their default too); then Welch's
+# comparison of the two reach-v3 TCE arms. PPO steps the Python packages whatever the backend, so it is not rerun
+# here. About 1.5 hours of both cores; the fixed folders continue where a sitting stopped.
 BACKENDS_DIR ?= studies/tce-backends
 tce-backends: $(VENV)/.installed
 	d=$(BACKENDS_DIR) && status=0 && \
 	go() { out=$$1; shift; r=; [ -e $$out/config.json ] && r=--resume; $(TCE_STUDY) "$$@" --out $$out $$r; } && \
 	go $$d/reach-v3-envpool --env metaworld/reach-v3 --steps 480000 --algos tce,bbrl --backend envpool || status=1; \
 	go $$d/reach-v3-python --env metaworld/reach-v3 --steps 480000 --algos tce --backend python || status=1; \
+	go $$d/gym-reacher --env gym/reacher --algos tce,bbrl || status=1; \
+	go $$d/gym-reacher-sparse --env gym/reacher-sparse --algos tce,bbrl || status=1; \
 	$(PY) -m troll.episodic.results --compare $$d/reach-v3-envpool $$d/reach-v3-python | tee $$d/compare.md && \
 	exit $$status
 
