@@ -11,7 +11,8 @@ the batch (E * T / batch seconds); for the one-core modes also per CPU second of
 included), of the run and of the batch (reset + run, a pool build included): what one idle core would do whatever
 else the machine runs. The desired trajectory is a smooth move away from the start (the toy: its hand-made
 via-point solution), so that the controllers work as in training. The toy env is vectorised in-process and has a
-single mode.
+single mode. With envpool among the backends each env also gets a row of EnvPool alone (its own pool stepped with
+random actions on one thread, no project code): the simulator's ceiling against which the EnvPool rows' overhead shows.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_envs.py                       # all, E = 16 (toy: 1024), 2 workers
     OMP_NUM_THREADS=1 python benchmarks/bench_envs.py --quick               # push, reach, reacher: E = 4, 1 core
@@ -114,6 +115,46 @@ def measure(name: str, cells: list[tuple[str, int]], *, episodes: int, repeats: 
     return rows
 
 
+def raw_envpool(name: str, *, episodes: int, repeats: int) -> dict:
+    """EnvPool alone, no controller and no project code: one thread steps ``episodes`` envs of ``name`` for T steps of
+    uniform random actions in [-1, 1], ``repeats`` times after a warm-up; the simulator's own ceiling on this
+    machine for the rows above (medians)."""
+    import envpool
+    import numpy as np
+
+    from troll.episodic.envs.envpool_backend import task_id
+
+    env_id, horizon = ("Reacher-v5", 50) if name.startswith("gym/") else (task_id(name.split("/", 1)[1]), 500)
+    extra = {} if name.startswith("gym/") else {"partially_observable": False}
+    pool = envpool.make_gymnasium(env_id, num_envs=episodes, num_threads=1, env_seed=list(range(episodes)),
+                                  max_episode_steps=horizon, **extra)  # fmt: skip
+    rng = np.random.default_rng(0)
+    walls, cpus, loads = [], [], []
+    try:
+        dim = pool.action_space.shape[0]
+        for r in range(repeats + 1):
+            pool.reset()
+            actions = rng.uniform(-1, 1, (horizon, episodes, dim)).astype(np.float32)
+            t0, c0 = time.perf_counter(), time.process_time()
+            for t in range(horizon - 1):  # the last step would end the episodes and auto-reset
+                pool.step(actions[t])
+            if r:
+                walls.append(time.perf_counter() - t0)
+                cpus.append(time.process_time() - c0)
+                loads.append(os.getloadavg()[0])
+    finally:
+        pool.close()
+    steps = episodes * (horizon - 1)
+    wall, cpu = statistics.median(walls), statistics.median(cpus)
+    return {
+        "env": name, "mode": "EnvPool alone, random actions, 1 thread", "workers": 1,
+        "episodes x steps": f"{episodes} x {horizon - 1}", "build_s": "", "reset_s": "", "run_s": round(wall, 3),
+        "batch_s": "", "steps_per_s": round(steps / wall), "batch_steps_per_s": "",
+        "steps_per_cpu_s": round(steps / cpu), "batch_steps_per_cpu_s": "",
+        "load_avg_1min": round(statistics.median(loads), 2),
+    }  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--envs", nargs="+", default=list(DEFAULT_ENVS))
@@ -138,6 +179,8 @@ def main() -> None:
         backends = args.backends.split(",")
         cells = [(b, max(w, 1) if b == "envpool" else w) for b in backends for w in modes]
         rows += measure(name, list(dict.fromkeys(cells)), episodes=args.episodes, repeats=repeats)
+        if "envpool" in backends:
+            rows.append(raw_envpool(name, episodes=args.episodes, repeats=repeats))
     out = quick_path(RESULTS / "bench_envs.csv") if args.quick else RESULTS / "bench_envs.csv"
     write_results(rows, out, f"# episodic env throughput ({os.cpu_count()} cores)")
 
