@@ -43,9 +43,9 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/troll train --out runs/demo-$$(date +%Y%m%d-%H%M%S)
 
 # --require: those modules must import, and then any skipped test fails the run (tests/conftest.py). The verl tests
-# run only in the verl environment, the rest only in the main one.
-VERL_TESTS := tests/test_verl_config.py tests/test_verl_loss.py tests/test_verl_engine_outputs.py tests/test_verl_engine.py
-VLLM_TESTS := tests/test_vllm.py
+# (their folder) run only in the verl environment, the rest only in the main one.
+VERL_TESTS := tests/integrations/verl
+VLLM_TESTS := tests/integrations/trl/test_vllm.py
 test: $(VENV)/.installed $(VERL_VENV)/.installed $(VLLM_VENV)/.installed lint
 	$(PY) -m pytest --require trl,deepspeed,reasoning_gym,gymnasium,mujoco,metaworld,envpool $(VERL_TESTS:%=--ignore=%) \
 		$(VLLM_TESTS:%=--ignore=%)

@@ -23,6 +23,12 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+# The checkout, its sources (on a subprocess's PYTHONPATH), and tests/support: the helper modules and torchrun scripts
+# the test folders share (on sys.path through pyproject's [tool.pytest.ini_options] pythonpath).
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "src"
+SUPPORT = ROOT / "tests" / "support"
+
 # The skips CI accepts, as regular expressions on the skip reason: the one place that lists them. Empty: in the
 # environments make test builds, every collected test must run.
 ALLOWED_SKIPS: tuple[str, ...] = ()

@@ -9,7 +9,6 @@ import math
 
 import pytest
 import torch
-from test_tce_golden import BASE, FAITHFUL, synthetic_batch
 
 from troll.episodic import options as opts
 from troll.episodic.agent import TCEAgent, discounted_returns
@@ -17,6 +16,8 @@ from troll.episodic.config import ALGO_PRESETS, METAWORLD_ENV, PRESETS, TCEConfi
 from troll.episodic.critic import alive_mask, step_inputs
 from troll.episodic.segments import segment_advantages, segment_index
 from troll.gaussian import Gaussian, control_entropy
+
+from .test_tce_golden import BASE, FAITHFUL, synthetic_batch
 
 # the fields the faithful preset added, at their defaults: the behaviour before it (old config.json files resume)
 OLD_BEHAVIOUR = dict(

@@ -1,0 +1,127 @@
+"""The chunked LM-head path under DeepSpeed ZeRO-3: TrollGRPOTrainer run by torchrun with 2 CPU processes (gloo),
+against an unsharded one-process dense reference (tests/support/_torchrun_zero3_trainer.py); and
+troll.categorical.distributed's call_in_forward / with_lm_head in one process."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+from conftest import SRC, SUPPORT, check_torchrun, run_script
+
+from troll.categorical.distributed import call_in_forward, full_shape, with_lm_head
+from troll.categorical.sparse import SparseLogProbs
+from troll.output import LossOutput
+
+
+@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed gloo")
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_zero3_trainer_keeps_chunked(tmp_path, tied):
+    """ZeRO-3 partitions every parameter (the LM head too; tied: it is also the input embedding). The trainer keeps
+    "chunked" with no fallback warning; the old policy captured through the partitioned head (separately, and on
+    TRL's scoring forward) equals an unsharded model's; each rank's chunked loss equals the unsharded dense loss of
+    its share, every parameter's full gradient the mean of the shares' dense gradients; the gathered head is
+    released after the backward; and a real train() step goes through."""
+    pytest.importorskip("trl")
+    pytest.importorskip("deepspeed")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
+    env.update(OMP_NUM_THREADS="1", TROLL_TORCHRUN_TIMEOUT="150", HF_HUB_OFFLINE="1")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    script = [str(SUPPORT / "_torchrun_zero3_trainer.py"), str(tmp_path)] + (["--tied"] if tied else [])
+    code, err = run_script([*torchrun, *script], env, timeout=200)
+    check_torchrun(code, err, tmp_path / "ready")
+    result = torch.load(tmp_path / "result.pt")
+    assert result["fallback_warnings"] == 0
+    assert result["capture"] < 1e-5 and result["hook_capture"] < 1e-5
+    for loss_type in ("troll", "troll_seq"):
+        assert result[f"{loss_type}/projected_frac"] > 0  # the old policy is off: the projection engaged
+        for mode in ("chunked", "dense"):
+            key = f"{loss_type}/{mode}"
+            assert result[f"{key}/loss_size"] > 1e-3
+            assert result[f"{key}/loss"] < 1e-6 * result[f"{key}/loss_size"]
+            assert result[f"{key}/head_held"] == 0
+            grads = [k for k in result if k.startswith(f"{key}/grad/")]
+            assert f"{key}/grad/model.embed_tokens.weight" in grads and len(grads) >= 19
+            assert tied or f"{key}/grad/lm_head.weight" in grads
+            for k in grads:
+                assert result["size/" + k[len(key) + 6 :]] > 1e-6, k  # a gradient that is there to compare
+                assert result[k] < 2e-6, (k, float(result[k]))
+    # A plain tensor result of with_lm_head (not a LossOutput) carries its gradient back to the partition.
+    assert result["tensor_result/logits"] < 1e-5 and result["tensor_result/grad"] < 1e-5
+    assert result["tensor_result/head_held"] == 0
+    assert result["train_steps_logged"] >= 1 and torch.isfinite(result["train_kl_after_max"])
+    losses = [float(result[k] / result[k + "_size"]) for k in result if k.endswith("/loss")]
+    grads = [float(result[k]) for k in result if "/grad/" in k and not k.startswith("size/")]
+    print(  # the figures docs/trl.md quotes (pytest -s)
+        f"ZeRO-3 {'tied' if tied else 'untied'} vs one unsharded process: capture max |d log p| "
+        f"{float(max(result['capture'], result['hook_capture'])):.2g}, loss max relative difference "
+        f"{max(losses):.2g}, gradient max relative difference {max(grads):.2g}"
+    )
+
+
+class _FakeZero3Head(torch.nn.Module):
+    """A linear head whose weight looks like a ZeRO-3 partition (``ds_id``, ``ds_status``, ``ds_shape``): empty
+    outside its own forward, filled by a pre-forward hook and emptied by a post-forward hook, as ZeRO-3 does."""
+
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        self.full = weight
+        self.weight = torch.nn.Parameter(torch.empty(0))
+        self.weight.ds_id, self.weight.ds_status, self.weight.ds_shape = 0, "NOT_AVAILABLE", tuple(weight.shape)
+        self.calls = []
+        self.register_forward_pre_hook(self._gather)
+        self.register_forward_hook(self._release)
+
+    @staticmethod
+    def _gather(module, args):
+        module.calls.append(len(args))
+        module.weight.data = module.full.clone()
+
+    @staticmethod
+    def _release(module, args, output):
+        module.weight.data = torch.empty(0)
+
+
+def test_call_in_forward_runs_inside_the_hooks_and_restores_forward():
+    full = torch.randn(7, 3, dtype=torch.float64)
+    head = _FakeZero3Head(full)
+    hidden = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
+    assert full_shape(head.weight) == (7, 3) and head.weight.numel() == 0
+    out = call_in_forward(head, lambda m, h: LossOutput((h @ m.weight.T).square().sum(), {"n": 1}), hidden)
+    assert isinstance(out, LossOutput) and out.metrics == {"n": 1}
+    assert head.calls == [1]  # one forward call, the hidden states passed as its input
+    torch.testing.assert_close(out.loss, (hidden @ full.T).square().sum())
+    assert "forward" not in head.__dict__ and head.weight.numel() == 0
+    # A result without a gradient comes back untouched, and an error restores the forward too.
+    copied = call_in_forward(head, lambda m: m.weight.detach().clone())
+    torch.testing.assert_close(copied, full)
+    # A tensor that needs a gradient is the module's output, so that ZeRO-3's output hook sees it; one inside a
+    # container would bypass the hooks and is refused.
+    seen = []
+    handle = head.register_forward_hook(lambda module, args, output: seen.append(output))
+    logits = call_in_forward(head, lambda m, h: h @ m.weight.T, hidden)
+    handle.remove()
+    torch.testing.assert_close(logits, hidden @ full.T)
+    assert logits.requires_grad and seen[0][0] is logits
+    for boxed in (
+        lambda m, h: {"logits": h @ m.weight.T},
+        lambda m, h: LossOutput((h @ m.weight.T).sum(), {"row": h @ m.weight.T}),  # a metric with a gradient
+        lambda m, h: SparseLogProbs(torch.zeros(2, 1, dtype=torch.long), h @ m.weight[:1].T, torch.ones(2, 1) > 0, 7),
+    ):
+        with pytest.raises(TypeError, match="return that tensor itself"):
+            call_in_forward(head, boxed, hidden)
+    assert "forward" not in head.__dict__
+    with pytest.raises(RuntimeError, match="boom"):
+        call_in_forward(head, lambda m: (_ for _ in ()).throw(RuntimeError("boom")))
+    assert "forward" not in head.__dict__
+
+
+def test_with_lm_head_plain_weight_is_used_directly():
+    head = torch.nn.Linear(3, 5, dtype=torch.float64)
+    hidden = torch.randn(4, 3, dtype=torch.float64)
+    weight, bias, seen = with_lm_head(head, lambda w, b, h: (w, b, h), hidden)
+    assert weight is head.weight and bias is head.bias and seen is hidden
+    assert full_shape(head.weight) == (5, 3)

@@ -1,0 +1,277 @@
+"""The study engine (:mod:`troll.study`) with a fake frontend: cells are tiny Python scripts, not training runs.
+
+The fake frontend compares "algorithms" whose cells write metrics.jsonl (x-axis ``env_steps``, as an episodic agent
+would) and summary.json with known numbers, so the aggregates, the paired differences and the curves can be checked
+by hand; a cell can fail, kill itself (SIGKILL) or kill the study that started it, to check that a resumed study
+reruns only the unfinished cells. Also here: the import layers of study/, train/ and cli/ (no circle, no import from
+a lower layer to a higher one, no module over 600 lines). Seconds in all.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import SRC
+
+from troll.runs.files import append_jsonl, read_jsonl, truncate_jsonl, write_json
+from troll.study import Grid, Study, UsageError, check_folder, load_spec, plan, run_study
+
+# A cell: writes one metrics row per "environment step" block and a checkpoint after each, then summary.json.
+# argv: folder arm seed value [--resume]. FAKE_KILL="<arm>/seed<k>:<rows>:<how>" makes that cell, on its first
+# attempt, SIGKILL itself ("self") or the study ("parent") after <rows> rows; FAKE_FAIL="<arm>" makes it exit 3.
+CELL = r"""
+import json, os, signal, sys, time
+from pathlib import Path
+folder, arm, seed, value = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
+resume = "--resume" in sys.argv
+folder.mkdir(parents=True, exist_ok=True)
+(folder / "pid").write_text(str(os.getpid()))
+if os.environ.get("FAKE_FAIL") == arm:
+    print("broken on purpose", flush=True)
+    sys.exit(3)
+start = json.loads((folder / "ckpt.json").read_text())["rows"] if resume else 0
+if not resume:
+    (folder / "metrics.jsonl").unlink(missing_ok=True)
+quality = {"base": 0.2, "tce": 0.7}.get(arm, 0.0) + 0.01 * seed + (0.0 if value == "None" else float(value))
+kill = os.environ.get("FAKE_KILL", "")
+for i in range(start, 4):
+    row = {"env_steps": 1000 * (i + 1), "success": quality * (i + 1) / 4}
+    with open(folder / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(row) + "\n")
+    (folder / "ckpt.json").write_text(json.dumps({"rows": i + 1}))
+    target, _, rest = kill.partition(":")
+    rows, _, how = rest.partition(":")
+    first = not (folder.parent / (folder.name + ".killed")).exists()
+    if target == f"{arm}/seed{seed}" and i + 1 == int(rows) and first:
+        (folder.parent / (folder.name + ".killed")).write_text("")
+        if how == "parent":
+            os.kill(os.getppid(), signal.SIGKILL)
+            time.sleep(30)  # PR_SET_PDEATHSIG ends this sleep at once
+        os.kill(os.getpid(), signal.SIGKILL)
+(folder / "summary.json").write_text(json.dumps({"score": quality, "resumed": resume}))
+"""
+
+# The frontend, as a module of its own so that a study process started by a test can import it too.
+FRONTEND = r"""
+import sys
+from pathlib import Path
+from troll.study import Curve, Frontend, Number, Pairing, against
+
+CELL = Path(__file__).with_name("cell.py")
+
+def numbers(cell, summary, rows):
+    return {"score": summary["score"], "final": rows[-1]["success"] if rows else None}
+
+FAKE = Frontend(
+    command="fake study",
+    arm="algo",
+    cell_argv=lambda cell, resume: [sys.executable, str(CELL), str(cell.folder), cell.arm, str(cell.seed),
+                                    str(cell.value)] + (["--resume"] if resume else []),
+    numbers=numbers,
+    table=(Number("score", "score"), Number("final", "final success rate")),
+    paired=(Number("score", "score"),),
+    pairing=Pairing(against("base")),
+    curves=(Curve("success", "success rate", ylim=(-0.02, 1.02)),),
+    x_key="env_steps",
+    x_label="environment steps",
+    can_resume=lambda cell: (cell.folder / "ckpt.json").is_file(),
+)
+"""
+
+# A study process: python study.py OUT [--resume]
+DRIVER = r"""
+import sys
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).parent))
+from fakefront import FAKE
+from troll.study import Grid, Study, check_folder, plan, run_study
+out, resume = Path(sys.argv[1]), "--resume" in sys.argv
+grid = Grid(["base", "tce"], [0, 1])
+cells = plan(grid, out, lambda value, arm, seed, folder: None)
+clear = check_folder(out, command=FAKE.command, overwrite=False, resume=resume)
+status = run_study(Study(out, FAKE, grid, {"arms": grid.arms}, cells), clear=clear, jobs=1, report=print)
+sys.exit(1 if any(s.startswith("failed") for s in status.values()) else 0)
+"""
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    """The fake frontend (its module and cell script written under tmp_path); cells see this checkout's troll."""
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "cell.py").write_text(CELL)
+    (code / "fakefront.py").write_text(FRONTEND)
+    (code / "study.py").write_text(DRIVER)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.delenv("FAKE_KILL", raising=False)
+    monkeypatch.delenv("FAKE_FAIL", raising=False)
+    spec = importlib.util.spec_from_file_location("fakefront", code / "fakefront.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.FAKE
+
+
+def _study(frontend, out: Path, grid: Grid) -> Study:
+    cells = plan(grid, out, lambda value, arm, seed, folder: {"arm": arm, "seed": seed})
+    return Study(out, frontend, grid, {"arms": grid.arms, "seeds": grid.seeds}, cells)
+
+
+def _run(study: Study, *, resume: bool = False, jobs: int = 2) -> tuple[dict, list[str]]:
+    lines: list[str] = []
+    clear = check_folder(study.out, command=study.frontend.command, overwrite=False, resume=resume)
+    return run_study(study, clear=clear, jobs=jobs, report=lines.append), lines
+
+
+# ---------------------------------------------------------------- the report, by hand
+
+
+def test_engine_with_a_fake_frontend(tmp_path, fake):
+    out = tmp_path / "st"
+    study = _study(fake, out, Grid(["base", "tce"], [0, 1, 2]))
+    assert [c.label for c in study.cells[:3]] == [(out / "base/seed0").as_posix(), (out / "tce/seed0").as_posix(),
+                                                  (out / "base/seed1").as_posix()]  # fmt: skip
+    status, lines = _run(study)
+    assert set(status.values()) == {"done"} and len(lines) == 12  # started + finished per cell
+    assert json.loads((out / "config.json").read_text())["command"] == "fake study"
+    data = json.loads((out / "study.json").read_text())
+    assert data["spec"] == {"arms": ["base", "tce"], "seeds": [0, 1, 2]}
+    # scores: base 0.20, 0.21, 0.22; tce 0.70, 0.71, 0.72 (seed adds 0.01)
+    agg = {a["algo"]: a for a in data["aggregates"]}
+    assert agg["tce"]["score"]["mean"] == pytest.approx(0.71) and agg["tce"]["score"]["n"] == 3
+    assert agg["base"]["score"]["se"] == pytest.approx(0.01 / 3**0.5)  # s = 0.01, se = s / sqrt(3)
+    (paired,) = data["paired"]
+    assert (paired["arm"], paired["reference"], paired["metric"]) == ("tce", "base", "score")
+    assert paired["mean"] == pytest.approx(0.5) and paired["ci95"] == pytest.approx([0.5, 0.5])
+    curve = next(c for c in data["curves"] if c["algo"] == "tce")
+    assert curve["env_steps"] == [1000, 2000, 3000, 4000] and curve["n"] == [3, 3, 3, 3]
+    assert curve["mean"][-1] == pytest.approx(0.71)
+    table = (out / "study.md").read_text()
+    assert "## Per algo: mean ± standard error over seeds" in table
+    assert "| algo | seeds | score | final success rate |" in table and "| tce | 3 | 0.710 ± 0.006 |" in table
+    assert "## Paired: arm minus reference, same seed" in table and "| score | tce - base |" in table
+    assert (out / "study.png").stat().st_size > 10_000
+
+
+def test_swept_grid_and_failed_cell(tmp_path, fake, monkeypatch):
+    monkeypatch.setenv("FAKE_FAIL", "broken")
+    out = tmp_path / "st"
+    study = _study(fake, out, Grid(["base", "broken", "tce"], [0], "bonus", [0.0, 0.1]))
+    assert study.cells[0].folder == out / "bonus=0.0" / "base" / "seed0"
+    status, lines = _run(study, jobs=3)
+    assert sorted(status.values()) == ["done"] * 4 + ["failed (exit 3)"] * 2
+    assert any("FAILED" in line and "broken on purpose" in line for line in lines)
+    data = json.loads((out / "study.json").read_text())
+    pairs = [(p["value"], p["arm"], p["n"]) for p in data["paired"]]
+    assert pairs == [(0.0, "broken", 0), (0.0, "tce", 1), (0.1, "broken", 0), (0.1, "tce", 1)]  # broken: no result
+    assert data["paired"][3]["mean"] == pytest.approx(0.5)
+    assert "Cells without a result" in (out / "study.md").read_text()
+
+
+# ---------------------------------------------------------------- folders and resume
+
+
+def test_folder_checks(tmp_path, fake):
+    out = tmp_path / "st"
+    _run(_study(fake, out, Grid(["base"], [0])))
+    with pytest.raises(UsageError, match="pass --resume to continue it"):
+        check_folder(out, command="fake study", overwrite=False, resume=False)
+    with pytest.raises(UsageError, match="never continues nor replaces"):  # another command's study is not ours
+        check_folder(out, command="study", overwrite=True, resume=False)
+    assert check_folder(out, command="fake study", overwrite=True, resume=False) is True
+    assert load_spec(out) == {"arms": ["base"], "seeds": [0]}
+    with pytest.raises(UsageError, match="not found; start the study without --resume"):
+        load_spec(tmp_path / "nowhere")
+
+
+def test_killed_cell_reruns_alone(tmp_path, fake, monkeypatch):
+    out = tmp_path / "st"
+    study = _study(fake, out, Grid(["base", "tce"], [0, 1]))
+    monkeypatch.setenv("FAKE_KILL", "tce/seed1:2:self")
+    status, _ = _run(study)
+    killed = out / "tce" / "seed1"
+    assert status[killed.as_posix()] == "failed (exit -9)" and list(status.values()).count("done") == 3
+    stamps = {c.label: (c.folder / "summary.json").stat().st_mtime_ns for c in study.cells if c.folder != killed}
+    status, lines = _run(study, resume=True)
+    assert status[killed.as_posix()] == "done" and list(status.values()).count("kept") == 3
+    assert lines[0] == f"started {killed.as_posix()} (resuming)" and len(lines) == 2
+    assert {
+        c.label: (c.folder / "summary.json").stat().st_mtime_ns for c in study.cells if c.folder != killed
+    } == stamps
+    assert [r["env_steps"] for r in read_jsonl(killed / "metrics.jsonl")] == [1000, 2000, 3000, 4000]
+    assert json.loads((killed / "summary.json").read_text())["resumed"] is True
+    commands = [line for line in killed.with_name("seed1.log").read_text().splitlines() if line.startswith("$ ")]
+    assert len(commands) == 2 and commands[-1].endswith("--resume")
+
+
+def test_killed_study_takes_its_cells_along_and_resumes(tmp_path, fake):
+    out = tmp_path / "st"
+    driver = [sys.executable, str(tmp_path / "code" / "study.py"), str(out)]
+    env = {**os.environ, "FAKE_KILL": "tce/seed0:1:parent"}  # the second cell kills the study, jobs=1
+    proc = subprocess.run(driver, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr
+    cut = out / "tce" / "seed0"
+    pid = int((cut / "pid").read_text())
+    deadline = time.time() + 10
+    while _alive(pid) and time.time() < deadline:  # PR_SET_PDEATHSIG: the orphan dies with its study
+        time.sleep(0.05)
+    assert not _alive(pid)
+    assert (out / "base" / "seed0" / "summary.json").is_file() and not (cut / "summary.json").exists()
+    stamp = (out / "base" / "seed0" / "summary.json").stat().st_mtime_ns
+    proc = subprocess.run([*driver, "--resume"], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert f"started {cut.as_posix()} (resuming)" in proc.stdout and "started " + (out / "base/seed0").as_posix() \
+        not in proc.stdout  # fmt: skip
+    assert (out / "base" / "seed0" / "summary.json").stat().st_mtime_ns == stamp
+    assert [r["env_steps"] for r in read_jsonl(cut / "metrics.jsonl")] == [1000, 2000, 3000, 4000]
+    data = json.loads((out / "study.json").read_text())
+    assert [c["status"] for c in data["cells"]] == ["kept", "done", "done", "done"]
+
+
+def _alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie, dead but not yet reaped by init, counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+# ---------------------------------------------------------------- files written whole
+
+
+def test_jsonl_drops_a_torn_last_line_and_json_is_replaced_whole(tmp_path):
+    path = tmp_path / "m.jsonl"
+    for step in (1, 2):
+        append_jsonl(path, {"step": step})
+    with path.open("a") as f:
+        f.write('{"step": 3, "lo')  # a write cut short by SIGKILL
+    assert read_jsonl(path) == [{"step": 1}, {"step": 2}]
+    assert truncate_jsonl(path, 1) == [{"step": 1}] and path.read_text() == '{"step": 1}\n'
+    path.write_text('{"step": 1}\nnot json\n{"step": 2}\n')
+    with pytest.raises(ValueError, match="m.jsonl:2 is not a JSON line"):
+        read_jsonl(path)
+    write_json(tmp_path / "s.json", {"a": 1})
+    write_json(tmp_path / "s.json", {"a": 2})
+    assert json.loads((tmp_path / "s.json").read_text()) == {"a": 2}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.jsonl", "s.json"]  # no temporary file left
+
+
+# ---------------------------------------------------------------- layers
+
+
+# the layers of every package: tests/test_architecture.py
+
+
+def test_engine_imports_nothing_heavy():
+    code = "import sys, troll.study, troll.cli; troll.cli.build_parser(); "
+    code += "print(sorted({'matplotlib', 'transformers', 'trl', 'reasoning_gym'} & set(sys.modules)))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(SRC)})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
