@@ -13,7 +13,7 @@ Killed at any moment (SIGKILL included), a run resumes with ``--resume`` from it
 step appears once; it starts over when no checkpoint was complete. JSON files are replaced atomically. Checkpoints
 fall between rollout batches (``save_every`` is a multiple of ``steps_per_rollout``), and the Trainer restores the
 RNG states, optimiser and data order, so on CPU with one thread a resumed run ends with the same weights and
-metrics as an uninterrupted one (tests/test_faults.py).
+metrics as an uninterrupted one (tests/train/test_faults.py).
 
 Departures from a full-scale setup, all for a 2-core CPU: a 135M model, short completions, a few optimiser steps,
 no reference-model KL (beta = 0, as the TROLL paper and DAPO), a constant learning rate.

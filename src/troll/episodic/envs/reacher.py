@@ -23,7 +23,7 @@ so its total equals the dense total when the fingertip stays at its final distan
 is the same and the distance is charged for all T steps, but only where the arm ends up. Success (ours as well):
 final distance <= 0.02 m (fingertip and target spheres have radii 0.01 and 0.009).
 
-Observation (both simulators, 10 float64 entries; tests/episodic/test_reacher_envpool.py checks the layout):
+Observation (both simulators, 10 float64 entries; tests/episodic/envs/test_reacher_envpool.py checks the layout):
 cos q (0:2), sin q (2:4), target xy (4:6), q' (6:8), fingertip - target xy (8:10). The Python backend reads q and q'
 from MuJoCo's qpos and qvel; EnvPool exposes only the observation, so :class:`JointAngles` recovers q from cos / sin,
 continued across steps (joint 0 is unlimited: atan2 alone would jump by 2 pi where the arm passes +-pi, and the PD
@@ -100,7 +100,7 @@ class JointAngles:
     [-0.1, 0.1], so this is q itself); afterwards atan2 + 2 pi k, with k the integer that brings it nearest the
     trapezoid prediction q_{t-1} + dt (q'_{t-1} + q'_t) / 2. That holds while the prediction is within pi of q: its
     error stayed under 0.12 rad on runs at full torque (joint 0 at up to 31 rad/s, joint 1 striking its limits;
-    tests/episodic/test_reacher_envpool.py), where the bare q_{t-1} would hold only below pi / dt = 157 rad/s.
+    tests/episodic/envs/test_reacher_envpool.py), where the bare q_{t-1} would hold only below pi / dt = 157 rad/s.
     """
 
     def __init__(self, dt: float):

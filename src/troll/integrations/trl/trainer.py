@@ -43,7 +43,7 @@ TROLL and clipping share one code path. How the TROLL loss types depart from TRL
 - The model card names TROLL and cites it beside GRPO.
 
 TRL internals this trainer relies on, and how an upgrade is checked: docs/trl.md, "Upgrading TRL"; the test
-tests/test_trl_contract.py pins each one.
+tests/integrations/trl/test_trl_contract.py pins each one.
 
 Not supported with the TROLL loss types (rejected by the config): beta != 0, the entropy bonus, top-entropy and
 off-policy masking, the vLLM importance-sampling correction; at construction: MoE auxiliary losses.
@@ -78,12 +78,12 @@ TROLL_PAPER = {"title": TROLL_TITLE, "id": TROLL_ARXIV, "citation": TROLL_BIBTEX
 class TrollGRPOTrainer(GRPOTrainer):
     """:class:`trl.GRPOTrainer` with the TROLL loss types; a drop-in replacement taking the same arguments.
 
-    Overrides three private TRL methods, each pinned by tests/test_trl_contract.py: ``_generate_and_score_completions``
-    (captures the old policy with the batch), ``_get_per_token_logps_and_entropies`` (the capture rides on TRL's own
-    no-grad scoring forward) and ``_compute_loss`` (TROLL loss types; anything else goes to TRL).
-    Extension points: :meth:`_troll_capture_old` (where the old policy comes from), :meth:`_troll_compute_loss`
-    (how the current policy's loss is computed), :meth:`_troll_head_hidden` with :meth:`_troll_with_head` (chunked)
-    and :meth:`_troll_logits` (dense). :attr:`troll_lm_head` says which LM-head path is in use.
+    Overrides three private TRL methods, each pinned by tests/integrations/trl/test_trl_contract.py:
+    ``_generate_and_score_completions`` (captures the old policy with the batch), ``_get_per_token_logps_and_entropies``
+    (the capture rides on TRL's own no-grad scoring forward) and ``_compute_loss`` (TROLL loss types; anything else goes
+    to TRL). Extension points: :meth:`_troll_capture_old` (where the old policy comes from), :meth:`_troll_compute_loss`
+    (how the current policy's loss is computed), :meth:`_troll_head_hidden` with :meth:`_troll_with_head` (chunked) and
+    :meth:`_troll_logits` (dense). :attr:`troll_lm_head` says which LM-head path is in use.
     """
 
     _tag_names = ["trl", "grpo", "troll"]
