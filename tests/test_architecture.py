@@ -1,6 +1,6 @@
 """The layout of docs/architecture.md, held against the code: every module of src/troll sits in a layer, imports
 only layers below its own (or its own package), the two wings and the two applications never import each other,
-no module imports itself back through others, and no module is over 600 lines."""
+no module imports itself back through others, and no module is over 600 lines; tests/ is laid out like src/troll."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parent.parent / "src"
+TESTS = Path(__file__).resolve().parent
+SRC = TESTS.parent / "src"
+SUPPORT = TESTS / "support"  # helpers and torchrun scripts, imported by name (pyproject's pythonpath)
 
 # package -> layer, lowest first (docs/architecture.md's picture); a module belongs to its longest matching prefix
 LAYERS = {
@@ -121,3 +123,35 @@ def test_modules_stay_under_600_lines():
 
 def test_the_face_imports_nothing_of_its_own():
     assert GRAPH[FACE] <= {"troll"}, "troll/__init__.py must stay lazy: name exports in _EXPORTS"
+
+
+# ---------------------------------------------------------------- tests/ laid out like src/troll
+
+
+def _test_folders() -> list[Path]:
+    """Every folder of tests/ with Python files in it, but tests/ itself and tests/support/."""
+    folders = {p.parent for p in TESTS.rglob("*.py")} - {TESTS}
+    return sorted(f for f in folders if f != SUPPORT and SUPPORT not in f.parents)
+
+
+def test_every_test_folder_is_a_source_package():
+    """tests/<path>/ holds the tests of the package troll.<path> (src/troll/<path>/), and is a package itself, so that
+    pytest names its modules by their path and puts no test folder on sys.path (tests/integrations/verl would import
+    as ``verl`` otherwise)."""
+    folders = [f.relative_to(TESTS) for f in _test_folders()]
+    assert folders, "no test folder found"
+    alien = [f"tests/{f}/" for f in folders if not (SRC / "troll" / f / "__init__.py").is_file()]
+    assert not alien, f"{alien}: each test folder must be named after a package of src/troll (docs/architecture.md)"
+    loose = [f"tests/{f}/" for f in folders if not (TESTS / f / "__init__.py").is_file()]
+    assert not loose, f"{loose}: add an empty __init__.py"
+
+
+def test_helpers_live_in_tests_support():
+    """Outside tests/support/ every Python file is a test module, a package's __init__.py or tests/conftest.py."""
+    allowed = {TESTS / "conftest.py"}
+    stray = [
+        str(p.relative_to(TESTS.parent))
+        for p in sorted(TESTS.rglob("*.py"))
+        if SUPPORT not in p.parents and p not in allowed and not p.name.startswith("test_") and p.name != "__init__.py"
+    ]
+    assert not stray, f"{stray}: move helpers to tests/support/ (imported by name there)"
