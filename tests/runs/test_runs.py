@@ -324,11 +324,13 @@ def test_abbreviated_flags_are_refused(tmp_path, capsys, argv, flag):
         (["compare", "--eps", "0.07"], "--kl-bound"),
         (["study", "--eps", "0.07"], "--kl-bound"),
         (["study", "--sweep", "eps=0.07,0.1"], "kl-bound="),
+        (["study", "--losses", "troll:eps=0.07,grpo"], "kl-bound="),
+        (["study", "--losses", "troll,clip:eps=0.3"], "clip-eps="),
     ],
 )
 def test_eps_still_works_with_a_warning_naming_the_new_flag(tmp_path, capsys, argv, new):
-    """--eps (and the sweep key eps=) keep working for one release; the warning says where the value went. The
-    run is stopped before it loads anything by a bad --steps, after the options were read."""
+    """--eps (and the sweep key eps=, an arm's eps=) keep working for one release; the warning says where the value
+    went. The run is stopped before it loads anything by a bad --steps, after the options were read."""
     pytest.importorskip("reasoning_gym")
     code, err = run_cli(capsys, *argv, "--steps", "0", "--out", str(tmp_path / "o"))
     assert "is deprecated and will be removed in the next release" in err and f"went to {new}" in err, err

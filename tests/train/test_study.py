@@ -171,6 +171,34 @@ def test_arms_take_the_shared_options_that_concern_them():
     assert "--dual-clip" not in argv and "--clip-eps-high" not in argv and argv[argv.index("--agg") + 1] == "token-mean"
 
 
+def test_an_arms_bound_takes_its_losss_name_and_eps_warns_once(capsys):
+    """An arm names its loss's bound as ``troll train`` does (troll:kl-bound=, grpo:clip-eps=, cispo:cispo-cap=);
+    ``eps=`` still works with the warning of --eps, once per arm however many cells it has; a cell's command line
+    spells its bound with the loss's own flag, not the deprecated --eps (issue 27, item 5)."""
+    arms = study.parse_arms("troll:eps=0.2,grpo:eps=0.3,cispo:eps=4")
+    err = capsys.readouterr().err
+    for arm, new, value in [("troll:eps=0.2", "kl-bound=", "0.2"), ("grpo:eps=0.3", "clip-eps=", "0.3"),
+                            ("cispo:eps=4", "cispo-cap=", "4")]:  # fmt: skip
+        line = next(x for x in err.splitlines() if f"--losses {arm} " in x)
+        assert (
+            "is deprecated and will be removed in the next release" in line
+            and f"its value {value} went to {new}" in line
+        )
+    assert err.count("is deprecated") == 3
+    cells = {c.arm: c for c in study.plan(study.StudySpec(RunOptions(steps=2), arms, [0, 1]), Path("st"))}
+    assert capsys.readouterr().err == ""  # planning the cells warns no more
+    assert [cells[a].options.eps for a in arms] == [0.2, 0.3, 4.0]
+    for arm, new in [("troll:kl-bound=0.2", "troll"), ("grpo:clip-eps=0.3", "grpo"), ("cispo:cispo-cap=4", "cispo")]:
+        assert study.split_arm(arm) == (new, {"eps": float(arm.split("=")[1])})
+    with pytest.raises(UsageError, match="kl-bound= sets the per-token KL bound .* the loss grpo takes clip-eps="):
+        study.split_arm("grpo:kl-bound=0.2")
+    with pytest.raises(UsageError, match="clip-eps= sets the clip range .* the loss troll takes kl-bound="):
+        study.split_arm("troll:clip-eps=0.2")
+    for arm, flag in [("troll:eps=0.2", "--kl-bound"), ("grpo:eps=0.3", "--clip-eps"), ("cispo:eps=4", "--cispo-cap")]:
+        argv = study.cell_argv(cells[arm], resume=False, keep_checkpoints=False, keep_model=False)
+        assert "--eps" not in argv and argv[argv.index(flag) + 1] == str(cells[arm].options.eps)
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [

@@ -17,23 +17,22 @@ from pathlib import Path
 from troll import runs
 from troll.runs.files import CONFIG_FILE, UsageError, check_out_path
 from troll.study import JSON_FILE, PLOT_FILE, TABLE_FILE
-from troll.train.options import CLIP_LOSSES, DEFAULT_LOSSES, LOSSES, TROLL_LOSSES, RunOptions
+from troll.train.options import (
+    BOUNDS,
+    DEFAULT_LOSSES,
+    LOSSES,
+    TROLL_LOSSES,
+    RunOptions,
+    bound_name,
+    check_bound_name,
+    warn_deprecated,
+)
 
 DEFAULTS = RunOptions()
 TROLL_EPS_HELP = f"TROLL's per-token KL bound (default: {LOSSES[TROLL_LOSSES[0]].eps:g})"
-# One flag per meaning (issue 27): the bound of each loss family under the name its users know (TRL's epsilon is the
-# clip range; CISPO caps the detached ratio). All three set RunOptions.eps, the loss's own bound.
-BOUND_FLAGS = {
-    "kl_bound": ("--kl-bound", TROLL_LOSSES, "TROLL losses: the per-token KL bound of the trust region"),
-    "clip_eps": ("--clip-eps", CLIP_LOSSES, "clip losses: the clip range of the ratio (TRL's epsilon)"),
-    "cispo_cap": ("--cispo-cap", ("cispo",), "cispo: the cap of the detached ratio (TRL's epsilon_high)"),
-}
+# The flag of each loss family's bound (troll.train.options.BOUNDS): --kl-bound, --clip-eps, --cispo-cap.
+BOUND_FLAGS = {dest: ("--" + dest.replace("_", "-"), users, meaning) for dest, (users, meaning) in BOUNDS.items()}
 DEPRECATED_EPS = "deprecated (removed in the next release): use --kl-bound, --clip-eps or --cispo-cap"
-
-
-def _deprecated(old: str, new: str, value) -> None:
-    print(f"troll: warning: {old} is deprecated and will be removed in the next release; its value {value:g} went "
-          f"to {new}. Write {new} instead.", file=sys.stderr, flush=True)  # fmt: skip
 
 
 def train_bound(args: argparse.Namespace) -> None:
@@ -42,10 +41,10 @@ def train_bound(args: argparse.Namespace) -> None:
     loss = getattr(args, "loss", None if args.resume else "troll")  # resuming: the saved loss decides
     given = [dest for dest in BOUND_FLAGS if hasattr(args, dest)]
     if hasattr(args, "eps"):
-        family = next((d for d, (_, users, _) in BOUND_FLAGS.items() if (loss or "troll") in users), None)
+        family = bound_name(loss or "troll")
         if family is None:  # an unknown loss: check_values names it
             return
-        _deprecated("--eps", BOUND_FLAGS[family][0], args.eps)
+        warn_deprecated("--eps", BOUND_FLAGS[family][0], f"{args.eps:g}")
         given.append("eps")
         setattr(args, family, args.eps)
     if len(given) > 1:
@@ -54,10 +53,8 @@ def train_bound(args: argparse.Namespace) -> None:
     if not given or "eps" in given:
         return
     dest = given[0]
-    flag, users, meaning = BOUND_FLAGS[dest]
-    if loss is not None and loss in LOSSES and loss not in users:
-        own = next(f for f, u, _ in BOUND_FLAGS.values() if loss in u)
-        raise UsageError(f"{flag} sets {meaning.split(': ')[1]} of {', '.join(users)}; --loss {loss} takes {own}.")
+    if loss is not None:
+        check_bound_name(loss, dest)
     args.eps = getattr(args, dest)
 
 
@@ -66,7 +63,7 @@ def troll_bound(args: argparse.Namespace) -> None:
     if hasattr(args, "eps"):
         if hasattr(args, "kl_bound"):
             raise UsageError("--kl-bound and --eps both set TROLL's bound; give --kl-bound.")
-        _deprecated("--eps", "--kl-bound", args.eps)
+        warn_deprecated("--eps", "--kl-bound", f"{args.eps:g}")
     elif hasattr(args, "kl_bound"):
         args.eps = args.kl_bound
 
@@ -105,7 +102,7 @@ RUN_ARGS: list[tuple[str, type, str]] = [
     (
         "--clip-eps-high",
         float,
-        "clip losses: the upper clip range, TRL's epsilon_high (DAPO's clip-higher: 0.28) (default: --eps)",
+        "clip losses: the upper clip range, TRL's epsilon_high (DAPO's clip-higher: 0.28) (default: --clip-eps)",
     ),
     (
         "--dual-clip",
@@ -408,8 +405,7 @@ def _sweep_text(text: str) -> str:
     key, sep, rest = text.partition("=")
     name = key.strip().removeprefix("--").replace("_", "-")
     if sep and name == "eps":
-        print("troll: warning: the sweep key eps= is deprecated and will be removed in the next release; its values "
-              "went to kl-bound=. Write --sweep kl-bound=... instead.", file=sys.stderr, flush=True)  # fmt: skip
+        warn_deprecated("the sweep key eps=", "kl-bound=", rest.strip())
     return f"eps={rest}" if sep and name == "kl-bound" else text
 
 

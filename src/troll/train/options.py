@@ -10,6 +10,7 @@ folder and JSON helpers from :mod:`troll.runs.files`.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -23,6 +24,7 @@ from troll.runs.numbers import check_choice, check_int, check_real, check_seed, 
 from troll.train.checkpoints import last_checkpoint
 
 __all__ = [
+    "BOUNDS",
     "CLIP_LOSSES",
     "CONFIG_FILE",
     "LOSSES",
@@ -30,6 +32,8 @@ __all__ = [
     "LossSpec",
     "RunOptions",
     "UsageError",
+    "bound_name",
+    "check_bound_name",
     "check_clip_eps",
     "check_folder",
     "check_out_path",
@@ -40,6 +44,7 @@ __all__ = [
     "last_checkpoint",
     "read_config",
     "saved_options",
+    "warn_deprecated",
 ]
 
 
@@ -101,6 +106,14 @@ LOSSES: dict[str, LossSpec] = {
 # Losses whose ratio TRL clips to [1 - eps, 1 + eps_high] (--clip-eps-high, --dual-clip apply to them).
 CLIP_LOSSES = tuple(name for name, spec in LOSSES.items() if spec.loss_type in ("grpo", "dapo", "dr_grpo", "bnpo"))
 MEASURE_KL = ("auto", "on", "off")
+# One name per meaning (issue 27): the bound of each loss family under the name its users know (TRL's epsilon is the
+# clip range; CISPO caps the detached ratio), as a flag (--kl-bound) and as an arm's option (troll:kl-bound=0.2).
+# Each sets RunOptions.eps, the loss's own bound; "eps" itself is their deprecated name (warn_deprecated).
+BOUNDS: dict[str, tuple[tuple[str, ...], str]] = {
+    "kl_bound": (TROLL_LOSSES, "TROLL losses: the per-token KL bound of the trust region"),
+    "clip_eps": (CLIP_LOSSES, "clip losses: the clip range of the ratio (TRL's epsilon)"),
+    "cispo_cap": (("cispo",), "cispo: the cap of the detached ratio (TRL's epsilon_high)"),
+}
 # compare and study: the first TROLL loss against the first clip loss unless --losses says otherwise
 DEFAULT_LOSSES = ("troll", "grpo")
 COMMAND = "train"  # a run folder's config.json "command" and manifest (troll.runs.folder)
@@ -205,6 +218,30 @@ def field_types() -> dict[str, type]:
     return out
 
 
+def bound_name(loss: str) -> str | None:
+    """The name of ``loss``'s bound in :data:`BOUNDS` (``kl_bound``, ``clip_eps`` or ``cispo_cap``); None for an
+    unknown loss."""
+    return next((name for name, (users, _) in BOUNDS.items() if loss in users), None)
+
+
+def check_bound_name(loss: str, name: str, *, form: str = "--{}", subject: str = "--loss") -> None:
+    """Raise :class:`UsageError` when ``name``, a bound of :data:`BOUNDS`, is not ``loss``'s own: a bound means one
+    thing. ``form`` spells a name as the user wrote it (``--{}``: a flag; ``{}=``: an arm's option)."""
+    own = bound_name(loss)
+    if own is None or own == name:  # an unknown loss: check_values names it
+        return
+    users, meaning = BOUNDS[name]
+    flag, own_flag = (form.format(n.replace("_", "-")) for n in (name, own))
+    raise UsageError(f"{flag} sets {meaning.split(': ')[1]} of {', '.join(users)}; {subject} {loss} takes {own_flag}.")
+
+
+def warn_deprecated(old: str, new: str, value: str) -> None:
+    """The one warning for a deprecated name that still works for one release: the flag --eps, the sweep key eps=
+    and an arm's option eps= (``troll:eps=0.2``), each naming where ``value`` went instead."""
+    print(f"troll: warning: {old} is deprecated and will be removed in the next release; its value {value} went "
+          f"to {new}. Write {new} instead.", file=sys.stderr, flush=True)  # fmt: skip
+
+
 def check_values(opts: RunOptions) -> None:
     """Raise :class:`UsageError` for any value TRL or TROLL would reject later (or silently misuse).
 
@@ -243,7 +280,7 @@ def _check_troll(opts: RunOptions) -> None:
     check."""
     spec = LOSSES[opts.loss]
     if opts.loss not in TROLL_LOSSES and not (opts.eps is None or _is_number(opts.eps) and opts.eps > 0):
-        flag = "--cispo-cap" if opts.loss == "cispo" else "--clip-eps"
+        flag = "--" + bound_name(opts.loss).replace("_", "-")
         raise UsageError(
             f"{flag} must be a finite number > 0 (for {opts.loss} it is the {spec.eps_meaning}), got {opts.eps}."
         )

@@ -103,23 +103,33 @@ def parse_sweep(text: str, types: dict[str, type]) -> tuple[str, list]:
 ARM_SEP = ":"  # an arm with options: LOSS:KEY=VALUE[:KEY=VALUE...], e.g. troll:tail=renormalize
 
 
-def split_arm(arm: str) -> tuple[str, dict]:
-    """``"troll:eps=0.2:tail=renormalize"`` -> ("troll", {"eps": 0.2, "tail": "renormalize"}): the loss and the run
-    options this arm sets on top of the study's (KEY in flag form, any option --sweep takes; UsageError otherwise)."""
+def split_arm(arm: str, *, warn: bool = False) -> tuple[str, dict]:
+    """``"troll:kl-bound=0.2:tail=renormalize"`` -> ("troll", {"eps": 0.2, "tail": "renormalize"}): the loss and the
+    run options this arm sets on top of the study's (KEY in flag form, any option --sweep takes; the loss's bound
+    under the name ``troll train`` gives it, kl-bound, clip-eps or cispo-cap; UsageError otherwise). ``eps``, the
+    bounds' deprecated name, still works, with the warning of ``--eps`` when ``warn`` (:func:`parse_arms`: once)."""
     loss, *parts = [part.strip() for part in arm.split(ARM_SEP)]
     if loss not in LOSSES:
         raise UsageError(f"unknown loss {loss!r} in --losses; choose from: {', '.join(LOSSES)}.")
-    types = {k: v for k, v in options.field_types().items() if k not in NOT_SWEPT} | {"eps": float}
+    own = options.bound_name(loss).replace("_", "-")
+    types = {k: v for k, v in options.field_types().items() if k not in NOT_SWEPT}  # "eps": the loss's bound
     overrides = {}
     for part in parts:
         key, sep, raw = part.partition("=")
         name = key.strip().replace("-", "_")
-        name = "eps" if name == "kl_bound" else name  # TROLL's bound: kl-bound (eps, its deprecated name)
+        if sep and name in options.BOUNDS:
+            try:
+                options.check_bound_name(loss, name, form="{}=", subject="the loss")
+            except UsageError as err:
+                raise UsageError(f"--losses {arm}: {err}") from None
+            name = "eps"
+        elif sep and name == "eps" and warn:
+            options.warn_deprecated(f"eps= in --losses {arm}", f"{own}=", raw.strip())
         if not sep or name not in types or name in overrides:
-            allowed = ", ".join(sorted(k.replace("_", "-") for k in types))
+            allowed = ", ".join(sorted(own if k == "eps" else k.replace("_", "-") for k in types))
             raise UsageError(
                 f"--losses {arm}: {part!r} is not KEY=VALUE with KEY one of {allowed}, each once (e.g. "
-                f"{loss}:kl-bound=0.2)."
+                f"{loss}:{own}=0.2)."
             )
         try:
             overrides[name] = types[name](raw.strip())
@@ -136,7 +146,7 @@ def parse_arms(text: str) -> list[str]:
     if len(set(arms)) != len(arms):
         raise UsageError(f"--losses names a loss twice: {text}; list each once.")
     for arm in arms:
-        split_arm(arm)
+        split_arm(arm, warn=True)
     return arms
 
 
@@ -146,7 +156,7 @@ def arm_loss(arm: str) -> str:
 
 def cell_options(spec: StudySpec, value, arm: str, seed: int, folder: Path) -> RunOptions:
     """The resolved, value-checked options of one cell (UsageError naming the flag otherwise): the study's options,
-    the swept value, then what the arm itself sets (``troll:eps=0.2``)."""
+    the swept value, then what the arm itself sets (``troll:kl-bound=0.2``)."""
     loss, overrides = split_arm(arm)
     if spec.sweep_key in overrides or spec.sweep_key == "clip_eps" and "eps" in overrides:
         raise UsageError(f"--losses {arm} sets the swept option {spec.sweep_key}; sweep it or set it, not both.")
@@ -182,8 +192,9 @@ def cell_argv(cell: Cell, *, resume: bool, keep_checkpoints: bool, keep_model: b
     else:
         for f in dataclasses.fields(RunOptions):
             value = getattr(cell.options, f.name)
+            name = options.bound_name(cell.options.loss) if f.name == "eps" else f.name  # --kl-bound, not --eps
             if f.name != "out" and value is not None:  # None: the option does not concern this loss
-                argv += ["--" + f.name.replace("_", "-"), str(value)]
+                argv += ["--" + name.replace("_", "-"), str(value)]
     if keep_checkpoints:
         argv.append("--keep-checkpoints")
     if not keep_model:
