@@ -62,7 +62,7 @@ results: $(VENV)/.installed
 		--out $$d/basic_arithmetic-spr8 && \
 	$(STUDY) --task basic_arithmetic --losses troll,grpo,troll_seq,gspo --lr 1e-5 --steps-per-rollout 8 \
 		--out $$d/basic_arithmetic-spr8-lr1e-5 && \
-	$(STUDY) --task basic_arithmetic --losses troll --lr 1e-5 --steps-per-rollout 8 --sweep eps=0.2,0.5 \
+	$(STUDY) --task basic_arithmetic --losses troll --lr 1e-5 --steps-per-rollout 8 --sweep kl-bound=0.2,0.5 \
 		--out $$d/basic_arithmetic-spr8-lr1e-5-eps
 
 # docs/results.md's stability map: TROLL against the paper's clip baseline over learning rates and reuse (optimiser
@@ -90,10 +90,10 @@ map: $(VENV)/.installed
 			--losses troll:$(MAP_R1),clip:$(MAP_R1),troll:$(MAP_R16),clip:$(MAP_R16) || status=1; \
 	done; \
 	go $$d/$(firstword $(MAP_TASKS))-extras --task $(firstword $(MAP_TASKS)) --lr $(MAP_LR) --prompts-per-step 8 \
-		--steps-per-rollout 4 --losses troll:tail=renormalize,troll:eps=0.2,troll_seq:agg=token-mean,gspo_tm \
+		--steps-per-rollout 4 --losses troll:tail=renormalize,troll:kl-bound=0.2,troll_seq:agg=token-mean,gspo_tm \
 		|| status=1; \
 	go $$d/$(lastword $(MAP_TASKS))-reuse-eps --task $(lastword $(MAP_TASKS)) --lr $(MAP_LR) \
-		--losses troll:eps=0.2:$(MAP_R16) || status=1; \
+		--losses troll:kl-bound=0.2:$(MAP_R16) || status=1; \
 	$(PY) -m troll.train.stability_map $$d && exit $$status
 
 # docs/tce.md's results: TCE and BBRL, 3 seeds each, on the toy task, Reacher (dense and sparse) and three Meta-World
