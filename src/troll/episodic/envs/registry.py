@@ -93,13 +93,21 @@ def default_backend(name: str) -> str:
 
 def horizon(name: str, options: dict | None = None) -> int:
     """T, the steps of one episode of env ``name`` with ``options``, known before the env is built: the toy task's
-    ``horizon`` option (100), Reacher-v5's time limit (50), Meta-World's ``max_path_length`` (500). A test checks
-    each against the built env."""
+    ``horizon`` option (100), Reacher-v5's time limit (50), Meta-World's ``max_path_length`` (500), each the constant
+    its env module builds with. A test checks each against the built env."""
     if name not in ENV_NAMES:
         raise _unknown(name)
     if name in TOY:
-        return int((options or {}).get("horizon", 100))
-    return 50 if name in GYM else 500
+        from troll.episodic.envs.toy import HORIZON
+
+        return int((options or {}).get("horizon", HORIZON))
+    if name in GYM:
+        from troll.episodic.envs.reacher import HORIZON
+
+        return HORIZON
+    from troll.episodic.envs.envpool_backend import HORIZON
+
+    return HORIZON
 
 
 def option_table(name: str) -> dict:

@@ -29,6 +29,8 @@ from torch import Tensor
 from troll.episodic.envs.base import Episodes, EpisodeStart, EpisodicEnv, check_episodes_finite
 from troll.episodic.envs.options import Option
 
+HORIZON = 100  # steps of an episode unless the option ``horizon`` says otherwise
+
 # the options of toy/viapoint (registry.check_options): ranges where the task stays meaningful and float64-safe
 OPTIONS = {
     "horizon": Option("int", 10, 10_000, help="steps per episode"),
@@ -56,7 +58,7 @@ class ViaPointEnv(EpisodicEnv):
         *,
         num_episodes: int,
         sparse: bool = False,
-        horizon: int = 100,
+        horizon: int = HORIZON,
         dt: float = 0.02,
         radius: float = 0.1,
         max_speed: float = 0.25,
