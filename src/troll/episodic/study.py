@@ -34,6 +34,7 @@ from troll.study import Cell, Curve, Frontend, Grid, Number, Pairing, Study, Usa
 from troll.study import grid as grid_lib
 
 COMMAND = "tce study"
+RUN_COMMAND = "tce train"  # the command of each cell (troll.episodic.train.COMMAND)
 STUDY_WORKERS = 1  # env processes of a cell: with --jobs 2 two cells step two simulators on two cores
 NOT_SWEPT = frozenset({"algo", "env", "seed", "threads", "workers", "env_options", "policy_hidden", "critic_hidden",
                        "ppo_net_arch"})  # fmt: skip
@@ -311,7 +312,7 @@ def frontend(spec: StudySpec) -> Frontend:
     """The engine's view of ``troll tce study``."""
     return Frontend(
         command=COMMAND,
-        run_command="tce train",
+        run_command=RUN_COMMAND,
         arm="algo",
         cell_argv=lambda cell, resume: cell_argv(cell, spec, resume=resume),
         numbers=lambda cell, summary, rows: cell_numbers(summary, rows),

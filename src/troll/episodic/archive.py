@@ -1,0 +1,84 @@
+"""Keep the numbers of ``troll tce study`` folders beyond the machine: save finished cells to an archive, restore.
+
+    python -m troll.episodic.archive save studies/tce-authors docs/data/tce-authors
+    python -m troll.episodic.archive restore docs/data/tce-authors studies/tce-authors
+
+``save`` writes every finished cell of every study below the first folder (its config.json, summary.json and the
+metrics keys the report reads: evaluations, rollout return, entropy, projection share); ``restore`` writes them back
+as finished cells, so that ``troll tce study --resume`` keeps them and runs only the rest. A cell is restored only
+if today's presets give it the config it ran with; the others are listed and rerun. ``make tce-authors`` does both,
+so its study continues on a new machine from what was committed. The format and the rules: :mod:`troll.study.archive`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from troll.episodic import study as study_lib
+from troll.episodic.config import RUNTIME_FIELDS
+from troll.runs.files import UsageError
+from troll.study import archive
+
+KEYS = ("iteration", "env_steps", *(c.key for c in study_lib.CURVES))
+
+
+def expected(spec_json: dict, folder: Path) -> dict[str, dict]:
+    """Each cell of the study (``<arm>/seed<k>``) -> the config.json ``troll tce train`` would write for it today."""
+    from troll.episodic import options as opts
+
+    spec = study_lib.StudySpec.from_json(spec_json)
+    configs = {}
+    for cell in study_lib.plan(spec, folder):
+        o = cell.options
+        config = opts.build_config(o["algo"], spec.env, seed=o["seed"], steps=o["steps"], options=o["options"],
+                                   threads=spec.threads, workers=spec.workers)  # fmt: skip
+        rel = cell.folder.relative_to(folder).as_posix()
+        configs[rel] = json.loads(json.dumps({"command": study_lib.RUN_COMMAND, "config": config.to_dict()}))
+    return configs
+
+
+def save(root: Path, dest: Path) -> archive.Outcome:
+    return archive.save(root, dest, command=study_lib.COMMAND, keys=KEYS)
+
+
+def restore(source: Path, root: Path) -> archive.Outcome:
+    return archive.restore(source, root, command=study_lib.COMMAND, run_command=study_lib.RUN_COMMAND,
+                           expected=expected, runtime=RUNTIME_FIELDS)  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m troll.episodic.archive", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="action", required=True)
+    s = sub.add_parser("save", help="archive the finished cells of the studies below STUDIES into ARCHIVE")
+    s.add_argument("studies", type=Path)
+    s.add_argument("archive", type=Path)
+    r = sub.add_parser("restore", help="write the cells of ARCHIVE back below STUDIES as finished cells")
+    r.add_argument("archive", type=Path)
+    r.add_argument("studies", type=Path)
+    args = parser.parse_args(argv)
+    try:
+        if args.action == "save":
+            if not args.studies.is_dir():
+                raise UsageError(f"{args.studies} is not a folder of studies; give the folder 'troll tce study' wrote.")
+            outcome = save(args.studies, args.archive)
+        else:
+            if not args.archive.is_dir():
+                print(f"{args.archive}: no archive yet; nothing to restore.")
+                return 0
+            outcome = restore(args.archive, args.studies)
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    verb = "saved" if args.action == "save" else "restored"
+    print(f"{verb} {len(outcome.done)} finished cell(s)")
+    for label, why in outcome.skipped.items():
+        if why != "not finished":
+            print(f"  {label}: {why}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""A study's numbers without its weights: the finished cells of study folders in a small archive, and back.
+
+Why: a study of many hours outlives the machine it ran on only through what is kept, and a cell's folder is mostly
+checkpoints (0.1-1 MB each) beside a metrics.jsonl of every logged key (about 2.4 KB a TCE iteration). The archive
+keeps, per finished cell, what the report reads: the cell's config.json and summary.json whole, and its metrics rows
+reduced to the keys the report plots and computes from, each number rounded to :data:`DIGITS` significant digits
+(the rounding moves a reported mean by less than one part in a million). :func:`restore` writes each archived cell
+back as a finished run folder (its manifest, config.json, metrics.jsonl, summary.json), so that the study, resumed,
+keeps it, reports it and runs only the cells still missing.
+
+Layout (``<study>`` is the study folder's path below the folder that was saved)::
+
+    <archive>/<study>/config.json           the study's config.json: command, spec (the grid) and argv
+    <archive>/<study>/<arm>/seed<k>.json    one finished cell: {"config", "summary", "keys", "rows"}, a row a line
+
+A cell is restored only when the current code would run it with the same settings: the caller's ``expected``
+gives the config a cell would get today (the episodic study builds it from the study's spec and the presets), and an
+archived cell whose config differs is reported and left for the study to rerun. Nothing here writes over a finished
+cell or over a file a command did not write (:mod:`troll.runs.folder`'s rules).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from troll import runs
+from troll.runs.files import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, UsageError, read_jsonl, write_json
+from troll.runs.folder import read_manifest
+
+DIGITS = 7  # significant digits kept of each logged number; float32 metrics carry about 7
+CELL_SUFFIX = ".json"
+
+
+@dataclass
+class Outcome:
+    """What :func:`save` or :func:`restore` did, per cell label (``<study>/<arm>/seed<k>``)."""
+
+    done: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)  # label -> why it was not saved / restored
+
+
+def _round(value):
+    if isinstance(value, float) and math.isfinite(value) and value != 0.0:
+        return float(f"{value:.{DIGITS - 1}e}")
+    return value
+
+
+def cell_text(config: dict, summary: dict, rows: list[dict], keys: Iterable[str]) -> str:
+    """The archive file of one cell: JSON whose rows hold ``keys`` (absent keys as null), one row a line."""
+    kept = [k for k in keys if any(k in r for r in rows)]
+    head = json.dumps({"config": config, "summary": summary, "keys": kept}, sort_keys=True)
+    lines = [json.dumps([_round(r.get(k)) for k in kept], separators=(",", ":")) for r in rows]
+    return head[:-1] + ', "rows": [\n' + ",\n".join(lines) + "\n]}\n"
+
+
+def read_cell(path: Path) -> tuple[dict, dict, list[dict]]:
+    """(config.json, summary.json, metrics rows) of an archived cell; ValueError naming the file when damaged."""
+    try:
+        data = json.loads(Path(path).read_text())
+        keys, rows = data["keys"], data["rows"]
+        return data["config"], data["summary"], [{k: v for k, v in zip(keys, r) if v is not None} for r in rows]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{path} is not an archived cell ({err!r}); the archive is damaged.") from None
+
+
+def _write_text(path: Path, text: str) -> None:
+    """Write ``text`` atomically, and only when it changed (an unchanged archive stays unchanged on disk)."""
+    if path.is_file() and path.read_text() == text:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def studies(root: Path, command: str) -> list[Path]:
+    """The study folders of ``command`` at or below ``root`` (their config.json names the command), sorted."""
+    found = []
+    for config in sorted(Path(root).rglob(CONFIG_FILE)):
+        manifest = read_manifest(config.parent)
+        if manifest is not None and manifest.command == command:
+            found.append(config.parent)
+    return found
+
+
+def save(root: Path, archive: Path, *, command: str, keys: Iterable[str]) -> Outcome:
+    """Archive every finished cell of every study of ``command`` below ``root`` into ``archive``.
+
+    A study's cells are the runs its manifest lists; unfinished ones (no summary.json) are skipped. Files of cells
+    already archived are rewritten only when their content changed.
+    """
+    root, archive, keys, outcome = Path(root), Path(archive), tuple(keys), Outcome()
+    for study in studies(root, command):
+        rel = study.relative_to(root)
+        _write_text(archive / rel / CONFIG_FILE, (study / CONFIG_FILE).read_text())
+        for cell in read_manifest(study).runs:
+            folder, label = study / cell, (rel / cell).as_posix()
+            if not (folder / SUMMARY_FILE).is_file():
+                outcome.skipped[label] = "not finished"
+                continue
+            config = json.loads((folder / CONFIG_FILE).read_text())
+            summary = json.loads((folder / SUMMARY_FILE).read_text())
+            text = cell_text(config, summary, read_jsonl(folder / METRICS_FILE), keys)
+            _write_text(archive / rel / (cell + CELL_SUFFIX), text)
+            outcome.done.append(label)
+    return outcome
+
+
+def restore(
+    archive: Path,
+    root: Path,
+    *,
+    command: str,
+    run_command: str,
+    expected: Callable[[dict, Path], dict[str, dict]],
+    runtime: Iterable[str] = (),
+) -> Outcome:
+    """Write the archived cells back below ``root`` as finished run folders, for a study resumed there.
+
+    ``expected(spec, study_folder)`` maps each cell of a study (``<arm>/seed<k>``) to the config.json its command
+    would write today; an archived cell of another config (apart from the ``runtime`` fields, how a run executes, not
+    what it computes) is not restored, and its reason is in the outcome. A study
+    folder that exists must hold the same spec as the archive (:class:`UsageError` otherwise, before anything is
+    written); a finished cell is never touched, and an unfinished one is replaced only when its folder holds
+    nothing but its command's files.
+    """
+    archive, root, outcome = Path(archive), Path(root), Outcome()
+    plans = []
+    for config_path in sorted(archive.rglob(CONFIG_FILE)):
+        rel = config_path.parent.relative_to(archive)
+        saved = json.loads(config_path.read_text())
+        if saved.get("command") != command:
+            continue
+        study = root / rel
+        if (study / CONFIG_FILE).is_file():
+            runs.check_folder(study, command, resume=True, overwrite=False, what="study")
+            here = json.loads((study / CONFIG_FILE).read_text()).get("spec")
+            if here != saved["spec"]:
+                raise UsageError(f"{study} holds a study of another grid than the archive's {config_path}; move "
+                                 "one of them away, or restore into another folder.")  # fmt: skip
+        else:
+            runs.check_folder(study, command, resume=False, overwrite=False, what="study")
+        plans.append((rel, saved, study, expected(saved["spec"], study)))
+    for rel, saved, study, wanted in plans:
+        cells = sorted(p for p in (archive / rel).rglob("*" + CELL_SUFFIX) if p.name != CONFIG_FILE)
+        if not (study / CONFIG_FILE).is_file():
+            runs.begin(study, command)
+            write_json(study / CONFIG_FILE, saved)
+        for path in cells:
+            cell = path.relative_to(archive / rel).as_posix()[: -len(CELL_SUFFIX)]
+            label = (rel / cell).as_posix()
+            why = _restore_cell(path, study, cell, run_command, wanted.get(cell), frozenset(runtime))
+            if why:
+                outcome.skipped[label] = why
+            else:
+                outcome.done.append(label)
+    return outcome
+
+
+def _restore_cell(
+    path: Path, study: Path, cell: str, run_command: str, wanted: dict | None, runtime: frozenset
+) -> str | None:
+    """Restore one archived cell into ``study / cell``; None when done, else why not."""
+    folder = study / cell
+    if wanted is None:
+        return "not a cell of the study's grid"
+    config, summary, rows = read_cell(path)
+    old, new = config.get("config", {}), wanted.get("config", {})
+    differ = sorted(k for k in set(old) | set(new) if k not in runtime and old.get(k) != new.get(k))
+    if config.get("command") != wanted.get("command") or differ:
+        return "run with other settings than today's (" + (", ".join(differ) or "command") + "): the study reruns it"
+    if (folder / SUMMARY_FILE).is_file():
+        return "already finished here"
+    if folder.exists():  # unfinished here: the archive's finished run replaces it, if all in it is the command's
+        try:
+            if runs.check_folder(folder, run_command, resume=False, overwrite=True, what="cell") == "replace":
+                runs.clear(folder, run_command)
+        except UsageError as err:
+            return f"not restored over the unfinished run there: {err}"
+    runs.begin(study, read_manifest(study).command, runs=(cell,))
+    runs.begin(folder, run_command)
+    write_json(folder / CONFIG_FILE, config)
+    _write_text(folder / METRICS_FILE, "".join(json.dumps(r) + "\n" for r in rows))
+    write_json(folder / SUMMARY_FILE, summary)  # last: a cell is finished when its summary exists
+    return None

@@ -1,0 +1,158 @@
+"""``python -m troll.episodic.archive``: a real toy study saved, restored on a "new machine", and resumed.
+
+- the archive holds each finished cell's config.json and summary.json whole and the report's metrics keys, each
+  number to 7 significant digits; saving again changes no file;
+- restored into an empty folder, ``troll tce study --resume`` runs no cell and reports what the original reported
+  (to the rounding);
+- a finished local cell is never touched; an unfinished one is replaced by the archive's finished run unless its
+  folder holds a foreign file; an archived cell whose config today's presets would not give is left to rerun;
+- a folder holding another grid is refused with exit 2 before anything is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from troll.cli import main
+from troll.episodic import archive
+from troll.runs.files import read_jsonl
+from troll.study.archive import DIGITS, read_cell
+
+SRC = Path(__file__).parents[2] / "src"
+TINY = ["--episodes", "8", "--eval-episodes", "8", "--eval-every", "1", "--checkpoint-every", "1", "--policy-hidden",
+        "16", "--critic-hidden", "16", "--policy-epochs", "2", "--critic-epochs", "2", "--critic-minibatches", "1",
+        "--workers", "0"]  # fmt: skip
+ARGV = ["--env", "toy/viapoint", "--algos", "tce,bbrl", "--seeds", "2", "--steps", "1600", *TINY]
+CELLS = ("tce/seed0", "bbrl/seed0", "tce/seed1", "bbrl/seed1")
+
+
+@pytest.fixture(scope="module")
+def original(tmp_path_factory):
+    """A finished study (toy task, tce and bbrl x 2 seeds, 2 iterations) below ``<root>/studies/toy``."""
+    root = tmp_path_factory.mktemp("machine-a")
+    old = os.environ.get("PYTHONPATH", "")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(SRC), old])
+    try:
+        assert main(["tce", "study", "--out", str(root / "studies" / "toy"), "--jobs", "2", *ARGV]) == 0
+    finally:
+        os.environ["PYTHONPATH"] = old
+    return root / "studies"
+
+
+@pytest.fixture(autouse=True)
+def cells_import_this_checkout(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
+
+
+def close(a, b) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return abs(a - b) <= 10 ** (1 - DIGITS) * abs(b)
+    return a == b
+
+
+def test_save_keeps_configs_summaries_and_the_report_keys(original, tmp_path):
+    dest = tmp_path / "archive"
+    assert archive.main(["save", str(original), str(dest)]) == 0
+    assert json.loads((dest / "toy" / "config.json").read_text()) == json.loads(
+        (original / "toy" / "config.json").read_text()
+    )
+    for cell in CELLS:
+        config, summary, rows = read_cell(dest / "toy" / f"{cell}.json")
+        folder = original / "toy" / cell
+        assert config == json.loads((folder / "config.json").read_text())
+        assert summary == json.loads((folder / "summary.json").read_text())
+        full = read_jsonl(folder / "metrics.jsonl")
+        assert len(rows) == len(full) == 2
+        for kept, whole in zip(rows, full):
+            assert set(kept) == {k for k in archive.KEYS if whole.get(k) is not None}
+            assert "eval/success_rate" in kept and "policy/entropy" in kept and "critic/loss" not in kept
+            assert all(close(kept[k], whole[k]) for k in kept), kept
+    stamps = {p: p.stat().st_mtime_ns for p in dest.rglob("*")}
+    assert archive.main(["save", str(original), str(dest)]) == 0
+    assert {p: p.stat().st_mtime_ns for p in dest.rglob("*")} == stamps  # unchanged cells are not rewritten
+
+
+def test_restore_then_resume_runs_nothing_and_reports_the_same(original, tmp_path, capsys):
+    dest, machine_b = tmp_path / "archive", tmp_path / "machine-b"
+    archive.main(["save", str(original), str(dest)])
+    assert archive.main(["restore", str(dest), str(machine_b)]) == 0
+    assert "restored 4 finished cell(s)" in capsys.readouterr().out
+    out = machine_b / "toy"
+    code = main(["tce", "study", "--out", str(out), "--resume", "--jobs", "2"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "started" not in err
+    want, got = (json.loads((d / "toy" / "study.json").read_text()) for d in (original, machine_b))
+    assert {c["status"] for c in got["cells"]} == {"kept"}
+    for a, b in zip(want["aggregates"], got["aggregates"]):
+        for key, entry in a.items():
+            if isinstance(entry, dict) and entry.get("mean") is not None:
+                assert b[key]["mean"] == pytest.approx(entry["mean"], rel=1e-6), key
+    assert len(got["paired"]) == len(want["paired"])
+    for a, b in zip(want["paired"], got["paired"]):
+        assert (b["metric"], b["n"]) == (a["metric"], a["n"])
+        if a["mean"] is not None:
+            assert b["mean"] == pytest.approx(a["mean"], rel=1e-6, abs=1e-9), a["metric"]
+
+
+def test_restore_keeps_finished_cells_and_replaces_only_clean_unfinished_ones(original, tmp_path, capsys):
+    dest, machine_b = tmp_path / "archive", tmp_path / "machine-b"
+    archive.main(["save", str(original), str(dest)])
+    archive.main(["restore", str(dest), str(machine_b)])
+    out = machine_b / "toy"
+    finished = out / "tce" / "seed0" / "summary.json"
+    finished.write_text(json.dumps({**json.loads(finished.read_text()), "mark": 1}))
+    (out / "bbrl" / "seed0" / "summary.json").unlink()  # an unfinished run: the archive's finished one replaces it
+    (out / "tce" / "seed1" / "summary.json").unlink()
+    (out / "tce" / "seed1" / "notes.txt").write_text("mine")  # ... but never over a file its command did not write
+    capsys.readouterr()
+    assert archive.main(["restore", str(dest), str(machine_b)]) == 0
+    text = capsys.readouterr().out
+    assert "restored 1 finished cell(s)" in text
+    assert "toy/tce/seed0: already finished here" in text and "toy/tce/seed1: not restored over" in text
+    assert json.loads(finished.read_text())["mark"] == 1
+    assert (out / "bbrl" / "seed0" / "summary.json").is_file()
+    assert (out / "tce" / "seed1" / "notes.txt").read_text() == "mine"
+    assert not (out / "tce" / "seed1" / "summary.json").exists()
+
+
+def test_a_cell_run_with_other_settings_is_left_to_rerun(original, tmp_path, capsys):
+    dest, machine_b = tmp_path / "archive", tmp_path / "machine-b"
+    archive.main(["save", str(original), str(dest)])
+    path = dest / "toy" / "bbrl" / "seed1.json"
+    data = json.loads(path.read_text())
+    data["config"]["config"]["mean_bound"] *= 2  # as if the preset had changed since the run
+    path.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert archive.main(["restore", str(dest), str(machine_b)]) == 0
+    text = capsys.readouterr().out
+    assert "restored 3 finished cell(s)" in text
+    assert "toy/bbrl/seed1: run with other settings than today's (mean_bound)" in text
+    assert not (machine_b / "toy" / "bbrl" / "seed1").exists()
+
+
+def test_a_folder_of_another_grid_is_refused_before_anything_is_written(original, tmp_path, capsys):
+    dest, machine_b = tmp_path / "archive", tmp_path / "machine-b"
+    archive.main(["save", str(original), str(dest)])
+    other = machine_b / "toy"
+    shutil.copytree(original / "toy", other)
+    config = json.loads((other / "config.json").read_text())
+    config["spec"]["seeds"] = [0, 1, 2]
+    (other / "config.json").write_text(json.dumps(config))
+    shutil.rmtree(other / "bbrl" / "seed1")
+    capsys.readouterr()
+    assert archive.main(["restore", str(dest), str(machine_b)]) == 2
+    assert "holds a study of another grid" in capsys.readouterr().err
+    assert not (other / "bbrl" / "seed1").exists()
+
+
+def test_no_archive_and_no_studies(tmp_path, capsys):
+    assert archive.main(["restore", str(tmp_path / "none"), str(tmp_path / "studies")]) == 0
+    assert "no archive yet" in capsys.readouterr().out
+    assert archive.main(["save", str(tmp_path / "none"), str(tmp_path / "a")]) == 2
+    assert "is not a folder of studies" in capsys.readouterr().err
