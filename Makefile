@@ -137,15 +137,19 @@ bench: $(VENV)/.installed $(VERL_VENV)/.installed
 
 # docs/tce.md's evidence with the authors' Meta-World setup (the metaworld/* preset): MT10 at 2M env steps with TCE,
 # bbrl and bbrl-cov (SB3's PPO too on reach and push), then push-v3 at 10M with TCE and bbrl; 3 seeds each, cells
-# in the order seed, algorithm. Many hours of both cores: TCE_DIR is fixed, so `make tce-authors` continues where
+# in the order seed, algorithm. About 7 hours of both cores: TCE_DIR is fixed, so `make tce-authors` continues where
 # the last sitting stopped (finished cells are kept, an interrupted one resumes from its checkpoint, a changed flag
-# is refused), then writes the report over what has finished (<TCE_DIR>/report/).
+# is refused), then writes the report over what has finished (<TCE_DIR>/report/). The finished cells' numbers (no
+# weights) are saved to TCE_ARCHIVE after each task and restored from it first, so that a new machine continues
+# from what was committed (python -m troll.episodic.archive; a cell today's presets would not give is rerun).
 TCE_DIR ?= studies/tce-authors
+TCE_ARCHIVE ?= docs/data/tce-authors
 MT10 ?= reach-v3 push-v3 pick-place-v3 door-open-v3 drawer-open-v3 drawer-close-v3 button-press-topdown-v3 \
 	peg-insert-side-v3 window-open-v3 window-close-v3
 tce-authors: $(VENV)/.installed
-	d=$(TCE_DIR) && status=0 && \
-	go() { out=$$1; shift; r=; [ -e $$out/config.json ] && r=--resume; $(TCE_STUDY) "$$@" --out $$out $$r; } && \
+	d=$(TCE_DIR) && status=0 && $(PY) -m troll.episodic.archive restore $(TCE_ARCHIVE) $$d && \
+	go() { out=$$1; shift; r=; [ -e $$out/config.json ] && r=--resume; $(TCE_STUDY) "$$@" --out $$out $$r; \
+		s=$$?; $(PY) -m troll.episodic.archive save $$d $(TCE_ARCHIVE); return $$s; } && \
 	for t in $(MT10); do \
 		a=tce,bbrl,bbrl-cov; case $$t in reach-v3|push-v3) a=$$a,ppo;; esac; \
 		go $$d/mt10-$$t --env metaworld/$$t --algos $$a --steps 2000000 || status=1; \
