@@ -279,7 +279,13 @@ def test_results_report_by_hand(tmp_path, capsys):
     assert printed == [f"wrote {report / n}" for n in names]
     for name in names[2:]:
         assert (report / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    text = (report / "tce_results.md").read_text()
+    head, text = (report / "tce_results.md").read_text().split("## At the budget")
+    # by task: success after the last step / at any step (none off Meta-World), TCE - bbrl paired (above)
+    assert [line for line in head.splitlines() if line.startswith("| ") and not line.startswith("| task |")] == [
+        "| toy/viapoint | 0.50 / - (1) | - | - |",
+        "| gym/reacher-sparse | 0.75 ± 0.14 / - (3) | 0.50 ± 0.14 / - (3) | +0.25 [-0.37, +0.87] (3) |",
+    ]
+    assert "at or above bbrl's on 1 of 1 tasks." in head
     table = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| task |")]
     assert table[:3] == [  # the toy task first; one seed: no standard error
         "| toy/viapoint | tce | 1 | 1,600 | 0.500 | - | 0.500 | 0.375 | -1.500 | 0.250 | - |",
@@ -299,6 +305,24 @@ def test_results_report_by_hand(tmp_path, capsys):
     saved = json.loads((report / "tce_results.json").read_text())
     assert [s["task"] for s in saved] == ["toy/viapoint", "gym/reacher-sparse"]
     assert saved[1]["aggregates"] == data["aggregates"] and saved[1]["paired"] == data["paired"]
+
+
+def test_by_task_counts_the_tasks_where_tce_is_at_or_above_bbrl():
+    def study_data(tce: list[float], bbrl: list[float], any_step: float | None) -> dict:
+        agg = [{"algo": a, "success": {"mean": sum(v) / len(v), "se": None, "n": len(v)},
+                "success_any": {"mean": any_step, "se": None, "n": 0 if any_step is None else len(v)}}
+               for a, v in (("tce", tce), ("bbrl", bbrl))]  # fmt: skip
+        diff = sum(tce) / len(tce) - sum(bbrl) / len(bbrl)
+        return {"aggregates": agg, "paired": [{"baseline": "bbrl", "metric": "success", "mean": diff, "ci95": None,
+                                               "n": 1}]}  # fmt: skip
+
+    studies = [("a", study_data([0.5], [0.5], 0.75)), ("b", study_data([0.25], [0.5], None)),
+               ("c", study_data([1.0], [0.0], 1.0))]  # fmt: skip
+    text = results.by_task(studies)
+    assert "| a | 0.50 / 0.75 (1) | 0.50 / 0.75 (1) | +0.00 (1) |" in text
+    assert "| b | 0.25 / - (1) | 0.50 / - (1) | -0.25 (1) |" in text
+    assert "at or above bbrl's on 2 of 3 tasks." in text  # a tie counts, b is below
+    assert results.by_task([]) == ""
 
 
 def test_results_without_a_finished_study_says_so(tmp_path):

@@ -6,9 +6,10 @@ Reads the study.json of each study folder below the given folder (``troll tce st
 mean and standard error over seeds of each number, the paired TCE - baseline differences with 95% t-intervals, the
 mean curves with their standard errors) and writes, for docs/tce.md:
 
-- ``tce_results.md``: the headline table (per task and algorithm: success rate, return and final distance at the
-  budget, best and mean-over-the-run success, as mean ± standard error over seeds) and the paired differences
-  TCE - BBRL and TCE - PPO (mean, 95% interval, n);
+- ``tce_results.md``: success by task (after the last step and at any step per algorithm, TCE - BBRL paired, and
+  on how many tasks TCE is at or above BBRL); the full table (per task and algorithm: success rate, return and final
+  distance at the budget, best and mean-over-the-run success, as mean ± standard error over seeds) and the paired
+  differences TCE - BBRL and TCE - PPO (mean, 95% interval, n);
 - ``tce_success.png``, ``tce_return.png``, ``tce_distance.png``: the evaluated success rate, return and final
   distance against environment steps, one panel per task, one line per algorithm with a ± 1 standard-error band;
 - ``tce_results.json``: what the table holds.
@@ -112,6 +113,47 @@ def table(studies: list[tuple[str, dict]]) -> str:
     return text
 
 
+ALGO_ORDER = ("tce", "bbrl", "bbrl-cov", "ppo")
+
+
+def by_task(studies: list[tuple[str, dict]], baseline: str = "bbrl") -> str:
+    """The markdown of the per-task summary that heads tce_results.md: per task and algorithm the success rate after
+    the last step and at any step (mean ± standard error, seeds), TCE - ``baseline`` paired, and on how many tasks
+    TCE's mean success at the budget is at or above the baseline's (issue 30's count)."""
+    algos = [a for a in ALGO_ORDER if any(x["algo"] == a for _, d in studies for x in d["aggregates"])]
+    if not algos:
+        return ""
+    text = ("## Success by task: after the last step / at any step (mean ± standard error, seeds)\n\n| task | "
+            + " | ".join(algos) + f" | TCE - {baseline}, after the last step: mean [95% interval] (n) |\n"
+            + "|---" * (len(algos) + 2) + "|\n")  # fmt: skip
+    at_or_above, compared = 0, 0
+    for task, data in studies:
+        agg = {a["algo"]: a for a in data["aggregates"]}
+        cols = [task]
+        for algo in algos:
+            a = agg.get(algo)
+            if a is None or not (a.get("success") or {}).get("n"):
+                cols.append("-")
+                continue
+            any_step = a.get("success_any") or {}
+            cols.append(_pm(a["success"], ".2f") + " / " + (_pm(any_step, ".2f") if any_step.get("n") else "-")
+                        + f" ({a['success']['n']})")  # fmt: skip
+        (pair,) = [p for p in data["paired"] if p.get("baseline") == baseline and p["metric"] == "success"] or [None]
+        if pair is None or not pair["n"]:
+            cols.append("-")
+        else:
+            ci = "" if pair["ci95"] is None else f" [{pair['ci95'][0]:+.2f}, {pair['ci95'][1]:+.2f}]"
+            cols.append(f"{pair['mean']:+.2f}{ci} ({pair['n']})")
+        if "tce" in agg and baseline in agg and agg["tce"]["success"]["n"] and agg[baseline]["success"]["n"]:
+            compared += 1
+            at_or_above += agg["tce"]["success"]["mean"] >= agg[baseline]["success"]["mean"]
+        text += "| " + " | ".join(cols) + " |\n"
+    if compared:
+        text += (f"\nTCE's mean success after the last step is at or above {baseline}'s on {at_or_above} of "
+                 f"{compared} tasks.\n")  # fmt: skip
+    return text + "\n"
+
+
 def figure(studies: list[tuple[str, dict]], key: str, ylabel: str, ylim, path: Path) -> bool:
     """One panel per task with the curve ``key`` of every algorithm (mean ± standard error); False if none."""
     panels = [(task, [c for c in data["curves"] if c["key"] == key and c["env_steps"]]) for task, data in studies]
@@ -159,7 +201,7 @@ def write_report(folder: Path, out: Path | None = None) -> list[Path]:
     out = Path(out or Path(folder) / "report")
     out.mkdir(parents=True, exist_ok=True)
     written = [out / "tce_results.md", out / "tce_results.json"]
-    (out / "tce_results.md").write_text(table(studies))
+    (out / "tce_results.md").write_text(by_task(studies) + table(studies))
     write_json(out / "tce_results.json", [{"task": t, "aggregates": d["aggregates"], "paired": d["paired"]}
                                           for t, d in studies])  # fmt: skip
     for name, key, ylabel, ylim in FIGURES:
