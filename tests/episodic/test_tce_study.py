@@ -178,9 +178,10 @@ def test_study_end_to_end_then_resume(tmp_path, capsys):
     assert "started" not in err
     assert stamps() == before
     assert {c["status"] for c in json.loads((out / "study.json").read_text())["cells"]} == {"kept"}
-    # the grid may not change on resume
-    code, _, err = cli(capsys, "study", "--out", str(out), "--resume", "--seeds", "3")
-    assert code == 2 and "--seeds differ from its config.json" in err
+    # the grid may grow on resume, never shrink nor change
+    for flag, value in (("--seeds", "1"), ("--seeds", "1,2"), ("--algos", "tce"), ("--steps", "800")):
+        code, _, err = cli(capsys, "study", "--out", str(out), "--resume", flag, value)
+        assert code == 2 and f"{flag} differ from its config.json" in err, (flag, value)
 
     # a cell without its summary (stopped after its last checkpoint) continues from it, with the new --threads
     unfinished = folders["tce", 1]
@@ -195,6 +196,17 @@ def test_study_end_to_end_then_resume(tmp_path, capsys):
     assert {p: t for p, t in stamps().items() if unfinished not in p.parents} == {
         p: t for p, t in before.items() if unfinished not in p.parents
     }
+
+    # more seeds: only the new seed's cells run, and the saved grid now holds them
+    before = stamps()
+    code, _, err = cli(capsys, "study", "--out", str(out), "--resume", "--seeds", "3", "--jobs", "2")
+    assert code == 0, err
+    assert sorted(line.split("started ")[1] for line in err.splitlines() if "started " in line) == [
+        str(out / "bbrl" / "seed2"), str(out / "tce" / "seed2")]  # fmt: skip
+    assert stamps() == before
+    assert json.loads((out / "config.json").read_text())["spec"]["seeds"] == [0, 1, 2]
+    assert json.loads((out / "tce" / "seed2" / "summary.json").read_text())["seed"] == 2
+    assert len(json.loads((out / "study.json").read_text())["cells"]) == 6
 
 
 # ---------------------------------------------------------------- results.py on fabricated studies

@@ -287,9 +287,19 @@ def test_resume_checks(tmp_path, capsys):
     assert code == 2 and "has no 'spec' object" in err
     spec = study.StudySpec(RunOptions(steps=2), ["troll", "grpo"], [0, 1])
     (out / "config.json").write_text(json.dumps({"command": "study", "spec": spec.to_json()}))
-    code, err = run_cli(capsys, "study", "--out", str(out), "--resume", "--steps", "3", "--seeds", "3")
+    code, err = run_cli(capsys, "study", "--out", str(out), "--resume", "--steps", "3", "--seeds", "1")
     assert code == 2 and "--steps, --seeds differ from its config.json" in err
     assert sorted(p.name for p in out.iterdir()) == ["config.json"]
+
+
+def test_a_resumed_study_may_add_losses_and_seeds_never_drop_them():
+    from troll.cli.lm import _check_same_grid
+
+    saved = study.StudySpec(RunOptions(steps=2), ["troll", "grpo"], [0, 1])
+    _check_same_grid(study.StudySpec(RunOptions(steps=2), ["troll", "grpo", "clip"], [0, 1, 2]), saved)  # grows
+    for losses, seeds, named in ((["troll"], [0, 1], "--losses"), (["troll", "grpo"], [1, 2], "--seeds")):
+        with pytest.raises(UsageError, match=f"; {named} differ from its config.json"):
+            _check_same_grid(study.StudySpec(RunOptions(steps=2), losses, seeds), saved)
 
 
 # ---------------------------------------------------------------- end to end

@@ -271,7 +271,7 @@ STUDY_DOC = (
     "into <out>/[<key>=<value>/]<loss>/seed<k>/, --jobs at a time, then writes study.json, study.md (mean and "
     "standard error over seeds, paired TROLL - baseline differences with 95% intervals) and study.png. Finished "
     "cells keep metrics, summary and plots only (unless --keep-checkpoints / --keep-model); --resume continues an "
-    "interrupted study without rerunning finished cells."
+    "interrupted study without rerunning finished cells, and more --losses or --seeds add to its grid."
 )
 
 
@@ -365,7 +365,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def study_spec(args: argparse.Namespace):
-    """(StudySpec, study folder) from the command line; with --resume, the saved grid, which flags may not change."""
+    """(StudySpec, study folder) from the command line; with --resume, the saved grid, which flags may not change
+    (except --losses and --seeds, which may add to it: troll.study.grid.grows)."""
     from troll.study import parse_seeds
     from troll.train import options, study
 
@@ -410,6 +411,8 @@ def _sweep_text(text: str) -> str:
 
 
 def _check_same_grid(spec, saved) -> None:
+    from troll.study import grows
+
     changed = [
         "--" + f.name.replace("_", "-")
         for f in dataclasses.fields(RunOptions)
@@ -423,12 +426,12 @@ def _check_same_grid(spec, saved) -> None:
             ("sweep", (spec.sweep_key, spec.sweep_values), (saved.sweep_key, saved.sweep_values)),
             ("clip_eps", spec.clip_eps, saved.clip_eps),
         ]
-        if a != b
+        if a != b and not (name in ("losses", "seeds") and grows(b, a))
     ]
     if changed:
         raise UsageError(
             f"--resume continues the saved study; {', '.join(changed)} differ from its config.json. Drop them "
-            "(or start a new study with another --out)."
+            "(more --losses or --seeds may be added, none dropped), or start a new study with another --out."
         )
 
 

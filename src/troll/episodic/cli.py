@@ -32,7 +32,8 @@ STUDY_DOC = (
     "would, into <out>/[<key>=<value>/]<algo>/seed<k>/, --jobs at a time, then writes study.json, study.md (mean "
     "and standard error over seeds of the success rate, return and final distance at the budget and their best, "
     "paired TCE - BBRL and TCE - PPO differences with 95% intervals) and study.png (curves against env steps with "
-    "standard-error bands). --resume continues an interrupted study without rerunning finished cells."
+    "standard-error bands). --resume continues an interrupted study without rerunning finished cells, and more "
+    "--algos or --seeds add to its grid."
 )
 
 
@@ -71,7 +72,9 @@ def add_commands(sub) -> None:
                        "algorithm of --algos")  # fmt: skip
     study.add_argument("--jobs", default="1", help="cells run at once, each a subprocess (default: 1)")
     study.add_argument("--out", default=argparse.SUPPRESS, help="study folder (default: runs/tce-study-<env>)")
-    study.add_argument("--resume", action="store_true", help="continue the study in --out")
+    study.add_argument(
+        "--resume", action="store_true", help="continue the study in --out (--algos and --seeds may add to its grid)"
+    )
     study.add_argument("--overwrite", action="store_true", help="replace the study in --out")
     _add_run_flags(study, study=True)
     study.set_defaults(run=cmd_study, name="tce study")

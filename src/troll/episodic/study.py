@@ -91,7 +91,8 @@ def _int(args, name: str, low: int, default):
 
 
 def spec_from_args(args, given: dict) -> tuple[StudySpec, Path]:
-    """(StudySpec, study folder) from the command line; with --resume, the saved grid, which flags may not change."""
+    """(StudySpec, study folder) from the command line; with --resume, the saved grid, which flags may not change,
+    except that --algos and --seeds may add arms and seeds to it (:func:`troll.study.grid.grows`)."""
     if args.resume:
         if not hasattr(args, "out"):
             raise UsageError("--resume needs --out, the study folder to continue.")
@@ -101,18 +102,19 @@ def spec_from_args(args, given: dict) -> tuple[StudySpec, Path]:
         fresh = _fresh_spec(args, given, saved.env)
         grid_flags = {"--algos": ("algos",), "--seeds": ("seeds",), "--steps": ("steps",),
                       "--sweep": ("sweep_key", "sweep_values")}  # fmt: skip
-        differ = [
-            option
-            for option, names in grid_flags.items()
-            if hasattr(args, option[2:]) and any(getattr(fresh, n) != getattr(saved, n) for n in names)
-        ]
+        given_flags = [option for option in grid_flags if hasattr(args, option[2:])]
+        grown = {n: getattr(fresh, n) for n in ("algos", "seeds")
+                 if f"--{n}" in given_flags and grid_lib.grows(getattr(saved, n), getattr(fresh, n))}  # fmt: skip
+        differ = [o for o in given_flags if any(n not in grown and getattr(fresh, n) != getattr(saved, n)
+                                                for n in grid_flags[o])]  # fmt: skip
         differ += [opts.flag(k) for k, v in given.items() if saved.options.get(k) != v]
         if differ:
             raise UsageError(f"--resume continues the saved study; {', '.join(differ)} differ from its config.json. "
-                             "Drop them (only --threads and --workers may change), or start a new --out.")  # fmt: skip
+                             "Drop them (only --threads and --workers may change, and --algos and --seeds may add "
+                             "to the grid, never drop), or start a new --out.")  # fmt: skip
         runtime = {k: getattr(fresh, k) for k in ("threads", "workers") if hasattr(args, k)}
         saved = _with_backend(saved, _started_backend(Path(args.out)))
-        return dataclasses.replace(saved, **runtime), Path(args.out)
+        return dataclasses.replace(saved, **grown, **runtime), Path(args.out)
     if not hasattr(args, "env"):
         raise UsageError("--env is required to start a study, e.g. --env gym/reacher-sparse.")
     spec = _with_backend(_fresh_spec(args, given, opts.check_env(args.env)))

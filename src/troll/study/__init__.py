@@ -25,7 +25,7 @@ A frontend in a few lines (see :mod:`troll.study.frontend` for every field)::
 
 from troll.runs.files import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, UsageError
 from troll.study.frontend import Curve, Frontend, Number, Pairing, Study, against
-from troll.study.grid import Cell, Grid, parse_arms, parse_seeds, parse_sweep, plan
+from troll.study.grid import Cell, Grid, grows, parse_arms, parse_seeds, parse_sweep, plan
 from troll.study.report import JSON_FILE, PLOT_FILE, TABLE_FILE
 from troll.study.runner import check_folder, load_spec, run_study
 
@@ -46,6 +46,7 @@ __all__ = [
     "UsageError",
     "against",
     "check_folder",
+    "grows",
     "load_spec",
     "parse_arms",
     "parse_seeds",

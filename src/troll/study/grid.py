@@ -71,6 +71,12 @@ def parse_arms(text: str, known, *, flag: str, noun: str, example: str) -> list[
     return arms
 
 
+def grows(saved: list, given: list) -> bool:
+    """True when ``given`` keeps every entry of ``saved``: a resumed study may add seeds or arms to its grid (the
+    cells it has keep their folders, the new ones run), never drop one."""
+    return set(saved) <= set(given)
+
+
 def parse_seeds(text: str) -> list[int]:
     """``"3"``: three seeds 0, 1, 2; ``"0,4,7"`` (any comma): exactly those seeds."""
     parts = [s.strip() for s in text.split(",")]
