@@ -135,13 +135,14 @@ bench: $(VENV)/.installed $(VERL_VENV)/.installed
 	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_tce.py --quick
 	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_tce_update.py --quick
 
-# docs/tce.md's evidence with the authors' Meta-World setup (the metaworld/* preset): MT10 at 2M env steps with TCE,
-# bbrl and bbrl-cov (SB3's PPO too on reach and push), then push-v3 at 10M with TCE and bbrl; 3 seeds each, cells
-# in the order seed, algorithm. About 7 hours of both cores: TCE_DIR is fixed, so `make tce-authors` continues where
-# the last sitting stopped (finished cells are kept, an interrupted one resumes from its checkpoint, a changed flag
-# is refused), then writes the report over what has finished (<TCE_DIR>/report/). The finished cells' numbers (no
-# weights) are saved to TCE_ARCHIVE after each task and restored from it first, so that a new machine continues
-# from what was committed (python -m troll.episodic.archive; a cell today's presets would not give is rerun).
+# docs/tce.md's evidence with the authors' Meta-World setup (the metaworld/* preset), 3 seeds: MT10 at 2M env steps
+# with TCE, bbrl and bbrl-cov (SB3's PPO too on reach and push), and push-v3 at 10M with TCE and bbrl. Breadth
+# first: seed 0 of every MT10 task, then push-v3 at 10M, then seeds 1 and 2 (and PPO) of every task (a resumed
+# study may add seeds and arms). About 8 hours of both cores: TCE_DIR is fixed, so `make tce-authors` continues
+# where the last sitting stopped (finished cells are kept, an interrupted one resumes from its checkpoint), then
+# writes the report over what has finished (<TCE_DIR>/report/). The finished cells' numbers (no weights) are saved
+# to TCE_ARCHIVE after each study and restored from it first, so that a new machine continues from what was
+# committed (python -m troll.episodic.archive; a cell today's presets would not give is rerun).
 TCE_DIR ?= studies/tce-authors
 TCE_ARCHIVE ?= docs/data/tce-authors
 MT10 ?= reach-v3 push-v3 pick-place-v3 door-open-v3 drawer-open-v3 drawer-close-v3 button-press-topdown-v3 \
@@ -152,10 +153,13 @@ ARCHIVED_GO = go() { out=$$1; shift; r=; [ -e $$out/config.json ] && r=--resume;
 tce-authors: $(VENV)/.installed
 	d=$(TCE_DIR) && a=$(TCE_ARCHIVE) && status=0 && $(PY) -m troll.episodic.archive restore $$a $$d && $(ARCHIVED_GO) && \
 	for t in $(MT10); do \
-		algos=tce,bbrl,bbrl-cov; case $$t in reach-v3|push-v3) algos=$$algos,ppo;; esac; \
-		go $$d/mt10-$$t --env metaworld/$$t --algos $$algos --steps 2000000 || status=1; \
+		go $$d/mt10-$$t --env metaworld/$$t --algos tce,bbrl,bbrl-cov --seeds 1 --steps 2000000 || status=1; \
 	done; \
-	go $$d/push-v3-10m --env metaworld/push-v3 --algos tce,bbrl --steps 10000000 || status=1; \
+	go $$d/push-v3-10m --env metaworld/push-v3 --algos tce,bbrl --seeds 3 --steps 10000000 || status=1; \
+	for t in $(MT10); do \
+		algos=tce,bbrl,bbrl-cov; case $$t in reach-v3|push-v3) algos=$$algos,ppo;; esac; \
+		go $$d/mt10-$$t --env metaworld/$$t --algos $$algos --seeds 3 --steps 2000000 || status=1; \
+	done; \
 	$(PY) -m troll.episodic.results $$d && exit $$status
 
 # docs/tce.md, "Why TCE falls short at 2M": TCE on reach-v3 at 2M env steps with the covariance bound 4x and 16x the

@@ -4,10 +4,11 @@
     python -m troll.episodic.archive restore docs/data/tce-authors studies/tce-authors
 
 ``save`` writes every finished cell of every study below the first folder (its config.json, summary.json and the
-metrics keys the report reads: evaluations, rollout return, entropy, projection share); ``restore`` writes them back
-as finished cells, so that ``troll tce study --resume`` keeps them and runs only the rest. A cell is restored only
-if today's presets give it the config it ran with; the others are listed and rerun. ``make tce-authors`` does both,
-so its study continues on a new machine from what was committed. The format and the rules: :mod:`troll.study.archive`.
+metrics keys the report and the pace diagnosis read: evaluations, rollout return, entropy and its bound, the
+projection's share and proposed steps, the critic's fit); ``restore`` writes them back as finished cells, so that
+``troll tce study --resume`` keeps them and runs only the rest. A cell is restored only if today's presets give it
+the config it ran with; the others are listed and rerun. ``make tce-authors`` does both, so its study continues on a
+new machine from what was committed. The format and the rules: :mod:`troll.study.archive`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ from troll.episodic.config import RUNTIME_FIELDS
 from troll.runs.files import UsageError
 from troll.study import archive
 
-KEYS = ("iteration", "env_steps", *(c.key for c in study_lib.CURVES))
+# the report's curves, and what benchmarks/tce_exploration.py --runs reads to say why a run is slow
+DIAGNOSIS_KEYS = ("proj/mean_dist_before/mean", "proj/cov_dist_before/mean", "policy/entropy_bound",
+                  "critic/explained_var_before", "policy/chol_diag_min", "eval/success_any")  # fmt: skip
+KEYS = ("iteration", "env_steps", *(c.key for c in study_lib.CURVES), *DIAGNOSIS_KEYS)
 
 
 def expected(spec_json: dict, folder: Path) -> dict[str, dict]:
