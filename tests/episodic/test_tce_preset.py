@@ -57,6 +57,8 @@ def test_bbrl_presets_and_the_other_families_keep_their_numbers():
     bbrl = TCEConfig.preset("metaworld/push-v3", algo="bbrl")
     assert (bbrl.covariance, bbrl.num_basis, bbrl.policy_hidden, bbrl.critic_hidden) == ("diag", 4, (32, 32), (32, 32))
     assert (bbrl.policy_epochs, bbrl.critic_epochs, bbrl.trust_region_coeff) == (100, 100, 10.0)
+    assert (bbrl.entropy_schedule, bbrl.lr_final) == ("none", 1.0)  # the authors' BBRL has neither; TCE has both
+    assert TCEConfig.preset("metaworld/push-v3").entropy_schedule == "linear"
     cov = TCEConfig.preset("metaworld/push-v3", algo="bbrl-cov")
     assert cov.covariance == "full" and cov.num_basis == 4 and cov.trust_region_coeff == 10.0
     assert bbrl.tau == cov.tau == 5.0  # the same env and ProDMP as TCE

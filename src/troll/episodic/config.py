@@ -126,10 +126,12 @@ PRESETS: dict[str, dict] = {
 
 
 # Per algorithm, over the family's preset. BBRL is the authors' black-box baseline with a diagonal covariance;
-# bbrl-cov the same with TCE's full covariance. On Meta-World both take the authors' BBRL sizes.
+# bbrl-cov the same with TCE's full covariance. On Meta-World both take the authors' BBRL config
+# (mprl/config/metaworld/bbrl/entire/shared.yaml): their sizes, and neither an entropy schedule nor a learning-rate
+# decay (both TCE's alone there).
 _BBRL_METAWORLD = dict(
     num_basis=4, policy_hidden=(32, 32), critic_hidden=(32, 32), policy_epochs=100, critic_epochs=100,
-    trust_region_coeff=10.0,
+    trust_region_coeff=10.0, entropy_schedule="none", lr_final=1.0,
 )  # fmt: skip
 ALGO_PRESETS: dict[tuple[str, str], dict] = {
     **{(family, "bbrl"): dict(covariance="diag") for family in ("toy", "gym")},
