@@ -156,3 +156,26 @@ def test_no_archive_and_no_studies(tmp_path, capsys):
     assert "no archive yet" in capsys.readouterr().out
     assert archive.main(["save", str(tmp_path / "none"), str(tmp_path / "a")]) == 2
     assert "is not a folder of studies" in capsys.readouterr().err
+
+
+def test_the_committed_archives_match_todays_presets():
+    """docs/ quotes the archived cells: each must be a run today's code would make (else a preset changed since, and
+    the study and the docs must be rerun: `make tce-authors` reruns such cells by itself)."""
+    data = Path(__file__).parents[2] / "docs" / "data"
+    studies = sorted(p.parent for p in data.rglob("config.json"))
+    assert studies, f"no archived study below {data}"
+    checked = 0
+    for study in studies:
+        spec = json.loads((study / "config.json").read_text())["spec"]
+        wanted = archive.expected(spec, study)
+        for path in sorted(study.rglob("seed*.json")):
+            cell = path.relative_to(study).as_posix()[: -len(".json")]
+            config, summary, rows = read_cell(path)
+            want = wanted[cell]
+            assert config["command"] == want["command"], path
+            assert {k: v for k, v in config["config"].items() if k not in ("threads", "workers")} == {
+                k: v for k, v in want["config"].items() if k not in ("threads", "workers")
+            }, path
+            assert summary["env_steps"] == rows[-1]["env_steps"], path
+            checked += 1
+    assert checked
