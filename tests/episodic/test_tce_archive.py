@@ -6,7 +6,8 @@
   (to the rounding);
 - a finished local cell is never touched; an unfinished one is replaced by the archive's finished run unless its
   folder holds a foreign file; an archived cell whose config today's presets would not give is left to rerun;
-- a folder holding another grid is refused with exit 2 before anything is written.
+- a folder holding another grid is refused with exit 2 before anything is written; one grown from the archive's
+  (more seeds) takes its cells.
 """
 
 from __future__ import annotations
@@ -136,19 +137,23 @@ def test_a_cell_run_with_other_settings_is_left_to_rerun(original, tmp_path, cap
     assert not (machine_b / "toy" / "bbrl" / "seed1").exists()
 
 
-def test_a_folder_of_another_grid_is_refused_before_anything_is_written(original, tmp_path, capsys):
+def test_a_folder_of_another_grid_is_refused_and_a_grown_one_restored(original, tmp_path, capsys):
     dest, machine_b = tmp_path / "archive", tmp_path / "machine-b"
     archive.main(["save", str(original), str(dest)])
     other = machine_b / "toy"
     shutil.copytree(original / "toy", other)
     config = json.loads((other / "config.json").read_text())
-    config["spec"]["seeds"] = [0, 1, 2]
-    (other / "config.json").write_text(json.dumps(config))
     shutil.rmtree(other / "bbrl" / "seed1")
-    capsys.readouterr()
-    assert archive.main(["restore", str(dest), str(machine_b)]) == 2
-    assert "holds a study of another grid" in capsys.readouterr().err
-    assert not (other / "bbrl" / "seed1").exists()
+    for key, value in (("seeds", [0]), ("steps", 2400), ("algos", ["tce"])):  # fewer seeds or arms, another budget
+        (other / "config.json").write_text(json.dumps({**config, "spec": {**config["spec"], key: value}}))
+        capsys.readouterr()
+        assert archive.main(["restore", str(dest), str(machine_b)]) == 2, key
+        assert "holds a study of another grid" in capsys.readouterr().err
+        assert not (other / "bbrl" / "seed1").exists()
+    # a study grown since the archive was saved (more seeds, stopped before saving again) takes the archive's cells
+    (other / "config.json").write_text(json.dumps({**config, "spec": {**config["spec"], "seeds": [0, 1, 2]}}))
+    assert archive.main(["restore", str(dest), str(machine_b)]) == 0
+    assert (other / "bbrl" / "seed1" / "summary.json").is_file()
 
 
 def test_no_archive_and_no_studies(tmp_path, capsys):

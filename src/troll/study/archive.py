@@ -124,8 +124,8 @@ def restore(
 
     ``expected(spec, study_folder)`` maps each cell of a study (``<arm>/seed<k>``) to the config.json its command
     would write today; an archived cell of another config (apart from the ``runtime`` fields, how a run executes, not
-    what it computes) is not restored, and its reason is in the outcome. A study
-    folder that exists must hold the same spec as the archive (:class:`UsageError` otherwise, before anything is
+    what it computes) is not restored, and its reason is in the outcome. A study folder that exists must hold the
+    archive's spec, or one grown from it by more seeds or arms (:class:`UsageError` otherwise, before anything is
     written); a finished cell is never touched, and an unfinished one is replaced only when its folder holds
     nothing but its command's files.
     """
@@ -140,7 +140,7 @@ def restore(
         if (study / CONFIG_FILE).is_file():
             runs.check_folder(study, command, resume=True, overwrite=False, what="study")
             here = json.loads((study / CONFIG_FILE).read_text()).get("spec")
-            if here != saved["spec"]:
+            if not _holds(here, saved["spec"]):
                 raise UsageError(f"{study} holds a study of another grid than the archive's {config_path}; move "
                                  "one of them away, or restore into another folder.")  # fmt: skip
         else:
@@ -160,6 +160,18 @@ def restore(
             else:
                 outcome.done.append(label)
     return outcome
+
+
+def _holds(here, saved) -> bool:
+    """True when the study spec ``here`` is ``saved`` or grew from it (a resumed study that added seeds or arms
+    since the archive was saved, and was stopped before saving it again): lists may hold more, nothing else
+    differs."""
+    if not (isinstance(here, dict) and isinstance(saved, dict)) or set(here) != set(saved):
+        return False
+    return all(
+        here[k] == v or (isinstance(v, list) and isinstance(here[k], list) and all(x in here[k] for x in v))
+        for k, v in saved.items()
+    )
 
 
 def _restore_cell(
