@@ -163,15 +163,16 @@ tce-authors: $(VENV)/.installed
 	$(PY) -m troll.episodic.results $$d && exit $$status
 
 # docs/tce.md, "Why TCE falls short at 2M": TCE on reach-v3 at 2M env steps with the covariance bound 4x and 16x the
-# authors' 0.0005, and with init_std 0.3 instead of 1 (the authors' values are MT10's seed 0 above), seed 0. About
-# 10-20 minutes of one core a cell; archived like tce-authors.
+# authors' 0.0005, and TCE and bbrl on reach-v3 and push-v3 with init_std 0.3 instead of 1 (the authors' values are
+# MT10's seed 0 above), seed 0. About 10-20 minutes of one core a cell; archived like tce-authors.
 ABLATION_DIR ?= studies/tce-ablation
 ABLATION_ARCHIVE ?= docs/data/tce-ablation
 tce-ablation: $(VENV)/.installed
 	d=$(ABLATION_DIR) && a=$(ABLATION_ARCHIVE) && $(PY) -m troll.episodic.archive restore $$a $$d && $(ARCHIVED_GO) && \
 	go $$d/reach-v3-cov-bound --env metaworld/reach-v3 --algos tce --seeds 1 --steps 2000000 \
 		--sweep cov-bound=0.002,0.008 && \
-	go $$d/reach-v3-init-std --env metaworld/reach-v3 --algos tce --seeds 1 --steps 2000000 --sweep init-std=0.3 && \
+	go $$d/reach-v3-init-std --env metaworld/reach-v3 --algos tce,bbrl --seeds 1 --steps 2000000 --sweep init-std=0.3 && \
+	go $$d/push-v3-init-std --env metaworld/push-v3 --algos tce,bbrl --seeds 1 --steps 2000000 --sweep init-std=0.3 && \
 	$(PY) -m troll.episodic.results $$d
 
 # docs/tce.md, "Backends": TCE and BBRL on reach-v3 (480k env steps, 3 seeds) on the default simulator (EnvPool),
