@@ -147,13 +147,20 @@ TCE_DIR ?= studies/tce-authors
 TCE_ARCHIVE ?= docs/data/tce-authors
 MT10 ?= reach-v3 push-v3 pick-place-v3 door-open-v3 drawer-open-v3 drawer-close-v3 button-press-topdown-v3 \
 	peg-insert-side-v3 window-open-v3 window-close-v3
-# go OUT FLAGS...: start the study OUT or resume it, then save the finished cells of $d into the archive $a
-ARCHIVED_GO = go() { out=$$1; shift; r=; [ -e $$out/config.json ] && r=--resume; $(TCE_STUDY) "$$@" --out $$out $$r; \
-	s=$$?; $(PY) -m troll.episodic.archive save $$d $$a; return $$s; }
+# First restore the archive $a into $d (a damaged one stops the target); then go OUT FLAGS... starts the study OUT
+# or resumes it and saves the finished cells of $d into $a (status 1 if either failed); seed0only OUT is true while
+# the study OUT has not started or holds seed 0 alone (the breadth-first pass leaves grown studies to the next).
+ARCHIVED_GO = $(PY) -m troll.episodic.archive restore $$a $$d || exit 2; \
+	go() { out=$$1; shift; r=; [ -e $$out/config.json ] && r=--resume; $(TCE_STUDY) "$$@" --out $$out $$r; \
+		s=$$?; $(PY) -m troll.episodic.archive save $$d $$a || s=1; return $$s; }; \
+	seed0only() { [ ! -e $$1/config.json ] || \
+		$(PY) -c 'import json, sys; sys.exit(json.load(open(sys.argv[1]))["spec"]["seeds"] != [0])' $$1/config.json; }
 tce-authors: $(VENV)/.installed
-	d=$(TCE_DIR) && a=$(TCE_ARCHIVE) && status=0 && $(PY) -m troll.episodic.archive restore $$a $$d && $(ARCHIVED_GO) && \
+	d=$(TCE_DIR); a=$(TCE_ARCHIVE); status=0; $(ARCHIVED_GO); \
 	for t in $(MT10); do \
-		go $$d/mt10-$$t --env metaworld/$$t --algos tce,bbrl,bbrl-cov --seeds 1 --steps 2000000 || status=1; \
+		if seed0only $$d/mt10-$$t; then \
+			go $$d/mt10-$$t --env metaworld/$$t --algos tce,bbrl,bbrl-cov --seeds 1 --steps 2000000 || status=1; \
+		fi; \
 	done; \
 	go $$d/push-v3-10m --env metaworld/push-v3 --algos tce,bbrl --seeds 3 --steps 10000000 || status=1; \
 	for t in $(MT10); do \
@@ -168,12 +175,14 @@ tce-authors: $(VENV)/.installed
 ABLATION_DIR ?= studies/tce-ablation
 ABLATION_ARCHIVE ?= docs/data/tce-ablation
 tce-ablation: $(VENV)/.installed
-	d=$(ABLATION_DIR) && a=$(ABLATION_ARCHIVE) && $(PY) -m troll.episodic.archive restore $$a $$d && $(ARCHIVED_GO) && \
+	d=$(ABLATION_DIR); a=$(ABLATION_ARCHIVE); status=0; $(ARCHIVED_GO); \
 	go $$d/reach-v3-cov-bound --env metaworld/reach-v3 --algos tce --seeds 1 --steps 2000000 \
-		--sweep cov-bound=0.002,0.008 && \
-	go $$d/reach-v3-init-std --env metaworld/reach-v3 --algos tce,bbrl --seeds 1 --steps 2000000 --sweep init-std=0.3 && \
-	go $$d/push-v3-init-std --env metaworld/push-v3 --algos tce,bbrl --seeds 1 --steps 2000000 --sweep init-std=0.3 && \
-	$(PY) -m troll.episodic.results $$d
+		--sweep cov-bound=0.002,0.008 || status=1; \
+	go $$d/reach-v3-init-std --env metaworld/reach-v3 --algos tce,bbrl --seeds 1 --steps 2000000 \
+		--sweep init-std=0.3 || status=1; \
+	go $$d/push-v3-init-std --env metaworld/push-v3 --algos tce,bbrl --seeds 1 --steps 2000000 \
+		--sweep init-std=0.3 || status=1; \
+	$(PY) -m troll.episodic.results $$d && exit $$status
 
 # docs/tce.md, "Backends": TCE and BBRL on reach-v3 (480k env steps, 3 seeds) on the default simulator (EnvPool),
 # TCE again on the Python package, and both Reacher tasks (400k, EnvPool now their default too); then Welch's

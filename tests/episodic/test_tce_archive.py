@@ -184,3 +184,43 @@ def test_the_committed_archives_match_todays_presets():
             assert summary["env_steps"] == rows[-1]["env_steps"], path
             checked += 1
     assert checked
+
+
+def test_save_never_shrinks_the_archive_nor_stores_a_stale_cell(original, tmp_path, capsys):
+    dest, machine_b = tmp_path / "archive", tmp_path / "machine-b"
+    archive.main(["save", str(original), str(dest)])
+    before = {p: p.read_text() for p in dest.rglob("*.json")}
+    archive.main(["restore", str(dest), str(machine_b)])
+    out = machine_b / "toy"
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, "spec": {**config["spec"], "seeds": [0]}}))
+    capsys.readouterr()
+    assert archive.main(["save", str(machine_b), str(dest)]) == 0  # a smaller grid: the archive keeps its own
+    assert "toy: its grid is not the archive's or grown from it" in capsys.readouterr().out
+    assert {p: p.read_text() for p in dest.rglob("*.json")} == before
+    (out / "config.json").write_text(json.dumps({**config, "spec": {**config["spec"], "threads": 2}}))
+    cell = out / "bbrl" / "seed0" / "config.json"  # a finished cell run with other settings than today's
+    data = json.loads(cell.read_text())
+    cell.write_text(json.dumps({**data, "config": {**data["config"], "init_std": 0.9}}))
+    assert archive.main(["save", str(machine_b), str(dest)]) == 0
+    assert "toy/bbrl/seed0: run with other settings than today's (init_std): not saved" in capsys.readouterr().out
+    assert {p: p.read_text() for p in dest.rglob("seed*.json")} == {
+        p: t for p, t in before.items() if p.name.startswith("seed")
+    }
+
+
+def test_a_damaged_cell_file_is_skipped_and_a_runtime_change_is_no_other_grid(original, tmp_path, capsys):
+    dest, machine_b = tmp_path / "archive", tmp_path / "machine-b"
+    archive.main(["save", str(original), str(dest)])
+    (dest / "toy" / "tce" / "seed1.json").write_text('{"config": {"command": "tce tra')  # a torn file
+    shutil.copytree(original / "toy", machine_b / "toy")
+    shutil.rmtree(machine_b / "toy" / "tce" / "seed1")
+    shutil.rmtree(machine_b / "toy" / "bbrl" / "seed1")
+    config = json.loads((machine_b / "toy" / "config.json").read_text())
+    (machine_b / "toy" / "config.json").write_text(json.dumps({**config, "spec": {**config["spec"], "threads": 2}}))
+    capsys.readouterr()
+    assert archive.main(["restore", str(dest), str(machine_b)]) == 0
+    text = capsys.readouterr().out
+    assert "restored 1 finished cell(s)" in text and "toy/tce/seed1.json is not an archived cell" in text
+    assert (machine_b / "toy" / "bbrl" / "seed1" / "summary.json").is_file()
+    assert not (machine_b / "toy" / "tce" / "seed1").exists()

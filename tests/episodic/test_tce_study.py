@@ -297,7 +297,10 @@ def test_results_report_by_hand(tmp_path, capsys):
         "| toy/viapoint | 0.50 / - (1) | - | - |",
         "| gym/reacher-sparse | 0.75 ± 0.14 / - (3) | 0.50 ± 0.14 / - (3) | +0.25 [-0.37, +0.87] (3) |",
     ]
-    assert "at or above bbrl's on 1 of 1 tasks." in head
+    assert (
+        "At 1,600 env steps, TCE's mean success after the last step is at or above bbrl's on 1 of 1 tasks (0 of "
+        "them ties, 0 at 0 for both)." in head
+    )
     table = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| task |")]
     assert table[:3] == [  # the toy task first; one seed: no standard error
         "| toy/viapoint | tce | 1 | 1,600 | 0.500 | - | 0.500 | 0.375 | -1.500 | 0.250 | - |",
@@ -329,11 +332,17 @@ def test_by_task_counts_the_tasks_where_tce_is_at_or_above_bbrl():
                                                "n": 1}]}  # fmt: skip
 
     studies = [("a", study_data([0.5], [0.5], 0.75)), ("b", study_data([0.25], [0.5], None)),
-               ("c", study_data([1.0], [0.0], 1.0))]  # fmt: skip
+               ("c", study_data([1.0], [0.0], 1.0)), ("d", study_data([0.0], [0.0], None)),
+               ("e", {**study_data([0.0], [0.5], None), "spec": {"steps": 10_000_000}})]  # fmt: skip
     text = results.by_task(studies)
     assert "| a | 0.50 / 0.75 (1) | 0.50 / 0.75 (1) | +0.00 (1) |" in text
     assert "| b | 0.25 / - (1) | 0.50 / - (1) | -0.25 (1) |" in text
-    assert "at or above bbrl's on 2 of 3 tasks." in text  # a tie counts, b is below
+    # a tie counts, b is below; e is at another budget and counted apart
+    assert (
+        "At preset env steps, TCE's mean success after the last step is at or above bbrl's on 3 of 4 tasks (2 of "
+        "them ties, 1 at 0 for both)." in text
+    )
+    assert "At 10M env steps, TCE's mean success after the last step is at or above bbrl's on 0 of 1 tasks" in text
     assert results.by_task([]) == ""
 
 

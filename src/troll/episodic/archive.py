@@ -45,7 +45,7 @@ def expected(spec_json: dict, folder: Path) -> dict[str, dict]:
 
 
 def save(root: Path, dest: Path) -> archive.Outcome:
-    return archive.save(root, dest, command=study_lib.COMMAND, keys=KEYS)
+    return archive.save(root, dest, command=study_lib.COMMAND, keys=KEYS, expected=expected, runtime=RUNTIME_FIELDS)
 
 
 def restore(source: Path, root: Path) -> archive.Outcome:
@@ -70,10 +70,10 @@ def main(argv: list[str] | None = None) -> int:
             outcome = save(args.studies, args.archive)
         else:
             if not args.archive.is_dir():
-                print(f"{args.archive}: no archive yet; nothing to restore.")
+                print(f"{args.archive} does not exist: no archive yet, nothing restored.")
                 return 0
             outcome = restore(args.archive, args.studies)
-    except UsageError as err:
+    except (UsageError, ValueError) as err:  # ValueError: a damaged config.json of a study or of the archive
         print(f"error: {err}", file=sys.stderr)
         return 2
     verb = "saved" if args.action == "save" else "restored"

@@ -70,8 +70,17 @@ def find_studies(folder: Path) -> list[tuple[str, dict]]:
         for value in sorted({a["value"] for a in data["aggregates"]}, key=str):
             label = spec["env"] + ("" if value is None else f" ({spec['sweep_key'].replace('_', '-')}={value})")
             found.append((label, _only(data, value)))
+    labels = [
+        label for label, _ in found
+    ]  # one task at two budgets (push-v3 at 2M and 10M): the budget tells them apart
+    found = [(f"{label}, {_steps(d)} steps" if labels.count(label) > 1 else label, d) for label, d in found]
     family = {f: i for i, f in enumerate(FAMILY_ORDER)}
     return sorted(found, key=lambda t: (min((family[f] for f in family if t[0].startswith(f)), default=9), t[0]))
+
+
+def _steps(data: dict) -> str:
+    steps = data.get("spec", {}).get("steps")
+    return "preset" if steps is None else f"{steps / 1e6:g}M" if steps >= 1e6 else f"{steps:,}"
 
 
 def _only(data: dict, value) -> dict:
@@ -126,7 +135,7 @@ def by_task(studies: list[tuple[str, dict]], baseline: str = "bbrl") -> str:
     text = ("## Success by task: after the last step / at any step (mean ± standard error, seeds)\n\n| task | "
             + " | ".join(algos) + f" | TCE - {baseline}, after the last step: mean [95% interval] (n) |\n"
             + "|---" * (len(algos) + 2) + "|\n")  # fmt: skip
-    at_or_above, compared = 0, 0
+    counts: dict[str, list[int]] = {}  # budget -> [tasks compared, TCE at or above, ties, ties at 0]
     for task, data in studies:
         agg = {a["algo"]: a for a in data["aggregates"]}
         cols = [task]
@@ -145,12 +154,18 @@ def by_task(studies: list[tuple[str, dict]], baseline: str = "bbrl") -> str:
             ci = "" if pair["ci95"] is None else f" [{pair['ci95'][0]:+.2f}, {pair['ci95'][1]:+.2f}]"
             cols.append(f"{pair['mean']:+.2f}{ci} ({pair['n']})")
         if "tce" in agg and baseline in agg and agg["tce"]["success"]["n"] and agg[baseline]["success"]["n"]:
-            compared += 1
-            at_or_above += agg["tce"]["success"]["mean"] >= agg[baseline]["success"]["mean"]
+            ours, theirs = agg["tce"]["success"]["mean"], agg[baseline]["success"]["mean"]
+            c = counts.setdefault(_steps(data), [0, 0, 0, 0])
+            c[0], c[1], c[2], c[3] = (
+                c[0] + 1,
+                c[1] + (ours >= theirs),
+                c[2] + (ours == theirs),
+                c[3] + (ours == theirs == 0),
+            )
         text += "| " + " | ".join(cols) + " |\n"
-    if compared:
-        text += (f"\nTCE's mean success after the last step is at or above {baseline}'s on {at_or_above} of "
-                 f"{compared} tasks.\n")  # fmt: skip
+    for budget, (compared, at_or_above, ties, zero) in counts.items():
+        text += (f"\nAt {budget} env steps, TCE's mean success after the last step is at or above {baseline}'s on "
+                 f"{at_or_above} of {compared} tasks ({ties} of them ties, {zero} at 0 for both).\n")  # fmt: skip
     return text + "\n"
 
 

@@ -4,7 +4,8 @@ Why: a study of many hours outlives the machine it ran on only through what is k
 checkpoints (0.1-1 MB each) beside a metrics.jsonl of every logged key (about 2.4 KB a TCE iteration). The archive
 keeps, per finished cell, what the report reads: the cell's config.json and summary.json whole, and its metrics rows
 reduced to the keys the report plots and computes from, each number rounded to :data:`DIGITS` significant digits
-(the rounding moves a reported mean by less than one part in a million). :func:`restore` writes each archived cell
+(each logged value moves by less than one part in a million of itself; summary.json, which holds the numbers at the
+budget, is kept exactly). :func:`restore` writes each archived cell
 back as a finished run folder (its manifest, config.json, metrics.jsonl, summary.json), so that the study, resumed,
 keeps it, reports it and runs only the cells still missing.
 
@@ -51,8 +52,9 @@ def _round(value):
 
 
 def cell_text(config: dict, summary: dict, rows: list[dict], keys: Iterable[str]) -> str:
-    """The archive file of one cell: JSON whose rows hold ``keys`` (absent keys as null), one row a line."""
-    kept = [k for k in keys if any(k in r for r in rows)]
+    """The archive file of one cell: JSON whose rows hold ``keys`` (absent keys as null; a key no row logs a value
+    of is left out, so that a restored cell saves to the same file), one row a line."""
+    kept = [k for k in keys if any(r.get(k) is not None for r in rows)]
     head = json.dumps({"config": config, "summary": summary, "keys": kept}, sort_keys=True)
     lines = [json.dumps([_round(r.get(k)) for k in kept], separators=(",", ":")) for r in rows]
     return head[:-1] + ', "rows": [\n' + ",\n".join(lines) + "\n]}\n"
@@ -88,22 +90,42 @@ def studies(root: Path, command: str) -> list[Path]:
     return found
 
 
-def save(root: Path, archive: Path, *, command: str, keys: Iterable[str]) -> Outcome:
+def save(
+    root: Path,
+    archive: Path,
+    *,
+    command: str,
+    keys: Iterable[str],
+    expected: Callable[[dict, Path], dict[str, dict]],
+    runtime: Iterable[str] = (),
+) -> Outcome:
     """Archive every finished cell of every study of ``command`` below ``root`` into ``archive``.
 
-    A study's cells are the runs its manifest lists; unfinished ones (no summary.json) are skipped. Files of cells
-    already archived are rewritten only when their content changed.
+    A study's cells are the runs its manifest lists; unfinished ones (no summary.json) are skipped, and so is a cell
+    run with other settings than ``expected`` gives today (it would be rerun, not restored). A study whose grid is
+    smaller than the archived one (fewer seeds or arms) is not saved at all: the archive keeps what it holds.
+    Files already archived are rewritten only when their content changed.
     """
-    root, archive, keys, outcome = Path(root), Path(archive), tuple(keys), Outcome()
+    root, archive, keys, runtime, outcome = Path(root), Path(archive), tuple(keys), frozenset(runtime), Outcome()
     for study in studies(root, command):
         rel = study.relative_to(root)
-        _write_text(archive / rel / CONFIG_FILE, (study / CONFIG_FILE).read_text())
+        here = json.loads((study / CONFIG_FILE).read_text())
+        archived = archive / rel / CONFIG_FILE
+        if archived.is_file() and not _holds(here.get("spec"), json.loads(archived.read_text()).get("spec"), runtime):
+            outcome.skipped[rel.as_posix()] = f"its grid is not the archive's or grown from it; {archived} kept"
+            continue
+        wanted = expected(here["spec"], study)
+        _write_text(archived, (study / CONFIG_FILE).read_text())
         for cell in read_manifest(study).runs:
             folder, label = study / cell, (rel / cell).as_posix()
             if not (folder / SUMMARY_FILE).is_file():
                 outcome.skipped[label] = "not finished"
                 continue
             config = json.loads((folder / CONFIG_FILE).read_text())
+            why = _differs(config, wanted.get(cell), runtime)
+            if why:
+                outcome.skipped[label] = why + ": not saved"
+                continue
             summary = json.loads((folder / SUMMARY_FILE).read_text())
             text = cell_text(config, summary, read_jsonl(folder / METRICS_FILE), keys)
             _write_text(archive / rel / (cell + CELL_SUFFIX), text)
@@ -124,12 +146,12 @@ def restore(
 
     ``expected(spec, study_folder)`` maps each cell of a study (``<arm>/seed<k>``) to the config.json its command
     would write today; an archived cell of another config (apart from the ``runtime`` fields, how a run executes, not
-    what it computes) is not restored, and its reason is in the outcome. A study folder that exists must hold the
-    archive's spec, or one grown from it by more seeds or arms (:class:`UsageError` otherwise, before anything is
-    written); a finished cell is never touched, and an unfinished one is replaced only when its folder holds
-    nothing but its command's files.
+    what it computes) is not restored, and its reason is in the outcome, as is a damaged cell file. A study folder
+    that exists must hold the archive's spec, or one grown from it by more seeds or arms (:class:`UsageError`
+    otherwise, before anything is written); a finished cell is never touched, and an unfinished one is replaced only
+    when its folder holds nothing but its command's files.
     """
-    archive, root, outcome = Path(archive), Path(root), Outcome()
+    archive, root, runtime, outcome = Path(archive), Path(root), frozenset(runtime), Outcome()
     plans = []
     for config_path in sorted(archive.rglob(CONFIG_FILE)):
         rel = config_path.parent.relative_to(archive)
@@ -140,7 +162,7 @@ def restore(
         if (study / CONFIG_FILE).is_file():
             runs.check_folder(study, command, resume=True, overwrite=False, what="study")
             here = json.loads((study / CONFIG_FILE).read_text()).get("spec")
-            if not _holds(here, saved["spec"]):
+            if not _holds(here, saved["spec"], runtime):
                 raise UsageError(f"{study} holds a study of another grid than the archive's {config_path}; move "
                                  "one of them away, or restore into another folder.")  # fmt: skip
         else:
@@ -154,7 +176,7 @@ def restore(
         for path in cells:
             cell = path.relative_to(archive / rel).as_posix()[: -len(CELL_SUFFIX)]
             label = (rel / cell).as_posix()
-            why = _restore_cell(path, study, cell, run_command, wanted.get(cell), frozenset(runtime))
+            why = _restore_cell(path, study, cell, command, run_command, wanted.get(cell), runtime)
             if why:
                 outcome.skipped[label] = why
             else:
@@ -162,30 +184,45 @@ def restore(
     return outcome
 
 
-def _holds(here, saved) -> bool:
+def _differs(config: dict, wanted: dict | None, runtime: frozenset) -> str | None:
+    """Why a cell's config.json is not the one its command would write today (None when it is)."""
+    if wanted is None:
+        return "not a cell of the study's grid"
+    old, new = config.get("config", {}), wanted.get("config", {})
+    differ = sorted(k for k in set(old) | set(new) if k not in runtime and old.get(k) != new.get(k))
+    if config.get("command") != wanted.get("command") or differ:
+        return "run with other settings than today's (" + (", ".join(differ) or "command") + ")"
+    return None
+
+
+def _holds(here, saved, runtime: frozenset = frozenset()) -> bool:
     """True when the study spec ``here`` is ``saved`` or grew from it (a resumed study that added seeds or arms
-    since the archive was saved, and was stopped before saving it again): lists may hold more, nothing else
-    differs."""
+    since the archive was saved, and was stopped before saving it again): lists may hold more, the ``runtime``
+    entries (threads, workers) may differ, nothing else."""
     if not (isinstance(here, dict) and isinstance(saved, dict)) or set(here) != set(saved):
         return False
     return all(
-        here[k] == v or (isinstance(v, list) and isinstance(here[k], list) and all(x in here[k] for x in v))
+        k in runtime
+        or here[k] == v
+        or (isinstance(v, list) and isinstance(here[k], list) and all(x in here[k] for x in v))
         for k, v in saved.items()
     )
 
 
 def _restore_cell(
-    path: Path, study: Path, cell: str, run_command: str, wanted: dict | None, runtime: frozenset
+    path: Path, study: Path, cell: str, command: str, run_command: str, wanted: dict | None, runtime: frozenset
 ) -> str | None:
     """Restore one archived cell into ``study / cell``; None when done, else why not."""
     folder = study / cell
     if wanted is None:
         return "not a cell of the study's grid"
-    config, summary, rows = read_cell(path)
-    old, new = config.get("config", {}), wanted.get("config", {})
-    differ = sorted(k for k in set(old) | set(new) if k not in runtime and old.get(k) != new.get(k))
-    if config.get("command") != wanted.get("command") or differ:
-        return "run with other settings than today's (" + (", ".join(differ) or "command") + "): the study reruns it"
+    try:
+        config, summary, rows = read_cell(path)
+    except ValueError as err:
+        return str(err)
+    why = _differs(config, wanted, runtime)
+    if why:
+        return why + ": the study reruns it"
     if (folder / SUMMARY_FILE).is_file():
         return "already finished here"
     if folder.exists():  # unfinished here: the archive's finished run replaces it, if all in it is the command's
@@ -194,7 +231,7 @@ def _restore_cell(
                 runs.clear(folder, run_command)
         except UsageError as err:
             return f"not restored over the unfinished run there: {err}"
-    runs.begin(study, read_manifest(study).command, runs=(cell,))
+    runs.begin(study, command, runs=(cell,))
     runs.begin(folder, run_command)
     write_json(folder / CONFIG_FILE, config)
     _write_text(folder / METRICS_FILE, "".join(json.dumps(r) + "\n" for r in rows))
