@@ -6,9 +6,11 @@
 ``save`` writes every finished cell of every study below the first folder (its config.json, summary.json and the
 metrics keys the report and the pace diagnosis read: evaluations, rollout return, entropy and its bound, the
 projection's share and proposed steps, the critic's fit); ``restore`` writes them back as finished cells, so that
-``troll tce study --resume`` keeps them and runs only the rest. A cell is restored only if today's presets give it
-the config it ran with; the others are listed and rerun. ``make tce-authors`` does both, so its study continues on a
-new machine from what was committed. The format and the rules: :mod:`troll.study.archive`.
+``troll tce study --resume`` keeps them and runs only the rest, and writes each study's report over its finished
+cells (so ``python -m troll.episodic.results`` reads the archive's numbers without running anything). A cell is
+restored only if today's presets give it the config it ran with; the others are listed and rerun. ``make
+tce-authors`` does both, so its study continues on a new machine from what was committed. The format and the rules:
+:mod:`troll.study.archive`.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from pathlib import Path
 from troll.episodic import study as study_lib
 from troll.episodic.config import RUNTIME_FIELDS
 from troll.runs.files import UsageError
-from troll.study import archive
+from troll.study import Study, archive
+from troll.study import report as report_lib
 
 # the report's curves, and what benchmarks/tce_exploration.py --runs reads to say why a run is slow
 DIAGNOSIS_KEYS = ("proj/mean_dist_before/mean", "proj/cov_dist_before/mean", "policy/entropy_bound",
@@ -48,9 +51,21 @@ def save(root: Path, dest: Path) -> archive.Outcome:
     return archive.save(root, dest, command=study_lib.COMMAND, keys=KEYS, expected=expected, runtime=RUNTIME_FIELDS)
 
 
-def restore(source: Path, root: Path) -> archive.Outcome:
-    return archive.restore(source, root, command=study_lib.COMMAND, run_command=study_lib.RUN_COMMAND,
-                           expected=expected, runtime=RUNTIME_FIELDS)  # fmt: skip
+def restore(source: Path, root: Path, *, report: bool = True) -> archive.Outcome:
+    """Restore, then (``report``) write each restored study's study.json / study.md / study.png over its finished
+    cells, as a study writes them while it runs: ``python -m troll.episodic.results`` reads the archive's numbers
+    without running a cell."""
+    outcome = archive.restore(source, root, command=study_lib.COMMAND, run_command=study_lib.RUN_COMMAND,
+                              expected=expected, runtime=RUNTIME_FIELDS)  # fmt: skip
+    if report:
+        for folder in archive.studies(root, study_lib.COMMAND):
+            spec = study_lib.load_spec(folder)
+            cells = study_lib.plan(spec, folder)
+            status = {c.label: "kept" for c in cells if (c.folder / "summary.json").is_file()}
+            if status:
+                study = Study(folder, study_lib.frontend(spec), spec.grid, spec.to_json(), cells)
+                report_lib.write(study, status)
+    return outcome
 
 
 def main(argv: list[str] | None = None) -> int:
