@@ -156,12 +156,8 @@ def by_task(studies: list[tuple[str, dict]], baseline: str = "bbrl") -> str:
         if "tce" in agg and baseline in agg and agg["tce"]["success"]["n"] and agg[baseline]["success"]["n"]:
             ours, theirs = agg["tce"]["success"]["mean"], agg[baseline]["success"]["mean"]
             c = counts.setdefault(_steps(data), [0, 0, 0, 0])
-            c[0], c[1], c[2], c[3] = (
-                c[0] + 1,
-                c[1] + (ours >= theirs),
-                c[2] + (ours == theirs),
-                c[3] + (ours == theirs == 0),
-            )
+            for i, hit in enumerate((True, ours >= theirs, ours == theirs, ours == theirs == 0)):
+                c[i] += hit
         text += "| " + " | ".join(cols) + " |\n"
     for budget, (compared, at_or_above, ties, zero) in counts.items():
         text += (f"\nAt {budget} env steps, TCE's mean success after the last step is at or above {baseline}'s on "
