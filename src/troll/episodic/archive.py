@@ -22,7 +22,7 @@ from pathlib import Path
 
 from troll.episodic import study as study_lib
 from troll.episodic.config import RUNTIME_FIELDS
-from troll.runs.files import UsageError
+from troll.runs.files import SUMMARY_FILE, UsageError
 from troll.study import Study, archive
 from troll.study import report as report_lib
 
@@ -34,17 +34,13 @@ KEYS = ("iteration", "env_steps", *(c.key for c in study_lib.CURVES), *DIAGNOSIS
 
 def expected(spec_json: dict, folder: Path) -> dict[str, dict]:
     """Each cell of the study (``<arm>/seed<k>``) -> the config.json ``troll tce train`` would write for it today."""
-    from troll.episodic import options as opts
-
     spec = study_lib.StudySpec.from_json(spec_json)
-    configs = {}
-    for cell in study_lib.plan(spec, folder):
-        o = cell.options
-        config = opts.build_config(o["algo"], spec.env, seed=o["seed"], steps=o["steps"], options=o["options"],
-                                   threads=spec.threads, workers=spec.workers)  # fmt: skip
-        rel = cell.folder.relative_to(folder).as_posix()
-        configs[rel] = json.loads(json.dumps({"command": study_lib.RUN_COMMAND, "config": config.to_dict()}))
-    return configs
+    return {
+        cell.folder.relative_to(folder).as_posix(): json.loads(
+            json.dumps({"command": study_lib.RUN_COMMAND, "config": cell.options["config"].to_dict()})
+        )
+        for cell in study_lib.plan(spec, folder)
+    }
 
 
 def save(root: Path, dest: Path) -> archive.Outcome:
@@ -61,7 +57,7 @@ def restore(source: Path, root: Path, *, report: bool = True) -> archive.Outcome
         for folder in archive.studies(root, study_lib.COMMAND):
             spec = study_lib.load_spec(folder)
             cells = study_lib.plan(spec, folder)
-            status = {c.label: "kept" for c in cells if (c.folder / "summary.json").is_file()}
+            status = {c.label: "kept" for c in cells if (c.folder / SUMMARY_FILE).is_file()}
             if status:
                 study = Study(folder, study_lib.frontend(spec), spec.grid, spec.to_json(), cells)
                 report_lib.write(study, status)

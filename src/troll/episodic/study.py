@@ -189,16 +189,17 @@ def _sweep_parser(name: str, kind: type):
 
 
 def cell_options(spec: StudySpec, value, algo: str, seed: int, folder: Path) -> dict:
-    """A cell's settings (checked by building its config): algo, seed, steps and the options that apply to it."""
+    """A cell's settings (checked by building its config): algo, seed, steps, the options that apply to it, and the
+    config built from them (what ``troll tce train`` writes to the cell's config.json)."""
     options = {k: v for k, v in spec.options.items() if opts.applies(k, algo)}
     steps = spec.steps
     if spec.sweep_key == "steps":
         steps = value
     elif spec.sweep_key:
         options[spec.sweep_key] = value
-    opts.build_config(algo, spec.env, seed=seed, steps=steps, options=options, threads=spec.threads,
-                      workers=spec.workers)  # fmt: skip
-    return {"algo": algo, "seed": seed, "steps": steps, "options": options}
+    config = opts.build_config(algo, spec.env, seed=seed, steps=steps, options=options, threads=spec.threads,
+                               workers=spec.workers)  # fmt: skip
+    return {"algo": algo, "seed": seed, "steps": steps, "options": options, "config": config}
 
 
 def plan(spec: StudySpec, out: Path) -> list[Cell]:

@@ -5,9 +5,9 @@ checkpoints (0.1-1 MB each) beside a metrics.jsonl of every logged key (about 2.
 keeps, per finished cell, what the report reads: the cell's config.json and summary.json whole, and its metrics rows
 reduced to the keys the report plots and computes from, each number rounded to :data:`DIGITS` significant digits
 (each logged value moves by less than one part in a million of itself; summary.json, which holds the numbers at the
-budget, is kept exactly). :func:`restore` writes each archived cell
-back as a finished run folder (its manifest, config.json, metrics.jsonl, summary.json), so that the study, resumed,
-keeps it, reports it and runs only the cells still missing.
+budget, is kept exactly). :func:`restore` writes each archived cell back as a finished run folder (its manifest,
+config.json, metrics.jsonl, summary.json), so that the study, resumed, keeps it, reports it and runs only the cells
+still missing.
 
 Layout (``<study>`` is the study folder's path below the folder that was saved)::
 
@@ -32,6 +32,7 @@ from pathlib import Path
 from troll import runs
 from troll.runs.files import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, UsageError, read_jsonl, write_json
 from troll.runs.folder import read_manifest
+from troll.study.grid import grows
 
 DIGITS = 7  # significant digits kept of each logged number; float32 metrics carry about 7
 CELL_SUFFIX = ".json"
@@ -202,9 +203,7 @@ def _holds(here, saved, runtime: frozenset = frozenset()) -> bool:
     if not (isinstance(here, dict) and isinstance(saved, dict)) or set(here) != set(saved):
         return False
     return all(
-        k in runtime
-        or here[k] == v
-        or (isinstance(v, list) and isinstance(here[k], list) and all(x in here[k] for x in v))
+        k in runtime or here[k] == v or (isinstance(v, list) and isinstance(here[k], list) and grows(v, here[k]))
         for k, v in saved.items()
     )
 
