@@ -26,6 +26,7 @@ Prints a markdown table; writes nothing. Needs the run folders (weights are not 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 from pathlib import Path
 
@@ -51,10 +52,16 @@ def play(folder: Path, batches: int) -> dict[str, float]:
         raise SystemExit(f"{folder}: no checkpoint-*.pt (the run has not saved one yet)")
     iteration, path = found[-1]
     rows = []
-    options = config.env_options
-    with make_env(config.env, num_episodes=config.eval_episodes, workers=1, seed=config.seed, **options) as env:
+
+    def env_of(episodes: int):
+        return make_env(config.env, num_episodes=episodes, workers=1, seed=config.seed, **config.env_options)
+
+    with contextlib.ExitStack() as stack:
+        env = stack.enter_context(env_of(config.episodes))  # the agent is built for the training batch's size
         agent = TCEAgent.for_env(config, env)
         agent.load_state_dict(torch.load(path, weights_only=True)["agent"])
+        if config.eval_episodes != config.episodes:
+            env = stack.enter_context(env_of(config.eval_episodes))
         for b in range(batches):
             start = env.reset(reset_seed(config.seed, EVAL_STREAM + b))  # b = 0: the run's own evaluation episodes
             _, pos, vel = agent.trajectories(start, deterministic=True)
@@ -84,7 +91,8 @@ def play(folder: Path, batches: int) -> dict[str, float]:
         return sum(r[key] for r in subset) / len(subset) if subset else float("nan")
 
     def median(key: str, subset) -> float:
-        return torch.tensor([r[key] for r in subset]).median().item() if subset else float("nan")
+        values = torch.tensor([r[key] for r in subset], dtype=torch.float64)
+        return values.quantile(0.5).item() if subset else float("nan")  # the midpoint of the middle two when even
 
     passed = [r for r in rows if r["near_any"] and not r["near_end"]]
     out = {
