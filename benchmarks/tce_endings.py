@@ -27,15 +27,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 from pathlib import Path
 
 import torch
 
 from troll.episodic.agent import TCEAgent, reset_seed
-from troll.episodic.config import TCEConfig
 from troll.episodic.envs import make_env
-from troll.episodic.train import EVAL_STREAM, checkpoints
+from troll.episodic.train import EVAL_STREAM, checkpoints, saved_config
 
 HAND, OBJECT, GOAL = slice(0, 3), slice(4, 7), slice(36, 39)  # Meta-World v3's 39-entry observation
 RADIUS = {"push-v3": 0.05, "pick-place-v3": 0.07}  # m: Meta-World's success threshold on obj_to_target
@@ -43,7 +41,9 @@ RADIUS = {"push-v3": 0.05, "pick-place-v3": 0.07}  # m: Meta-World's success thr
 
 def play(folder: Path, batches: int) -> dict[str, float]:
     """The numbers of the module docstring for one run folder."""
-    config = TCEConfig.from_dict(json.loads((folder / "config.json").read_text())["config"])
+    config = saved_config(folder)
+    if config is None:
+        raise SystemExit(f"{folder}: no config.json of a troll tce train run")
     task = config.env.removeprefix("metaworld/")
     if task not in RADIUS:
         raise SystemExit(f"{folder}: {config.env} is not one of {', '.join('metaworld/' + t for t in RADIUS)}")
@@ -86,16 +86,15 @@ def play(folder: Path, batches: int) -> dict[str, float]:
                     }
                 )
 
-    def mean(key: str, subset=None) -> float:
-        subset = rows if subset is None else subset
-        return sum(r[key] for r in subset) / len(subset) if subset else float("nan")
+    def mean(key: str) -> float:
+        return sum(r[key] for r in rows) / len(rows)
 
     def median(key: str, subset) -> float:
         values = torch.tensor([r[key] for r in subset], dtype=torch.float64)
         return values.quantile(0.5).item() if subset else float("nan")  # the midpoint of the middle two when even
 
     passed = [r for r in rows if r["near_any"] and not r["near_end"]]
-    out = {
+    return {
         "checkpoint iteration": iteration,
         "episodes": len(rows),
         "success after the last step": mean("success"),
@@ -108,9 +107,8 @@ def play(folder: Path, batches: int) -> dict[str, float]:
         "passed: end distance (cm)": 100 * median("end", passed),
         "passed: moved after closest (cm)": 100 * median("after", passed),
         "end distance, all (cm)": 100 * median("end", rows),
+        "hand to object at the end (cm)": 100 * median("hand_object", rows),
     }
-    out["hand to object at the end (cm)"] = 100 * median("hand_object", rows)
-    return out
 
 
 def main() -> None:
@@ -125,7 +123,7 @@ def main() -> None:
     keys = list(next(iter(columns.values())))
     print("| | " + " | ".join(columns) + " |\n" + "|---" * (len(columns) + 1) + "|")
     for key in keys:
-        print(f"| {key} | " + " | ".join(f"{c.get(key, float('nan')):.3g}" for c in columns.values()) + " |")
+        print(f"| {key} | " + " | ".join(f"{c[key]:.3g}" for c in columns.values()) + " |")
 
 
 if __name__ == "__main__":
