@@ -5,12 +5,18 @@ is there (``R/.canary``, ``R/checkpoint-notes.txt``, ``.git/``, ``checkpoint-bac
 in a cell, ``model.safetensors`` beside a foreign ``config.json``); a folder of one command is never replaced by
 another; the leftovers of a start killed before its config.json was whole never make a folder unusable. The
 command-line tests refuse before anything is loaded (well under a second each).
+
+One writer at a time: while another live process holds a run folder, every command refuses it with ``--resume``
+and with ``--overwrite`` and changes nothing; once that process ends (killed, here) the folder is free again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -174,6 +180,98 @@ def test_check_seed_names_the_flag_for_a_23_digit_seed():
     with pytest.raises(ValueError, match=r"--seed must be an integer >= 0 and < 2\*\*32, got 1.235e\+22 \(23"):
         numbers.check_seed("--seed", 12345678901234567890123)
     numbers.check_seed("--seed", 2**32 - 1)
+
+
+# ---------------------------------------------------------------- one writer at a time
+
+HOLDER = """
+import sys, time
+from troll import runs
+runs.begin(sys.argv[1], sys.argv[2])
+print("held", flush=True)
+time.sleep(300)
+"""
+
+
+@contextlib.contextmanager
+def held_elsewhere(out: Path, command: str):
+    """``out`` held by another live process (a run still writing there), killed at the end."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(out), command], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def busy_elsewhere(out: Path) -> bool:
+    """What another process sees: is ``out`` held by someone else?"""
+    probe = "import sys; from troll import runs; print(runs.busy(sys.argv[1]))"
+    return subprocess.run([sys.executable, "-c", probe, str(out)], capture_output=True, text=True).stdout == "True\n"
+
+
+def test_a_folder_another_process_writes_is_refused_until_that_process_ends(tmp_path):
+    out = make_run(tmp_path / "r", "tce train")
+    runs.release(out)
+    with held_elsewhere(out, "tce train") as proc:
+        before = tree(out)  # as the holder's begin left it
+        assert runs.busy(out)
+        for flags in ({"resume": True, "overwrite": False}, {"resume": False, "overwrite": True}):
+            with pytest.raises(UsageError, match="is in use: another process is still writing there.*nothing was"):
+                runs.check_folder(out, "tce train", **flags)
+        with pytest.raises(UsageError, match="in use.*nothing was deleted"):
+            runs.clear(out, "tce train")
+        with pytest.raises(UsageError, match="in use.*nothing was changed"):
+            runs.begin(out, "tce train")
+        assert tree(out) == before
+        proc.kill()  # the way a run usually ends early: the lock goes with the process
+        proc.wait()
+        assert not runs.busy(out)
+        assert runs.check_folder(out, "tce train", resume=True, overwrite=False) == "resume"
+        runs.clear(out, "tce train")
+    assert not out.exists()
+
+
+def test_the_lock_is_this_process_s_until_it_releases_it(tmp_path):
+    out = make_run(tmp_path / "r", "tce train")
+    assert not runs.busy(out)  # its own writer is not in its way: begin again, resume, clear
+    runs.begin(out, "tce train")
+    assert runs.check_folder(out, "tce train", resume=True, overwrite=False) == "resume"
+    assert busy_elsewhere(out)
+    runs.release(out)
+    assert not busy_elsewhere(out)
+    runs.release(out)  # giving back what is not held: nothing happens
+
+
+def test_a_folder_deleted_and_made_again_is_taken_anew(tmp_path):
+    out = make_run(tmp_path / "r", "tce train")
+    runs.clear(out, "tce train")  # deleted while held: the lock of the old folder goes with it
+    make_run(out, "tce train")
+    assert busy_elsewhere(out)  # the new folder is held, not the deleted one
+    runs.release(out)
+    assert not busy_elsewhere(out)
+
+
+@pytest.mark.parametrize(
+    "command, flag",
+    # a study's --resume reads the saved grid first, which a made-up folder lacks: its refusal is check_folder's,
+    # tested above
+    [(c, f) for c in COMMANDS for f in ("--overwrite", "--resume") if not (c.endswith("study") and f == "--resume")],
+)
+def test_every_command_refuses_a_folder_another_process_writes(tmp_path, capsys, command, flag):
+    if command in ("train", "compare", "study"):
+        pytest.importorskip("reasoning_gym")
+    out = make_run(tmp_path / "r", command)
+    if command == "compare":
+        runs.write_json(out / "config.json", {"command": "compare", "runs": []})
+    runs.release(out)
+    argv = [flag if a == "--overwrite" else a for a in _cli_argv(command, out)]
+    with held_elsewhere(out, command):
+        before = tree(out)
+        code, err = run_cli(capsys, *argv)
+    assert code == 2 and f"{out} is in use: another process is still writing there" in err, err
+    assert tree(out) == before
 
 
 # ---------------------------------------------------------------- every command on the command line

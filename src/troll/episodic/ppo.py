@@ -331,6 +331,13 @@ def train(
     config, finished = _prepare(config, out, resume=resume)
     if finished:
         return json.loads((out / SUMMARY_FILE).read_text())
+    try:
+        return _train(config, out, progress=progress, plot=plot, on_row=on_row)
+    finally:
+        runs.release(out)  # the folder's lock, taken by runs.begin in _build
+
+
+def _train(config: PPOConfig, out: Path, *, progress: bool, plot: bool, on_row) -> dict:
     import torch
 
     threads = torch.get_num_threads()

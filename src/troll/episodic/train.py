@@ -85,6 +85,13 @@ def train(
     config, finished = _prepare(config, out, resume=resume)
     if finished:
         return json.loads((out / SUMMARY_FILE).read_text())
+    try:
+        return _train(config, out, progress=progress, plot=plot, on_iteration=on_iteration)
+    finally:
+        runs.release(out)  # the folder's lock, taken by runs.begin in _restore
+
+
+def _train(config: TCEConfig, out: Path, *, progress: bool, plot: bool, on_iteration) -> dict:
     threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)
     try:

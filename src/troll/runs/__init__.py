@@ -1,8 +1,8 @@
 """The run layer every command shares (torch-free): run folders, their files, and the checks of user numbers.
 
 - :mod:`troll.runs.files`: atomic JSON, append-only JSONL, :class:`UsageError` (bad input: exit status 2);
-- :mod:`troll.runs.folder`: what a command wrote into its folder (a manifest), and the one rule set of a new,
-  resumed, replaced or refused folder;
+- :mod:`troll.runs.folder`: what a command wrote into its folder (a manifest), the one rule set of a new,
+  resumed, replaced or refused folder, and one writer at a time;
 - :mod:`troll.runs.checkpoints`: the numbered checkpoint names;
 - :mod:`troll.runs.numbers`: "a finite real number, not a bool", in a range, named as the user wrote it.
 
@@ -21,7 +21,19 @@ from troll.runs.files import (
     truncate_jsonl,
     write_json,
 )
-from troll.runs.folder import LAYOUTS, MANIFEST, begin, check_folder, clear, exclusive, foreign, seal
+from troll.runs.folder import (
+    LAYOUTS,
+    MANIFEST,
+    begin,
+    busy,
+    check_folder,
+    clear,
+    exclusive,
+    foreign,
+    hold,
+    release,
+    seal,
+)
 from troll.runs.numbers import check_int, check_real, check_seed, is_int, is_real
 
 __all__ = [
@@ -33,6 +45,7 @@ __all__ = [
     "UsageError",
     "append_jsonl",
     "begin",
+    "busy",
     "check_folder",
     "check_int",
     "check_out_path",
@@ -41,10 +54,12 @@ __all__ = [
     "clear",
     "exclusive",
     "foreign",
+    "hold",
     "is_int",
     "is_real",
     "numbered_files",
     "read_jsonl",
+    "release",
     "seal",
     "truncate_jsonl",
     "write_json",

@@ -27,6 +27,14 @@ The rules (:func:`check_folder`, which touches nothing):
 
 A folder written before manifests existed (its config.json names the command) is taken as the command's when the
 names in it are those the command writes (:data:`LAYOUTS`); anything else in it is foreign.
+
+One process at a time: :func:`begin` (and :func:`clear`) take an exclusive lock on the folder for the process that
+writes it, :func:`release` gives it back when the command ends, and the operating system drops it when the process
+dies, however it dies. While another live process holds a folder, :func:`check_folder` refuses it (so ``--resume``
+never runs a second writer beside the first, and ``--overwrite`` never deletes a run that is still going), and
+:func:`begin` and :func:`clear` refuse it too. The lock is ``flock`` on the folder itself: nothing is written for
+it, and a folder a killed process held is free at once. Where the file system has no ``flock`` (Windows; some
+network mounts) there is no lock and the other rules still hold.
 """
 
 from __future__ import annotations
@@ -40,6 +48,11 @@ from pathlib import Path
 
 from troll.runs.files import CONFIG_FILE, UsageError, check_out_path, write_json
 
+try:
+    import fcntl
+except ImportError:  # Windows: no flock, no lock (see the module docstring)
+    fcntl = None
+
 MANIFEST = ".troll-run.json"
 _TMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)$")
 
@@ -52,6 +65,82 @@ LAYOUTS: dict[str, tuple[str, ...]] = {
     "study": ("config.json", "study.json", "study.md", "study.png"),
     "tce study": ("config.json", "study.json", "study.md", "study.png"),
 }
+
+
+# ---------------------------------------------------------------------------------------------- one writer
+
+
+_HELD: dict[str, int] = {}  # absolute folder path -> descriptor of the open folder whose lock this process holds
+
+
+def _key(out: Path) -> str:
+    return os.path.abspath(out)
+
+
+def _open_locked(out: Path) -> int | None:
+    """A descriptor of ``out`` with its exclusive lock taken; None when another process holds it. A file system
+    without flock counts as free (the descriptor then holds no lock)."""
+    fd = os.open(out, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except OSError:  # e.g. ENOLCK on a network mount: no lock to be had
+        pass
+    return fd
+
+
+def _held_here(out: Path) -> bool:
+    """True when this process holds the lock of the folder now at ``out`` (not of one deleted since)."""
+    fd = _HELD.get(_key(out))
+    if fd is None:
+        return False
+    try:
+        mine, now = os.fstat(fd), os.stat(out)
+    except OSError:
+        return False
+    return (mine.st_dev, mine.st_ino) == (now.st_dev, now.st_ino)
+
+
+def busy(out: Path) -> bool:
+    """True when another live process holds the folder ``out`` (see the module docstring). Touches nothing."""
+    out = Path(out)
+    if fcntl is None or not out.is_dir() or _held_here(out):
+        return False
+    fd = _open_locked(out)
+    if fd is None:
+        return True
+    os.close(fd)  # closing gives the probe's lock back
+    return False
+
+
+def _busy_error(out: Path, action: str) -> UsageError:
+    return UsageError(
+        f"{out} is in use: another process is still writing there (a run, study or comparison that has not ended). "
+        f"Wait for it to end or stop it, then try again, or choose another --out; {action}."
+    )
+
+
+def hold(out: Path) -> None:
+    """Take the lock of the existing folder ``out`` for this process until :func:`release` or its end;
+    :class:`UsageError` when another live process holds it. Taking it again is a no-op."""
+    out = Path(out)
+    if fcntl is None or _held_here(out):
+        return
+    release(out)  # a descriptor of a folder deleted since
+    fd = _open_locked(out)
+    if fd is None:
+        raise _busy_error(out, "nothing was changed")
+    _HELD[_key(out)] = fd
+
+
+def release(out: Path) -> None:
+    """Give back the lock this process holds on ``out`` (nothing when it holds none). Every command calls it when
+    it ends, so that the same process (a notebook, a test) or another may take the folder up again."""
+    fd = _HELD.pop(_key(out), None)
+    if fd is not None:
+        os.close(fd)
 
 
 def exclusive(*, resume: bool, overwrite: bool) -> None:
@@ -174,6 +263,8 @@ def check_folder(out: Path, command: str, *, resume: bool, overwrite: bool, what
     exclusive(resume=resume, overwrite=overwrite)
     out = Path(out)
     check_out_path(out, f"{what} folder")
+    if busy(out):
+        raise _busy_error(out, "nothing was changed")
     found = inspect(out, command)
     if found.command not in (None, command):
         raise UsageError(
@@ -209,20 +300,32 @@ def _listed(paths: list[str], most: int = 8) -> str:
 
 def clear(out: Path, command: str) -> None:
     """Delete the folder of ``command`` that :func:`check_folder` allowed to replace, looking once more first: a
-    file that appeared since is never deleted."""
-    found = inspect(Path(out), command)
-    if found.command not in (None, command) or found.foreign:
-        listed = _listed(found.foreign)
-        raise UsageError(f"--overwrite: {out} changed since it was checked ({listed}); nothing was deleted.")
-    shutil.rmtree(out)
+    file that appeared since is never deleted, nor a folder another live process holds."""
+    out = Path(out)
+    if out.is_dir():
+        try:
+            hold(out)
+        except UsageError:
+            raise _busy_error(out, "nothing was deleted") from None
+    try:
+        found = inspect(out, command)
+        if found.command not in (None, command) or found.foreign:
+            listed = _listed(found.foreign)
+            raise UsageError(f"--overwrite: {out} changed since it was checked ({listed}); nothing was deleted.")
+        shutil.rmtree(out)
+    finally:
+        release(out)
 
 
 def begin(out: Path, command: str, *, files: tuple[str, ...] | None = None, runs: tuple[str, ...] = ()) -> Manifest:
     """Make ``out`` the folder of ``command``: record (atomically, before any other file of the run is written)
     what it writes there, adding to what an earlier start recorded, and remove the temporary files a killed
-    process left behind. Call it on every start and resume, before the first write."""
+    process left behind. Call it on every start and resume, before the first write; it takes the folder's lock for
+    this process (:func:`hold`, :class:`UsageError` when another process holds it), which :func:`release` gives
+    back when the command ends."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    hold(out)
     old = read_manifest(out)
     if old is not None and old.command != command:
         raise UsageError(f"{out} holds a folder of 'troll {old.command}', not of 'troll {command}'.")

@@ -171,17 +171,20 @@ def restore(
         plans.append((rel, saved, study, expected(saved["spec"], study)))
     for rel, saved, study, wanted in plans:
         cells = sorted(p for p in (archive / rel).rglob("*" + CELL_SUFFIX) if p.name != CONFIG_FILE)
-        if not (study / CONFIG_FILE).is_file():
-            runs.begin(study, command)
-            write_json(study / CONFIG_FILE, saved)
-        for path in cells:
-            cell = path.relative_to(archive / rel).as_posix()[: -len(CELL_SUFFIX)]
-            label = (rel / cell).as_posix()
-            why = _restore_cell(path, study, cell, command, run_command, wanted.get(cell), runtime)
-            if why:
-                outcome.skipped[label] = why
-            else:
-                outcome.done.append(label)
+        try:
+            if not (study / CONFIG_FILE).is_file():
+                runs.begin(study, command)
+                write_json(study / CONFIG_FILE, saved)
+            for path in cells:
+                cell = path.relative_to(archive / rel).as_posix()[: -len(CELL_SUFFIX)]
+                label = (rel / cell).as_posix()
+                why = _restore_cell(path, study, cell, command, run_command, wanted.get(cell), runtime)
+                if why:
+                    outcome.skipped[label] = why
+                else:
+                    outcome.done.append(label)
+        finally:
+            runs.release(study)  # the lock runs.begin took
     return outcome
 
 
@@ -232,7 +235,10 @@ def _restore_cell(
             return f"not restored over the unfinished run there: {err}"
     runs.begin(study, command, runs=(cell,))
     runs.begin(folder, run_command)
-    write_json(folder / CONFIG_FILE, config)
-    _write_text(folder / METRICS_FILE, "".join(json.dumps(r) + "\n" for r in rows))
-    write_json(folder / SUMMARY_FILE, summary)  # last: a cell is finished when its summary exists
+    try:
+        write_json(folder / CONFIG_FILE, config)
+        _write_text(folder / METRICS_FILE, "".join(json.dumps(r) + "\n" for r in rows))
+        write_json(folder / SUMMARY_FILE, summary)  # last: a cell is finished when its summary exists
+    finally:
+        runs.release(folder)
     return None

@@ -79,6 +79,13 @@ def run_study(study: Study, *, clear: bool, jobs: int, report: Callable[[str], N
     if study.frontend.run_command is None:  # cells that keep no manifest of their own are the study's whole
         files, cells = files + tuple(f"{c}/" for c in cells), ()
     runs.begin(study.out, command, files=files, runs=cells)
+    try:
+        return _run(study, jobs=jobs, report=report)
+    finally:
+        runs.release(study.out)  # the folder's lock, taken by runs.begin
+
+
+def _run(study: Study, *, jobs: int, report: Callable[[str], None]) -> dict[str, str]:
     write_json(study.out / CONFIG_FILE, {"command": study.frontend.command, "spec": study.spec, "argv": sys.argv})
 
     def partial(status: dict[str, str]) -> None:

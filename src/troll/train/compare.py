@@ -94,12 +94,19 @@ def check_saved_runs(out: Path, runs: list[RunOptions] | None) -> None:
 
 def run(out: Path, runs: list[RunOptions], *, clear: bool, resume: bool) -> str:
     """Train every run (skipping finished ones when resuming), then write the plot and the table; returns the table."""
-    from troll.train import plots
-    from troll.train.run import train
-
     if clear:
         run_folder.clear(out, COMMAND)
     run_folder.begin(out, COMMAND, runs=tuple(Path(r.out).name for r in runs))
+    try:
+        return _run(out, runs, resume=resume)
+    finally:
+        run_folder.release(out)  # the folder's lock, taken by begin
+
+
+def _run(out: Path, runs: list[RunOptions], *, resume: bool) -> str:
+    from troll.train import plots
+    from troll.train.run import train
+
     config = {"command": COMMAND, "runs": [r.to_json() for r in runs]}
     write_json(out / CONFIG_FILE, config)
     summaries = {}

@@ -120,12 +120,19 @@ def train(opts: RunOptions, *, resume: bool = False, keep_checkpoints: bool = Fa
     """
     import torch
 
-    from troll.train.callbacks import Checkpoints, HeldoutEval, RunLog
-
     start = time.time()
     torch.set_num_threads(opts.threads)
     out = Path(opts.out)
     runs.begin(out, COMMAND)  # the manifest first; stale temporary files of a killed process go
+    try:
+        return _train(opts, out, start, resume=resume, keep_checkpoints=keep_checkpoints, save_model=save_model)
+    finally:
+        runs.release(out)  # the folder's lock, taken by runs.begin
+
+
+def _train(opts: RunOptions, out: Path, start: float, *, resume: bool, keep_checkpoints: bool, save_model: bool):
+    from troll.train.callbacks import Checkpoints, HeldoutEval, RunLog
+
     checkpoint, rows = checkpoints.prepare_resume(out) if resume else (None, [])
     write_config(opts)
     config_cls, trainer_cls = trainer_classes(opts.loss)
