@@ -11,11 +11,13 @@ install therefore stops the run with the import error instead of showing as a fe
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import re
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -193,3 +195,32 @@ def run_cli(capsys, *argv: str) -> tuple[int, str]:
 
     code = main(list(argv))
     return code, capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- run folders another process holds
+
+HOLDER = """
+import sys, time
+from troll import runs
+runs.begin(sys.argv[1], sys.argv[2])
+print("held", flush=True)
+time.sleep(300)
+"""
+
+
+@contextlib.contextmanager
+def held_elsewhere(out: Path, command: str):
+    """``out`` held by another live process (a run still writing there), killed at the end."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(out), command], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def busy_elsewhere(out: Path) -> bool:
+    """What another process sees: is ``out`` held by someone else?"""
+    probe = "import sys; from troll import runs; print(runs.busy(sys.argv[1]))"
+    return subprocess.run([sys.executable, "-c", probe, str(out)], capture_output=True, text=True).stdout == "True\n"

@@ -6,6 +6,7 @@
   (to the rounding);
 - a finished local cell is never touched; an unfinished one is replaced by the archive's finished run unless its
   folder holds a foreign file; an archived cell whose config today's presets would not give is left to rerun;
+- a cell or study another process is writing is left alone (a study of the archive's grid: exit 2);
 - a folder holding another grid is refused with exit 2 before anything is written; one grown from the archive's
   (more seeds) takes its cells.
 """
@@ -18,6 +19,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import held_elsewhere
 
 from troll.cli import main
 from troll.episodic import archive
@@ -123,6 +125,27 @@ def test_restore_keeps_finished_cells_and_replaces_only_clean_unfinished_ones(or
     assert (out / "bbrl" / "seed0" / "summary.json").is_file()
     assert (out / "tce" / "seed1" / "notes.txt").read_text() == "mine"
     assert not (out / "tce" / "seed1" / "summary.json").exists()
+
+
+def test_restore_leaves_what_another_process_is_writing(original, tmp_path, capsys):
+    dest, machine_b = tmp_path / "archive", tmp_path / "machine-b"
+    archive.main(["save", str(original), str(dest)])
+    archive.main(["restore", str(dest), str(machine_b)])
+    out = machine_b / "toy"
+    (out / "bbrl" / "seed0" / "summary.json").unlink()  # unfinished, and its run resumed by another process
+    other = machine_b / "other"  # a study the archive does not hold, running
+    shutil.copytree(out, other)
+    (other / "study.md").unlink()
+    with held_elsewhere(out / "bbrl" / "seed0", "tce train"), held_elsewhere(other, "tce study"):
+        capsys.readouterr()
+        assert archive.main(["restore", str(dest), str(machine_b)]) == 0
+        text = capsys.readouterr().out
+        assert "toy/bbrl/seed0: not restored over the unfinished run there" in text and "is in use" in text
+        assert not (out / "bbrl" / "seed0" / "summary.json").exists()
+        assert not (other / "study.md").exists()  # its report is the running study's to write
+        with held_elsewhere(out, "tce study"):  # a study of the archive's grid, running: nothing is restored
+            assert archive.main(["restore", str(dest), str(machine_b)]) == 2
+            assert "is in use" in capsys.readouterr().err
 
 
 def test_a_cell_run_with_other_settings_is_left_to_rerun(original, tmp_path, capsys):

@@ -1,6 +1,7 @@
 """``troll tce study`` and the report over study folders (``python -m troll.episodic.results``).
 
 - bad input: exit 2, a message naming the flag and the fix, nothing written;
+- a cell another process holds fails alone (the others run), whether the study would resume it or start it over;
 - end to end on the toy task (tce, bbrl x 2 seeds, 2 iterations of 8 episodes; cells are ``troll tce train``
   subprocesses): study.json / study.md against the cells' own summary.json and metrics.jsonl, ``--resume`` of a
   finished study reruns nothing, and of a study with an unfinished cell continues only that cell;
@@ -16,6 +17,7 @@ import os
 from pathlib import Path
 
 import pytest
+from conftest import held_elsewhere
 
 from troll.cli import main
 from troll.episodic import results, study
@@ -112,6 +114,27 @@ def test_a_folder_holding_something_else_or_a_study_is_not_reused(tmp_path, caps
     code, _, err = cli(capsys, "study", "--out", str(out), "--env", "toy/viapoint", "--overwrite")
     assert code == 2 and "'troll tce train', which 'troll tce study' never continues nor replaces" in err
     assert [p.name for p in out.iterdir()] == ["config.json"]
+
+
+@pytest.mark.parametrize("cell", ["with a checkpoint", "without one"])
+def test_a_cell_another_process_holds_fails_alone(tmp_path, capsys, cell):
+    out = tmp_path / "study"
+    argv = ["--env", "toy/viapoint", "--algos", "tce", "--seeds", "2", "--steps", "800", *TINY]
+    assert cli(capsys, "study", "--out", str(out), *argv)[0] == 0
+    seed1 = out / "tce" / "seed1"
+    (seed1 / "summary.json").unlink()  # unfinished: the study would resume it, or start it over
+    if cell == "without one":
+        for path in seed1.glob("checkpoint-*.pt"):
+            path.unlink()
+    (out / "tce" / "seed0" / "summary.json").unlink()
+    with held_elsewhere(seed1, "tce train"):  # e.g. its run resumed by hand
+        before = {p.name: p.stat().st_mtime_ns for p in seed1.iterdir()}
+        code, _, err = cli(capsys, "study", "--out", str(out), "--resume", *argv)
+        assert {p.name: p.stat().st_mtime_ns for p in seed1.iterdir()} == before  # untouched
+    assert code == 1 and f"FAILED {seed1.as_posix()}: {seed1} is in use: another process is still writing" in err
+    cells = json.loads((out / "study.json").read_text())["cells"]
+    status = {Path(c["folder"]).relative_to(out).as_posix(): c["status"] for c in cells}
+    assert status == {"tce/seed0": "done", "tce/seed1": "failed (in use)"}, status
 
 
 # ---------------------------------------------------------------- end to end on the toy task

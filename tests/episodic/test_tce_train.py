@@ -8,7 +8,9 @@ import time
 
 import pytest
 import torch
+from conftest import busy_elsewhere
 
+from troll.episodic import train as train_module
 from troll.episodic.config import TCEConfig
 from troll.episodic.train import checkpoints, train
 from troll.runs.files import UsageError, read_jsonl
@@ -163,3 +165,21 @@ def test_ci_tce_solves_the_toy_task(tmp_path):
     curve = [(r["env_steps"], r["eval/success_rate"]) for r in rows if "eval/success_rate" in r]
     assert summary["success_rate"] >= CI_THRESHOLD, (curve, seconds)
     assert summary["env_steps_to_success"] is not None
+
+
+def test_a_resumed_run_holds_its_folder_from_the_check_on(tmp_path, monkeypatch):
+    """While a resumed run builds its simulators (seconds on Meta-World), no other process may start or delete its
+    folder; once train() returns, the folder is free again (a notebook keeps no lock)."""
+    out = tmp_path / "run"
+    train(tiny(), out, progress=False, plot=False)
+    assert not busy_elsewhere(out)
+    (out / "summary.json").unlink()  # as if killed after its last checkpoint
+    seen, make_env = [], train_module._make_env
+
+    def spy(config, episodes):
+        seen.append(busy_elsewhere(out))
+        return make_env(config, episodes)
+
+    monkeypatch.setattr(train_module, "_make_env", spy)
+    train(None, out, resume=True, progress=False, plot=False)
+    assert seen == [True] and not busy_elsewhere(out)

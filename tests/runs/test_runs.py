@@ -12,15 +12,13 @@ and with ``--overwrite`` and changes nothing; once that process ends (killed, he
 
 from __future__ import annotations
 
-import contextlib
 import json
+import multiprocessing
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import busy_elsewhere, held_elsewhere, run_cli
 
 from troll import runs
 from troll.runs import UsageError, numbers
@@ -184,32 +182,6 @@ def test_check_seed_names_the_flag_for_a_23_digit_seed():
 
 # ---------------------------------------------------------------- one writer at a time
 
-HOLDER = """
-import sys, time
-from troll import runs
-runs.begin(sys.argv[1], sys.argv[2])
-print("held", flush=True)
-time.sleep(300)
-"""
-
-
-@contextlib.contextmanager
-def held_elsewhere(out: Path, command: str):
-    """``out`` held by another live process (a run still writing there), killed at the end."""
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(out), command], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout.readline().strip() == "held"
-        yield proc
-    finally:
-        proc.kill()
-        proc.wait()
-
-
-def busy_elsewhere(out: Path) -> bool:
-    """What another process sees: is ``out`` held by someone else?"""
-    probe = "import sys; from troll import runs; print(runs.busy(sys.argv[1]))"
-    return subprocess.run([sys.executable, "-c", probe, str(out)], capture_output=True, text=True).stdout == "True\n"
-
 
 def test_a_folder_another_process_writes_is_refused_until_that_process_ends(tmp_path):
     out = make_run(tmp_path / "r", "tce train")
@@ -251,6 +223,38 @@ def test_a_folder_deleted_and_made_again_is_taken_anew(tmp_path):
     assert busy_elsewhere(out)  # the new folder is held, not the deleted one
     runs.release(out)
     assert not busy_elsewhere(out)
+
+
+def test_a_begin_that_fails_gives_the_lock_back(tmp_path):
+    out = make_run(tmp_path / "r", "tce train")
+    runs.release(out)
+    with pytest.raises(UsageError, match="not of 'troll train'"):
+        runs.begin(out, "train")  # another command's folder: refused after the lock was taken
+    assert not busy_elsewhere(out)
+
+
+def _child(out: str, queue, done) -> None:
+    try:
+        runs.check_folder(out, "tce train", resume=True, overwrite=False)
+        queue.put("taken")
+    except UsageError:
+        queue.put("refused")
+    done.wait(60)
+
+
+def test_a_forked_child_does_not_hold_its_parent_s_folder(tmp_path):
+    out = make_run(tmp_path / "r", "tce train")
+    ctx = multiprocessing.get_context("fork")
+    queue, done = ctx.Queue(), ctx.Event()
+    child = ctx.Process(target=_child, args=(str(out), queue, done))
+    child.start()
+    try:
+        assert queue.get(timeout=60) == "refused"  # to the child the folder is its parent's: another process's
+        runs.release(out)
+        assert not busy_elsewhere(out)  # the child lives on, but its copy of the descriptor was closed
+    finally:
+        done.set()
+        child.join(60)
 
 
 @pytest.mark.parametrize(

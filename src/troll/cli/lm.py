@@ -471,7 +471,8 @@ def cmd_study(args: argparse.Namespace) -> int:
     failed = [label for label, s in status.items() if s.startswith("failed")]
     print(f"wrote {out / JSON_FILE}, {out / TABLE_FILE} and {out / PLOT_FILE}")
     if failed:
-        print(f"troll study: {len(failed)} cell(s) failed: {', '.join(failed)}; see their .log files", file=sys.stderr)
+        print(f"troll study: {len(failed)} cell(s) failed: {', '.join(failed)}; why is above and in their .log files",
+              file=sys.stderr)  # fmt: skip
         return 1
     return 0
 

@@ -20,6 +20,7 @@ import json
 import sys
 from pathlib import Path
 
+from troll import runs
 from troll.episodic import study as study_lib
 from troll.episodic.config import RUNTIME_FIELDS
 from troll.runs.files import SUMMARY_FILE, UsageError
@@ -55,12 +56,19 @@ def restore(source: Path, root: Path, *, report: bool = True) -> archive.Outcome
                               expected=expected, runtime=RUNTIME_FIELDS)  # fmt: skip
     if report:
         for folder in archive.studies(root, study_lib.COMMAND):
-            spec = study_lib.load_spec(folder)
-            cells = study_lib.plan(spec, folder)
-            status = {c.label: "kept" for c in cells if (c.folder / SUMMARY_FILE).is_file()}
-            if status:
-                study = Study(folder, study_lib.frontend(spec), spec.grid, spec.to_json(), cells)
-                report_lib.write(study, status)
+            try:
+                runs.hold(folder)
+            except UsageError:  # a study running there writes its own report
+                continue
+            try:
+                spec = study_lib.load_spec(folder)
+                cells = study_lib.plan(spec, folder)
+                status = {c.label: "kept" for c in cells if (c.folder / SUMMARY_FILE).is_file()}
+                if status:
+                    study = Study(folder, study_lib.frontend(spec), spec.grid, spec.to_json(), cells)
+                    report_lib.write(study, status)
+            finally:
+                runs.release(folder)
     return outcome
 
 

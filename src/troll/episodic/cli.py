@@ -301,7 +301,7 @@ def cmd_study(args: argparse.Namespace) -> int:
     print(f"wrote {out / JSON_FILE}, {out / TABLE_FILE} and {out / PLOT_FILE}")
     failed = [label for label, s in status.items() if s.startswith("failed")]
     if failed:
-        print(f"troll tce study: {len(failed)} cell(s) failed: {', '.join(failed)}; see their .log files",
-              file=sys.stderr)  # fmt: skip
+        print(f"troll tce study: {len(failed)} cell(s) failed: {', '.join(failed)}; why is above and in their .log "
+              "files", file=sys.stderr)  # fmt: skip
         return 1
     return 0

@@ -328,13 +328,15 @@ def train(
     """Run PPO into ``out`` (same arguments and refusals as :func:`troll.episodic.train.train`); the summary."""
     require_sb3()
     out = Path(out)
-    config, finished = _prepare(config, out, resume=resume)
-    if finished:
-        return json.loads((out / SUMMARY_FILE).read_text())
     try:
+        if out.is_dir():  # held from the check on: no other process starts or deletes it while the env is built
+            runs.hold(out)
+        config, finished = _prepare(config, out, resume=resume)
+        if finished:
+            return json.loads((out / SUMMARY_FILE).read_text())
         return _train(config, out, progress=progress, plot=plot, on_row=on_row)
     finally:
-        runs.release(out)  # the folder's lock, taken by runs.begin in _build
+        runs.release(out)  # the folder's lock (taken here, or by runs.begin in _build for a new folder)
 
 
 def _train(config: PPOConfig, out: Path, *, progress: bool, plot: bool, on_row) -> dict:

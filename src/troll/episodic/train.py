@@ -82,13 +82,15 @@ def train(
     anything is written.
     """
     out = Path(out)
-    config, finished = _prepare(config, out, resume=resume)
-    if finished:
-        return json.loads((out / SUMMARY_FILE).read_text())
     try:
+        if out.is_dir():  # held from the check on: no other process starts or deletes it while the env is built
+            runs.hold(out)
+        config, finished = _prepare(config, out, resume=resume)
+        if finished:
+            return json.loads((out / SUMMARY_FILE).read_text())
         return _train(config, out, progress=progress, plot=plot, on_iteration=on_iteration)
     finally:
-        runs.release(out)  # the folder's lock, taken by runs.begin in _restore
+        runs.release(out)  # the folder's lock (taken here, or by runs.begin in _restore for a new folder)
 
 
 def _train(config: TCEConfig, out: Path, *, progress: bool, plot: bool, on_iteration) -> dict:

@@ -43,6 +43,7 @@ import json
 import os
 import re
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,25 +71,43 @@ LAYOUTS: dict[str, tuple[str, ...]] = {
 # ---------------------------------------------------------------------------------------------- one writer
 
 
-_HELD: dict[str, int] = {}  # absolute folder path -> descriptor of the open folder whose lock this process holds
+_HELD: dict[str, int] = {}  # real folder path -> descriptor of the open folder whose lock this process holds
+_WAIT_S = 1.0  # how long hold() waits out another process's probe (busy() holds its lock for microseconds)
 
 
 def _key(out: Path) -> str:
-    return os.path.abspath(out)
+    return os.path.realpath(out)
 
 
-def _open_locked(out: Path) -> int | None:
-    """A descriptor of ``out`` with its exclusive lock taken; None when another process holds it. A file system
-    without flock counts as free (the descriptor then holds no lock)."""
-    fd = os.open(out, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+def _forget_in_child() -> None:
+    """A forked child does not hold its parent's folders: close its copies of their descriptors (closing, not
+    unlocking, which would free the parent's lock too)."""
+    for fd in _HELD.values():
         os.close(fd)
-        return None
-    except OSError:  # e.g. ENOLCK on a network mount: no lock to be had
-        pass
-    return fd
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def _open_locked(out: Path, *, shared: bool = False, wait_s: float = 0.0) -> int | None:
+    """A descriptor of ``out`` with its lock taken (exclusive, or ``shared`` for a probe), trying for ``wait_s``
+    seconds; None when another process holds it. A file system without flock counts as free (the descriptor then
+    holds no lock)."""
+    fd = os.open(out, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                return None
+            time.sleep(0.02)
+        except OSError:  # e.g. ENOLCK on a network mount: no lock to be had
+            return fd
 
 
 def _held_here(out: Path) -> bool:
@@ -108,7 +127,7 @@ def busy(out: Path) -> bool:
     out = Path(out)
     if fcntl is None or not out.is_dir() or _held_here(out):
         return False
-    fd = _open_locked(out)
+    fd = _open_locked(out, shared=True)  # shared: two probes never refuse each other
     if fd is None:
         return True
     os.close(fd)  # closing gives the probe's lock back
@@ -118,8 +137,14 @@ def busy(out: Path) -> bool:
 def _busy_error(out: Path, action: str) -> UsageError:
     return UsageError(
         f"{out} is in use: another process is still writing there (a run, study or comparison that has not ended). "
-        f"Wait for it to end or stop it, then try again, or choose another --out; {action}."
+        f"Wait for it to end or stop it, then try again, or use another folder; {action}."
     )
+
+
+def check_free(out: Path) -> None:
+    """:class:`UsageError` when another live process holds the folder ``out``. Touches nothing."""
+    if busy(out):
+        raise _busy_error(Path(out), "nothing was changed")
 
 
 def hold(out: Path) -> None:
@@ -129,7 +154,7 @@ def hold(out: Path) -> None:
     if fcntl is None or _held_here(out):
         return
     release(out)  # a descriptor of a folder deleted since
-    fd = _open_locked(out)
+    fd = _open_locked(out, wait_s=_WAIT_S)
     if fd is None:
         raise _busy_error(out, "nothing was changed")
     _HELD[_key(out)] = fd
@@ -263,8 +288,7 @@ def check_folder(out: Path, command: str, *, resume: bool, overwrite: bool, what
     exclusive(resume=resume, overwrite=overwrite)
     out = Path(out)
     check_out_path(out, f"{what} folder")
-    if busy(out):
-        raise _busy_error(out, "nothing was changed")
+    check_free(out)
     found = inspect(out, command)
     if found.command not in (None, command):
         raise UsageError(
@@ -325,19 +349,25 @@ def begin(out: Path, command: str, *, files: tuple[str, ...] | None = None, runs
     back when the command ends."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    held = _held_here(out)
     hold(out)
-    old = read_manifest(out)
-    if old is not None and old.command != command:
-        raise UsageError(f"{out} holds a folder of 'troll {old.command}', not of 'troll {command}'.")
-    files = LAYOUTS[command] if files is None else files
-    merged = Manifest(
-        command,
-        tuple(dict.fromkeys((*(old.files if old else ()), *files))),
-        tuple(dict.fromkeys((*(old.runs if old else ()), *runs))),
-    )
-    if merged != old:
-        write_json(out / MANIFEST, merged.to_json())
-    remove_leftovers(out, merged)
+    try:
+        old = read_manifest(out)
+        if old is not None and old.command != command:
+            raise UsageError(f"{out} holds a folder of 'troll {old.command}', not of 'troll {command}'.")
+        files = LAYOUTS[command] if files is None else files
+        merged = Manifest(
+            command,
+            tuple(dict.fromkeys((*(old.files if old else ()), *files))),
+            tuple(dict.fromkeys((*(old.runs if old else ()), *runs))),
+        )
+        if merged != old:
+            write_json(out / MANIFEST, merged.to_json())
+        remove_leftovers(out, merged)
+    except BaseException:
+        if not held:  # refused or failed: the lock this call took goes back
+            release(out)
+        raise
     return merged
 
 

@@ -121,6 +121,12 @@ def run_cells(
             status[cell.label] = "kept"
             frontend.tidy(cell)
             continue
+        try:
+            _check_free(frontend, cell)
+        except UsageError as err:
+            report(f"FAILED {cell.label}: {err}")
+            status[cell.label] = "failed (in use)"
+            continue
         problem = _restartable(frontend, cell)
         if problem:
             report(f"FAILED {cell.label}: {problem}")
@@ -132,7 +138,12 @@ def run_cells(
     try:
         while todo or running:
             while todo and len(running) < jobs:
-                running.append(_start(frontend, todo.pop(0), env, report))
+                cell = todo.pop(0)
+                try:
+                    running.append(_start(frontend, cell, env, report))
+                except UsageError as err:  # another process took the cell's folder since it was checked
+                    report(f"FAILED {cell.label}: {err}")
+                    status[cell.label] = "failed (in use)"
             time.sleep(POLL_S)
             for item in [r for r in running if r.proc.poll() is not None]:
                 running.remove(item)
@@ -159,7 +170,14 @@ def _restartable(frontend: Frontend, cell: Cell) -> str | None:
     return None
 
 
+def _check_free(frontend: Frontend, cell: Cell) -> None:
+    """:class:`UsageError` when another process is writing the cell's folder (e.g. its run resumed by hand)."""
+    if frontend.run_command is not None:
+        runs.check_free(cell.folder)
+
+
 def _start(frontend: Frontend, cell: Cell, env: dict, report) -> _Running:
+    _check_free(frontend, cell)  # again: it may have been taken since the study looked
     again = frontend.can_resume(cell)
     if frontend.run_command is not None and cell.folder.exists() and not again:
         # interrupted before anything it could continue from: its command's files go (checked by _restartable)
