@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import busy_elsewhere
 
 from troll.cli import build_parser, main
 from troll.episodic import options as opts
@@ -185,6 +186,25 @@ def test_a_folder_holding_something_else_is_refused_untouched(tmp_path, capsys):
     code, _, err = cli(capsys, "train", "--out", str(a_file), *TOY, *TINY)
     assert code == 2 and f"--out: run folder {a_file} exists and is not a folder" in err
     assert a_file.read_text() == "x"
+
+
+def test_resume_holds_out_from_the_first_look_to_the_end(tmp_path, capsys, monkeypatch):
+    """Between the command line's checks of --out and the run, no other process may start or delete a run there."""
+    from troll.episodic import cli as tce_cli
+
+    out = tmp_path / "run"
+    code, _, err = cli(capsys, "train", "--out", str(out), *TOY, *TINY, "--steps", "800")
+    assert code == 0, err
+    seen, train_config = [], tce_cli.train_config
+
+    def spy(args, saved):
+        seen.append(busy_elsewhere(out))
+        return train_config(args, saved)
+
+    monkeypatch.setattr(tce_cli, "train_config", spy)
+    code, _, err = cli(capsys, "train", "--out", str(out), "--resume")
+    assert code == 0, err
+    assert seen == [True] and not busy_elsewhere(out)
 
 
 # ---------------------------------------------------------------- a short run

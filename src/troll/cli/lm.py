@@ -327,9 +327,26 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     runs.exclusive(resume=args.resume, overwrite=args.overwrite)
     train_bound(args)
-    opts = resume_options(args) if args.resume else options_from_args(args)
-    options.check_values(opts)
-    opts = opts.resolved()
+    held = []  # --out from the first look on, so that no other process changes it between the checks and the run
+    try:
+        if hasattr(args, "out") and Path(args.out).is_dir():
+            runs.hold(Path(args.out))
+            held.append(Path(args.out))
+        opts = resume_options(args) if args.resume else options_from_args(args)
+        options.check_values(opts)
+        opts = opts.resolved()
+        if not held and Path(opts.out).is_dir():  # the default folder
+            runs.hold(Path(opts.out))
+            held.append(Path(opts.out))
+        return _train_command(args, opts)
+    finally:
+        for out in held:
+            runs.release(out)
+
+
+def _train_command(args: argparse.Namespace, opts) -> int:
+    from troll.train import options
+
     clear = options.check_folder(Path(opts.out), overwrite=args.overwrite, resume=args.resume)
     validate(opts)
     _quiet()

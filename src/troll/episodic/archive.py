@@ -59,6 +59,7 @@ def restore(source: Path, root: Path, *, report: bool = True) -> archive.Outcome
             try:
                 runs.hold(folder)
             except UsageError:  # a study running there writes its own report
+                print(f"{folder}: another process is running this study; its report is left to it", file=sys.stderr)
                 continue
             try:
                 spec = study_lib.load_spec(folder)

@@ -219,6 +219,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     out = Path(args.out) if hasattr(args, "out") else None
     if out is not None and not args.out.strip():  # Path("") is "."
         raise UsageError("--out is empty; give a folder path, or leave --out out for the default folder.")
+    held = out is not None and out.is_dir()
+    if held:  # from the first look on, so that no other process changes it between the checks and the run
+        runs.hold(out)
+    try:
+        return _train_command(args, out)
+    finally:
+        if held:
+            runs.release(out)
+
+
+def _train_command(args: argparse.Namespace, out: Path | None) -> int:
     saved = saved_run(out) if out is not None and args.resume else None
     if args.resume and saved is None and not hasattr(args, "env"):
         raise UsageError(f"--resume: --out {out} holds no run to resume; start one without --resume, with --env "

@@ -328,6 +328,7 @@ def train(
     """Run PPO into ``out`` (same arguments and refusals as :func:`troll.episodic.train.train`); the summary."""
     require_sb3()
     out = Path(out)
+    held = runs.holds(out)  # by the caller (the command line holds --out from its first look)
     try:
         if out.is_dir():  # held from the check on: no other process starts or deletes it while the env is built
             runs.hold(out)
@@ -336,7 +337,8 @@ def train(
             return json.loads((out / SUMMARY_FILE).read_text())
         return _train(config, out, progress=progress, plot=plot, on_row=on_row)
     finally:
-        runs.release(out)  # the folder's lock (taken here, or by runs.begin in _build for a new folder)
+        if not held:
+            runs.release(out)  # the folder's lock (taken here, or by runs.begin in _build for a new folder)
 
 
 def _train(config: PPOConfig, out: Path, *, progress: bool, plot: bool, on_row) -> dict:

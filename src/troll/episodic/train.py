@@ -82,6 +82,7 @@ def train(
     anything is written.
     """
     out = Path(out)
+    held = runs.holds(out)  # by the caller (the command line holds --out from its first look)
     try:
         if out.is_dir():  # held from the check on: no other process starts or deletes it while the env is built
             runs.hold(out)
@@ -90,7 +91,8 @@ def train(
             return json.loads((out / SUMMARY_FILE).read_text())
         return _train(config, out, progress=progress, plot=plot, on_iteration=on_iteration)
     finally:
-        runs.release(out)  # the folder's lock (taken here, or by runs.begin in _restore for a new folder)
+        if not held:
+            runs.release(out)  # the folder's lock (taken here, or by runs.begin in _restore for a new folder)
 
 
 def _train(config: TCEConfig, out: Path, *, progress: bool, plot: bool, on_iteration) -> dict:

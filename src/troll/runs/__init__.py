@@ -24,6 +24,7 @@ from troll.runs.files import (
 from troll.runs.folder import (
     LAYOUTS,
     MANIFEST,
+    Busy,
     begin,
     busy,
     check_folder,
@@ -32,6 +33,7 @@ from troll.runs.folder import (
     exclusive,
     foreign,
     hold,
+    holds,
     release,
     seal,
 )
@@ -43,6 +45,7 @@ __all__ = [
     "MANIFEST",
     "METRICS_FILE",
     "SUMMARY_FILE",
+    "Busy",
     "UsageError",
     "append_jsonl",
     "begin",
@@ -57,6 +60,7 @@ __all__ = [
     "exclusive",
     "foreign",
     "hold",
+    "holds",
     "is_int",
     "is_real",
     "numbered_files",

@@ -39,6 +39,7 @@ network mounts) there is no lock and the other rules still hold.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -79,12 +80,18 @@ def _key(out: Path) -> str:
     return os.path.realpath(out)
 
 
+class Busy(UsageError):
+    """The folder is held by another live process (:func:`hold`, :func:`check_free`)."""
+
+
 def _forget_in_child() -> None:
     """A forked child does not hold its parent's folders: close its copies of their descriptors (closing, not
     unlocking, which would free the parent's lock too)."""
-    for fd in _HELD.values():
-        os.close(fd)
+    fds = list(_HELD.values())
     _HELD.clear()
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 if hasattr(os, "register_at_fork"):
@@ -94,7 +101,7 @@ if hasattr(os, "register_at_fork"):
 def _open_locked(out: Path, *, shared: bool = False, wait_s: float = 0.0) -> int | None:
     """A descriptor of ``out`` with its lock taken (exclusive, or ``shared`` for a probe), trying for ``wait_s``
     seconds; None when another process holds it. A file system without flock counts as free (the descriptor then
-    holds no lock)."""
+    holds no lock). FileNotFoundError when the folder is gone."""
     fd = os.open(out, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     deadline = time.monotonic() + wait_s
     while True:
@@ -127,15 +134,18 @@ def busy(out: Path) -> bool:
     out = Path(out)
     if fcntl is None or not out.is_dir() or _held_here(out):
         return False
-    fd = _open_locked(out, shared=True)  # shared: two probes never refuse each other
+    try:
+        fd = _open_locked(out, shared=True)  # shared: two probes never refuse each other
+    except FileNotFoundError:  # deleted since: nobody's
+        return False
     if fd is None:
         return True
     os.close(fd)  # closing gives the probe's lock back
     return False
 
 
-def _busy_error(out: Path, action: str) -> UsageError:
-    return UsageError(
+def _busy_error(out: Path, action: str) -> Busy:
+    return Busy(
         f"{out} is in use: another process is still writing there (a run, study or comparison that has not ended). "
         f"Wait for it to end or stop it, then try again, or use another folder; {action}."
     )
@@ -154,10 +164,18 @@ def hold(out: Path) -> None:
     if fcntl is None or _held_here(out):
         return
     release(out)  # a descriptor of a folder deleted since
-    fd = _open_locked(out, wait_s=_WAIT_S)
+    try:
+        fd = _open_locked(out, wait_s=_WAIT_S)
+    except FileNotFoundError:  # deleted since: nothing to hold (whoever writes there next takes it)
+        return
     if fd is None:
         raise _busy_error(out, "nothing was changed")
     _HELD[_key(out)] = fd
+
+
+def holds(out: Path) -> bool:
+    """True when this process holds the folder ``out`` (:func:`hold`)."""
+    return _held_here(Path(out))
 
 
 def release(out: Path) -> None:

@@ -123,7 +123,7 @@ def run_cells(
             continue
         try:
             _check_free(frontend, cell)
-        except UsageError as err:
+        except runs.Busy as err:
             report(f"FAILED {cell.label}: {err}")
             status[cell.label] = "failed (in use)"
             continue
@@ -141,9 +141,9 @@ def run_cells(
                 cell = todo.pop(0)
                 try:
                     running.append(_start(frontend, cell, env, report))
-                except UsageError as err:  # another process took the cell's folder since it was checked
+                except UsageError as err:  # another process took the cell's folder, or wrote in it, since
                     report(f"FAILED {cell.label}: {err}")
-                    status[cell.label] = "failed (in use)"
+                    status[cell.label] = "failed (in use)" if isinstance(err, runs.Busy) else "failed (foreign files)"
             time.sleep(POLL_S)
             for item in [r for r in running if r.proc.poll() is not None]:
                 running.remove(item)
