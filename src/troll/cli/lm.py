@@ -8,6 +8,7 @@ or a file is written; a bad one exits with status 2 and a message saying how to 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
@@ -327,21 +328,14 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     runs.exclusive(resume=args.resume, overwrite=args.overwrite)
     train_bound(args)
-    held = []  # --out from the first look on, so that no other process changes it between the checks and the run
-    try:
-        if hasattr(args, "out") and Path(args.out).is_dir():
-            runs.hold(Path(args.out))
-            held.append(Path(args.out))
+    # --out from the first look on (the default folder once it is known), so that no other process changes it
+    # between the checks and the run
+    with runs.holding(args.out) if hasattr(args, "out") else contextlib.nullcontext():
         opts = resume_options(args) if args.resume else options_from_args(args)
         options.check_values(opts)
         opts = opts.resolved()
-        if not held and Path(opts.out).is_dir():  # the default folder
-            runs.hold(Path(opts.out))
-            held.append(Path(opts.out))
-        return _train_command(args, opts)
-    finally:
-        for out in held:
-            runs.release(out)
+        with runs.holding(opts.out):
+            return _train_command(args, opts)
 
 
 def _train_command(args: argparse.Namespace, opts) -> int:

@@ -219,14 +219,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     out = Path(args.out) if hasattr(args, "out") else None
     if out is not None and not args.out.strip():  # Path("") is "."
         raise UsageError("--out is empty; give a folder path, or leave --out out for the default folder.")
-    held = out is not None and out.is_dir()
-    if held:  # from the first look on, so that no other process changes it between the checks and the run
-        runs.hold(out)
-    try:
+    if out is None:
         return _train_command(args, out)
-    finally:
-        if held:
-            runs.release(out)
+    with runs.holding(out):  # from the first look on: no other process changes it between the checks and the run
+        return _train_command(args, out)
 
 
 def _train_command(args: argparse.Namespace, out: Path | None) -> int:

@@ -328,17 +328,11 @@ def train(
     """Run PPO into ``out`` (same arguments and refusals as :func:`troll.episodic.train.train`); the summary."""
     require_sb3()
     out = Path(out)
-    held = runs.holds(out)  # by the caller (the command line holds --out from its first look)
-    try:
-        if out.is_dir():  # held from the check on: no other process starts or deletes it while the env is built
-            runs.hold(out)
+    with runs.holding(out):  # from the check on: no other process starts or deletes it while the env is built
         config, finished = _prepare(config, out, resume=resume)
         if finished:
             return json.loads((out / SUMMARY_FILE).read_text())
         return _train(config, out, progress=progress, plot=plot, on_row=on_row)
-    finally:
-        if not held:
-            runs.release(out)  # the folder's lock (taken here, or by runs.begin in _build for a new folder)
 
 
 def _train(config: PPOConfig, out: Path, *, progress: bool, plot: bool, on_row) -> dict:

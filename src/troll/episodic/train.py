@@ -82,17 +82,11 @@ def train(
     anything is written.
     """
     out = Path(out)
-    held = runs.holds(out)  # by the caller (the command line holds --out from its first look)
-    try:
-        if out.is_dir():  # held from the check on: no other process starts or deletes it while the env is built
-            runs.hold(out)
+    with runs.holding(out):  # from the check on: no other process starts or deletes it while the env is built
         config, finished = _prepare(config, out, resume=resume)
         if finished:
             return json.loads((out / SUMMARY_FILE).read_text())
         return _train(config, out, progress=progress, plot=plot, on_iteration=on_iteration)
-    finally:
-        if not held:
-            runs.release(out)  # the folder's lock (taken here, or by runs.begin in _restore for a new folder)
 
 
 def _train(config: TCEConfig, out: Path, *, progress: bool, plot: bool, on_iteration) -> dict:

@@ -33,7 +33,7 @@ from troll.runs.folder import (
     exclusive,
     foreign,
     hold,
-    holds,
+    holding,
     release,
     seal,
 )
@@ -60,7 +60,7 @@ __all__ = [
     "exclusive",
     "foreign",
     "hold",
-    "holds",
+    "holding",
     "is_int",
     "is_real",
     "numbered_files",

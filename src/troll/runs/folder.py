@@ -173,14 +173,25 @@ def hold(out: Path) -> None:
     _HELD[_key(out)] = fd
 
 
-def holds(out: Path) -> bool:
-    """True when this process holds the folder ``out`` (:func:`hold`)."""
-    return _held_here(Path(out))
+@contextlib.contextmanager
+def holding(out: Path):
+    """Hold the folder ``out`` for the block, from its start when it exists (:func:`hold`), and give back at the end
+    what this process did not hold on entry: the lock taken here, or by :func:`begin` inside the block. Every
+    command's top level uses it, so a lock never outlives the command (a notebook or a test keeps none)."""
+    out = Path(out)
+    held = _held_here(out)
+    try:
+        if out.is_dir():
+            hold(out)
+        yield
+    finally:
+        if not held:
+            release(out)
 
 
 def release(out: Path) -> None:
-    """Give back the lock this process holds on ``out`` (nothing when it holds none). Every command calls it when
-    it ends, so that the same process (a notebook, a test) or another may take the folder up again."""
+    """Give back the lock this process holds on ``out`` (nothing when it holds none), so that the same process (a
+    notebook, a test) or another may take the folder up again; every command does so through :func:`holding`."""
     fd = _HELD.pop(_key(out), None)
     if fd is not None:
         os.close(fd)

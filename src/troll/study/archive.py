@@ -234,11 +234,9 @@ def _restore_cell(
         except UsageError as err:
             return f"not restored over the unfinished run there: {err}"
     runs.begin(study, command, runs=(cell,))
-    runs.begin(folder, run_command)
-    try:
+    with runs.holding(folder):
+        runs.begin(folder, run_command)
         write_json(folder / CONFIG_FILE, config)
         _write_text(folder / METRICS_FILE, "".join(json.dumps(r) + "\n" for r in rows))
         write_json(folder / SUMMARY_FILE, summary)  # last: a cell is finished when its summary exists
-    finally:
-        runs.release(folder)
     return None

@@ -78,11 +78,9 @@ def run_study(study: Study, *, clear: bool, jobs: int, report: Callable[[str], N
     files = (*runs.LAYOUTS.get(command, STUDY_FILES), *(c.log.relative_to(study.out).as_posix() for c in study.cells))
     if study.frontend.run_command is None:  # cells that keep no manifest of their own are the study's whole
         files, cells = files + tuple(f"{c}/" for c in cells), ()
-    runs.begin(study.out, command, files=files, runs=cells)
-    try:
+    with runs.holding(study.out):
+        runs.begin(study.out, command, files=files, runs=cells)
         return _run(study, jobs=jobs, report=report)
-    finally:
-        runs.release(study.out)  # the folder's lock, taken by runs.begin
 
 
 def _run(study: Study, *, jobs: int, report: Callable[[str], None]) -> dict[str, str]:

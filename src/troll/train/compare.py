@@ -96,11 +96,9 @@ def run(out: Path, runs: list[RunOptions], *, clear: bool, resume: bool) -> str:
     """Train every run (skipping finished ones when resuming), then write the plot and the table; returns the table."""
     if clear:
         run_folder.clear(out, COMMAND)
-    run_folder.begin(out, COMMAND, runs=tuple(Path(r.out).name for r in runs))
-    try:
+    with run_folder.holding(out):
+        run_folder.begin(out, COMMAND, runs=tuple(Path(r.out).name for r in runs))
         return _run(out, runs, resume=resume)
-    finally:
-        run_folder.release(out)  # the folder's lock, taken by begin
 
 
 def _run(out: Path, runs: list[RunOptions], *, resume: bool) -> str:

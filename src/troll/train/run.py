@@ -123,13 +123,9 @@ def train(opts: RunOptions, *, resume: bool = False, keep_checkpoints: bool = Fa
     start = time.time()
     torch.set_num_threads(opts.threads)
     out = Path(opts.out)
-    held = runs.holds(out)  # by the caller (the command line holds --out from its first look)
-    runs.begin(out, COMMAND)  # the manifest first; stale temporary files of a killed process go
-    try:
+    with runs.holding(out):
+        runs.begin(out, COMMAND)  # the manifest first; stale temporary files of a killed process go
         return _train(opts, out, start, resume=resume, keep_checkpoints=keep_checkpoints, save_model=save_model)
-    finally:
-        if not held:
-            runs.release(out)  # the folder's lock, taken by runs.begin
 
 
 def _train(opts: RunOptions, out: Path, start: float, *, resume: bool, keep_checkpoints: bool, save_model: bool):
