@@ -90,6 +90,28 @@ def test_every_preset_value_round_trips_through_its_flag_text(env):
         assert opts.parse_value(f"ppo_{name}", opts.format_value(value), kinds[f"ppo_{name}"]) == value, name
 
 
+@pytest.mark.parametrize(
+    ("extra", "changed"),
+    [
+        (["--backend", "python"], {"backend": "python"}),
+        (["--env-options", '{"gain": 25}'], {"gain": 25.0}),
+        (["--env-options", '{"context": "varying"}', "--backend", "envpool"], {"context": "varying"}),
+    ],
+)
+def test_env_options_given_complete_the_presets(extra, changed):
+    """Regression: a backend or env option on the command line once replaced the metaworld/* preset's env options,
+    and the run lost the authors' controller, gripper start and context without a word. Given ones complete them."""
+    from troll.episodic.cli import train_config
+    from troll.episodic.config import METAWORLD_ENV
+
+    args = build_parser().parse_args(["tce", "train", "--env", "metaworld/reach-v3", "--algo", "bbrl", *extra])
+    assert train_config(args, None).env_options == {**METAWORLD_ENV, "backend": "envpool", **changed}
+    assert TCEConfig.preset("metaworld/reach-v3", env_options={"gain": 25.0}).env_options == {
+        **METAWORLD_ENV,
+        "gain": 25.0,
+    }
+
+
 def test_building_the_parser_imports_no_torch_and_no_simulator():
     code = (
         "import sys; from troll.cli import build_parser; build_parser(); "

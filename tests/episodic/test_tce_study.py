@@ -394,6 +394,30 @@ def test_results_compare_two_studies_by_hand(tmp_path, capsys):
         results.main([str(tmp_path / "a"), "--compare", str(tmp_path / "a"), str(tmp_path / "b")])
 
 
+@pytest.mark.parametrize("algos", ["tce,bbrl,bbrl-cov", "tce"])
+def test_a_metaworld_study_cell_runs_the_authors_env_options(tmp_path, algos):
+    """Regression: the backend a study records (and passes to each cell as ``--env-options``) once replaced the
+    preset's env options, so every metaworld/* study cell ran without the authors' mocap controller, gripper start
+    and full context. Each planned cell, and the config its ``troll tce train`` command line builds, keeps them."""
+    import argparse
+
+    from troll.cli import build_parser
+    from troll.episodic.cli import train_config
+    from troll.episodic.config import METAWORLD_ENV
+
+    args = argparse.Namespace(resume=False, env="metaworld/reach-v3", algos=algos, out=str(tmp_path / "x"))
+    spec = study.spec_from_args(args, {})[0]
+    backend = spec.options["env_options"]["backend"]
+    cells = study.plan(spec, tmp_path / "x")
+    assert len(cells) == 3 * len(algos.split(","))
+    for cell in cells:
+        config = cell.options["config"]
+        assert config.env_options == {**METAWORLD_ENV, "backend": backend}, cell.folder
+        argv = study.cell_argv(cell, spec, resume=False)
+        assert argv[1:3] == ["-m", "troll.cli"]
+        assert train_config(build_parser().parse_args(argv[3:]), None) == config
+
+
 def test_a_study_records_its_backend_and_an_old_one_keeps_its_cells_backend(tmp_path):
     """Every cell of a study runs on one simulator: a new study records the env's default backend (unless given);
     a study saved before that rule resumes on the backend its started cells recorded, not today's default."""

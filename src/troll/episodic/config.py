@@ -378,14 +378,18 @@ class TCEConfig:
     @classmethod
     def preset(cls, env: str, **overrides) -> TCEConfig:
         """The config for ``env``: its family's :data:`PRESETS`, then :data:`ALGO_PRESETS` of (family, algo), then
-        ``overrides`` (field=value)."""
+        ``overrides`` (field=value). ``env_options`` given complete the preset's key by key: ``{"backend":
+        "python"}`` on metaworld/* keeps the authors' controller, gripper start and context."""
         family = env_family(env)
         unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
             raise ValueError(cls._unknown_fields(unknown))
         algo = overrides.get("algo", cls.algo)
-        fields = {**PRESETS[family], **ALGO_PRESETS.get((family, algo), {}), "env": env, **overrides}
-        fields["env_options"] = dict(fields.get("env_options", {}))  # the config's own copy, not the preset's
+        preset = {**PRESETS[family], **ALGO_PRESETS.get((family, algo), {})}
+        fields = {**preset, "env": env, **overrides}
+        given = overrides.get("env_options", {})
+        if isinstance(given, dict):  # anything else is refused by __post_init__, with its message
+            fields["env_options"] = {**preset.get("env_options", {}), **given}  # the config's own copy
         return cls(**fields)
 
     def to_dict(self) -> dict:
