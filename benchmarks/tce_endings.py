@@ -2,12 +2,13 @@
 
 docs/tce.md, "Why TCE falls short". A run's success after the last step (the authors' measure) can sit far below
 its success at any step: the mean trajectory reaches the goal and then leaves it. For each run folder (a finished
-or interrupted ``troll tce train`` folder of metaworld/push-v3 or pick-place-v3), this loads the newest checkpoint,
-plays the mean trajectory (as the run's evaluations do) on the run's own evaluation episodes and on ``--batches`` - 1
-further batches of fresh episodes, and reads the per-step distance of the object to the goal from the observations
-(entries 4-6 and 36-38; this equals Meta-World's ``info["obj_to_target"]`` exactly on these two tasks, not on
-reach-v3, where the observed hand and goal give a distance up to 3 cm off it). Reported per run, over all episodes
-played:
+or interrupted ``troll tce train`` folder of metaworld/push-v3, pick-place-v3 or peg-insert-side-v3), this loads the
+newest checkpoint, plays the mean trajectory (as the run's evaluations do) on the run's own evaluation episodes and
+on ``--batches`` - 1 further batches of fresh episodes, and reads from the observations the per-step positions of
+the hand (entries 0-2, the end effector), the gripper's opening (3), the object (4-6) and the goal (36-38). On push
+and pick-place the object's distance to the goal equals Meta-World's ``info["obj_to_target"]`` exactly; on
+peg-insert-side it does not (Meta-World measures the peg's head, scaled, and observes its grasp point), so the
+distance rows are left out there. Reported per run, over all episodes played:
 
 - ``success after the last step`` and ``at any step``: the env's own flags (``info["success"]``);
 - ``within the radius at some step`` and ``at the end``: from the distances and Meta-World's success radius (5 cm
@@ -15,7 +16,14 @@ played:
 - ``passed``: the share of episodes within the radius at some step but not at the end, and for those the medians of the
   closest distance, the step it was reached at, the distance at the end, and how far the object moved after its
   closest approach (cm);
-- ``hand to object at the end (cm)``, median over all episodes.
+- ``hand to object at the end (cm)``, median over all episodes;
+- the grasp: the share of episodes whose fingers' centre comes within 3 cm of the object (Meta-World's
+  ``near_object``; the centre is taken 4.5 cm below the observed hand, the offset at reset, which the fixed grip
+  keeps to 0.6 cm under random actions), the gripper's opening when they are closest to it and its smallest
+  opening in the episode (medians; 1 open, 0 closed), the share that lift the object 2 cm above its start
+  (Meta-World's height rule for a grasp on pick-place; it takes 1 cm on peg-insert-side) with the median highest
+  lift (cm), and the share of steps whose desired gripper command is above 0 (closing), in the mean trajectory and
+  in one trajectory drawn from the policy per episode (what it still explores).
 
     OMP_NUM_THREADS=1 python benchmarks/tce_endings.py --batches 8 studies/tce-authors/push-v3-10m/tce/seed0 \\
         studies/tce-authors/push-v3-10m/bbrl/seed0
@@ -35,8 +43,12 @@ from troll.episodic.agent import TCEAgent, reset_seed
 from troll.episodic.envs import make_env
 from troll.episodic.train import EVAL_STREAM, checkpoints, saved_config
 
-HAND, OBJECT, GOAL = slice(0, 3), slice(4, 7), slice(36, 39)  # Meta-World v3's 39-entry observation
-RADIUS = {"push-v3": 0.05, "pick-place-v3": 0.07}  # m: Meta-World's success threshold on obj_to_target
+HAND, OPENING, OBJECT, GOAL = slice(0, 3), 3, slice(4, 7), slice(36, 39)  # Meta-World v3's 39-entry observation
+GRIPPER = 3  # the gripper's DoF in the desired trajectory: Meta-World closes the fingers for a command above 0
+# m: Meta-World's success threshold on obj_to_target, where the observations give it (None: they do not)
+RADIUS = {"push-v3": 0.05, "pick-place-v3": 0.07, "peg-insert-side-v3": None}
+FINGERS = torch.tensor([0.0, 0.0, -0.045], dtype=torch.float64)  # m: fingers' centre from the hand (fixed grip)
+NEAR, LIFT = 0.03, 0.02  # m: Meta-World's near_object radius; the object "lifted"
 
 
 def play(folder: Path, batches: int) -> dict[str, float]:
@@ -47,6 +59,7 @@ def play(folder: Path, batches: int) -> dict[str, float]:
     task = config.env.removeprefix("metaworld/")
     if task not in RADIUS:
         raise SystemExit(f"{folder}: {config.env} is not one of {', '.join('metaworld/' + t for t in RADIUS)}")
+    radius = RADIUS[task] or float("nan")  # nan: every comparison false; the rows built on it are left out below
     found = checkpoints(folder)
     if not found:
         raise SystemExit(f"{folder}: no checkpoint-*.pt (the run has not saved one yet)")
@@ -65,24 +78,37 @@ def play(folder: Path, batches: int) -> dict[str, float]:
         for b in range(batches):
             start = env.reset(reset_seed(config.seed, EVAL_STREAM + b))  # b = 0: the run's own evaluation episodes
             _, pos, vel = agent.trajectories(start, deterministic=True)
+            _, drawn, _ = agent.trajectories(start)  # one draw of theta per episode: what the policy still explores
             ep = env.run(pos, vel)
             states = ep.states.double()
             dist = (states[:, :, OBJECT] - states[:, :, GOAL]).norm(dim=-1)[:, 1:]  # (E, T): after each step
             closest, at = dist.min(1)
             ends = states[:, -1]
             after = (states[:, -1, OBJECT] - states[torch.arange(len(at)), at + 1, OBJECT]).norm(dim=-1)
+            reach, nearest = (states[:, :, HAND] + FINGERS - states[:, :, OBJECT]).norm(dim=-1).min(1)
+            opening = states[torch.arange(len(nearest)), nearest, OPENING]
+            narrowest = states[:, :, OPENING].amin(1)
+            closing = (pos[:, 1:, GRIPPER] > 0).double().mean(1), (drawn[:, 1:, GRIPPER] > 0).double().mean(1)
+            lift = (states[:, :, OBJECT.stop - 1] - states[:, :1, OBJECT.stop - 1]).amax(1)
             for i in range(dist.shape[0]):
                 rows.append(
                     {
                         "success": float(ep.success[i]),
                         "success_any": float(ep.final["success_any"][i]),
-                        "near_any": float(closest[i] <= RADIUS[task]),
-                        "near_end": float(dist[i, -1] <= RADIUS[task]),
+                        "near_any": float(closest[i] <= radius),
+                        "near_end": float(dist[i, -1] <= radius),
                         "closest": closest[i].item(),
                         "at": at[i].item() + 1,
                         "end": dist[i, -1].item(),
                         "after": after[i].item(),
                         "hand_object": (ends[i, HAND] - ends[i, OBJECT]).norm().item(),
+                        "reached": float(reach[i] <= NEAR),
+                        "opening": opening[i].item(),
+                        "narrowest": narrowest[i].item(),
+                        "closing_mean": closing[0][i].item(),
+                        "closing_drawn": closing[1][i].item(),
+                        "lifted": float(lift[i] >= LIFT),
+                        "lift": lift[i].item(),
                     }
                 )
 
@@ -94,11 +120,8 @@ def play(folder: Path, batches: int) -> dict[str, float]:
         return values.quantile(0.5).item() if subset else float("nan")  # the midpoint of the middle two when even
 
     passed = [r for r in rows if r["near_any"] and not r["near_end"]]
-    return {
-        "checkpoint iteration": iteration,
-        "episodes": len(rows),
-        "success after the last step": mean("success"),
-        "success at any step": mean("success_any"),
+    nan = float("nan")
+    distances = {  # nan (printed "-") where the observations do not give Meta-World's distance
         "within the radius at some step": mean("near_any"),
         "within the radius at the end": mean("near_end"),
         "passed (near, then left)": len(passed) / len(rows),
@@ -107,7 +130,21 @@ def play(folder: Path, batches: int) -> dict[str, float]:
         "passed: end distance (cm)": 100 * median("end", passed),
         "passed: moved after closest (cm)": 100 * median("after", passed),
         "end distance, all (cm)": 100 * median("end", rows),
+    }
+    return {
+        "checkpoint iteration": iteration,
+        "episodes": len(rows),
+        "success after the last step": mean("success"),
+        "success at any step": mean("success_any"),
+        **{key: value if RADIUS[task] else nan for key, value in distances.items()},
         "hand to object at the end (cm)": 100 * median("hand_object", rows),
+        "fingers within 3 cm of the object at some step": mean("reached"),
+        "gripper opening at the fingers' closest (median)": median("opening", rows),
+        "gripper's smallest opening in the episode (median)": median("narrowest", rows),
+        "steps commanding the gripper closed: mean trajectory": mean("closing_mean"),
+        "steps commanding the gripper closed: drawn trajectories": mean("closing_drawn"),
+        "lifted the object 2 cm at some step": mean("lifted"),
+        "highest lift (median, cm)": 100 * median("lift", rows),
     }
 
 
@@ -123,7 +160,7 @@ def main() -> None:
     keys = list(next(iter(columns.values())))
     print("| | " + " | ".join(columns) + " |\n" + "|---" * (len(columns) + 1) + "|")
     for key in keys:
-        print(f"| {key} | " + " | ".join(f"{c[key]:.3g}" for c in columns.values()) + " |")
+        print(f"| {key} | " + " | ".join("-" if c[key] != c[key] else f"{c[key]:.3g}" for c in columns.values()) + " |")
 
 
 if __name__ == "__main__":
