@@ -1,8 +1,9 @@
 """How far a preset explores at the start, and what limits its pace in a run (docs/tce.md, "Why the authors' setup
 is slow at 2M steps").
 
-Part 1, the initial policy (no learning). For each preset (``authors``: the metaworld/* preset; ``earlier``: the
-same with every field the authors' setup sets put back to the dataclass default, the preset of 2026-11-23), build
+Part 1, the initial policy (no learning). For each preset (``authors``: the metaworld/* preset; ``hand``: the same
+with metaworld's own env options, as the runs of docs/tce.md's "first MT10 study" had; ``earlier``: the same with
+every field the authors' setup sets put back to the dataclass default, the preset of 2026-11-23), build
 the agent for ``--env``, reset E episodes and draw ``--samples`` parameter vectors theta per episode from the
 initial policy. Reported, from the desired trajectories (E x samples):
 
@@ -43,13 +44,22 @@ from troll.episodic.envs import make_env
 SHARED = {"episodes", "eval_episodes", "eval_every", "total_env_steps", "mean_bound", "cov_bound"}
 
 
+# metaworld/*'s own env options (envs/metaworld.py's defaults): what the preset's env options replace
+METAWORLD_DEFAULTS = {"controller": "hand", "gain": 50.0, "gripper_start": "command", "context": "varying"}
+
+
 def presets(env: str) -> dict[str, TCEConfig]:
-    """The authors' preset of ``env`` and the earlier one (the dataclass defaults for what the authors' sets)."""
+    """The authors' preset of ``env``; ``hand``, the same with metaworld's own env options (the runs of
+    docs/tce.md's "first MT10 study"); and the earlier one (the dataclass defaults for what the authors' sets)."""
     authors = TCEConfig.preset(env, workers=1)
     defaults = {f.name: f.default for f in dataclasses.fields(TCEConfig) if f.default is not dataclasses.MISSING}
     back = {k: defaults[k] for k in PRESETS["metaworld"] if k not in SHARED and k in defaults}
-    back["env_options"] = {}
-    return {"authors": authors, "earlier": TCEConfig.preset(env, workers=1, **back)}
+    back["env_options"] = METAWORLD_DEFAULTS
+    return {
+        "authors": authors,
+        "hand": TCEConfig.preset(env, workers=1, env_options=METAWORLD_DEFAULTS),
+        "earlier": TCEConfig.preset(env, workers=1, **back),
+    }
 
 
 def initial_exploration(config: TCEConfig, samples: int, seed: int) -> dict[str, float]:
