@@ -445,3 +445,63 @@ def test_a_study_records_its_backend_and_an_old_one_keeps_its_cells_backend(tmp_
     assert spec.options["env_options"] == {"backend": "python"}
     argv = study.cell_argv(study.plan(spec, tmp_path / "old")[-1], spec, resume=False)
     assert argv[argv.index("--env-options") + 1] == '{"backend": "python"}'
+
+
+def test_resume_refuses_a_study_whose_started_cells_ran_other_settings(tmp_path, capsys):
+    """A study folder made by an older version (here: a metaworld cell that ran with the backend alone as its env
+    options, as every cell did before the preset's options were kept) is refused by --resume with exit 2, naming
+    the cell, and left untouched; a cell started with today's settings (other threads allowed) passes."""
+    import dataclasses
+
+    from troll.runs.files import write_json
+
+    out = tmp_path / "st"
+    spec = study.StudySpec("metaworld/reach-v3", ["tce", "bbrl"], [0], steps=16_000,
+                           options={"env_options": {"backend": "envpool"}})  # fmt: skip
+    out.mkdir()
+    write_json(out / "config.json", {"command": "tce study", "spec": spec.to_json(), "argv": []})
+    cells = study.plan(spec, out)
+    tce, bbrl = cells
+    today = dataclasses.replace(tce.options["config"], threads=2)
+    (tce.folder).mkdir(parents=True)
+    write_json(tce.folder / "config.json", {"command": "tce train", "config": today.to_dict()})
+    study.check_started(cells, out)  # today's settings: resumes
+
+    old = dataclasses.replace(bbrl.options["config"], env_options={"backend": "envpool"})
+    bbrl.folder.mkdir(parents=True)
+    write_json(bbrl.folder / "config.json", {"command": "tce train", "config": old.to_dict()})
+    before = sorted((p.relative_to(out), p.read_bytes()) for p in out.rglob("*") if p.is_file())
+    assert main(["tce", "study", "--out", str(out), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "1 started cell(s)" in err and "bbrl/seed0 (other settings than today's (env_options))" in err, err
+    assert "new --out" in err and "Nothing was changed" in err
+    assert sorted((p.relative_to(out), p.read_bytes()) for p in out.rglob("*") if p.is_file()) == before
+
+    # a cell from before its env had an EnvPool backend ran on the Python package and resumes there
+    spec = dataclasses.replace(spec, options={"env_options": {"backend": "python"}})
+    (cell,) = study.plan(dataclasses.replace(spec, algos=["tce"]), tmp_path / "py")
+    cell.folder.mkdir(parents=True)
+    no_backend = dataclasses.replace(cell.options["config"], env_options={
+        k: v for k, v in cell.options["config"].env_options.items() if k != "backend"})  # fmt: skip
+    write_json(cell.folder / "config.json", {"command": "tce train", "config": no_backend.to_dict()})
+    study.check_started([cell], tmp_path / "py")
+
+
+def test_resume_takes_the_env_options_the_study_was_started_with(tmp_path):
+    """--resume with the --env-options a study was started with is not refused, though the saved spec also holds
+    the backend the study recorded; a value that differs is."""
+    import argparse
+
+    from troll.runs.files import write_json
+
+    saved = study.StudySpec("metaworld/reach-v3", ["tce"], [0], steps=16_000,
+                            options={"env_options": {"context": "varying", "backend": "envpool"}})  # fmt: skip
+    (tmp_path / "st").mkdir()
+    write_json(tmp_path / "st" / "config.json", {"command": "tce study", "spec": saved.to_json(), "argv": []})
+    resume = argparse.Namespace(resume=True, out=str(tmp_path / "st"))
+    spec, _ = study.spec_from_args(resume, {"env_options": {"context": "varying"}})
+    assert spec.options == saved.options
+    with pytest.raises(study.UsageError, match="--env-options"):
+        study.spec_from_args(resume, {"env_options": {"context": "full"}})
+    with pytest.raises(study.UsageError, match="--env-options"):
+        study.spec_from_args(resume, {"env_options": {"gain": 25.0}})

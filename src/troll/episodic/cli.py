@@ -168,22 +168,13 @@ def train_config(args: argparse.Namespace, saved: dict | None):
 def _resumed_config(args, saved: dict, given: dict, seed, steps, threads, workers):
     algo = saved.get("algo")
     if algo == "ppo":
-        from troll.episodic.ppo import PPOConfig as Config
-
         opts.check_algo(algo)
-    else:
-        from troll.episodic.config import TCEConfig as Config
     try:
-        config = Config.from_dict(saved)
+        config = opts.resumed_config(saved)
     except ValueError as err:
         raise UsageError(f"--resume: the folder's {CONFIG_FILE} cannot be read by this version: {err}") from None
     import dataclasses
 
-    from troll.episodic.envs.registry import has_backends
-
-    if algo != "ppo" and has_backends(config.env) and "backend" not in config.env_options:
-        # a run from before its env had an EnvPool backend ran on the Python package: it continues there
-        config = dataclasses.replace(config, env_options={**config.env_options, "backend": "python"})
     if "env_options" in given and algo != "ppo":  # the run's env options, as given ones complete them
         given = {**given, "env_options": {**config.env_options, **given["env_options"]}}
     wanted = {"algo": getattr(args, "algo", None), "env": getattr(args, "env", None), "seed": seed,
@@ -286,6 +277,8 @@ def cmd_study(args: argparse.Namespace) -> int:
     jobs = _int_flag(args, "jobs", 1)
     spec, out = study.spec_from_args(args, given_options(args))
     cells = study.plan(spec, out)
+    if args.resume:
+        study.check_started(cells, out)
     if "ppo" in spec.algos:
         from troll.episodic.ppo import require_sb3
 

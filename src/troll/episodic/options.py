@@ -256,6 +256,26 @@ def build_config(algo: str, env: str, *, seed: int, steps: int | None, options: 
     return with_env_options(config)
 
 
+def resumed_config(saved: dict):
+    """The config a run resumes with, from the "config" entry of its config.json: the TCEConfig or PPOConfig it
+    holds (fields added since take their defaults), and a TCE run on an env that has since gained an EnvPool backend
+    recorded on the Python package, which it ran on. ValueError when this version cannot read it."""
+    import dataclasses
+
+    from troll.episodic.envs.registry import has_backends
+
+    if saved.get("algo") == "ppo":
+        from troll.episodic.ppo import PPOConfig
+
+        return PPOConfig.from_dict(saved)
+    from troll.episodic.config import TCEConfig
+
+    config = TCEConfig.from_dict(saved)
+    if has_backends(config.env) and "backend" not in config.env_options:
+        config = dataclasses.replace(config, env_options={**config.env_options, "backend": "python"})
+    return config
+
+
 def with_env_options(config):
     """``config`` with its env options checked (type, range, finite: envs/registry.check_options) and the backend
     recorded, so that a resumed run keeps its simulator; UsageError naming --env-options otherwise. Also the sizes

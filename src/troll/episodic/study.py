@@ -107,7 +107,7 @@ def spec_from_args(args, given: dict) -> tuple[StudySpec, Path]:
                  if f"--{n}" in given_flags and grid_lib.grows(getattr(saved, n), getattr(fresh, n))}  # fmt: skip
         differ = [o for o in given_flags if any(n not in grown and getattr(fresh, n) != getattr(saved, n)
                                                 for n in grid_flags[o])]  # fmt: skip
-        differ += [opts.flag(k) for k, v in given.items() if saved.options.get(k) != v]
+        differ += [opts.flag(k) for k, v in given.items() if not _same_option(k, v, saved.options)]
         if differ:
             raise UsageError(f"--resume continues the saved study; {', '.join(differ)} differ from its config.json. "
                              "Drop them (only --threads and --workers may change, and --algos and --seeds may add "
@@ -121,6 +121,14 @@ def spec_from_args(args, given: dict) -> tuple[StudySpec, Path]:
     return spec, Path(getattr(args, "out", "") or f"runs/tce-study-{spec.env.replace('/', '-')}")
 
 
+def _same_option(name: str, value, saved: dict) -> bool:
+    """Whether a flag given to ``--resume`` says what the saved study says: the same value, or for ``env_options``
+    the same value of every key given (the saved ones also hold the backend the study recorded)."""
+    if name == "env_options" and isinstance(value, dict) and isinstance(saved.get(name), dict):
+        return all(k in saved[name] and saved[name][k] == v for k, v in value.items())
+    return saved.get(name) == value
+
+
 def _with_backend(spec: StudySpec, backend: str | None = None) -> StudySpec:
     """The spec with its simulator recorded (``env_options["backend"]``), so that every cell of the study, including
     those a later sitting starts after the default changed, runs on one backend: the one given, else ``backend`` (a
@@ -132,6 +140,39 @@ def _with_backend(spec: StudySpec, backend: str | None = None) -> StudySpec:
         return spec
     env_options["backend"] = backend or default_backend(spec.env)
     return dataclasses.replace(spec, options={**spec.options, "env_options": env_options})
+
+
+def check_started(cells: list[Cell], out: Path) -> None:
+    """UsageError, before anything is written, when a started cell of a resumed study (its config.json written)
+    would resume with other settings than the study gives it today: a folder made by an older version (for one,
+    before metaworld/* cells kept the preset's env options beside a recorded backend), which ``--resume`` would
+    otherwise finish or keep beside new cells, mixing two setups in one report."""
+    import json
+
+    from troll.episodic.config import RUNTIME_FIELDS
+    from troll.study.archive import differs
+
+    stale = []
+    for cell in cells:
+        path = cell.folder / "config.json"
+        try:
+            saved = json.loads(path.read_text())
+            resumed = {"command": saved.get("command"), "config": opts.resumed_config(saved["config"]).to_dict()}
+        except FileNotFoundError:
+            continue  # not started
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue  # damaged or unreadable: the cell's own --resume says so, and the cell fails alone
+        wanted = {"command": RUN_COMMAND, "config": cell.options["config"].to_dict()}
+        why = differs(*json.loads(json.dumps([resumed, wanted])), frozenset(RUNTIME_FIELDS))
+        if why:
+            stale.append(f"{cell.folder.relative_to(out).as_posix()} ({why.removeprefix('run with ')})")
+    if stale:
+        shown = "; ".join(stale[:3]) + (f"; and {len(stale) - 3} more" if len(stale) > 3 else "")
+        raise UsageError(
+            f"--resume: {len(stale)} started cell(s) of {out} ran with other settings than this version gives the "
+            f"study: {shown}. They were made by an older version: leave the folder as it is and start the study "
+            "again with a new --out (or move this one away). Nothing was changed."
+        )
 
 
 def _started_backend(out: Path) -> str | None:

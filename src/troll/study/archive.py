@@ -123,7 +123,7 @@ def save(
                 outcome.skipped[label] = "not finished"
                 continue
             config = json.loads((folder / CONFIG_FILE).read_text())
-            why = _differs(config, wanted.get(cell), runtime)
+            why = differs(config, wanted.get(cell), runtime)
             if why:
                 outcome.skipped[label] = why + ": not saved"
                 continue
@@ -188,7 +188,7 @@ def restore(
     return outcome
 
 
-def _differs(config: dict, wanted: dict | None, runtime: frozenset) -> str | None:
+def differs(config: dict, wanted: dict | None, runtime: frozenset) -> str | None:
     """Why a cell's config.json is not the one its command would write today (None when it is)."""
     if wanted is None:
         return "not a cell of the study's grid"
@@ -222,7 +222,7 @@ def _restore_cell(
         config, summary, rows = read_cell(path)
     except ValueError as err:
         return str(err)
-    why = _differs(config, wanted, runtime)
+    why = differs(config, wanted, runtime)
     if why:
         return why + ": the study reruns it"
     if (folder / SUMMARY_FILE).is_file():
