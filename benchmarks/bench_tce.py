@@ -89,7 +89,8 @@ def time_iteration(env_name: str, backend: str, workers: int, repeats: int, epis
     sizes = {"episodes": episodes, "eval_episodes": episodes} if episodes else {}
     cfg = TCEConfig.preset(env_name, workers=workers, **sizes)
     rows = []
-    with make_env(cfg.env, num_episodes=cfg.episodes, workers=workers, seed=cfg.seed, backend=backend) as env:
+    options = {**cfg.env_options, "backend": backend}  # the preset's (before 2026-11-27: metaworld's own, see docs)
+    with make_env(cfg.env, num_episodes=cfg.episodes, workers=workers, seed=cfg.seed, **options) as env:
         agent = TCEAgent.for_env(cfg, env)
         agent.update(agent.rollout(env, reset_seed(0, 0)))  # warm-up
         its, rollouts, updates, evals = [], [], [], []

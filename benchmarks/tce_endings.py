@@ -25,8 +25,8 @@ distance rows are left out there. Reported per run, over all episodes played:
   lift (cm), and the share of steps whose desired gripper command is above 0 (closing), in the mean trajectory and
   in one trajectory drawn from the policy per episode (what it still explores).
 
-    OMP_NUM_THREADS=1 python benchmarks/tce_endings.py --batches 8 studies/tce-authors/push-v3-10m/tce/seed0 \\
-        studies/tce-authors/push-v3-10m/bbrl/seed0
+    OMP_NUM_THREADS=1 python benchmarks/tce_endings.py --batches 8 studies/tce-authors-hand/push-v3-10m/tce/seed0 \\
+        studies/tce-authors-hand/push-v3-10m/bbrl/seed0
 
 Prints a markdown table; writes nothing. Needs the run folders (weights are not archived in docs/data).
 """
@@ -88,7 +88,10 @@ def play(folder: Path, batches: int) -> dict[str, float]:
             reach, nearest = (states[:, :, HAND] + FINGERS - states[:, :, OBJECT]).norm(dim=-1).min(1)
             opening = states[torch.arange(len(nearest)), nearest, OPENING]
             narrowest = states[:, :, OPENING].amin(1)
-            closing = (pos[:, 1:, GRIPPER] > 0).double().mean(1), (drawn[:, 1:, GRIPPER] > 0).double().mean(1)
+            if pos.shape[-1] > GRIPPER:
+                closing = (pos[:, 1:, GRIPPER] > 0).double().mean(1), (drawn[:, 1:, GRIPPER] > 0).double().mean(1)
+            else:  # the env option "gripper" holds the command: no gripper DoF (nan, printed "-")
+                closing = (torch.full((len(pos),), float("nan")),) * 2
             lift = (states[:, :, OBJECT.stop - 1] - states[:, :1, OBJECT.stop - 1]).amax(1)
             for i in range(dist.shape[0]):
                 rows.append(
