@@ -37,15 +37,16 @@ from pathlib import Path
 import torch
 
 from troll.episodic.agent import TCEAgent
-from troll.episodic.config import PRESETS, TCEConfig
+from troll.episodic.config import METAWORLD_ENV, PRESETS, TCEConfig
 from troll.episodic.envs import make_env
+from troll.episodic.envs.metaworld import MetaWorldConfig
 
 # fields of the metaworld preset that are budgets, sizes or bounds shared by both presets (not exploration)
 SHARED = {"episodes", "eval_episodes", "eval_every", "total_env_steps", "mean_bound", "cov_bound"}
 
 
-# metaworld/*'s own env options (envs/metaworld.py's defaults): what the preset's env options replace
-METAWORLD_DEFAULTS = {"controller": "hand", "gain": 50.0, "gripper_start": "command", "context": "varying"}
+# metaworld/*'s own values of the options the preset sets (envs/metaworld.py's defaults)
+METAWORLD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(MetaWorldConfig) if f.name in METAWORLD_ENV}
 
 
 def presets(env: str) -> dict[str, TCEConfig]:

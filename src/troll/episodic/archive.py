@@ -16,7 +16,6 @@ tce-authors`` does both, so its study continues on a new machine from what was c
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -37,9 +36,7 @@ def expected(spec_json: dict, folder: Path) -> dict[str, dict]:
     """Each cell of the study (``<arm>/seed<k>``) -> the config.json ``troll tce train`` would write for it today."""
     spec = study_lib.StudySpec.from_json(spec_json)
     return {
-        cell.folder.relative_to(folder).as_posix(): json.loads(
-            json.dumps({"command": study_lib.RUN_COMMAND, "config": cell.options["config"].to_dict()})
-        )
+        cell.folder.relative_to(folder).as_posix(): study_lib.written_config(cell)
         for cell in study_lib.plan(spec, folder)
     }
 

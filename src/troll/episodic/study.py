@@ -142,6 +142,13 @@ def _with_backend(spec: StudySpec, backend: str | None = None) -> StudySpec:
     return dataclasses.replace(spec, options={**spec.options, "env_options": env_options})
 
 
+def written_config(cell: Cell) -> dict:
+    """The config.json ``troll tce train`` writes for a planned cell, as read back from JSON."""
+    import json
+
+    return json.loads(json.dumps({"command": RUN_COMMAND, "config": cell.options["config"].to_dict()}))
+
+
 def check_started(cells: list[Cell], out: Path) -> None:
     """UsageError, before anything is written, when a started cell of a resumed study (its config.json written)
     would resume with other settings than the study gives it today: a folder made by an older version (for one,
@@ -162,8 +169,7 @@ def check_started(cells: list[Cell], out: Path) -> None:
             continue  # not started
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue  # damaged or unreadable: the cell's own --resume says so, and the cell fails alone
-        wanted = {"command": RUN_COMMAND, "config": cell.options["config"].to_dict()}
-        why = differs(*json.loads(json.dumps([resumed, wanted])), frozenset(RUNTIME_FIELDS))
+        why = differs(json.loads(json.dumps(resumed)), written_config(cell), frozenset(RUNTIME_FIELDS))
         if why:
             stale.append(f"{cell.folder.relative_to(out).as_posix()} ({why.removeprefix('run with ')})")
     if stale:
