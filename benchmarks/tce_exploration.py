@@ -98,7 +98,7 @@ def initial_exploration(config: TCEConfig, samples: int, seed: int) -> dict[str,
     return out
 
 
-def run_pace(folder: Path) -> dict[str, float]:
+def run_pace(folder: Path) -> dict[str, float | None]:
     """Part 2's numbers for one run folder (module docstring)."""
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
     config = json.loads((folder / "config.json").read_text())["config"]
@@ -114,18 +114,22 @@ def run_pace(folder: Path) -> dict[str, float]:
         "cov dist before / bound": avg("proj/cov_dist_before/mean") / config["cov_bound"],
         "entropy - its bound (nats)": avg("policy/entropy") - avg("policy/entropy_bound")
         if rows[0].get("policy/entropy_bound") is not None
-        else float("nan"),
+        else None,  # no entropy schedule (BBRL): printed as "-"
         "critic explained var": avg("critic/explained_var_before"),
         "min chol diag, last": rows[-1]["policy/chol_diag_min"],
     }
 
 
-def markdown(columns: dict[str, dict[str, float]]) -> str:
+def cell(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
+def markdown(columns: dict[str, dict[str, float | None]]) -> str:
     names = list(columns)
     keys = list(next(iter(columns.values())))
     text = "| | " + " | ".join(names) + " |\n|---" * 1 + "|---" * len(names) + "|\n"
     for key in keys:
-        text += f"| {key} | " + " | ".join(f"{columns[n][key]:.3g}" for n in names) + " |\n"
+        text += f"| {key} | " + " | ".join(cell(columns[n][key]) for n in names) + " |\n"
     return text
 
 
