@@ -1,7 +1,8 @@
 """Seconds of one TCE update and of one TCE iteration at the spec's sizes (docs/tce.md, "Speed").
 
-Update: ``critic_epochs`` + ``policy_epochs`` (50 + 50) on one synthetic Meta-World-sized batch, E = 16 episodes of
-T = 500 steps, S = 39 state entries, C = 5 context entries, for D = 4 DoF (P = 36, Meta-World's xyz + gripper)
+Update: the preset's ``critic_epochs`` + ``policy_epochs`` (TCE 50 + 50, ``bbrl`` 100 + 100) on one synthetic
+Meta-World-sized batch, E = 16 episodes of T = 500 steps, S = 39 state entries, C = 39 context entries (the preset's
+``context="full"``; before 2026-11-27, C = 5), for D = 4 DoF (P = 36, Meta-World's xyz + gripper)
 and D = 7 (P = 63, a 7-joint arm), num_basis 8; BBRL's update on the same batch for comparison. The batch is
 random (states, rewards) with theta sampled from the policy: the update's cost does not depend on the values.
 Iteration: rollout (16 episodes of 500 steps of ``--env``, default metaworld/push-v3, on each backend: EnvPool on
@@ -34,6 +35,7 @@ from troll.episodic.envs import Episodes, EpisodeStart
 
 RESULTS = Path(__file__).parent / "results"
 TARGET_S = 10.0  # the speed goal for one Meta-World iteration (rollout + update) on this machine
+CONTEXT_DIM = 39  # the metaworld preset's context: all 39 entries of the reset observation (context "full")
 
 
 def synthetic_batch(agent: TCEAgent, episodes: int, context_dim: int, seed: int = 0) -> Rollout:
@@ -58,8 +60,8 @@ def synthetic_batch(agent: TCEAgent, episodes: int, context_dim: int, seed: int 
 
 def time_update(algo: str, dof: int, repeats: int) -> dict:
     cfg = TCEConfig.preset("metaworld/reach-v3", algo=algo)
-    agent = TCEAgent(cfg, context_dim=5, state_dim=39, dof=dof, horizon=500, dt=0.0125)
-    batch = synthetic_batch(agent, cfg.episodes, 5)
+    agent = TCEAgent(cfg, context_dim=CONTEXT_DIM, state_dim=39, dof=dof, horizon=500, dt=0.0125)
+    batch = synthetic_batch(agent, cfg.episodes, CONTEXT_DIM)
     agent.update(batch)  # warm-up: first-call costs (linalg, allocator)
     totals, critic, policy, cpu = [], [], [], []
     for _ in range(repeats):
@@ -70,7 +72,7 @@ def time_update(algo: str, dof: int, repeats: int) -> dict:
         critic.append(m["time/critic"])
         policy.append(m["time/policy"])
     return {
-        "what": f"{algo} update (50 critic + 50 policy epochs)",
+        "what": f"{algo} update ({cfg.critic_epochs} critic + {cfg.policy_epochs} policy epochs)",
         "sizes": f"E=16 T=500 D={dof} P={agent.dmp.num_params}",
         "seconds": round(statistics.median(totals), 3),
         "critic_s": round(statistics.median(critic), 3),
