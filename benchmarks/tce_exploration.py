@@ -1,5 +1,5 @@
-"""How far a preset explores at the start, and what limits its pace in a run (docs/tce.md, "Why the authors' setup
-is slow at 2M steps").
+"""How far a preset explores at the start, and what limits its pace in a run (docs/tce.md, "Why TCE falls short at
+2M steps").
 
 Part 1, the initial policy (no learning). For each preset (``authors``: the metaworld/* preset; ``hand``: the same
 with metaworld's own env options, as the runs of docs/tce.md's "first MT10 study" had; ``earlier``: the same with
@@ -17,11 +17,14 @@ initial policy. Reported, from the desired trajectories (E x samples):
 
 Part 2, a run's metrics (``--runs <run folder> ...``, each a ``troll tce train`` folder): per run, means over its
 iterations of the share of policy epochs the projection was active, the mean and covariance distances before the
-projection against their bounds, the entropy against the entropy schedule's bound, the critic's explained variance,
-and the smallest diagonal entry of the covariance's Cholesky factor at the last iteration.
+projection against their bounds, the entropy against the entropy schedule's bound (also at the last iteration, and
+the number of iterations it was within 1 nat of it), the critic's explained variance, and the smallest diagonal
+entry of the covariance's Cholesky factor at the last iteration.
 
     OMP_NUM_THREADS=1 python benchmarks/tce_exploration.py --env metaworld/reach-v3
-    OMP_NUM_THREADS=1 python benchmarks/tce_exploration.py --runs studies/tce-backends/reach-v3-envpool/tce/seed*
+    OMP_NUM_THREADS=1 python benchmarks/tce_exploration.py --runs studies/tce-authors/mt10-reach-v3/tce/seed*
+    python -m troll.episodic.archive restore docs/data/tce-ablation /tmp/tce-ablation   # runs kept without weights
+    OMP_NUM_THREADS=1 python benchmarks/tce_exploration.py --runs /tmp/tce-ablation/reach-v3-init-std/*/*/seed0
 
 Prints markdown tables; writes nothing.
 """
@@ -107,14 +110,18 @@ def run_pace(folder: Path) -> dict[str, float | None]:
     def avg(key: str) -> float:
         return statistics.fmean(r[key] for r in rows if r.get(key) is not None)
 
+    # the entropy schedule's gap per iteration; a run without a schedule (BBRL) has none: printed as "-"
+    bounded = rows[0].get("policy/entropy_bound") is not None
+    gaps = [r["policy/entropy"] - r["policy/entropy_bound"] for r in rows] if bounded else []
+
     return {
         "iterations": len(rows),
         "projection active": avg("proj/active_epochs"),
         "mean dist before / bound": avg("proj/mean_dist_before/mean") / config["mean_bound"],
         "cov dist before / bound": avg("proj/cov_dist_before/mean") / config["cov_bound"],
-        "entropy - its bound (nats)": avg("policy/entropy") - avg("policy/entropy_bound")
-        if rows[0].get("policy/entropy_bound") is not None
-        else None,  # no entropy schedule (BBRL): printed as "-"
+        "entropy - its bound (nats)": avg("policy/entropy") - avg("policy/entropy_bound") if bounded else None,
+        "entropy - its bound, last (nats)": gaps[-1] if bounded else None,
+        "iterations within 1 nat of the bound": sum(g < 1.0 for g in gaps) if bounded else None,
         "critic explained var": avg("critic/explained_var_before"),
         "min chol diag, last": rows[-1]["policy/chol_diag_min"],
     }
