@@ -169,9 +169,10 @@ tce-authors: $(VENV)/.installed
 	done; \
 	$(PY) -m troll.episodic.results $$d && exit $$status
 
-# The env options the studies below ran with (docs/tce.md, "Runs without the authors' env options"): metaworld's
-# own defaults, which a bug fixed on 2026-11-27 put in place of the preset's mocap controller, gripper start at the
-# fingers and full context. Given here so that these targets remake what docs/tce.md quotes.
+# The env options the studies below ran with (docs/tce.md, "The first MT10 study: the authors' setup without their
+# env options"): metaworld's own defaults, which a bug fixed on 2026-11-27 put in place of the preset's mocap
+# controller, gripper start at the fingers and full context. Given here so that these targets remake what docs/tce.md
+# quotes.
 HAND_ENV = '{"controller": "hand", "gain": 50, "gripper_start": "command", "context": "varying"}'
 
 # docs/tce.md, "Why TCE falls short at 2M": TCE on reach-v3 at 2M env steps with the covariance bound 4x and 16x the
