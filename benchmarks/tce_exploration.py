@@ -43,6 +43,7 @@ from troll.episodic.agent import TCEAgent
 from troll.episodic.config import METAWORLD_ENV, PRESETS, TCEConfig
 from troll.episodic.envs import make_env
 from troll.episodic.envs.metaworld import MetaWorldConfig
+from troll.runs import CONFIG_FILE, METRICS_FILE, read_jsonl
 
 # fields of the metaworld preset that are budgets, sizes or bounds shared by both presets (not exploration)
 SHARED = {"episodes", "eval_episodes", "eval_every", "total_env_steps", "mean_bound", "cov_bound"}
@@ -103,8 +104,8 @@ def initial_exploration(config: TCEConfig, samples: int, seed: int) -> dict[str,
 
 def run_pace(folder: Path) -> dict[str, float | None]:
     """Part 2's numbers for one run folder (module docstring)."""
-    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    config = json.loads((folder / "config.json").read_text())["config"]
+    rows = read_jsonl(folder / METRICS_FILE)  # a running study's torn last line is left out
+    config = json.loads((folder / CONFIG_FILE).read_text())["config"]
     rows = [r for r in rows if "proj/active_epochs" in r]
 
     def avg(key: str) -> float:

@@ -24,6 +24,7 @@ environment processes each (default 1: ``--jobs 2`` then steps two simulators on
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,8 +145,6 @@ def _with_backend(spec: StudySpec, backend: str | None = None) -> StudySpec:
 
 def written_config(cell: Cell) -> dict:
     """The config.json ``troll tce train`` writes for a planned cell, as read back from JSON."""
-    import json
-
     return json.loads(json.dumps({"command": RUN_COMMAND, "config": cell.options["config"].to_dict()}))
 
 
@@ -154,8 +153,6 @@ def check_started(cells: list[Cell], out: Path) -> None:
     would resume with other settings than the study gives it today: a folder made by an older version (for one,
     before metaworld/* cells kept the preset's env options beside a recorded backend), which ``--resume`` would
     otherwise finish or keep beside new cells, mixing two setups in one report."""
-    import json
-
     from troll.episodic.config import RUNTIME_FIELDS
     from troll.study.archive import differs
 
@@ -183,8 +180,6 @@ def check_started(cells: list[Cell], out: Path) -> None:
 
 def _started_backend(out: Path) -> str | None:
     """The backend recorded by the first started tce / bbrl cell of a study folder, if any."""
-    import json
-
     for config in sorted(out.glob("*/seed*/config.json")) + sorted(out.glob("*/*/seed*/config.json")):
         try:
             backend = json.loads(config.read_text())["config"]["env_options"].get("backend")
