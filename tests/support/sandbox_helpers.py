@@ -3,6 +3,7 @@ processes a sandbox may leave behind."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 
@@ -15,12 +16,14 @@ class Recording(Sandbox):
     def __init__(self, inner: Sandbox):
         self.inner = inner
         self.results: list[RunResult] = []
+        self.runs: dict[str, tuple[RunResult, Limits]] = {}  # the model's program -> its run
         self._lock = threading.Lock()
 
     def run(self, program: str, stdin: bytes, limits: Limits) -> RunResult:
         result = self.inner.run(program, stdin, limits)
         with self._lock:
             self.results.append(result)
+            self.runs[json.loads(stdin)["program"]] = (result, limits)
         return result
 
     def output(self) -> bytes:

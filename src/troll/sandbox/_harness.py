@@ -178,9 +178,13 @@ def run_stdio(job, code, report, quote, out, fork, killpg, waitpid, _exit, os):
             pass
         if exited is None:
             waitpid(pid, 0)
-        text = bytes(data[:cap]).decode("utf-8", "surrogateescape")
+        try:
+            text = quote(bytes(data[:cap]).decode("utf-8"))
+        except UnicodeDecodeError:  # no text: the test fails
+            report(f'{{"case": {i}, "error": "not_utf8"}}')
+            continue
         flags = f'"timeout": {"true" if timed_out else "false"}, "truncated": {"true" if truncated else "false"}'
-        report(f'{{"case": {i}, "stdout": {quote(text)}, {flags}}}')
+        report(f'{{"case": {i}, "stdout": {text}, {flags}}}')
 
 
 def run_main(code):

@@ -100,8 +100,13 @@ def _check_case(kind: str, i: int, case: TestCase) -> None:
         raise ValueError(f"{where} must be a TestCase, got {type(case).__name__}")
     if kind == "stdio":
         for name in ("input", "expected"):
-            if not isinstance(getattr(case, name), str):
-                raise ValueError(f"{where}.{name} must be a str for kind 'stdio', got {getattr(case, name)!r}")
+            value = getattr(case, name)
+            if not isinstance(value, str):
+                raise ValueError(f"{where}.{name} must be a str for kind 'stdio', got {value!r}")
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as err:
+                raise ValueError(f"{where}.{name} must be text that UTF-8 can encode: {err}") from err
         return
     if not isinstance(case.input, (list, tuple)):
         raise ValueError(f"{where}.input must be the list of positional arguments for kind 'call', got {case.input!r}")
@@ -235,7 +240,10 @@ def _judge(result, suite: TestSuite, cases: tuple[TestCase, ...]) -> Score | Non
         if suite.kind == "call":
             passed += "value" in got[0] and same_value(got[0]["value"], case.expected)
         else:
-            passed += isinstance(got[0].get("stdout"), str) and same_output(got[0]["stdout"], case.expected)
+            complete = got[0].get("timeout") is False and got[0].get("truncated") is False
+            passed += (
+                complete and isinstance(got[0].get("stdout"), str) and same_output(got[0]["stdout"], case.expected)
+            )
     if result.timed_out or "case_timeout" in flags:
         status = "timeout"
     elif result.truncated:
