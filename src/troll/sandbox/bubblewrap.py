@@ -107,7 +107,7 @@ class BubblewrapSandbox(Sandbox):
         if self.as_root:  # a user namespace would leave no other uid to drop to: unshare the rest one by one
             args += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
         else:
-            args += ["--unshare-all", "--disable-userns"]
+            args += ["--unshare-all", "--unshare-user", "--disable-userns"]  # a user namespace, and no nested one
         args += ["--die-with-parent", "--new-session", "--clearenv", "--setenv", "LC_ALL", "C.UTF-8"]
         args += ["--hostname", "sandbox", "--ro-bind", "/usr", "/usr"]
         for name in ("bin", "lib", "lib64", "sbin"):
