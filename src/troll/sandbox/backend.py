@@ -90,14 +90,15 @@ class Sandbox(abc.ABC):
         itself failed."""
 
 
-def run_capped(argv: list[str], stdin: bytes, *, wall: float, cap: int) -> RunResult:
-    """Run ``argv`` in a new session, feed it ``stdin``, read at most ``cap`` bytes of each of stdout and stderr,
-    and SIGKILL its whole process group once it exits, the wall time ``wall`` passes or an output passes ``cap``.
+def run_capped(argv: list[str], stdin: bytes, *, wall: float, cap: int, env: dict[str, str] | None = None) -> RunResult:
+    """Run ``argv`` in a new session with the environment ``env`` (None: this process's), feed it ``stdin``, read
+    at most ``cap`` bytes of each of stdout and stderr, and SIGKILL its whole process group once it exits, the wall
+    time ``wall`` passes or an output passes ``cap``.
 
     Uses no ``preexec_fn`` (not safe with threads): scoring calls this from several threads at once."""
     start = time.monotonic()
     proc = subprocess.Popen(
-        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, env=env
     )
     fd_out, fd_err = proc.stdout.fileno(), proc.stderr.fileno()
     out = {fd_out: bytearray(), fd_err: bytearray()}

@@ -127,7 +127,7 @@ class BubblewrapSandbox(Sandbox):
             args += ["--ro-bind", path, path]
         args += ["--perms", "1777", "--size", str(limits.tmp_size), "--tmpfs", "/tmp"]  # writable by the slot's uid
         args += ["--proc", "/proc", "--dev", "/dev"]
-        args += ["--chdir", "/tmp"]
+        args += ["--remount-ro", "/", "--chdir", "/tmp"]  # the root tmpfs: in a user namespace it would be writable
         if self.as_root:
             args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--", self.setpriv]
             args += [f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"]
@@ -139,7 +139,10 @@ class BubblewrapSandbox(Sandbox):
     def run(self, program: str, stdin: bytes, limits: Limits) -> RunResult:
         uid = self._take_uid() if self.as_root else None
         try:
-            return run_capped(self.argv(program, limits, uid), stdin, wall=limits.wall, cap=limits.output)
+            # bwrap itself gets an empty environment too: its own, as the sandbox's pid 1, is readable in /proc/1/
+            # environ from inside when it runs as the same user (not as root)
+            argv = self.argv(program, limits, uid)
+            return run_capped(argv, stdin, wall=limits.wall, cap=limits.output, env={})
         except OSError as err:
             raise SandboxError(f"could not start {self.bwrap}: {err}") from err
         finally:
