@@ -55,6 +55,10 @@ def test_suite_validation_names_the_field():
         TestSuite("stdio", [TestCase("", ""), TestCase("", 3)])
     with pytest.raises(ValueError, match=r"cases\[0\].expected must be JSON"):
         TestSuite("call", [TestCase([1], float("nan"))], "f")
+    with pytest.raises(ValueError, match=r"cases\[0\].input must be JSON .*dict key"):
+        TestSuite("call", [TestCase([{1: 2}], 1)], "f")
+    with pytest.raises(ValueError, match=r"cases\[0\].expected must be JSON .*a set"):
+        TestSuite("call", [TestCase([], {1})], "f")
     with pytest.raises(ValueError, match="timeout"):
         TestSuite("stdio", [TestCase("", "")], timeout=0)
     with pytest.raises(ValueError, match="cases"):
@@ -63,6 +67,11 @@ def test_suite_validation_names_the_field():
         score_completions([], [], slots=0)
     with pytest.raises(ValueError, match="one entry each"):
         score_completions(["x"], [])
+
+
+def test_suites_and_cases_hash_by_value():
+    assert hash(ADD) == hash(TestSuite("call", list(ADD.cases), "add")) and ADD == TestSuite("call", ADD.cases, "add")
+    assert len({TestCase([1, [2]], 3), TestCase([1, [2]], 3)}) == 1
 
 
 def test_comparison_rules():

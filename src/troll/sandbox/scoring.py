@@ -50,13 +50,16 @@ def extract_program(completion: str) -> str | None:
 
 @dataclass(frozen=True)
 class TestCase:
-    """One test. kind "call": ``input`` the positional arguments (a list or tuple of JSON values), ``expected`` the
-    JSON value the call must return. kind "stdio": ``input`` the text on stdin, ``expected`` the text on stdout
-    (compared line by line, trailing whitespace and trailing empty lines ignored)."""
+    """One test. kind "call": ``input`` the positional arguments (a list or tuple of JSON values; the function gets
+    lists for tuples), ``expected`` the JSON value the call must return. kind "stdio": ``input`` the text on stdin,
+    ``expected`` the text on stdout (compared line by line, trailing whitespace and trailing empty lines ignored)."""
 
     __test__ = False  # not a pytest class
     input: Any
     expected: Any
+
+    def __hash__(self) -> int:
+        return hash(json.dumps([self.input, self.expected], sort_keys=True))
 
 
 @dataclass(frozen=True)
@@ -87,11 +90,14 @@ class TestSuite:
             raise ValueError("TestSuite.entry_point must be None for kind 'stdio' (the program reads stdin)")
         if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or not 0 < self.timeout <= 60:
             raise ValueError(f"TestSuite.timeout must be seconds per test in (0, 60], got {self.timeout!r}")
-        if isinstance(self.output, bool) or not isinstance(self.output, int) or not 0 < self.output <= 16 << 20:
-            raise ValueError(f"TestSuite.output must be bytes in (0, 16 MiB], got {self.output!r}")
+        if isinstance(self.output, bool) or not isinstance(self.output, int) or not 0 < self.output <= 1 << 20:
+            raise ValueError(f"TestSuite.output must be bytes in (0, 1 MiB], got {self.output!r}")
         cases = [[c.input, c.expected] for c in self.cases]
         key = [self.kind, self.entry_point, self.timeout, self.output, cases]
         object.__setattr__(self, "_key", json.dumps(key, sort_keys=True))
+
+    def __hash__(self) -> int:
+        return hash(self._key)
 
 
 def _check_case(kind: str, i: int, case: TestCase) -> None:
@@ -111,10 +117,28 @@ def _check_case(kind: str, i: int, case: TestCase) -> None:
     if not isinstance(case.input, (list, tuple)):
         raise ValueError(f"{where}.input must be the list of positional arguments for kind 'call', got {case.input!r}")
     for name in ("input", "expected"):
-        try:
-            json.dumps(getattr(case, name), allow_nan=False)
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"{where}.{name} must be JSON (lists, dicts, str, numbers, bool, None): {err}") from err
+        problem = _not_json(getattr(case, name))
+        if problem:
+            raise ValueError(
+                f"{where}.{name} must be JSON (lists, dicts with str keys, str, numbers, bool, None): {problem}"
+            )
+
+
+def _not_json(value: Any, depth: int = 0) -> str:
+    """Why ``value`` does not survive a JSON round trip unchanged (tuples count as lists), or "" if it does."""
+    if depth > 100:
+        return "nested over 100 deep"
+    if value is None or isinstance(value, (bool, int, str)):
+        return "" if type(value) in (type(None), bool, int, str) else f"a {type(value).__name__}"
+    if type(value) is float:
+        return "" if math.isfinite(value) else f"{value} is not finite"
+    if type(value) in (list, tuple):
+        return next((p for p in (_not_json(v, depth + 1) for v in value) if p), "")
+    if type(value) is dict:
+        if not all(type(k) is str for k in value):
+            return "a dict key is not a str"
+        return next((p for p in (_not_json(v, depth + 1) for v in value.values()) if p), "")
+    return f"a {type(value).__name__}"
 
 
 @dataclass(frozen=True)
