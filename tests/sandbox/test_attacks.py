@@ -1,8 +1,8 @@
 """Attacks on the sandbox and on the scoring, run as completions in the real bubblewrap sandbox (one batch, several
-slots). Each must score 0 (a Score, not None: the sandbox worked) and leave the host untouched: the canaries
-unread and unchanged, no file created outside, no process left, no signal received, and loopback listeners on
-the host that see nothing. The function's expected value is what a successful attack would return, so a leak
-shows as a reward above 0."""
+slots; the programs are in tests/support/sandbox_attacks.py). Each must score 0 (a Score, not None: the sandbox
+worked) and leave the host untouched: the canaries unread and unchanged, no file created outside, no process left,
+no signal received, and loopback listeners on the host that see nothing. The function's expected value is what a
+successful attack would return, so a leak shows as a reward above 0."""
 
 from __future__ import annotations
 
@@ -17,35 +17,15 @@ import time
 from pathlib import Path
 
 import pytest
+from sandbox_attacks import ATTACKS, FORK_BOMB, PARTIAL, STEPS, attacks
 from sandbox_helpers import Recording, descendants, fenced, processes_of_uids
 
-from troll.sandbox import BubblewrapSandbox, SandboxUnavailable, Score, TestCase, TestSuite, score_completions
+from troll.sandbox import BubblewrapSandbox, SandboxUnavailable, Score, score_completions
 from troll.sandbox.scoring import extract_program
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = secrets.token_hex(8)
 UID_BASE = 3_000_000 + (os.getpid() % 10_000) * 64
-ONE = TestSuite("call", [TestCase([], "escaped")], "f", timeout=1.0)
-FORK_BOMB = """
-import os
-def f():
-    while True:
-        try:
-            os.fork()
-        except OSError:
-            pass
-"""
-FAKE_RESULTS = r"""
-import os
-for fd in range(64):  # every descriptor, the result channel among them: a second report of test 0
-    try:
-        os.write(fd, b'{"case": 0, "value": "escaped"}\n{"done": 1}\n')
-    except OSError:
-        pass
-print('{"case": 0, "value": "escaped"}')
-def f():
-    return 0
-"""
 
 
 def test_bubblewrap_is_installed():
@@ -53,228 +33,58 @@ def test_bubblewrap_is_installed():
     assert shutil.which("bwrap") or os.path.exists("/usr/bin/bwrap"), "apt-get install -y bubblewrap"
 
 
-def _attacks(paths: dict, tcp: int, udp: int) -> dict[str, tuple[str, TestSuite]]:
-    host_pid = os.getpid()
-    outside = [paths["home_mark"], paths["repo_mark"], paths["canary_home"], "/usr/x-" + TOKEN, "/x-" + TOKEN]
-    return {
-        "write_outside": (
-            f"""
-def f():
-    hits = []
-    for p in {outside!r} + ["/tmp/x-{TOKEN}"]:
-        try:
-            with open(p, "w") as fh:
-                fh.write("x")
-            hits.append(p)
-        except OSError:
-            pass
-    return "escaped" if set(hits) - {{"/tmp/x-{TOKEN}"}} else "contained"
-""",
-            ONE,
-        ),
-        "read_home_checkout_env": (
-            f"""
-import os
-found = []
-for p in [{paths["canary_home"]!r}, {paths["canary_repo"]!r}, "/proc/1/environ", "/proc/self/environ"]:
-    try:
-        found.append(open(p, errors="replace").read())
-    except OSError:
-        pass
-for d in [{str(Path.home())!r}, {str(ROOT)!r}]:
-    try:
-        found.extend(os.listdir(d))
-    except OSError:
-        pass
-found.append(os.environ.get("TROLL_SANDBOX_CANARY", ""))
-print("\\n".join(found))
-""",
-            TestSuite("stdio", [TestCase("", paths["secret"])], timeout=1.0),
-        ),
-        "network": (
-            f"""
-import socket
-def f():
-    hits = []
-    for family, addr in [(socket.AF_INET, ("127.0.0.1", {tcp})), (socket.AF_INET, ("1.1.1.1", 53)),
-                         (socket.AF_INET, ("8.8.8.8", 443)), (socket.AF_INET6, ("::1", {tcp}))]:
-        try:
-            s = socket.socket(family, socket.SOCK_STREAM)
-            s.settimeout(0.3)
-            s.connect(addr)
-            hits.append(addr)
-        except OSError:
-            pass
-    for addr in [("127.0.0.1", {udp}), ("1.1.1.1", 53)]:
-        try:
-            socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"ping", addr)
-        except OSError:
-            pass
-    try:
-        socket.getaddrinfo("example.com", 80)
-        hits.append("dns")
-    except OSError:
-        pass
-    return "escaped" if hits else "contained"
-""",
-            ONE,
-        ),
-        "kill_parent": (
-            f"""
-import os, signal
-def f():
-    for pid in [os.getppid(), 1, {host_pid}, {os.getppid()}]:
-        for sig in (signal.SIGUSR1, signal.SIGKILL):
-            try:
-                os.kill(pid, sig)
-            except OSError:
-                pass
-    return "contained"
-""",
-            ONE,
-        ),
-        "daemon": (
-            f"""
-import os, time
-if os.fork() == 0:
-    os.setsid()
-    if os.fork() == 0:
-        for _ in range(200):
-            for p in ["/tmp/daemon-{TOKEN}", {paths["repo_mark"]!r}]:
-                try:
-                    open(p, "w").close()
-                except OSError:
-                    pass
-            time.sleep(0.05)
-    os._exit(0)
-def f():
-    return "contained"
-""",
-            ONE,
-        ),
-        "fork_bomb": (FORK_BOMB, ONE),
-        "while_true": ("def f():\n    while True:\n        pass", ONE),
-        "while_true_no_alarm": (
-            "import signal\ndef f():\n    signal.signal(signal.SIGALRM, signal.SIG_IGN)\n    while True:\n        pass",
-            ONE,
-        ),
-        "alloc_4gb": ("def f():\n    x = bytearray(4 << 30)\n    return 'escaped'", ONE),
-        "output_100mb": (
-            "import sys\nsys.stdout.write('x' * (100 << 20))",
-            TestSuite("stdio", [TestCase("", "x")], timeout=1.0),
-        ),
-        "stderr_100mb": ("import os\nfor _ in range(100):\n    os.write(2, b'y' * (1 << 20))\ndef f():\n    pass", ONE),
-        "always_true_eq": (
-            "class A:\n    def __eq__(self, other):\n        return True\ndef f():\n    return A()",
-            ONE,
-        ),
-        "int_subclass_eq": (
-            "class I(int):\n    def __eq__(self, other):\n        return True\ndef f():\n    return I(1)",
-            ONE,
-        ),
-        "fake_results": (FAKE_RESULTS, ONE),
-        "fake_results_stdio": (
-            'print(\'{"case": 0, "stdout": "escaped", "timeout": false, "truncated": false}\')',
-            TestSuite("stdio", [TestCase("", "escaped")], timeout=1.0),
-        ),
-        "sys_exit_first": ("import sys\nsys.exit(0)\ndef f():\n    return 'escaped'", ONE),
-        "os_exit_first": ("import os\nos._exit(0)\ndef f():\n    return 'escaped'", ONE),
-        "syntax_error": ("def f(:\n    return 'escaped'", ONE),
-        "non_utf8_output": (
-            "import sys\nsys.stdout.buffer.write(b'\\xff\\xfe escaped\\n')",
-            TestSuite("stdio", [TestCase("", "\ufffd\ufffd escaped")], timeout=1.0),
-        ),
-    }
+class HostTraps:
+    """While open: canary files in $HOME and the checkout, a canary environment variable, TCP and UDP listeners on
+    the host's loopback and a SIGUSR1 handler. ``seen()`` says what reached the host; closing removes them all."""
 
+    def __init__(self):
+        self.secret = "canary-" + TOKEN
+        home = Path.home()
+        self.canaries = [home / f".troll-canary-{TOKEN}", ROOT / f".troll-canary-{TOKEN}"]
+        self.marks = [home / f"x-{TOKEN}", ROOT / f"x-{TOKEN}", Path(f"/tmp/x-{TOKEN}"), Path(f"/tmp/daemon-{TOKEN}")]
+        self.signals: list = []
 
-STEPS = TestSuite("call", [TestCase([1], 2), TestCase([2], 3), TestCase([3], 4)], "f", timeout=1.0)
-PATCHES = """
-import builtins, json, json.encoder, os, sys
-json.dumps = lambda *a, **k: '"escaped"'
-json.loads = lambda *a, **k: {"case": 0, "value": 2}
-json.encoder.encode_basestring_ascii = lambda s: '"escaped"'
-builtins.print = lambda *a, **k: None
-builtins.repr = lambda x: "2"
-os.write = lambda fd, data: len(data)
-sys.stdout = None
-"""
-# (code, suite, the exact Score): partial credit stops at the tests an exit or a patch ended, and no further
-PARTIAL = {
-    "os_exit_in_test_2": (
-        "import os\ndef f(x):\n    if x == 2:\n        os._exit(0)\n    return x + 1",
-        STEPS,
-        (1, "crashed"),
-    ),
-    "sys_exit_in_test_2": (
-        "def f(x):\n    if x == 2:\n        raise SystemExit(0)\n    return x + 1",
-        STEPS,
-        (2, "ok"),
-    ),
-    "patched_right": (PATCHES + "def f(x):\n    return x + 1", STEPS, (3, "ok")),
-    "patched_wrong": (PATCHES + "def f(x):\n    return 0", STEPS, (0, "ok")),
-    "unclosed_fence": (None, STEPS, (3, "ok")),
-}
+    def __enter__(self) -> HostTraps:
+        for path in self.canaries:
+            path.write_text(self.secret)
+        self.tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.tcp.bind(("127.0.0.1", 0))
+        self.tcp.listen(8)
+        self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.udp.bind(("127.0.0.1", 0))
+        for sock in (self.tcp, self.udp):
+            sock.setblocking(False)
+        self.old_handler = signal.signal(signal.SIGUSR1, lambda *a: self.signals.append(a))
+        os.environ["TROLL_SANDBOX_CANARY"] = self.secret
+        return self
 
+    def fields(self) -> dict:
+        """The values the attack templates are filled with."""
+        home_mark, repo_mark = (str(p) for p in self.marks[:2])
+        outside = [home_mark, repo_mark, str(self.canaries[0]), f"/usr/x-{TOKEN}", f"/x-{TOKEN}"]
+        return {
+            "token": TOKEN, "secret": self.secret, "outside": outside, "repo_mark": repo_mark,
+            "canary_home": str(self.canaries[0]), "canary_repo": str(self.canaries[1]),
+            "home": str(Path.home()), "root": str(ROOT), "tcp": self.tcp.getsockname()[1],
+            "udp": self.udp.getsockname()[1], "host_pid": os.getpid(), "host_ppid": os.getppid(),
+        }  # fmt: skip
 
-@pytest.fixture(scope="module")
-def batch():
-    """Run every attack in one batch (4 slots) with canaries, listeners and a SIGUSR1 trap in place; return the
-    scores, the recording and what the host saw."""
-    secret = "canary-" + TOKEN
-    paths = {
-        "secret": secret,
-        "canary_home": str(Path.home() / f".troll-canary-{TOKEN}"),
-        "canary_repo": str(ROOT / f".troll-canary-{TOKEN}"),
-        "home_mark": str(Path.home() / f"x-{TOKEN}"),
-        "repo_mark": str(ROOT / f"x-{TOKEN}"),
-    }
-    for key in ("canary_home", "canary_repo"):
-        Path(paths[key]).write_text(secret)
-    tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    tcp.bind(("127.0.0.1", 0))
-    tcp.listen(8)
-    tcp.setblocking(False)
-    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    udp.bind(("127.0.0.1", 0))
-    udp.setblocking(False)
-    signals = []
-    old = signal.signal(signal.SIGUSR1, lambda *a: signals.append(a))
-    os.environ["TROLL_SANDBOX_CANARY"] = secret
-    try:
-        attacks = _attacks(paths, tcp.getsockname()[1], udp.getsockname()[1])
-        names = list(attacks) + list(PARTIAL)
-        completions = [fenced(code) for code, _ in attacks.values()]
-        completions += [
-            "```python\ndef f(x):\n    return x + 1\n" if c is None else fenced(c) for c, _, _ in PARTIAL.values()
-        ]
-        suites = [s for _, s in attacks.values()] + [s for _, s, _ in PARTIAL.values()]
-        recording = Recording(BubblewrapSandbox(uid_base=UID_BASE))
-        start = time.monotonic()
-        scores = score_completions(completions, suites, sandbox=recording, slots=4)
-        seconds = time.monotonic() - start
-        deadline = time.monotonic() + 1.0
-        while processes_of_uids(UID_BASE, UID_BASE + 64) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        host = {
-            "left": processes_of_uids(UID_BASE, UID_BASE + 64),
-            "canaries": [Path(paths[k]).read_text() for k in ("canary_home", "canary_repo")],
-            "created": [
-                p
-                for p in (paths["home_mark"], paths["repo_mark"], f"/tmp/x-{TOKEN}", f"/tmp/daemon-{TOKEN}")
-                if os.path.exists(p)
-            ],
-            "signals": signals,
-            "tcp": _accepted(tcp),
-            "udp": _received(udp),
+    def seen(self) -> dict:
+        return {
+            "canaries": [p.read_text() for p in self.canaries],
+            "created": [str(p) for p in self.marks if p.exists()],
+            "signals": list(self.signals),
+            "tcp": _accepted(self.tcp),
+            "udp": _received(self.udp),
         }
-    finally:
+
+    def __exit__(self, *exc) -> None:
         os.environ.pop("TROLL_SANDBOX_CANARY", None)
-        signal.signal(signal.SIGUSR1, old)
-        tcp.close()
-        udp.close()
-        for key in ("canary_home", "canary_repo", "home_mark", "repo_mark"):
-            Path(paths[key]).unlink(missing_ok=True)
-    return dict(zip(names, scores)), recording, host, secret, seconds
+        signal.signal(signal.SIGUSR1, self.old_handler)
+        self.tcp.close()
+        self.udp.close()
+        for path in self.canaries + self.marks:
+            path.unlink(missing_ok=True)
 
 
 def _accepted(sock) -> bool:
@@ -293,10 +103,27 @@ def _received(sock) -> bool:
         return False
 
 
-ATTACKS = list(_attacks(dict.fromkeys(["canary_home", "canary_repo", "home_mark", "repo_mark", "secret"], ""), 0, 0))
+@pytest.fixture(scope="module")
+def batch():
+    """Every attack and partial case in one batch (4 slots) with the host's traps set; returns the scores, the
+    recording, what the host saw, the canary secret and the batch's seconds."""
+    with HostTraps() as traps:
+        programs = attacks(traps.fields())
+        names = list(programs) + list(PARTIAL)
+        completions = [fenced(code) for code, _ in programs.values()] + [c for c, _ in PARTIAL.values()]
+        suites = [s for _, s in programs.values()] + [STEPS] * len(PARTIAL)
+        recording = Recording(BubblewrapSandbox(uid_base=UID_BASE))
+        start = time.monotonic()
+        scores = score_completions(completions, suites, sandbox=recording, slots=4)
+        seconds = time.monotonic() - start
+        deadline = time.monotonic() + 1.0
+        while processes_of_uids(UID_BASE, UID_BASE + 64) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        host = {"left": processes_of_uids(UID_BASE, UID_BASE + 64), **traps.seen()}
+    return dict(zip(names, scores)), recording, host, traps.secret, seconds
 
 
-@pytest.mark.parametrize("name", ATTACKS)
+@pytest.mark.parametrize("name", list(ATTACKS))
 def test_each_attack_scores_zero(batch, name):
     scores = batch[0]
     assert scores[name] is not None, "the sandbox itself failed"
@@ -332,7 +159,7 @@ def test_statuses_and_limits(batch):
 
 @pytest.mark.parametrize("name", list(PARTIAL))
 def test_partial_credit_stops_where_the_program_did(batch, name):
-    passed, status = PARTIAL[name][2]
+    passed, status = PARTIAL[name][1]
     assert batch[0][name] == Score(passed, 3, passed / 3, passed == 3, status)
 
 

@@ -100,12 +100,27 @@ def run_capped(argv: list[str], stdin: bytes, *, wall: float, cap: int, env: dic
     proc = subprocess.Popen(
         argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, env=env
     )
-    fd_out, fd_err = proc.stdout.fileno(), proc.stderr.fileno()
-    out = {fd_out: bytearray(), fd_err: bytearray()}
-    timed_out = truncated = False
-    sel = selectors.DefaultSelector()
     try:
-        pending = memoryview(stdin)
+        out, err, timed_out, truncated = _pump(proc, stdin, start + wall, cap)
+        if not (timed_out or truncated):
+            try:
+                proc.wait(max(0.0, start + wall - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+    finally:
+        _kill_group(proc)
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            stream.close()
+    return RunResult(bytes(out), bytes(err), proc.returncode, timed_out, truncated, time.monotonic() - start)
+
+
+def _pump(proc: subprocess.Popen, stdin: bytes, deadline: float, cap: int) -> tuple[bytearray, bytearray, bool, bool]:
+    """Write ``stdin`` to the process and read its stdout and stderr until both end, the monotonic clock passes
+    ``deadline`` (timed out) or one passes ``cap`` bytes (truncated): (stdout, stderr, timed_out, truncated)."""
+    out = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
+    result = [out[proc.stdout.fileno()], out[proc.stderr.fileno()], False, False]
+    pending = memoryview(stdin)
+    with selectors.DefaultSelector() as sel:
         if pending:
             os.set_blocking(proc.stdin.fileno(), False)
             sel.register(proc.stdin, selectors.EVENT_WRITE)
@@ -114,49 +129,32 @@ def run_capped(argv: list[str], stdin: bytes, *, wall: float, cap: int, env: dic
         for stream in (proc.stdout, proc.stderr):
             sel.register(stream, selectors.EVENT_READ)
         while sel.get_map():
-            left = start + wall - time.monotonic()
+            left = deadline - time.monotonic()
             if left <= 0:
-                timed_out = True
-                break
+                result[2] = True
+                return tuple(result)
             for key, _ in sel.select(left):
                 if key.fileobj is proc.stdin:
                     try:
                         pending = pending[os.write(key.fd, pending[: 1 << 16]) :]
-                    except (BrokenPipeError, BlockingIOError) as err:
-                        pending = pending[:0] if isinstance(err, BrokenPipeError) else pending
+                    except BrokenPipeError:  # the program stopped reading: the rest of its input is dropped
+                        pending = pending[:0]
+                    except BlockingIOError:
+                        continue
                     if not pending:
                         sel.unregister(proc.stdin)
                         proc.stdin.close()
                     continue
-                chunk = os.read(key.fd, 1 << 16)
-                buf = out[key.fd]
+                chunk, buf = os.read(key.fd, 1 << 16), out[key.fd]
                 if not chunk:
                     sel.unregister(key.fileobj)
-                elif len(buf) + len(chunk) > cap:
-                    buf += chunk[: cap - len(buf)]
-                    truncated = True
-                else:
-                    buf += chunk
-            if truncated:
-                break
-        if not (timed_out or truncated):
-            try:
-                proc.wait(max(0.0, start + wall - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                timed_out = True
-    finally:
-        sel.close()
-        _kill_group(proc)
-        for stream in (proc.stdin, proc.stdout, proc.stderr):
-            stream.close()
-    return RunResult(
-        stdout=bytes(out[fd_out]),
-        stderr=bytes(out[fd_err]),
-        returncode=proc.returncode,
-        timed_out=timed_out,
-        truncated=truncated,
-        seconds=time.monotonic() - start,
-    )
+                    continue
+                over = len(buf) + len(chunk) > cap
+                buf += chunk[: cap - len(buf)]
+                if over:
+                    result[3] = True
+                    return tuple(result)
+    return tuple(result)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
