@@ -133,7 +133,6 @@ bench: $(VENV)/.installed $(VERL_VENV)/.installed
 	OMP_NUM_THREADS=1 $(PY) benchmarks/gaussian_ppo.py --quick --algo trpl sb3
 	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_envs.py --quick
 	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_tce.py --quick
-	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_tce_update.py --quick
 
 # docs/tce.md's evidence with the authors' Meta-World setup (the metaworld/* preset), 3 seeds: MT10 at 2M env steps
 # with TCE, bbrl and bbrl-cov (SB3's PPO too on reach and push), and push-v3 at 10M with TCE and bbrl. Breadth

@@ -21,10 +21,10 @@ projection against their bounds, the entropy against the entropy schedule's boun
 the number of iterations it was within 1 nat of it), the critic's explained variance, and the smallest diagonal
 entry of the covariance's Cholesky factor at the last iteration.
 
-    OMP_NUM_THREADS=1 python benchmarks/tce_exploration.py --env metaworld/reach-v3
-    OMP_NUM_THREADS=1 python benchmarks/tce_exploration.py --runs studies/tce-authors/mt10-reach-v3/tce/seed*
+    OMP_NUM_THREADS=1 python experiments/tce_exploration.py --env metaworld/reach-v3
+    OMP_NUM_THREADS=1 python experiments/tce_exploration.py --runs studies/tce-authors/mt10-reach-v3/tce/seed*
     python -m troll.episodic.archive restore docs/data/tce-ablation /tmp/tce-ablation   # runs kept without weights
-    OMP_NUM_THREADS=1 python benchmarks/tce_exploration.py --runs /tmp/tce-ablation/reach-v3-init-std/*/*/seed0
+    OMP_NUM_THREADS=1 python experiments/tce_exploration.py --runs /tmp/tce-ablation/reach-v3-init-std/*/*/seed0
 
 Prints markdown tables; writes nothing.
 """

@@ -21,8 +21,8 @@ Departures: TRL's importance-sampling correction runs only with use_vllm=True, s
 without vLLM and then sets ``use_vllm`` with a stand-in engine whose sync_weights does nothing (generation is the
 rollout_func's); the correction itself is TRL's code. Small settings for a 2-core CPU (one thread, SmolLM2-135M).
 
-    python benchmarks/stale_rollouts.py --out studies/stale          # resumable: finished runs are kept
-    python benchmarks/stale_rollouts.py --out studies/stale --report # the table from what has finished
+    python experiments/stale_rollouts.py --out studies/stale          # resumable: finished runs are kept
+    python experiments/stale_rollouts.py --out studies/stale --report # the table from what has finished
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ against the study with them).
 
     python -m troll.episodic.archive restore docs/data/tce-authors-hand /tmp/tce-authors-hand
     python -m troll.episodic.archive restore docs/data/tce-authors /tmp/tce-authors
-    python benchmarks/tce_compare_studies.py /tmp/tce-authors-hand /tmp/tce-authors --seed 0
+    python experiments/tce_env_options.py /tmp/tce-authors-hand /tmp/tce-authors --seed 0
 
 Prints a markdown table; writes nothing. "-" marks a cell that has not finished.
 """

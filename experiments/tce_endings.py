@@ -25,7 +25,7 @@ distance rows are left out there. Reported per run, over all episodes played:
   lift (cm), and the share of steps whose desired gripper command is above 0 (closing), in the mean trajectory and
   in one trajectory drawn from the policy per episode (what it still explores).
 
-    OMP_NUM_THREADS=1 python benchmarks/tce_endings.py --batches 8 studies/tce-authors-hand/push-v3-10m/tce/seed0 \\
+    OMP_NUM_THREADS=1 python experiments/tce_endings.py --batches 8 studies/tce-authors-hand/push-v3-10m/tce/seed0 \\
         studies/tce-authors-hand/push-v3-10m/bbrl/seed0
 
 Prints a markdown table; writes nothing. Needs the run folders (weights are not archived in docs/data).
