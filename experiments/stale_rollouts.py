@@ -1,5 +1,7 @@
 """Stale rollouts: TROLL around the policy that sampled ("sampler") vs the recomputed one, and the clip baseline.
 
+docs/results.md, "Stale rollouts".
+
 Async RL systems generate with weights one or more rollout batches old. This study emulates that on one CPU: a
 ``rollout_func`` generates each rollout batch from the weights the trainer had one rollout batch earlier (the first
 batch from the initial weights) and returns, per completion position, the top-K log-probs of that stale policy at

@@ -1,6 +1,6 @@
 """Where a trained Meta-World policy's episodes end: does the object reach the goal and stay, or pass it?
 
-docs/tce.md, "Why TCE falls short". A run's success after the last step (the authors' measure) can sit far below
+docs/tce.md, "Endings". A run's success after the last step (the authors' measure) can sit far below
 its success at any step: the mean trajectory reaches the goal and then leaves it. For each run folder (a finished
 or interrupted ``troll tce train`` folder of metaworld/push-v3, pick-place-v3 or peg-insert-side-v3), this loads the
 newest checkpoint, plays the mean trajectory (as the run's evaluations do) on the run's own evaluation episodes and

@@ -1,8 +1,8 @@
-"""How far a preset explores at the start, and what limits its pace in a run (docs/tce.md, "Why TCE falls short at
-2M steps").
+"""How far a preset explores at the start, and what limits its pace in a run (docs/tce.md, "Exploration: why TCE
+is slow at 2M steps").
 
 Part 1, the initial policy (no learning). For each preset (``authors``: the metaworld/* preset; ``hand``: the same
-with metaworld's own env options, as the runs of docs/tce.md's "first MT10 study" had; ``earlier``: the same with
+with metaworld's own env options, as the runs of docs/archive/tce-hand-study.md had; ``earlier``: the same with
 every field the authors' setup sets put back to the dataclass default, the preset of 2026-11-23), build
 the agent for ``--env``, reset E episodes and draw ``--samples`` parameter vectors theta per episode from the
 initial policy. Reported, from the desired trajectories (E x samples):
@@ -55,7 +55,7 @@ METAWORLD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(MetaWorldCon
 
 def presets(env: str) -> dict[str, TCEConfig]:
     """The authors' preset of ``env``; ``hand``, the same with metaworld's own env options (the runs of
-    docs/tce.md's "first MT10 study"); and the earlier one (the dataclass defaults for what the authors' sets)."""
+    docs/archive/tce-hand-study.md); and the earlier one (the dataclass defaults for what the authors' sets)."""
     authors = TCEConfig.preset(env, workers=1)
     defaults = {f.name: f.default for f in dataclasses.fields(TCEConfig) if f.default is not dataclasses.MISSING}
     back = {k: defaults[k] for k in PRESETS["metaworld"] if k not in SHARED and k in defaults}

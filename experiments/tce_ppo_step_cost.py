@@ -1,5 +1,7 @@
 """What EnvPool could save SB3's PPO on Meta-World: the CPU cost of one PPO env step, and of its simulator part.
 
+docs/tce.md, "PPO".
+
 ``troll tce train --algo ppo`` steps the metaworld package through :class:`troll.episodic.ppo` 's StepTask, one env,
 SB3's defaults. This script times, in CPU microseconds per env step (``time.process_time``, so another job on the
 machine changes little), in alternating rounds:
