@@ -1,4 +1,4 @@
-"""Seconds of one TCE update and of one TCE iteration at the spec's sizes (docs/benchmarks.md, "TCE").
+"""Seconds of one TCE update and one iteration (docs/benchmarks.md, "Episodic environments and TCE").
 
 Update: the preset's ``critic_epochs`` + ``policy_epochs`` (TCE 50 + 50, ``bbrl`` 100 + 100) on the synthetic
 Meta-World-sized batch of ``tests/support/_tce_batch.py`` (E = 16 episodes of T = 500 steps, S = 39 state entries,
