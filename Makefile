@@ -141,7 +141,6 @@ bench: bubblewrap $(VENV)/.installed $(VERL_VENV)/.installed
 	OMP_NUM_THREADS=1 $(PY) benchmarks/gaussian_ppo.py --quick --algo trpl sb3
 	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_envs.py --quick
 	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_tce.py --quick
-	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_tce_update.py --quick
 	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_sandbox.py --quick
 
 # docs/tce.md's evidence with the authors' Meta-World setup (the metaworld/* preset), 3 seeds: MT10 at 2M env steps

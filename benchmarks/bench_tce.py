@@ -1,67 +1,57 @@
-"""Seconds of one TCE update and of one TCE iteration at the spec's sizes (docs/tce.md, "Speed").
+"""Seconds of one TCE update and one iteration (docs/benchmarks.md, "Episodic environments and TCE").
 
-Update: the preset's ``critic_epochs`` + ``policy_epochs`` (TCE 50 + 50, ``bbrl`` 100 + 100) on one synthetic
-Meta-World-sized batch, E = 16 episodes of T = 500 steps, S = 39 state entries, C = 39 context entries (the preset's
-``context="full"``; before 2026-11-27, C = 5), for D = 4 DoF (P = 36, Meta-World's xyz + gripper)
-and D = 7 (P = 63, a 7-joint arm), num_basis 8; BBRL's update on the same batch for comparison. The batch is
-random (states, rewards) with theta sampled from the policy: the update's cost does not depend on the values.
-Iteration: rollout (16 episodes of 500 steps of ``--env``, default metaworld/push-v3, on each backend: EnvPool on
-``--workers`` threads, the Python package over ``--workers`` processes) + update, split into rollout and update
-seconds, and the evaluation of the mean trajectory (16 more episodes, every ``eval_every`` iterations in a run) on
-its own row.
+Update: the preset's ``critic_epochs`` + ``policy_epochs`` (TCE 50 + 50, ``bbrl`` 100 + 100) on the synthetic
+Meta-World-sized batch of ``tests/support/_tce_batch.py`` (E = 16 episodes of T = 500 steps, S = 39 state entries,
+C = 39 context entries, the preset's ``context="full"``), for D = 4 DoF (P = 36, Meta-World's xyz + gripper) and
+D = 7 (P = 63, a 7-joint arm), num_basis 8; BBRL's update on the same batch for comparison. The update's cost does
+not depend on the batch's values. Iteration: rollout (16 episodes of 500 steps of ``--env``, default
+metaworld/push-v3, on each backend: EnvPool on ``--workers`` threads, the Python package over ``--workers``
+processes) + update, split into rollout and update seconds, and the evaluation of the mean trajectory (16 more
+episodes, every ``eval_every`` iterations in a run) on its own row.
+
+``--baseline SRC`` compares this tree's TCE update with another tree's (e.g. the commit before a speed change):
+each of ``--rounds`` rounds times every tree once in a fresh process, in alternating order, so that a load change
+on a shared machine hits both alike; the rows give the median over rounds of each tree's median update.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_tce.py                  # everything, 3 repeats, medians
-    OMP_NUM_THREADS=1 python benchmarks/bench_tce.py --quick          # the iteration on both backends, E = 4, 1 core
+    OMP_NUM_THREADS=1 python benchmarks/bench_tce.py --quick          # one TCE update, the iteration on both backends
     OMP_NUM_THREADS=1 python benchmarks/bench_tce.py --skip-env       # updates only (no MuJoCo needed)
-Writes benchmarks/results/bench_tce.csv (--quick: bench_tce-quick.csv) and prints a markdown table. Each row
-carries the 1-minute load average when it was measured: figures taken while other jobs share the machine
-are preliminary.
+    git archive <commit> src | tar -x -C /tmp/base                    # the tree to compare against
+    OMP_NUM_THREADS=1 python benchmarks/bench_tce.py --baseline /tmp/base/src --rounds 6
+Writes benchmarks/results/bench_tce.csv (--quick: bench_tce-quick.csv; --baseline: bench_tce-baseline.csv) and
+prints a markdown table with the 1-minute load average at the end.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import torch
 from _report import quick_path, write_results
 
-from troll.episodic.agent import Rollout, TCEAgent, reset_seed
+from troll.episodic.agent import TCEAgent, reset_seed
 from troll.episodic.config import TCEConfig
-from troll.episodic.envs import Episodes, EpisodeStart
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests" / "support"))  # the batch builder the golden tests use
+from _tce_batch import synthetic_batch  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 TARGET_S = 10.0  # the speed goal for one Meta-World iteration (rollout + update) on this machine
 CONTEXT_DIM = 39  # the metaworld preset's context: all 39 entries of the reset observation (context "full")
 
 
-def synthetic_batch(agent: TCEAgent, episodes: int, context_dim: int, seed: int = 0) -> Rollout:
-    """A Meta-World-sized batch: random contexts, states and rewards; theta sampled from the agent's policy."""
-    g = torch.Generator().manual_seed(seed)
-    t, d, s = agent.horizon, agent.dof, agent.state_dim
-    start = EpisodeStart(
-        context=torch.randn(episodes, context_dim, generator=g),
-        pos=torch.randn(episodes, d, generator=g) * 0.1,
-        vel=torch.zeros(episodes, d),
-    )
-    theta, pos, vel = agent.trajectories(start)
-    ep = Episodes(
-        states=torch.randn(episodes, t + 1, s, generator=g),
-        rewards=torch.rand(episodes, t, generator=g),
-        dones=torch.zeros(episodes, t, dtype=torch.bool),
-        success=torch.zeros(episodes, dtype=torch.bool),
-        final={},
-    )
-    return Rollout(start, theta, pos, vel, ep)
-
-
 def time_update(algo: str, dof: int, repeats: int) -> dict:
-    cfg = TCEConfig.preset("metaworld/reach-v3", algo=algo)
-    agent = TCEAgent(cfg, context_dim=CONTEXT_DIM, state_dim=39, dof=dof, horizon=500, dt=0.0125)
-    batch = synthetic_batch(agent, cfg.episodes, CONTEXT_DIM)
+    cfg = TCEConfig.preset("metaworld/push-v3", algo=algo)
+    agent = TCEAgent(cfg, context_dim=CONTEXT_DIM, state_dim=39, dof=dof, horizon=500, dt=0.0125, total_iterations=100)
+    batch = synthetic_batch(agent, 0)
     agent.update(batch)  # warm-up: first-call costs (linalg, allocator)
     totals, critic, policy, cpu = [], [], [], []
     for _ in range(repeats):
@@ -80,8 +70,29 @@ def time_update(algo: str, dof: int, repeats: int) -> dict:
         "rollout_s": "",
         "update_s": round(statistics.median(totals), 3),
         "cpu_s": round(statistics.median(cpu), 3),
-        "load_1min": round(os.getloadavg()[0], 2),
     }
+
+
+def compare_trees(baseline: str, algo: str, rounds: int, repeats: int) -> list[dict]:
+    """Rows of this tree's and ``baseline``'s ``algo`` update at D = 4, each round in fresh alternating processes."""
+    trees = {"this": str(ROOT / "src"), "baseline": baseline}
+    per: dict[str, list[dict]] = {name: [] for name in trees}
+    for r in range(rounds):
+        order = list(trees) if r % 2 == 0 else list(trees)[::-1]
+        for name in order:
+            env = {**os.environ, "PYTHONPATH": trees[name], "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+            cmd = [sys.executable, __file__, "--child", algo, "--repeats", str(repeats)]
+            out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
+            per[name].append(json.loads(out.strip().splitlines()[-1]))
+        print(f"round {r + 1}/{rounds}: " + ", ".join(f"{n} {per[n][-1]['seconds']:.3f} s" for n in order), flush=True)
+    rows = []
+    for name, runs in per.items():
+        row = dict(runs[0], what=f"{runs[0]['what']}, {name} tree ({trees[name]})")
+        for key in ("seconds", "critic_s", "policy_s", "update_s", "cpu_s"):
+            row[key] = round(statistics.median(x[key] for x in runs), 3)
+        rows.append(row)
+    print(f"baseline / this (median update): {rows[1]['seconds'] / rows[0]['seconds']:.2f}x")
+    return rows
 
 
 def time_iteration(env_name: str, backend: str, workers: int, repeats: int, episodes: int | None = None) -> list[dict]:
@@ -108,7 +119,6 @@ def time_iteration(env_name: str, backend: str, workers: int, repeats: int, epis
             rollouts.append(t1 - t0)
             updates.append(t2 - t1)
             evals.append(t3 - t2)
-    load = round(os.getloadavg()[0], 2)
     unit = "threads" if backend == "envpool" else "workers"
     sizes = f"E={cfg.episodes} T={env.horizon} D={env.dof} P={agent.dmp.num_params} {backend} {unit}={workers}"
     rows.append(
@@ -121,7 +131,6 @@ def time_iteration(env_name: str, backend: str, workers: int, repeats: int, epis
             "rollout_s": round(statistics.median(rollouts), 3),
             "update_s": round(statistics.median(updates), 3),
             "cpu_s": "",
-            "load_1min": load,
         }
     )
     rows.append(
@@ -134,7 +143,6 @@ def time_iteration(env_name: str, backend: str, workers: int, repeats: int, epis
             "rollout_s": "",
             "update_s": "",
             "cpu_s": "",
-            "load_1min": load,
         }
     )
     return rows
@@ -147,24 +155,36 @@ def main() -> None:
     parser.add_argument("--skip-env", action="store_true", help="only the updates (no MuJoCo)")
     parser.add_argument("--env", default="metaworld/push-v3", help="the iteration's env (default metaworld/push-v3)")
     parser.add_argument("--backends", default="envpool,python", help="Meta-World backends (default: both)")
-    parser.add_argument("--quick", action="store_true", help="only the iteration on both backends; E = 4, 1 core")
+    parser.add_argument("--quick", action="store_true", help="one TCE update and the iteration on both backends; E = 4")
+    parser.add_argument("--baseline", help="src/ folder of a tree whose TCE update to compare with this tree's")
+    parser.add_argument("--algo", default="tce", choices=("tce", "bbrl", "bbrl-cov"), help="--baseline's update")
+    parser.add_argument("--rounds", type=int, default=4, help="--baseline: alternating rounds")
+    parser.add_argument("--child", choices=("tce", "bbrl", "bbrl-cov"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(1)
     repeats = 1 if args.quick else args.repeats
-    rows = []
-    if not args.quick:
-        rows += [time_update("tce", dof, repeats) for dof in (4, 7)]
-        rows.append(time_update("bbrl", 4, repeats))
-    if not args.skip_env:
-        for backend in args.backends.split(","):
-            # quick: one core (EnvPool on 1 thread, the Python package in this process), E = 4
-            workers, episodes = (int(backend == "envpool"), 4) if args.quick else (args.workers, None)
-            rows += time_iteration(args.env, backend, workers, repeats, episodes)
+    if args.child:  # one tree's update, in the process --baseline started with that tree on PYTHONPATH
+        print(json.dumps(time_update(args.child, 4, repeats)))
+        return
+    out = RESULTS / "bench_tce.csv"
+    if args.baseline:
+        rows = compare_trees(args.baseline, args.algo, args.rounds, repeats)
+        out = out.with_name("bench_tce-baseline.csv")
+    else:
+        rows = [time_update("tce", dof, repeats) for dof in ((4,) if args.quick else (4, 7))]
+        if not args.quick:
+            rows.append(time_update("bbrl", 4, repeats))
+        if not args.skip_env:
+            for backend in args.backends.split(","):
+                # quick: one core (EnvPool on 1 thread, the Python package in this process), E = 4
+                workers, episodes = (int(backend == "envpool"), 4) if args.quick else (args.workers, None)
+                rows += time_iteration(args.env, backend, workers, repeats, episodes)
     header = (
         f"TCE timings (medians of {repeats}; target: one Meta-World iteration under {TARGET_S:g} s). "
-        f"torch {torch.__version__}, 1 torch thread, {os.cpu_count()} cores. Preliminary when load_1min is high."
+        f"torch {torch.__version__}, 1 torch thread, {os.cpu_count()} cores, "
+        f"load average (1 min) at the end {os.getloadavg()[0]:.2f}."
     )
-    write_results(rows, quick_path(RESULTS / "bench_tce.csv") if args.quick else RESULTS / "bench_tce.csv", header)
+    write_results(rows, quick_path(out) if args.quick else out, header)
 
 
 if __name__ == "__main__":

@@ -5,13 +5,14 @@ when ProDMP's trapezoid became Gauss-Legendre (its columns moved by ~1e-7 relati
 1e-5), with cases for the faithful Meta-World setup added.
 
 Each case builds an agent from a fully spelled-out config (no preset: presets may change, these numbers may not),
-makes one batch (the toy env, or a synthetic Meta-World-sized batch: E episodes of 500 steps, 39-entry states,
-4 DoF, with no simulator) and runs one ``update``. The metrics (timings aside) and every tensor of the agent's
-state afterwards (policy, critic, both Adam states, the RNG) must equal the recorded ones: float64 to 1e-12
-relative, the float32 critic to 1e-6. A refactor of the loss or of the update's speed must keep them.
+makes one batch (the toy env, or the synthetic Meta-World-sized batch of ``tests/support/_tce_batch.py``: E
+episodes of 500 steps, 39-entry states, 4 DoF, with no simulator) and runs one ``update``. The metrics (timings
+aside) and every tensor of the agent's state afterwards (policy, critic, both Adam states, the RNG) must equal the
+recorded ones: float64 to 1e-12 relative, the float32 critic to 1e-6.
+A refactor of the loss or of the update's speed must keep them.
 
 Re-record (only for an intended change of the numbers, said so in the commit):
-    PYTHONPATH=src python tests/episodic/test_tce_golden.py --record
+    PYTHONPATH=src:tests/support python tests/episodic/test_tce_golden.py --record
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from _tce_batch import synthetic_batch
 
-from troll.episodic.agent import Rollout, TCEAgent, reset_seed
+from troll.episodic.agent import TCEAgent, reset_seed
 from troll.episodic.config import TCEConfig
 from troll.episodic.envs import make_env
-from troll.episodic.envs.base import Episodes, EpisodeStart
 
 GOLDEN = Path(__file__).with_name("data") / "tce_golden.pt"
 
@@ -60,24 +61,6 @@ CASES = {
     "mw-tce-faithful": dict(FAITHFUL, algo="tce"),
     "mw-bbrl-faithful": dict(FAITHFUL, algo="bbrl", covariance="diag", num_basis=4, trust_region_coeff=10.0),
 }
-
-
-def synthetic_batch(agent: TCEAgent, seed: int) -> Rollout:
-    """A Meta-World-sized batch without the simulator: contexts, starts, states and rewards from a fixed generator,
-    theta sampled by the agent (as a rollout does); rewards a smooth function of the desired positions."""
-    g = torch.Generator().manual_seed(seed)
-    e, t, s, c = agent.config.episodes, agent.horizon, agent.state_dim, agent.policy.context_dim
-    context = torch.randn(e, c, generator=g) * 0.3
-    pos0 = torch.randn(e, agent.dof, generator=g) * 0.1
-    start = EpisodeStart(context, pos0, torch.zeros_like(pos0))
-    agent.policy.update_normalizer(start.context)
-    theta, pos, vel = agent.trajectories(start)
-    states = torch.randn(e, t + 1, s, generator=g) * 0.2
-    states[..., : agent.dof] = pos.float()  # the tracked part of the state follows the desired motion
-    goal = context[:, : agent.dof].unsqueeze(1)
-    rewards = -(pos[:, 1:].float() - goal).norm(dim=-1) + 0.05 * torch.randn(e, t, generator=g)
-    episodes = Episodes(states, rewards, torch.zeros(e, t, dtype=torch.bool), None, {})
-    return Rollout(start, theta, pos, vel, episodes)
 
 
 def run_case(name: str) -> dict:

@@ -1,10 +1,10 @@
 """Two restored MT10 studies side by side, seed by seed: success after the last step (at any step in brackets) of
-each task's TCE, bbrl and bbrl-cov cell (docs/tce.md: the first MT10 study, without the authors' env options,
-against the study with them).
+each task's TCE, bbrl and bbrl-cov cell (docs/archive/tce-hand-study.md, "The env options against the first study":
+the first MT10 study, without the authors' env options, against the study with them).
 
     python -m troll.episodic.archive restore docs/data/tce-authors-hand /tmp/tce-authors-hand
     python -m troll.episodic.archive restore docs/data/tce-authors /tmp/tce-authors
-    python benchmarks/tce_compare_studies.py /tmp/tce-authors-hand /tmp/tce-authors --seed 0
+    python experiments/tce_env_options.py /tmp/tce-authors-hand /tmp/tce-authors --seed 0
 
 Prints a markdown table; writes nothing. "-" marks a cell that has not finished.
 """

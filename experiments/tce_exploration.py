@@ -1,8 +1,8 @@
-"""How far a preset explores at the start, and what limits its pace in a run (docs/tce.md, "Why TCE falls short at
-2M steps").
+"""How far a preset explores at the start, and what limits its pace in a run (docs/tce.md, "Exploration: why TCE
+is slow at 2M steps").
 
 Part 1, the initial policy (no learning). For each preset (``authors``: the metaworld/* preset; ``hand``: the same
-with metaworld's own env options, as the runs of docs/tce.md's "first MT10 study" had; ``earlier``: the same with
+with metaworld's own env options, as the runs of docs/archive/tce-hand-study.md had; ``earlier``: the same with
 every field the authors' setup sets put back to the dataclass default, the preset of 2026-11-23), build
 the agent for ``--env``, reset E episodes and draw ``--samples`` parameter vectors theta per episode from the
 initial policy. Reported, from the desired trajectories (E x samples):
@@ -21,10 +21,10 @@ projection against their bounds, the entropy against the entropy schedule's boun
 the number of iterations it was within 1 nat of it), the critic's explained variance, and the smallest diagonal
 entry of the covariance's Cholesky factor at the last iteration.
 
-    OMP_NUM_THREADS=1 python benchmarks/tce_exploration.py --env metaworld/reach-v3
-    OMP_NUM_THREADS=1 python benchmarks/tce_exploration.py --runs studies/tce-authors/mt10-reach-v3/tce/seed*
+    OMP_NUM_THREADS=1 python experiments/tce_exploration.py --env metaworld/reach-v3
+    OMP_NUM_THREADS=1 python experiments/tce_exploration.py --runs studies/tce-authors/mt10-reach-v3/tce/seed*
     python -m troll.episodic.archive restore docs/data/tce-ablation /tmp/tce-ablation   # runs kept without weights
-    OMP_NUM_THREADS=1 python benchmarks/tce_exploration.py --runs /tmp/tce-ablation/reach-v3-init-std/*/*/seed0
+    OMP_NUM_THREADS=1 python experiments/tce_exploration.py --runs /tmp/tce-ablation/reach-v3-init-std/*/*/seed0
 
 Prints markdown tables; writes nothing.
 """
@@ -55,7 +55,7 @@ METAWORLD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(MetaWorldCon
 
 def presets(env: str) -> dict[str, TCEConfig]:
     """The authors' preset of ``env``; ``hand``, the same with metaworld's own env options (the runs of
-    docs/tce.md's "first MT10 study"); and the earlier one (the dataclass defaults for what the authors' sets)."""
+    docs/archive/tce-hand-study.md); and the earlier one (the dataclass defaults for what the authors' sets)."""
     authors = TCEConfig.preset(env, workers=1)
     defaults = {f.name: f.default for f in dataclasses.fields(TCEConfig) if f.default is not dataclasses.MISSING}
     back = {k: defaults[k] for k in PRESETS["metaworld"] if k not in SHARED and k in defaults}

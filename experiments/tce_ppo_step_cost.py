@@ -1,5 +1,7 @@
 """What EnvPool could save SB3's PPO on Meta-World: the CPU cost of one PPO env step, and of its simulator part.
 
+docs/tce.md, "PPO".
+
 ``troll tce train --algo ppo`` steps the metaworld package through :class:`troll.episodic.ppo` 's StepTask, one env,
 SB3's defaults. This script times, in CPU microseconds per env step (``time.process_time``, so another job on the
 machine changes little), in alternating rounds:
@@ -13,8 +15,8 @@ machine changes little), in alternating rounds:
 It prints the medians and the best case of an EnvPool path: (python env - envpool env) / ppo, the share of a PPO
 step that moving PPO onto EnvPool could save at most.
 
-    OMP_NUM_THREADS=1 python benchmarks/ppo_step_cost.py --task reach-v3
-Writes benchmarks/results/ppo_step_cost.csv.
+    OMP_NUM_THREADS=1 python experiments/tce_ppo_step_cost.py --task reach-v3
+Writes experiments/results/tce_ppo_step_cost.csv.
 """
 
 from __future__ import annotations
@@ -22,15 +24,18 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-from _report import write_results
 
 from troll.episodic.envs.envpool_backend import task_id
 from troll.episodic.ppo import make_step_task
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the benchmarks' CSV writer
+from _report import write_results  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -87,7 +92,7 @@ def main() -> None:
     saving = (med["python env"] - med["envpool env"]) / med["ppo"]
     header = (f"PPO on metaworld/{args.task}: CPU microseconds per env step (median of {args.rounds} rounds). "
               f"An EnvPool path could save at most {saving:.0%} of a PPO step.")  # fmt: skip
-    write_results(rows, RESULTS / "ppo_step_cost.csv", header)
+    write_results(rows, RESULTS / "tce_ppo_step_cost.csv", header)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Where a trained Meta-World policy's episodes end: does the object reach the goal and stay, or pass it?
 
-docs/tce.md, "Why TCE falls short". A run's success after the last step (the authors' measure) can sit far below
+docs/tce.md, "Endings". A run's success after the last step (the authors' measure) can sit far below
 its success at any step: the mean trajectory reaches the goal and then leaves it. For each run folder (a finished
 or interrupted ``troll tce train`` folder of metaworld/push-v3, pick-place-v3 or peg-insert-side-v3), this loads the
 newest checkpoint, plays the mean trajectory (as the run's evaluations do) on the run's own evaluation episodes and
@@ -25,7 +25,7 @@ distance rows are left out there. Reported per run, over all episodes played:
   lift (cm), and the share of steps whose desired gripper command is above 0 (closing), in the mean trajectory and
   in one trajectory drawn from the policy per episode (what it still explores).
 
-    OMP_NUM_THREADS=1 python benchmarks/tce_endings.py --batches 8 studies/tce-authors-hand/push-v3-10m/tce/seed0 \\
+    OMP_NUM_THREADS=1 python experiments/tce_endings.py --batches 8 studies/tce-authors-hand/push-v3-10m/tce/seed0 \\
         studies/tce-authors-hand/push-v3-10m/bbrl/seed0
 
 Prints a markdown table; writes nothing. Needs the run folders (weights are not archived in docs/data).

@@ -1,5 +1,7 @@
 """Stale rollouts: TROLL around the policy that sampled ("sampler") vs the recomputed one, and the clip baseline.
 
+docs/results.md, "Stale rollouts".
+
 Async RL systems generate with weights one or more rollout batches old. This study emulates that on one CPU: a
 ``rollout_func`` generates each rollout batch from the weights the trainer had one rollout batch earlier (the first
 batch from the initial weights) and returns, per completion position, the top-K log-probs of that stale policy at
@@ -21,8 +23,8 @@ Departures: TRL's importance-sampling correction runs only with use_vllm=True, s
 without vLLM and then sets ``use_vllm`` with a stand-in engine whose sync_weights does nothing (generation is the
 rollout_func's); the correction itself is TRL's code. Small settings for a 2-core CPU (one thread, SmolLM2-135M).
 
-    python benchmarks/stale_rollouts.py --out studies/stale          # resumable: finished runs are kept
-    python benchmarks/stale_rollouts.py --out studies/stale --report # the table from what has finished
+    python experiments/stale_rollouts.py --out studies/stale          # resumable: finished runs are kept
+    python experiments/stale_rollouts.py --out studies/stale --report # the table from what has finished
 """
 
 from __future__ import annotations
