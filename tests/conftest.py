@@ -21,6 +21,9 @@ import sys
 from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"
+# MuJoCo picks its OpenGL backend when it is first imported (--require imports it): the offscreen one the render
+# tests use (troll.episodic.render), unless the caller chose one
+os.environ.setdefault("MUJOCO_GL", "egl")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -96,6 +96,8 @@ def add_commands(sub) -> None:
     render.add_argument("--episodes", default="3", help="evaluation episodes shown one after the other (default: 3)")
     render.add_argument("--width", default="320", help="pixels (default: 320)")
     render.add_argument("--height", default="240", help="pixels (default: 240)")
+    render.add_argument("--fps", default="30", help="frames per second of simulated time, played in real time "
+                        "(default: 30)")  # fmt: skip
     render.set_defaults(run=cmd_render, name="tce render")
 
 
@@ -290,13 +292,13 @@ def _run(config, out: Path, *, resume: bool, progress: bool, video: bool = False
     print(json.dumps({k: summary.get(k) for k in keys}))
     print(f"run folder: {out}")
     if video and not (out / VIDEO_FILE).is_file():
-        return _render(out, None, episodes=3, width=320, height=240)
+        return _render(out, None, episodes=3, width=320, height=240, fps=30)
     return 0
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    sizes = {name: opts.parse_value(name, getattr(args, name), int, f"--{name}") for name in ("episodes", "width",
-                                                                                                "height")}  # fmt: skip
+    names = ("episodes", "width", "height", "fps")
+    sizes = {name: opts.parse_value(name, getattr(args, name), int, f"--{name}") for name in names}
     return _render(Path(args.run_folder), None if args.out is None else Path(args.out), **sizes)
 
 

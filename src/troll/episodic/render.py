@@ -4,8 +4,8 @@ What is shown: the run's newest checkpoint, its mean trajectory (no sampling, as
 first ``episodes`` episodes of the evaluation set (the reset seed every evaluation of the run uses), one after the
 other, each tracked by the env's own controller. Every MuJoCo task renders: the runner that plays an episode in
 this process exposes its simulator as ``runner.sim`` (a gymnasium MuJoCo env: ``model``, ``data``, ``step``), and
-the frames are taken after every ``k``-th call of ``sim.step`` (k = round(1 / (30 dt)): about 30 frames per second
-of simulated time, played back in real time). Simulators without one are refused: the toy task (torch code), and
+the frames are taken after every ``k``-th call of ``sim.step`` (k = round(1 / (fps dt)), fps = 30 by default: real
+time). Simulators without one are refused: the toy task (torch code), and
 EnvPool (no renderer), so gym/* and metaworld/* render on their Python simulators (gymnasium's Reacher-v5, the
 metaworld package: the reference the EnvPool port is checked against).
 
@@ -27,8 +27,10 @@ import numpy as np
 VIDEO_FILE = "video.mp4"  # <run>/video.mp4: what `troll tce train --video` and `troll tce study --videos` write
 FORMATS = (".gif", ".mp4")
 # named cameras, the first the model has is used (hopper: the side view that follows the torso; Meta-World: the
-# view from the front corner); otherwise MuJoCo's free camera on the model's extent
-CAMERAS = ("track", "corner2", "corner")
+# view from above the table, its only upright whole view); otherwise a free camera on the bodies (FrameGrabber)
+CAMERAS = ("track", "topview")
+# the shadow map's side in pixels: MuJoCo's default 4096 costs Mesa's CPU renderer 0.18 s a frame, 1024 0.12 s
+SHADOW_SIZE = 1024
 GL_PACKAGES = ("MUJOCO_GL=egl needs Debian's libegl1 and libegl-mesa0, MUJOCO_GL=osmesa needs libosmesa6 "
                "(apt-get install libegl1 libegl-mesa0 libgl1; `make` installs them)")  # fmt: skip
 
@@ -62,15 +64,27 @@ def check_gl() -> None:
 
 class FrameGrabber:
     """Frames of one MuJoCo simulator ``sim`` (``model``, ``data``) at ``width`` x ``height``, from its first
-    named camera of :data:`CAMERAS` or the free camera."""
+    named camera of :data:`CAMERAS`, or else a free camera looking 60 degrees down at the bodies' centre from
+    2.5 times their spread (at least 0.5 m; MuJoCo's default frames the whole floor, where Reacher is a speck)."""
 
     def __init__(self, sim, *, width: int, height: int):
         import mujoco
 
         self.sim = sim
-        self.renderer = mujoco.Renderer(sim.model, height, width)
+        quality = sim.model.vis.quality
+        shadows, quality.shadowsize = quality.shadowsize, min(quality.shadowsize, SHADOW_SIZE)
+        try:
+            self.renderer = mujoco.Renderer(sim.model, height, width)
+        finally:
+            quality.shadowsize = shadows
         names = [sim.model.camera(i).name for i in range(sim.model.ncam)]
-        self.camera = next((c for c in CAMERAS if c in names), -1)
+        self.camera = next((c for c in CAMERAS if c in names), None)
+        if self.camera is None:
+            bodies = np.asarray(sim.data.xpos[1:]) if sim.model.nbody > 1 else np.zeros((1, 3))
+            self.camera = mujoco.MjvCamera()
+            self.camera.lookat[:] = bodies.mean(0)
+            self.camera.distance = max(0.5, 2.5 * float(np.ptp(bodies, axis=0).max()))
+            self.camera.elevation, self.camera.azimuth = -60.0, 90.0
 
     def grab(self) -> np.ndarray:
         """(height, width, 3) uint8 of the simulator's current state."""
@@ -133,7 +147,7 @@ def write_video(path: Path, frames: list[np.ndarray], fps: float) -> None:
 
 
 def render_run(out: Path, *, path: Path | None = None, episodes: int = 3, width: int = 320, height: int = 240,
-               checkpoint: Path | None = None) -> dict:  # fmt: skip
+               fps: int = 30, checkpoint: Path | None = None) -> dict:  # fmt: skip
     """Render the run in ``out`` (module docstring) into ``path`` (default <out>/video.mp4); returns
     {"path", "frames", "episodes", "fps", "final": [per-episode final metrics]}. RenderError / UsageError for what
     cannot be rendered, before any episode runs."""
@@ -144,7 +158,7 @@ def render_run(out: Path, *, path: Path | None = None, episodes: int = 3, width:
     path = Path(path) if path is not None else out / VIDEO_FILE
     if path.suffix not in FORMATS:
         raise UsageError(f"--out {path}: the video must end in {' or '.join(FORMATS)}.")
-    for name, value, low in (("episodes", episodes, 1), ("width", width, 16), ("height", height, 16)):
+    for name, value, low in (("episodes", episodes, 1), ("width", width, 16), ("height", height, 16), ("fps", fps, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= 4096:
             raise UsageError(f"--{name} must be an integer in [{low}, 4096], got {value!r}.")
     config = saved_config(out)
@@ -156,10 +170,10 @@ def render_run(out: Path, *, path: Path | None = None, episodes: int = 3, width:
     if config.env.startswith("toy/"):
         raise RenderError(f"{config.env} is torch code, not a MuJoCo simulation: there is no scene to render.")
     check_gl()
-    return _render(config, checkpoint or found[-1][1], path, episodes=episodes, width=width, height=height)
+    return _render(config, checkpoint or found[-1][1], path, episodes=episodes, width=width, height=height, fps=fps)
 
 
-def _render(config, checkpoint: Path, path: Path, *, episodes: int, width: int, height: int) -> dict:
+def _render(config, checkpoint: Path, path: Path, *, episodes: int, width: int, height: int, fps: int) -> dict:
     import torch
 
     from troll.episodic.agent import EVAL_STREAM, TCEAgent, reset_seed
@@ -175,15 +189,15 @@ def _render(config, checkpoint: Path, path: Path, *, episodes: int, width: int, 
         agent.load_state_dict(torch.load(checkpoint, weights_only=True)["agent"])
         start = env.reset(reset_seed(config.seed, EVAL_STREAM))
         _, pos, vel = agent.trajectories(start, deterministic=True)
-        every = max(1, round(1 / (30 * env.dt)))
+        every = max(1, round(1 / (fps * env.dt)))
         frames, finals = [], []
         for i in range(episodes):
             got, final = episode_frames(env._runner, i, env._seeds[i], pos[i].numpy(), vel[i].numpy(), every=every,
                                         width=width, height=height)  # fmt: skip
             frames += got
             finals.append(final)
-    fps = 1 / (every * env.dt)
+    rate = 1 / (every * env.dt)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_video(path, frames, fps)
-    return {"path": str(path), "frames": len(frames), "episodes": episodes, "fps": round(fps, 3),
+    write_video(path, frames, rate)
+    return {"path": str(path), "frames": len(frames), "episodes": episodes, "fps": round(rate, 3),
             "final": [{k: (v if math.isfinite(v) else None) for k, v in f.items()} for f in finals]}  # fmt: skip
