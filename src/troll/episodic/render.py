@@ -4,7 +4,8 @@ What is shown: the run's newest checkpoint, its mean trajectory (no sampling, as
 first ``episodes`` episodes of the evaluation set (the reset seed every evaluation of the run uses), one after the
 other, each tracked by the env's own controller. Every MuJoCo task renders: the runner that plays an episode in
 this process exposes its simulator as ``runner.sim`` (a gymnasium MuJoCo env: ``model``, ``data``, ``step``), and
-the frames are taken after every ``k``-th call of ``sim.step`` (k = round(1 / (fps dt)), fps = 30 by default: real
+the frames are taken after every ``k``-th call of ``sim.step`` (or of ``runner.step_hook``, which a runner that
+steps MuJoCo itself calls after each step: hopper jump's) (k = round(1 / (fps dt)), fps = 30 by default: real
 time). Simulators without one are refused: the toy task (torch code), and
 EnvPool (no renderer), so gym/* and metaworld/* render on their Python simulators (gymnasium's Reacher-v5, the
 metaworld package: the reference the EnvPool port is checked against).
@@ -115,11 +116,19 @@ def episode_frames(runner, episode: int, seed: int, pos: np.ndarray, vel: np.nda
             frames.append(grabber.grab())
         return out
 
-    sim.step = step_and_grab  # an instance attribute: the runner's next sim.step calls it
+    hooked = hasattr(runner, "step_hook")  # a runner that steps MuJoCo itself calls it after each step
+    if hooked:
+        runner.step_hook = lambda: step_and_grab(None)
+        step = lambda action: None  # noqa: E731 -- the runner has stepped already
+    else:
+        sim.step = step_and_grab  # an instance attribute: the runner's next sim.step calls it
     try:
         result = runner.run(episode, seed, pos, vel)
     finally:
-        del sim.step
+        if hooked:
+            runner.step_hook = None
+        else:
+            del sim.step
         grabber.close()
     return frames, result.final
 

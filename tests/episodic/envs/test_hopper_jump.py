@@ -104,6 +104,25 @@ def test_tracking_matches_fancy_gyms_pd_controller(golden, runner, k):
     assert result.final["max_height"] == pytest.approx(np.max(golden["track_obs"][k][:, 1]), abs=0.01)
 
 
+def test_fast_runner_matches_the_gymnasium_subclass_step_for_step(runner, sim):
+    """The runner's loop (MuJoCo stepped directly, rewards computed after the episode) against HopperJumpEnv.step
+    with the PD action, on a jump with a landing: the same observations, rewards and final metrics."""
+    pos, vel = _phases(np.array([70.0, 25.0, -1.5, -1.5, 0.5, 0.3, 0.3, -0.6, -0.5, -0.5, 0.0]))
+    result = runner.run(0, 11, pos, vel)
+    obs, _ = sim.reset(seed=11)
+    states, rewards = [obs], []
+    for t in range(hj.HORIZON):
+        action = hj.pd_action(runner.config, pos[t + 1], vel[t + 1], sim.data.qpos[3:6], sim.data.qvel[3:6])
+        obs, reward, _, _, info = sim.step(action)
+        states.append(obs)
+        rewards.append(reward)
+    np.testing.assert_allclose(result.states, np.array(states), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(result.rewards, np.array(rewards), rtol=0, atol=1e-12)
+    assert info["contact_dist"] > 0 and result.final["landing_distance"] == pytest.approx(info["contact_dist"])
+    assert result.final["max_height"] == info["max_height"] and result.final["distance"] == info["goal_dist"]
+    assert result.final["healthy"] == float(info["healthy"])
+
+
 # ------------------------------------------------------------------------------------------------ reward terms
 
 

@@ -41,13 +41,13 @@ class HopperJumpEnv(HopperEnv):
         self.landing_dist: float | None = None
 
     def foot_floor_contact(self) -> bool:
-        """Whether a contact of this step pairs the floor with the foot."""
+        """Whether a contact of this step pairs the floor with the foot (a Python list test: 1 us, where numpy's
+        comparisons of the (ncon, 2) array cost 20)."""
         n = self.data.ncon
         if n == 0:
             return False
-        pairs = self.data.contact.geom[:n]
-        return bool(np.any(((pairs[:, 0] == self.floor) & (pairs[:, 1] == self.foot_geom))
-                           | ((pairs[:, 0] == self.foot_geom) & (pairs[:, 1] == self.floor))))  # fmt: skip
+        pairs = self.data.contact.geom[:n].tolist()
+        return [self.floor, self.foot_geom] in pairs or [self.foot_geom, self.floor] in pairs
 
     def _get_obs(self) -> np.ndarray:
         return hj.observation(self.data.qpos, self.data.qvel, self.foot.xpos, self.goal_x)
@@ -83,7 +83,16 @@ class HopperJumpEnv(HopperEnv):
 
 class HopperJumpRunner:
     """One hopper-jump simulator in a worker. D = 3 (thigh, leg, foot angles), T = 250, dt = 0.008, S = 16,
-    C = 4 ("varying") or 16 ("full"); no success rule."""
+    C = 4 ("varying") or 16 ("full"); no success rule.
+
+    ``run`` is the fast path of :meth:`HopperJumpEnv.step` (the reference it is tested against, step for step):
+    the loop only sets the PD command and steps MuJoCo, recording qpos, qvel, the torso and foot positions and
+    the first landing; actions, rewards and observations are then computed for the whole episode at once. The
+    command is left unclipped in ``data.ctrl``: MuJoCo clamps it to the actuators' ctrlrange [-1, 1], which is
+    the clip of :func:`hopper_jump.pd_action`, and the control cost uses the clipped action. MuJoCo's
+    mj_rnePostConstraint, which gymnasium's step adds, computes contact forces nothing here reads. ``step_hook``
+    (None), when set, is called after every step (the renderer's frames).
+    """
 
     def __init__(self, config: hj.HopperJumpConfig):
         self.config = config
@@ -93,6 +102,7 @@ class HopperJumpRunner:
         if abs(dt - hj.DT) > 1e-12:
             raise RuntimeError(f"fancy/hopper-jump: the model's step is {dt} s, not {hj.DT} s: a changed model file")
         self.spec = RunnerSpec(config.name, 3, hj.HORIZON, dt, len(self.context_index), hj.STATE_DIM, False)
+        self.step_hook = None
 
     def _start(self, episode: int, seed: int) -> np.ndarray:
         obs, _ = self.sim.reset(seed=seed)
@@ -105,18 +115,49 @@ class HopperJumpRunner:
         return obs[self.context_index], data.qpos[3:6].copy(), data.qvel[3:6].copy()
 
     def run(self, episode: int, seed: int, pos: np.ndarray, vel: np.ndarray) -> EpisodeResult:
-        name, horizon = self.spec.name, self.spec.horizon
-        states, rewards = np.empty((horizon + 1, hj.STATE_DIM)), np.empty(horizon)
-        states[0] = self._start(episode, seed)
-        data, step = self.sim.data, self.sim.step
+        sim, cfg, horizon = self.sim, self.config, self.spec.horizon
+        first = self._start(episode, seed)
+        model, data = sim.model, sim.data
+        qpos, qvel, ctrl, xpos, site_xpos = data.qpos, data.qvel, data.ctrl, data.xpos, data.site_xpos
+        torso, foot = sim.torso.id, sim.foot.id
+        # kp q_d(t+1) + kd q'_d(t+1), then per step minus kp q_t + kd q'_t; MuJoCo clamps it to [-1, 1]
+        target = cfg.kp * pos[1:] + cfg.kd * vel[1:]
+        qs, qds = np.empty((horizon + 1, 6)), np.empty((horizon + 1, 6))
+        feet, heights = np.empty((horizon, 3)), np.empty(horizon)
+        qs[0], qds[0] = qpos, qvel
+        phase, landing, hook, step = hj.ContactPhase(), -1, self.step_hook, mujoco.mj_step
+        kp, kd, joints, rates = cfg.kp, cfg.kd, qpos[3:6], qvel[3:6]
+        foot_xpos, torso_xpos = site_xpos[foot], xpos[torso]
         for t in range(horizon):
-            action = hj.pd_action(self.config, pos[t + 1], vel[t + 1], data.qpos[3:6], data.qvel[3:6])
-            obs, reward, _, _, info = step(action)
-            check_finite(name, episode, t + 1, observation=obs, reward=reward)
-            states[t + 1], rewards[t] = obs, reward
-        final = {"max_height": info["max_height"], "distance": info["goal_dist"],
-                 "landing_distance": info["contact_dist"], "healthy": float(info["healthy"]),
-                 "return": float(rewards.sum())}  # fmt: skip
+            ctrl[:] = target[t] - kp * joints - kd * rates
+            step(model, data, 4)
+            qs[t + 1], qds[t + 1], feet[t], heights[t] = qpos, qvel, foot_xpos, torso_xpos[2]
+            if landing < 0 and phase.update(data.ncon > 0 and sim.foot_floor_contact()):
+                landing = t
+            if hook is not None:
+                hook()
+        return self._episode(episode, first, qs, qds, feet, heights, landing, pos, vel)
+
+    def _episode(self, episode, first, qs, qds, feet, heights, landing, pos, vel) -> EpisodeResult:
+        """Actions, rewards, observations and final metrics of a recorded episode (module docstring)."""
+        horizon, goal = self.spec.horizon, np.array([self.sim.goal_x, 0.0, 0.0])
+        actions = hj.pd_action(self.config, pos[1:], vel[1:], qs[:-1, 3:6], qds[:-1, 3:6])
+        rewards = -hj.control_cost(actions)
+        goal_dist = np.linalg.norm(feet - goal, axis=1)
+        max_height = max(0.0, float(heights.max()))
+        landing_dist = float(goal_dist[landing]) if landing >= 0 else None
+        healthy = hj.is_healthy(qs[-1], qds[-1])
+        rewards[-1] += hj.final_reward(max_height, float(goal_dist[-1]), landing_dist, healthy)
+        states = np.empty((horizon + 1, hj.STATE_DIM))
+        states[0] = first
+        states[1:, :6], states[1:, 6:12] = qs[1:], np.clip(qds[1:], -10.0, 10.0)
+        states[1:, 12:15], states[1:, 15] = feet - goal, goal[0]
+        for label, values, offset in (("observation", states, 0), ("reward", rewards, 1)):
+            bad = ~np.isfinite(values.reshape(len(values), -1)).all(1)
+            if bad.any():  # the first bad step, named as the reference's per-step check names it
+                check_finite(self.spec.name, episode, int(bad.argmax()) + offset, **{label: values[bad.argmax()]})
+        final = {"max_height": max_height, "distance": float(goal_dist[-1]), "landing_distance": landing_dist or 0.0,
+                 "healthy": float(healthy), "return": float(rewards.sum())}  # fmt: skip
         return EpisodeResult(states, rewards, np.zeros(horizon, bool), None, final)
 
     def close(self) -> None:
