@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test lint bench results map tce-results tce-authors tce-ablation tce-backends envpool-equivalence clean
+.PHONY: demo test lint bench results map tce-results tce-authors tce-hopper tce-ablation tce-backends envpool-equivalence clean
 
 # Offscreen OpenGL for `troll tce render` (MuJoCo's EGL backend on Mesa; no display needed): Debian packages,
 # installed as root when missing (a user without root installs them once: apt-get install $(GL_PACKAGES)).
@@ -176,6 +176,21 @@ tce-authors: $(VENV)/.installed
 		algos=tce,bbrl,bbrl-cov; case $$t in reach-v3|push-v3) algos=$$algos,ppo;; esac; \
 		go $$d/mt10-$$t --env metaworld/$$t --algos $$algos --seeds 3 --steps 2000000 || status=1; \
 	done; \
+	$(PY) -m troll.episodic.results $$d && exit $$status
+
+# docs/tce.md, "Hopper jump": TCE and bbrl on fancy/hopper-jump (the authors' hopper preset), 3 seeds, 10M env steps
+# each (theirs: 48M), every cell's evaluation episodes rendered (<cell>/video.mp4, linked from study.md); then the
+# report (<HOPPER_DIR>/report/). About 4 hours of both cores at ~4k env steps/s per core. HOPPER_DIR is fixed: a
+# rerun continues where the last one stopped (finished cells are kept, an interrupted one resumes).
+HOPPER_DIR ?= studies/tce-hopper
+HOPPER_STEPS ?= 10000000
+HOPPER_SEEDS ?= 3
+HOPPER_ALGOS ?= tce,bbrl
+tce-hopper: $(VENV)/.installed
+	d=$(HOPPER_DIR) && status=0 && \
+	go() { out=$$1; shift; r=; [ -e $$out/config.json ] && r=--resume; $(TCE_STUDY) "$$@" --out $$out $$r; } && \
+	go $$d/hopper-jump --env fancy/hopper-jump --algos $(HOPPER_ALGOS) --seeds $(HOPPER_SEEDS) \
+		--steps $(HOPPER_STEPS) --videos || status=1; \
 	$(PY) -m troll.episodic.results $$d && exit $$status
 
 # The env options the studies below ran with (docs/tce.md, "The first MT10 study: the authors' setup without their
