@@ -290,6 +290,8 @@ def cell_numbers(summary: dict, rows: list[dict]) -> dict:
         "distance": summary.get("distance"),
         "best_distance": min(distances, default=None),
         "steps_to_success": summary.get("env_steps_to_success"),
+        "max_height": summary.get("max_height"),
+        "best_max_height": max(series("eval/max_height"), default=None),
         "env_steps": summary.get("env_steps"),
         "minutes": None if seconds is None else seconds / 60,
     }
@@ -307,6 +309,8 @@ TABLE = (
     Number("env_steps", "env steps"),
     Number("minutes", "minutes"),
 )
+# hopper jump's own measure (fancy/hopper-jump logs eval/max_height): its studies' tables add it
+HEIGHT_TABLE = (Number("max_height", "max height at the budget (m)"), Number("best_max_height", "best max height (m)"))
 PAIRED = (
     Number("success", "success rate at the budget"),
     Number("success_any", "success at any step, at the budget"),
@@ -378,8 +382,8 @@ def frontend(spec: StudySpec) -> Frontend:
         arm="algo",
         cell_argv=lambda cell, resume: cell_argv(cell, spec, resume=resume),
         numbers=lambda cell, summary, rows: cell_numbers(summary, rows),
-        table=TABLE,
-        paired=PAIRED,
+        table=TABLE + (HEIGHT_TABLE if spec.env in opts.TCE_ONLY_ENVS else ()),
+        paired=PAIRED + (HEIGHT_TABLE[:1] if spec.env in opts.TCE_ONLY_ENVS else ()),
         pairing=PAIRING,
         curves=CURVES,
         x_key="env_steps",
