@@ -257,3 +257,40 @@ def _phases(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     pos = np.empty((hj.HORIZON + 1, 3))
     pos[:s1], pos[s1:s2], pos[s2:] = p[2:5], p[5:8], p[8:11]
     return pos, np.zeros_like(pos)
+
+
+# ------------------------------------------------------------------------------------------------ presets
+
+
+def test_presets_are_the_authors_hopper_config():
+    """TCE_RL's mprl/config/hopper_jump/tcp/entire (shared.yaml + horeka.yaml), as docs/tce.md lists it."""
+    from troll.episodic.config import TCEConfig
+
+    tce = TCEConfig.preset("fancy/hopper-jump")
+    authors = {"episodes": 64, "eval_episodes": 64, "eval_every": 25, "num_basis": 3, "tau": 0.8, "dmp_alpha": 10.0,
+               "dmp_alpha_x": 3.0, "basis_bandwidth": 3.0, "auto_scale_basis": True, "relative_goal": False,
+               "weights_scale": 1.0, "goal_scale": 1.0, "policy_hidden": (128, 128), "critic_hidden": (128, 128),
+               "min_std": 1e-4, "policy_lr": 1e-4, "critic_lr": 1e-4, "lr_final": 0.01, "policy_epochs": 50,
+               "critic_epochs": 50, "critic_minibatches": 1, "gae_lambda": 0.95, "gamma": 1.0, "num_segments": 24,
+               "mean_bound": 0.1, "cov_bound": 0.02, "trust_region_coeff": 1.0, "entropy_schedule": "none",
+               "covariance": "full", "total_env_steps": 10_000_000}  # fmt: skip
+    assert {k: getattr(tce, k) for k in authors} == authors
+    bbrl = TCEConfig.preset("fancy/hopper-jump", algo="bbrl")
+    assert (bbrl.covariance, bbrl.policy_lr, bbrl.critic_lr, bbrl.lr_final, bbrl.trust_region_coeff) == (
+        "diag", 3e-4, 3e-4, 1.0, 10.0)  # fmt: skip
+    assert (bbrl.num_basis, bbrl.tau, bbrl.mean_bound, bbrl.cov_bound) == (3, 0.8, 0.1, 0.02)
+    assert TCEConfig.preset("fancy/hopper-jump", algo="bbrl-cov").covariance == "full"
+
+
+def test_ppo_is_refused_and_a_study_defaults_to_tce_and_bbrl():
+    from troll.episodic import options as opts
+    from troll.runs.files import UsageError
+
+    with pytest.raises(UsageError, match="--algo ppo is not available on fancy/hopper-jump"):
+        opts.check_env("fancy/hopper-jump", "ppo")
+    assert opts.check_env("fancy/hopper-jump", "bbrl") == "fancy/hopper-jump"
+    from argparse import Namespace
+
+    from troll.episodic import study
+
+    assert study._fresh_spec(Namespace(), {}, "fancy/hopper-jump").algos == ["tce", "bbrl"]
