@@ -248,15 +248,21 @@ def _train_command(args: argparse.Namespace, out: Path | None) -> int:
         from troll.episodic.ppo import require_sb3
 
         require_sb3()
+    if args.video:  # checked before the folder is touched
+        if config.algo == "ppo":
+            raise UsageError("--video renders TCE / BBRL runs (a ProDMP policy); drop it for --algo ppo.")
+        if config.env in opts.TOY_ENVS:
+            raise UsageError(f"--video renders MuJoCo tasks; {config.env} is torch code with no scene: drop it.")
+        from troll.episodic.render import RenderError, check_gl
+
+        try:  # before any simulator imports mujoco: it picks its GL backend then
+            check_gl()
+        except RenderError as err:
+            print(f"troll tce train: error: --video: {err}", file=sys.stderr)
+            return 1
     action = runs.check_folder(out, COMMAND, resume=args.resume, overwrite=args.overwrite)
     if action == "replace":
         runs.clear(out, COMMAND)
-    if args.video:
-        if config.algo == "ppo":
-            raise UsageError("--video renders TCE / BBRL runs (a ProDMP policy); drop it for --algo ppo.")
-        from troll.episodic.render import use_offscreen_gl
-
-        use_offscreen_gl()  # before any simulator imports mujoco in this process
     return _run(config, out, resume=args.resume, progress=not args.no_progress, video=args.video)
 
 

@@ -41,7 +41,8 @@ class RenderError(RuntimeError):
 
 
 def use_offscreen_gl() -> None:
-    """MUJOCO_GL=egl unless the user chose one: it must be set before mujoco is imported."""
+    """MUJOCO_GL=egl unless the user chose one: it must be set before mujoco is imported (which then imports its
+    EGL module: without libEGL that import fails, and :func:`check_gl` reports it)."""
     os.environ.setdefault("MUJOCO_GL", "egl")
 
 
