@@ -101,13 +101,6 @@ class HopperJumpConfig:
     name = "fancy/hopper-jump"
 
 
-def build_runner(config: HopperJumpConfig):
-    """The worker's runner (hopper_jump_sim.py, imported there: it needs gymnasium and mujoco)."""
-    from troll.episodic.envs.hopper_jump_sim import HopperJumpRunner
-
-    return HopperJumpRunner(config)
-
-
 def pd_action(config: HopperJumpConfig, q_d, qd_d, q, qd) -> np.ndarray:
     """a = clip(kp (q_d - q) + kd (q'_d - q'), -1, 1), desired and measured joint angles and velocities (..., 3)."""
     return np.clip(config.kp * (q_d - q) + config.kd * (qd_d - qd), -1.0, 1.0)

@@ -229,6 +229,11 @@ def _hopper_factory(name: str, options: dict):
         model_path()
     except AssetError as err:
         raise ImportError(str(err)) from None
-    from troll.episodic.envs.hopper_jump import build_runner
+    return partial(_hopper_runner, HopperJumpConfig(**options)), ("gymnasium", "mujoco")
 
-    return partial(build_runner, HopperJumpConfig(**options)), ("gymnasium", "mujoco")
+
+def _hopper_runner(config):
+    """The worker's runner (hopper_jump_sim.py, imported there: it needs gymnasium and mujoco)."""
+    from troll.episodic.envs.hopper_jump_sim import HopperJumpRunner
+
+    return HopperJumpRunner(config)
