@@ -3,12 +3,12 @@
 What is shown: the run's newest checkpoint, its mean trajectory (no sampling, as the evaluations run it) on the
 first ``episodes`` episodes of the evaluation set (the reset seed every evaluation of the run uses), one after the
 other, each tracked by the env's own controller. Every MuJoCo task renders: the runner that plays an episode in
-this process exposes its simulator as ``runner.sim`` (a gymnasium MuJoCo env: ``model``, ``data``, ``step``), and
-the frames are taken after every ``k``-th call of ``sim.step`` (or of ``runner.step_hook``, which a runner that
-steps MuJoCo itself calls after each step: hopper jump's) (k = round(1 / (fps dt)), fps = 30 by default: real
-time). Simulators without one are refused: the toy task (torch code), and
-EnvPool (no renderer), so gym/* and metaworld/* render on their Python simulators (gymnasium's Reacher-v5, the
-metaworld package: the reference the EnvPool port is checked against).
+this process exposes its simulator as ``runner.sim`` (a gymnasium MuJoCo env: ``model``, ``data``, ``step``) or as
+``runner.env`` (whose unwrapped env is taken), and a frame is taken after every k-th call of ``sim.step``, or of
+``runner.step_hook`` that a runner stepping MuJoCo itself calls after each step (hopper jump's); k = round(1 / (fps
+dt)), fps = 30 by default: real time. Simulators without one are refused: the toy task (torch code), and EnvPool (no
+renderer), so gym/* and metaworld/* render on their Python simulators (gymnasium's Reacher-v5, the metaworld
+package: the reference the EnvPool port is checked against).
 
 Offscreen OpenGL: EGL by default (``MUJOCO_GL=egl``, Debian's libegl1 and libegl-mesa0, which `make` installs; Mesa
 draws on the CPU without a display), or OSMesa (``MUJOCO_GL=osmesa``, libosmesa6). Without a working one,
@@ -101,9 +101,10 @@ def episode_frames(runner, episode: int, seed: int, pos: np.ndarray, vel: np.nda
                    width: int, height: int) -> tuple[list[np.ndarray], dict]:  # fmt: skip
     """Play one episode with ``runner.run`` and grab a frame after the reset and after every ``every``-th step;
     returns (frames, the episode's final metrics)."""
-    sim = getattr(runner, "sim", None)
+    sim = getattr(runner, "sim", None) or getattr(getattr(runner, "env", None), "unwrapped", None)
     if sim is None or not hasattr(sim, "model") or not hasattr(sim, "data"):
-        raise RenderError(f"{runner.spec.name}: its runner exposes no MuJoCo simulator (runner.sim with model, data)")
+        raise RenderError(f"{runner.spec.name}: its runner exposes no MuJoCo simulator (runner.sim, or runner.env's "
+                          "unwrapped env, with model and data)")  # fmt: skip
     grabber, frames, count = FrameGrabber(sim, width=width, height=height), [], 0
     step = sim.step
 
