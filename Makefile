@@ -180,8 +180,9 @@ tce-authors: $(VENV)/.installed
 
 # docs/tce.md, "Hopper jump": TCE and bbrl on fancy/hopper-jump (the authors' hopper preset), 3 seeds, 10M env steps
 # each (theirs: 48M), every cell's evaluation episodes rendered (<cell>/video.mp4, linked from study.md); then the
-# report (<HOPPER_DIR>/report/). About 4 hours of both cores at ~4k env steps/s per core. HOPPER_DIR is fixed: a
-# rerun continues where the last one stopped (finished cells are kept, an interrupted one resumes).
+# report (<HOPPER_DIR>/report/). About 3 hours a cell (625 iterations of ~16 s: 3 s stepping, 13 s updating, measured
+# at load 11), ~9 hours for the six with --jobs 2. HOPPER_DIR is fixed: a rerun continues where the last one stopped
+# (finished cells are kept, an interrupted one resumes). HOPPER_STEPS, HOPPER_SEEDS, HOPPER_ALGOS shrink it (a smoke).
 HOPPER_DIR ?= studies/tce-hopper
 HOPPER_STEPS ?= 10000000
 HOPPER_SEEDS ?= 3
