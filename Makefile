@@ -15,7 +15,7 @@ export TOKENIZERS_PARALLELISM := false
 
 # Offscreen OpenGL for `troll tce render` (MuJoCo's EGL backend on Mesa; no display needed): Debian packages,
 # installed as root when missing (a user without root installs them once: apt-get install $(GL_PACKAGES)).
-GL_PACKAGES := libegl1 libegl-mesa0 libgl1
+GL_PACKAGES := libegl1 libegl-mesa0 libgl1 libopengl0 libgl1-mesa-dri
 # fancy-gym 0.3.0 (MIT) for the model file of fancy/hopper-jump alone: never imported (it pins mujoco 2.3.3 and
 # gymnasium < 1), so it is installed without its dependencies.
 $(VENV)/.installed: pyproject.toml constraints.txt

@@ -10,10 +10,10 @@ dt)), fps = 30 by default: real time. Simulators without one are refused: the to
 renderer), so gym/* and metaworld/* render on their Python simulators (gymnasium's Reacher-v5, the metaworld
 package: the reference the EnvPool port is checked against).
 
-Offscreen OpenGL: EGL by default (``MUJOCO_GL=egl``, Debian's libegl1 and libegl-mesa0, which `make` installs; Mesa
-draws on the CPU without a display), or OSMesa (``MUJOCO_GL=osmesa``, libosmesa6). Without a working one,
-:class:`RenderError` names the packages before any episode runs. Files: GIF (Pillow) or MP4 (imageio with the
-ffmpeg binary of the imageio-ffmpeg wheel), chosen by the file's suffix.
+Offscreen OpenGL: EGL by default (``MUJOCO_GL=egl``: Debian's libegl1, libegl-mesa0, libgl1, libopengl0 and
+libgl1-mesa-dri, which `make` installs; Mesa draws on the CPU without a display), or OSMesa (``MUJOCO_GL=osmesa``,
+libosmesa6). Without a working one, :class:`RenderError` names the packages before any episode runs. Files: GIF
+(Pillow) or MP4 (imageio with the ffmpeg binary of the imageio-ffmpeg wheel), chosen by the file's suffix.
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ FORMATS = (".gif", ".mp4")
 CAMERAS = ("track", "topview")
 # the shadow map's side in pixels: MuJoCo's default 4096 costs Mesa's CPU renderer 0.18 s a frame, 1024 0.12 s
 SHADOW_SIZE = 1024
-GL_PACKAGES = ("MUJOCO_GL=egl needs Debian's libegl1 and libegl-mesa0, MUJOCO_GL=osmesa needs libosmesa6 "
-               "(apt-get install libegl1 libegl-mesa0 libgl1; `make` installs them)")  # fmt: skip
+GL_PACKAGES = ("MUJOCO_GL=egl needs Debian's libegl1, libegl-mesa0 and Mesa's drivers, MUJOCO_GL=osmesa needs "
+               "libosmesa6 (apt-get install libegl1 libegl-mesa0 libgl1 libopengl0 libgl1-mesa-dri; `make` installs "
+               "them)")  # fmt: skip
 
 
 class RenderError(RuntimeError):
