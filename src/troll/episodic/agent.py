@@ -382,8 +382,8 @@ def discounted_returns(rewards: torch.Tensor, alive: torch.Tensor, gamma: float)
 
 
 def episode_metrics(ep: Episodes, prefix: str) -> dict[str, float]:
-    """Mean return, success rate after the last step and at any step (when the task has a rule) and final distance
-    (when reported) of a batch."""
+    """Mean return, success rate after the last step and at any step (when the task has a rule), final distance and
+    maximum height (when reported) of a batch."""
     out = {f"{prefix}/return": float(ep.rewards.double().sum(1).mean())}
     if ep.success is not None:
         out[f"{prefix}/success_rate"] = float(ep.success.double().mean())
@@ -391,4 +391,6 @@ def episode_metrics(ep: Episodes, prefix: str) -> dict[str, float]:
         out[f"{prefix}/success_any"] = float(ep.final["success_any"].double().mean())
     if "distance" in ep.final:
         out[f"{prefix}/distance"] = float(ep.final["distance"].double().mean())
+    if "max_height" in ep.final:  # hopper jump's own measure
+        out[f"{prefix}/max_height"] = float(ep.final["max_height"].double().mean())
     return out

@@ -36,11 +36,18 @@ STUDY_DOC = (
     "--algos or --seeds add to its grid."
 )
 
+RENDER_DOC = (
+    "Renders a run's newest checkpoint on its first evaluation episodes (the mean trajectory, no sampling; the "
+    "episodes every evaluation of the run uses) with MuJoCo's offscreen renderer (EGL, or MUJOCO_GL=osmesa), and "
+    "writes a GIF or an MP4. gym/* and metaworld/* are drawn on their Python simulators (EnvPool has no renderer)."
+)
+VIDEO_FILE = "video.mp4"  # troll.episodic.render.VIDEO_FILE (not imported here: it would import numpy)
+
 
 def add_commands(sub) -> None:
     """Register ``tce train`` and ``tce study`` (the provider hook of :mod:`troll.cli`)."""
     tce = sub.add_parser("tce", help="episodic RL: TCE, BBRL and PPO on ProDMP tasks (docs/tce.md)")
-    tce_sub = tce.add_subparsers(dest="tce_command", required=True, metavar="{train,study}")
+    tce_sub = tce.add_subparsers(dest="tce_command", required=True, metavar="{train,study,render}")
     train = tce_sub.add_parser("train", help="one run", description=TRAIN_DOC)
     train.add_argument("--env", default=argparse.SUPPRESS, help="toy/viapoint[-sparse], gym/reacher[-sparse] or "
                        "metaworld/<task>-v3 (required unless --resume)")  # fmt: skip
@@ -55,6 +62,8 @@ def add_commands(sub) -> None:
     train.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     train.add_argument("--overwrite", action="store_true", help="replace the run in --out (only a folder of this "
                        "command holding nothing else is deleted)")  # fmt: skip
+    train.add_argument("--video", action="store_true", help=f"at the end, render the evaluation episodes into "
+                       f"<out>/{VIDEO_FILE} (MuJoCo tasks, TCE / BBRL; see 'troll tce render')")  # fmt: skip
     _add_run_flags(train)
     train.set_defaults(run=cmd_train, name="tce train")
 
@@ -76,8 +85,20 @@ def add_commands(sub) -> None:
         "--resume", action="store_true", help="continue the study in --out (--algos and --seeds may add to its grid)"
     )
     study.add_argument("--overwrite", action="store_true", help="replace the study in --out")
+    study.add_argument("--videos", action="store_true", help=f"each TCE / BBRL cell renders its evaluation episodes "
+                       f"into <cell>/{VIDEO_FILE} when it ends, and study.md links them")  # fmt: skip
     _add_run_flags(study, study=True)
     study.set_defaults(run=cmd_study, name="tce study")
+
+    render = tce_sub.add_parser("render", help="a video of a run's policy", description=RENDER_DOC)
+    render.add_argument("run_folder", metavar="RUN", help="a run folder of 'troll tce train' (TCE / BBRL)")
+    render.add_argument("--out", default=None, help=f"the video, .gif or .mp4 (default: RUN/{VIDEO_FILE})")
+    render.add_argument("--episodes", default="3", help="evaluation episodes shown one after the other (default: 3)")
+    render.add_argument("--width", default="320", help="pixels (default: 320)")
+    render.add_argument("--height", default="240", help="pixels (default: 240)")
+    render.add_argument("--fps", default="30", help="frames per second of simulated time, played in real time "
+                        "(default: 30)")  # fmt: skip
+    render.set_defaults(run=cmd_render, name="tce render")
 
 
 def _add_run_flags(p: argparse.ArgumentParser, *, study: bool = False) -> None:
@@ -227,13 +248,25 @@ def _train_command(args: argparse.Namespace, out: Path | None) -> int:
         from troll.episodic.ppo import require_sb3
 
         require_sb3()
+    if args.video:  # checked before the folder is touched
+        if config.algo == "ppo":
+            raise UsageError("--video renders TCE / BBRL runs (a ProDMP policy); drop it for --algo ppo.")
+        if config.env in opts.TOY_ENVS:
+            raise UsageError(f"--video renders MuJoCo tasks; {config.env} is torch code with no scene: drop it.")
+        from troll.episodic.render import RenderError, check_gl
+
+        try:  # before any simulator imports mujoco: it picks its GL backend then
+            check_gl()
+        except RenderError as err:
+            print(f"troll tce train: error: --video: {err}", file=sys.stderr)
+            return 1
     action = runs.check_folder(out, COMMAND, resume=args.resume, overwrite=args.overwrite)
     if action == "replace":
         runs.clear(out, COMMAND)
-    return _run(config, out, resume=args.resume, progress=not args.no_progress)
+    return _run(config, out, resume=args.resume, progress=not args.no_progress, video=args.video)
 
 
-def _run(config, out: Path, *, resume: bool, progress: bool) -> int:
+def _run(config, out: Path, *, resume: bool, progress: bool, video: bool = False) -> int:
     """Run ``config`` into ``out``; a failure after the start is reported with the way to resume (exit 1)."""
     from troll.episodic.envs import EnvWorkerError, NonFiniteError
 
@@ -264,6 +297,28 @@ def _run(config, out: Path, *, resume: bool, progress: bool) -> int:
     keys = ("algo", "env", "seed", "env_steps", "success_rate", "return", "distance", "best_success_rate", "seconds")
     print(json.dumps({k: summary.get(k) for k in keys}))
     print(f"run folder: {out}")
+    if video and not (out / VIDEO_FILE).is_file():
+        return _render(out, None, episodes=3, width=320, height=240, fps=30)
+    return 0
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    names = ("episodes", "width", "height", "fps")
+    sizes = {name: opts.parse_value(name, getattr(args, name), int, f"--{name}") for name in names}
+    return _render(Path(args.run_folder), None if args.out is None else Path(args.out), **sizes)
+
+
+def _render(out: Path, path: Path | None, **sizes) -> int:
+    """Render a run's video (troll.episodic.render); a machine without offscreen OpenGL gets exit status 1."""
+    from troll.episodic.render import RenderError, render_run
+
+    try:
+        done = render_run(out, path=path, **sizes)
+    except RenderError as err:
+        print(f"troll tce render: error: {err}", file=sys.stderr)
+        return 1
+    print(f"wrote {done['path']}: {done['episodes']} evaluation episode(s), {done['frames']} frames at "
+          f"{done['fps']:g} fps")  # fmt: skip
     return 0
 
 

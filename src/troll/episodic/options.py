@@ -22,6 +22,7 @@ from troll.runs.files import UsageError
 ALGOS = ("tce", "bbrl", "bbrl-cov", "ppo")
 TOY_ENVS = ("toy/viapoint", "toy/viapoint-sparse")
 GYM_ENVS = ("gym/reacher", "gym/reacher-sparse")
+TCE_ONLY_ENVS = ("fancy/hopper-jump",)  # no PPO wiring (ppo.py's step envs are Reacher and Meta-World)
 # TCEConfig fields with a flag of their own (the rest are --<field> from TCE_FLAGS)
 OWN_FLAGS = {"algo": "--algo", "env": "--env", "seed": "--seed", "total_env_steps": "--steps",
              "threads": "--threads", "workers": "--workers"}  # fmt: skip
@@ -129,7 +130,8 @@ def check_env(name: str, algo: str | None = None) -> str:
         close = close or difflib.get_close_matches(f"metaworld/{name}", ENV_NAMES, n=1, cutoff=0.6)
         hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
         raise UsageError(
-            f"--env: unknown environment {name!r}.{hint} Known: {', '.join(TOY_ENVS + GYM_ENVS)}, and "
+            f"--env: unknown environment {name!r}.{hint} Known: "
+            f"{', '.join(TOY_ENVS + GYM_ENVS + TCE_ONLY_ENVS)}, and "
             f"metaworld/<task> for the 50 Meta-World v3 tasks: {', '.join(METAWORLD_TASKS)}."
         )
     if algo == "ppo" and name in TOY_ENVS:
@@ -137,6 +139,9 @@ def check_env(name: str, algo: str | None = None) -> str:
             f"--algo ppo needs a step-based env, and {name} has none (the toy task simulates whole trajectories in "
             "torch); run ppo on gym/* or metaworld/*, or tce / bbrl here."
         )
+    if algo == "ppo" and name in TCE_ONLY_ENVS:
+        raise UsageError(f"--algo ppo is not available on {name} (troll's PPO steps gym/* and metaworld/* only); run "
+                         "tce, bbrl or bbrl-cov there.")  # fmt: skip
     return name
 
 

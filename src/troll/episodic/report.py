@@ -39,6 +39,7 @@ def summarise(rows: list[dict], config: dict, *, iterations: int) -> dict:
         "success_any": _last(evals, "eval/success_any"),
         "return": _last(evals, "eval/return"),
         "distance": _last(evals, "eval/distance"),
+        "max_height": _last(evals, "eval/max_height"),
         "best_success_rate": max(successes) if successes else None,
         "env_steps_to_success": reached[0] if reached else None,
         "success_threshold": SUCCESS_THRESHOLD,

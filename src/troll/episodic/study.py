@@ -36,6 +36,7 @@ from troll.study import grid as grid_lib
 
 COMMAND = "tce study"
 RUN_COMMAND = "tce train"  # the command of each cell (troll.episodic.train.COMMAND)
+VIDEO_FILE = "video.mp4"  # troll.episodic.render.VIDEO_FILE, written by each cell's --video
 STUDY_WORKERS = 1  # env processes of a cell: with --jobs 2 two cells step two simulators on two cores
 NOT_SWEPT = frozenset({"algo", "env", "seed", "threads", "workers", "env_options", "policy_hidden", "critic_hidden",
                        "ppo_net_arch"})  # fmt: skip
@@ -55,6 +56,7 @@ class StudySpec:
     sweep_values: list = field(default_factory=list)
     workers: int = STUDY_WORKERS
     threads: int = 1
+    videos: bool = False  # each TCE / BBRL cell renders <cell>/video.mp4 when it ends (a runtime choice)
 
     @property
     def grid(self) -> Grid:
@@ -114,6 +116,7 @@ def spec_from_args(args, given: dict) -> tuple[StudySpec, Path]:
                              "Drop them (only --threads and --workers may change, and --algos and --seeds may add "
                              "to the grid, never drop), or start a new --out.")  # fmt: skip
         runtime = {k: getattr(fresh, k) for k in ("threads", "workers") if hasattr(args, k)}
+        runtime["videos"] = bool(getattr(args, "videos", False))
         saved = _with_backend(saved, _started_backend(Path(args.out)))
         return dataclasses.replace(saved, **grown, **runtime), Path(args.out)
     if not hasattr(args, "env"):
@@ -191,7 +194,7 @@ def _started_backend(out: Path) -> str | None:
 
 
 def _fresh_spec(args, given: dict, env: str) -> StudySpec:
-    toy = env in opts.TOY_ENVS
+    toy = env in opts.TOY_ENVS + opts.TCE_ONLY_ENVS  # no PPO there: tce and bbrl by default
     algos = ("tce", "bbrl") if toy else opts.ALGOS
     if hasattr(args, "algos"):
         algos = grid_lib.parse_arms(args.algos, opts.ALGOS, flag="--algos", noun="algorithm", example="tce,bbrl,ppo")
@@ -199,7 +202,8 @@ def _fresh_spec(args, given: dict, env: str) -> StudySpec:
         opts.check_env(env, algo)
     seeds = grid_lib.parse_seeds(args.seeds) if hasattr(args, "seeds") else [0, 1, 2]
     spec = StudySpec(env, list(algos), seeds, _int(args, "steps", 1, None), dict(given),
-                     workers=_int(args, "workers", 0, STUDY_WORKERS), threads=_int(args, "threads", 1, 1))  # fmt: skip
+                     workers=_int(args, "workers", 0, STUDY_WORKERS), threads=_int(args, "threads", 1, 1),
+                     videos=bool(getattr(args, "videos", False)))  # fmt: skip
     for name in given:
         if not any(opts.applies(name, a) for a in spec.algos):
             raise UsageError(f"{opts.flag(name)} applies to none of --algos {','.join(spec.algos)}; drop it.")
@@ -256,6 +260,7 @@ def cell_argv(cell: Cell, spec: StudySpec, *, resume: bool) -> list[str]:
     o = cell.options
     # the runtime, which a resumed study may change: a resumed cell takes it too
     runtime = ["--threads", str(spec.threads)] + (["--workers", str(spec.workers)] if o["algo"] != "ppo" else [])
+    runtime += ["--video"] if spec.videos and o["algo"] != "ppo" else []
     if resume:
         return argv + ["--resume"] + runtime
     argv += ["--env", spec.env, "--algo", o["algo"], "--seed", str(o["seed"])] + runtime
@@ -285,6 +290,8 @@ def cell_numbers(summary: dict, rows: list[dict]) -> dict:
         "distance": summary.get("distance"),
         "best_distance": min(distances, default=None),
         "steps_to_success": summary.get("env_steps_to_success"),
+        "max_height": summary.get("max_height"),
+        "best_max_height": max(series("eval/max_height"), default=None),
         "env_steps": summary.get("env_steps"),
         "minutes": None if seconds is None else seconds / 60,
     }
@@ -302,6 +309,8 @@ TABLE = (
     Number("env_steps", "env steps"),
     Number("minutes", "minutes"),
 )
+# hopper jump's own measure (fancy/hopper-jump logs eval/max_height): its studies' tables add it
+HEIGHT_TABLE = (Number("max_height", "max height at the budget (m)"), Number("best_max_height", "best max height (m)"))
 PAIRED = (
     Number("success", "success rate at the budget"),
     Number("success_any", "success at any step, at the budget"),
@@ -349,8 +358,20 @@ def _note(spec: StudySpec, cells: list[Cell]) -> str:
         "At the budget = the last evaluation; mean success over the run = the mean of the evaluated success rates "
         "(area under the learning curve over the budget); env steps to success: the first evaluation >= 0.8, over "
         "the seeds that got there. Standard errors use n - 1; the 95% interval is mean ± t(0.975, n - 1) x standard "
-        "error of the per-seed differences.\n"
+        "error of the per-seed differences.\n" + _videos(spec, cells)
     )
+
+
+def _videos(spec: StudySpec, cells: list[Cell]) -> str:
+    """Links to the cells' videos (``--videos``), relative to the study folder."""
+    depth = 3 if spec.sweep_key else 2  # [<key>=<value>/]<algo>/seed<k>
+    links = [
+        f"[{c.arm} seed {c.seed}{'' if c.value is None else f' ({c.value})'}]"
+        f"({Path(*c.folder.parts[-depth:]) / VIDEO_FILE})"
+        for c in cells
+        if (c.folder / VIDEO_FILE).is_file()
+    ]
+    return f"\nVideos (the mean trajectory on the first evaluation episodes): {', '.join(links)}.\n" if links else ""
 
 
 def frontend(spec: StudySpec) -> Frontend:
@@ -361,8 +382,8 @@ def frontend(spec: StudySpec) -> Frontend:
         arm="algo",
         cell_argv=lambda cell, resume: cell_argv(cell, spec, resume=resume),
         numbers=lambda cell, summary, rows: cell_numbers(summary, rows),
-        table=TABLE,
-        paired=PAIRED,
+        table=TABLE + (HEIGHT_TABLE if spec.env in opts.TCE_ONLY_ENVS else ()),
+        paired=PAIRED + (HEIGHT_TABLE[:1] if spec.env in opts.TCE_ONLY_ENVS else ()),
         pairing=PAIRING,
         curves=CURVES,
         x_key="env_steps",

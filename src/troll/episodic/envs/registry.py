@@ -1,11 +1,11 @@
 """``make_env``: every episodic environment by name, checked before anything is built.
 
-Names: ``toy/viapoint``, ``toy/viapoint-sparse``, ``gym/reacher``, ``gym/reacher-sparse`` and
+Names: ``toy/viapoint``, ``toy/viapoint-sparse``, ``gym/reacher``, ``gym/reacher-sparse``,
 ``metaworld/<task>`` for the 50 Meta-World v3 tasks (``metaworld/reach-v3``, ``metaworld/push-v3``,
-``metaworld/pick-place-v3``, ...). The MuJoCo environments need gymnasium, mujoco (and metaworld); they are
-imported only inside the worker processes that build them (EnvPool's in this process), and their absence is
-reported here first. ``gym/*`` and ``metaworld/*`` run on one of two simulators (option ``backend``: EnvPool's C++
-port or the Python package; :func:`default_backend`).
+``metaworld/pick-place-v3``, ...) and ``fancy/hopper-jump`` (fancy_gym 0.3.0's sparse hopper jump). The MuJoCo
+environments need gymnasium, mujoco (and metaworld); they are imported only inside the worker processes that build
+them (EnvPool's in this process), and their absence is reported here first. ``gym/*`` and ``metaworld/*`` run on
+one of two simulators (option ``backend``: EnvPool's C++ port or the Python package; :func:`default_backend`).
 """
 
 from __future__ import annotations
@@ -30,15 +30,16 @@ METAWORLD_TASKS = (
     "sweep-into-v3 sweep-v3 window-open-v3 window-close-v3"
 ).split()
 METAWORLD = tuple(f"metaworld/{task}" for task in METAWORLD_TASKS)
-ENV_NAMES = TOY + GYM + METAWORLD
+HOPPER = ("fancy/hopper-jump",)  # fancy_gym 0.3.0's sparse hopper jump (hopper_jump.py)
+ENV_NAMES = TOY + GYM + METAWORLD + HOPPER
 
 
 def _unknown(name: str) -> ValueError:
     close = difflib.get_close_matches(name, ENV_NAMES, n=3, cutoff=0.6)
     hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
     return ValueError(
-        f"unknown episodic environment {name!r}.{hint} Known: {', '.join(TOY + GYM)}, and metaworld/<task> for the "
-        f"50 Meta-World v3 tasks: {', '.join(METAWORLD_TASKS)}."
+        f"unknown episodic environment {name!r}.{hint} Known: {', '.join(TOY + GYM + HOPPER)}, and metaworld/<task> "
+        f"for the 50 Meta-World v3 tasks: {', '.join(METAWORLD_TASKS)}."
     )
 
 
@@ -105,6 +106,10 @@ def horizon(name: str, options: dict | None = None) -> int:
         from troll.episodic.envs.reacher import HORIZON
 
         return HORIZON
+    if name in HOPPER:
+        from troll.episodic.envs.hopper_jump import HORIZON
+
+        return HORIZON
     from troll.episodic.envs.envpool_backend import HORIZON
 
     return HORIZON
@@ -118,6 +123,8 @@ def option_table(name: str) -> dict:
         from troll.episodic.envs.toy import OPTIONS
     elif name in GYM:
         from troll.episodic.envs.reacher import OPTIONS
+    elif name in HOPPER:
+        from troll.episodic.envs.hopper_jump import OPTIONS
     else:
         from troll.episodic.envs.metaworld import OPTIONS
     choices = BACKENDS if has_backends(name) else ("python",)
@@ -161,7 +168,8 @@ def make_env(
     start_method: multiprocessing start method of the workers (default forkserver; see workers.py).
     options: the env's own settings (:func:`option_table`, checked by :func:`check_options`): toy ViaPointEnv's
              keyword arguments; gym/reacher's ReacherConfig (kp, kd, success_radius); metaworld's MetaWorldConfig
-             (controller, gain, gripper, gripper_start, context); and on gym/* and metaworld/* ``backend``:
+             (controller, gain, gripper, gripper_start, context); fancy/hopper-jump's HopperJumpConfig (kp, kd,
+             context); and on gym/* and metaworld/* ``backend``:
              "envpool" (the default but on :data:`PYTHON_DEFAULT`: EnvPool's C++ simulators on ``workers`` threads,
              envpool_backend.py, reacher.py) or "python" (gymnasium or the metaworld package in ``workers``
              processes).
@@ -193,6 +201,8 @@ def make_env(
         _require(name, ("gymnasium", "mujoco"))
         factory = partial(ReacherRunner, config)
         preload = ("gymnasium", "mujoco")
+    elif name in HOPPER:
+        factory, preload = _hopper_factory(name, options)
     else:
         from troll.episodic.envs.metaworld import MetaWorldConfig, MetaWorldRunner
 
@@ -208,3 +218,22 @@ def make_env(
     return PooledEnv(
         factory, name=name, num_episodes=num_episodes, workers=workers, start_method=start_method, preload=preload
     )
+
+
+def _hopper_factory(name: str, options: dict):
+    """The worker factory of fancy/hopper-jump, its simulator packages and the fancy-gym asset checked here first."""
+    from troll.episodic.envs.hopper_jump import AssetError, HopperJumpConfig, model_path
+
+    _require(name, ("gymnasium", "mujoco"))
+    try:
+        model_path()
+    except AssetError as err:
+        raise ImportError(str(err)) from None
+    return partial(_hopper_runner, HopperJumpConfig(**options)), ("gymnasium", "mujoco")
+
+
+def _hopper_runner(config):
+    """The worker's runner (hopper_jump_sim.py, imported there: it needs gymnasium and mujoco)."""
+    from troll.episodic.envs.hopper_jump_sim import HopperJumpRunner
+
+    return HopperJumpRunner(config)

@@ -1,0 +1,164 @@
+"""``troll tce render``: the frames show each MuJoCo task's scene (not a blank image) and change as it moves, a run
+renders end to end into GIF and MP4 (``tce train --video`` and ``troll tce render``), a study links its cells'
+videos, and a machine without offscreen OpenGL gets an error naming the packages.
+
+Tiny on purpose: 48 x 64 pixels, a handful of frames per episode.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mujoco")
+pytest.importorskip("gymnasium")
+
+from troll.cli import main  # noqa: E402
+from troll.episodic import render  # noqa: E402
+
+render.use_offscreen_gl()
+SIZE = {"width": 64, "height": 48}
+
+
+def _blank_checks(frames: list[np.ndarray]) -> None:
+    """A scene: several colours (pixel std), most pixels off the most common colour (the sky or the floor is not
+    everything), and the last frame differs from the first (the robot moved)."""
+    assert frames and all(f.shape == (48, 64, 3) and f.dtype == np.uint8 for f in frames)
+    for f in frames:
+        assert f.std() > 10, f.std()
+        flat = f.reshape(-1, 3)
+        _, counts = np.unique(flat, axis=0, return_counts=True)
+        assert counts.max() / len(flat) < 0.9
+    assert np.abs(frames[-1].astype(int) - frames[0].astype(int)).mean() > 0.05
+
+
+def _hold_then_move(runner, seed: int, shift: float) -> tuple[np.ndarray, np.ndarray]:
+    _, pos0, _ = runner.reset(0, seed)
+    horizon = runner.spec.horizon
+    pos = np.repeat(pos0[None], horizon + 1, axis=0)
+    pos[horizon // 4 :] += shift
+    return pos, np.zeros_like(pos)
+
+
+@pytest.mark.parametrize("task", ["hopper", "reacher", "metaworld"])
+def test_frames_show_the_scene_of_every_mujoco_task(task):
+    if task == "hopper":
+        from troll.episodic.envs.hopper_jump import HopperJumpConfig
+        from troll.episodic.envs.hopper_jump_sim import HopperJumpRunner
+
+        runner, shift = HopperJumpRunner(HopperJumpConfig()), -0.8
+    elif task == "reacher":
+        from troll.episodic.envs.reacher import ReacherConfig, ReacherRunner
+
+        runner, shift = ReacherRunner(ReacherConfig()), 1.0
+    else:
+        from troll.episodic.envs.metaworld import MetaWorldConfig, MetaWorldRunner
+
+        runner, shift = MetaWorldRunner(MetaWorldConfig(task="reach-v3")), 0.1
+    try:
+        pos, vel = _hold_then_move(runner, 3, shift)
+        frames, final = render.episode_frames(runner, 0, 3, pos, vel, every=runner.spec.horizon // 3, **SIZE)
+        assert len(frames) == 4 and "return" in final
+        _blank_checks(frames)
+        assert not hasattr(runner.sim, "step") or "step_and_grab" not in repr(runner.sim.__dict__.get("step"))
+    finally:
+        runner.close()
+
+
+@pytest.fixture(scope="module")
+def hopper_run(tmp_path_factory):
+    """One TCE iteration of 2 episodes on fancy/hopper-jump."""
+    from troll.episodic.config import TCEConfig
+    from troll.episodic.train import train
+
+    out = tmp_path_factory.mktemp("render") / "run"
+    config = TCEConfig.preset("fancy/hopper-jump", total_env_steps=500, episodes=2, eval_episodes=2, workers=0,
+                              policy_hidden=(8,), critic_hidden=(8,), policy_epochs=1, critic_epochs=1)  # fmt: skip
+    train(config, out, progress=False, plot=False)  # what `troll tce train` runs, without matplotlib's import
+    return out
+
+
+def test_train_video_renders_the_run_at_its_end(hopper_run, tmp_path, monkeypatch, capsys):
+    """``tce train --video`` hands the finished run to the renderer (stubbed here: rendering is tested below); a
+    finished run resumed with --video renders the video it lacks."""
+    calls = []
+
+    def fake(out, *, path, **sizes):
+        calls.append((out, path, sizes))
+        return {"path": str(out / render.VIDEO_FILE), "episodes": 3, "frames": 1, "fps": 31.25}
+
+    monkeypatch.setattr(render, "render_run", fake)
+    assert main(["tce", "train", "--out", str(hopper_run), "--resume", "--video"]) == 0
+    assert calls == [(hopper_run, None, {"episodes": 3, "width": 320, "height": 240, "fps": 30})]
+    assert f"wrote {hopper_run / render.VIDEO_FILE}: 3 evaluation episode(s)" in capsys.readouterr().out
+    assert main(["tce", "train", "--env", "gym/reacher", "--algo", "ppo", "--out", str(tmp_path / "p"),
+                 "--video"]) == 2  # fmt: skip
+    assert "--video renders TCE / BBRL runs" in capsys.readouterr().err
+
+
+def test_a_run_renders_end_to_end(hopper_run, tmp_path, capsys):
+    gif = tmp_path / "hopper.gif"
+    assert main(["tce", "render", str(hopper_run), "--out", str(gif), "--episodes", "2", "--width", "64",
+                 "--height", "48", "--fps", "5"]) == 0  # fmt: skip
+    assert "2 evaluation episode(s), 22 frames at 5 fps" in capsys.readouterr().out
+    from PIL import Image
+
+    with Image.open(gif) as image:
+        frames = []
+        for i in range(image.n_frames):
+            image.seek(i)
+            frames.append(np.array(image.convert("RGB")))
+    assert len(frames) == 2 * (1 + 250 // 25)  # the start, then every 25th step of 8 ms: 5 frames per second
+    _blank_checks(frames)
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [(["--out", "x.avi"], "must end in .gif or .mp4"), (["--episodes", "0"], "--episodes must be an integer")],
+)
+def test_bad_render_requests_are_refused(hopper_run, argv, words, capsys):
+    assert main(["tce", "render", str(hopper_run), *argv]) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_without_offscreen_gl_the_error_names_the_packages(hopper_run, tmp_path, monkeypatch, capsys):
+    """MUJOCO_GL=glfw without a display (a fresh process: MuJoCo reads it at import) stands for a machine without
+    EGL or OSMesa; the command turns the error into exit status 1 before any episode runs."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
+    env |= {"MUJOCO_GL": "glfw", "PYTHONPATH": os.pathsep.join(sys.path)}
+    code = "from troll.episodic.render import check_gl; check_gl()"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 1 and "RenderError" in done.stderr, done.stderr
+    assert "MUJOCO_GL='glfw'" in done.stderr and "libegl1" in done.stderr and "libosmesa6" in done.stderr
+
+    def no_gl():
+        raise render.RenderError("offscreen rendering is unavailable: libegl1")
+
+    monkeypatch.setattr(render, "check_gl", no_gl)
+    monkeypatch.setattr(render, "_render", lambda *a, **k: pytest.fail("an episode ran without GL"))
+    assert main(["tce", "render", str(hopper_run), "--out", str(tmp_path / "v.gif")]) == 1
+    assert "libegl1" in capsys.readouterr().err and not (tmp_path / "v.gif").exists()
+
+
+def test_a_study_links_its_cells_videos(tmp_path):
+    from troll.episodic import study
+    from troll.study import Cell
+
+    spec = study.StudySpec("fancy/hopper-jump", ["tce", "bbrl"], [0], videos=True)
+    cells = [Cell(None, algo, 0, tmp_path / algo / "seed0", {"algo": algo, "seed": 0, "steps": None, "options": {}})
+             for algo in ("tce", "bbrl")]  # fmt: skip
+    (tmp_path / "tce" / "seed0").mkdir(parents=True)
+    (tmp_path / "tce" / "seed0" / study.VIDEO_FILE).write_bytes(b"x")
+    assert "[tce seed 0](tce/seed0/video.mp4)" in study._note(spec, cells)
+    assert "bbrl seed 0" not in study._note(spec, cells)
+    assert "--video" in study.cell_argv(cells[0], spec, resume=False)
+    assert "--video" in study.cell_argv(cells[0], spec, resume=True)
+    ppo = Cell(None, "ppo", 0, tmp_path / "ppo" / "seed0", {"algo": "ppo", "seed": 0, "steps": None, "options": {}})
+    assert "--video" not in study.cell_argv(ppo, spec, resume=False)
+    assert render.VIDEO_FILE == study.VIDEO_FILE
+    assert Path(render.VIDEO_FILE).suffix in render.FORMATS

@@ -1,0 +1,102 @@
+"""Record fancy_gym 0.3.0's sparse hopper jump once, into tests/episodic/data/hopper_jump_golden.npz, for
+tests/episodic/envs/test_hopper_jump.py to compare with.
+
+Run in a scratch environment with fancy_gym's own pins (it pins mujoco 2.3.3 and needs gymnasium < 1, so it cannot
+share troll's environment):
+
+    python3 -m venv /tmp/fancy && /tmp/fancy/bin/pip install torch fancy-gym==0.3.0 mujoco==2.3.3 \
+        gymnasium==0.29.1 "numpy<2"
+    /tmp/fancy/bin/python tests/support/record_hopper_jump.py tests/episodic/data/hopper_jump_golden.npz
+
+What it records (float64 unless noted):
+- reset_obs (10, 16): ``fancy/HopperJumpSparse-v0``'s reset observation for seeds 0..9.
+- steps: for the seeds ``step_seeds`` and fixed action sequences ``step_actions`` (K, 250, 3) (zeros, uniform in
+  [-1, 1], uniform in [-1, 1] scaled by 0.6 with a push phase), the observations ``step_obs`` (K, 251, 16), rewards
+  ``step_rewards`` (K, 250) and the info entries height, max_height, goal_dist, contact_dist, healthy_reward
+  (``step_info_<key>`` (K, 250)) and x_pos (``step_info_x_pos`` (K, 250, 3)).
+- tracking: ``fancy_ProDMP/HopperJumpSparse-v0`` (fancy_gym's ProDMP over the PD controller p = 1, d = 0.1) for
+  the seeds ``track_seeds`` and ProDMP parameters drawn from N(0, 1): its desired positions and velocities
+  ``track_pos``, ``track_vel`` (K, 250, 3) (sample k at time (k + 1) dt), the clipped actions ``track_actions``
+  (K, 250, 3), observations ``track_obs`` (K, 250, 16) after each step, and rewards ``track_rewards`` (K, 250).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import fancy_gym  # noqa: F401 -- registers fancy/* and fancy_ProDMP/*
+import gymnasium as gym
+import mujoco
+import numpy as np
+
+INFO_KEYS = ("height", "max_height", "goal_dist", "contact_dist", "healthy_reward")
+STEP_SEEDS = (0, 1, 2)
+TRACK_SEEDS = (3, 4, 5)
+
+
+def action_sequences() -> np.ndarray:
+    rng = np.random.default_rng(2024)
+    zeros = np.zeros((250, 3))
+    uniform = rng.uniform(-1, 1, (250, 3))
+    push = 0.6 * rng.uniform(-1, 1, (250, 3))
+    push[60:90] = [-1.0, -1.0, 1.0]  # crouch, then extend: a jump with a landing
+    push[90:110] = [1.0, 1.0, -1.0]
+    return np.stack([zeros, uniform, push])
+
+
+def record_steps(actions: np.ndarray) -> dict:
+    env = gym.make("fancy/HopperJumpSparse-v0").unwrapped
+    obs_all, rew_all = [], []
+    infos = {k: [] for k in (*INFO_KEYS, "x_pos")}
+    for seed, seq in zip(STEP_SEEDS, actions):
+        obs, _ = env.reset(seed=seed)
+        obs_seq, rew_seq = [obs], []
+        per = {k: [] for k in infos}
+        for a in seq:
+            obs, r, terminated, truncated, info = env.step(a)
+            assert not terminated and not truncated
+            obs_seq.append(obs)
+            rew_seq.append(r)
+            for k in per:
+                per[k].append(np.array(info[k], dtype=np.float64))  # a copy: x_pos is a view of MjData
+        obs_all.append(obs_seq)
+        rew_all.append(rew_seq)
+        for k in infos:
+            infos[k].append(per[k])
+    out = {"step_seeds": np.array(STEP_SEEDS), "step_actions": actions, "step_obs": np.array(obs_all),
+           "step_rewards": np.array(rew_all)}  # fmt: skip
+    out.update({f"step_info_{k}": np.array(v) for k, v in infos.items()})
+    return out
+
+
+def record_tracking() -> dict:
+    env = gym.make("fancy_ProDMP/HopperJumpSparse-v0", mp_config_override={"black_box_kwargs": {"verbose": 2}})
+    rng = np.random.default_rng(7)
+    keys = ("positions", "velocities", "step_actions", "step_observations", "step_rewards")
+    rows = {k: [] for k in keys}
+    params = []
+    for seed in TRACK_SEEDS:
+        env.reset(seed=seed)
+        theta = rng.normal(size=env.action_space.shape)
+        params.append(theta)
+        _, _, _, _, info = env.step(theta)
+        assert info["trajectory_length"] == 250
+        for k in keys:
+            rows[k].append(np.asarray(info[k], dtype=np.float64))
+    names = ("track_pos", "track_vel", "track_actions", "track_obs", "track_rewards")
+    out = {name: np.array(rows[k]) for name, k in zip(names, keys)}
+    return {"track_seeds": np.array(TRACK_SEEDS), "track_params": np.array(params), **out}
+
+
+def main(path: str) -> None:
+    env = gym.make("fancy/HopperJumpSparse-v0").unwrapped
+    reset_obs = np.array([env.reset(seed=s)[0] for s in range(10)])
+    data = {"reset_obs": reset_obs, **record_steps(action_sequences()), **record_tracking()}
+    data["versions"] = np.array([f"fancy_gym 0.3.0, mujoco {mujoco.__version__}, gymnasium {gym.__version__}"])
+    np.savez_compressed(path, **data)
+    for k, v in data.items():
+        print(k, v.shape)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
