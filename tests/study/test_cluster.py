@@ -168,21 +168,24 @@ class _Cluster:
         return self.address
 
     def close(self) -> list[int]:
-        """End every node by the pid of its `ray start --block` (never `ray stop`); returns the pids left over."""
+        """End every node by the pid of its `ray start --block` (never `ray stop`), then any process of this cluster
+        still running by its pid (a lost node's workers); returns the pids still alive after that (none)."""
         self.thread.join()
         for proc in reversed(self.nodes):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.nodes:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=10)
         deadline = time.monotonic() + 5
-        while _processes_under(str(self.root)) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        left = _processes_under(str(self.root))
-        for pid in left:
+        while any(p.poll() is None for p in self.nodes) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for pid in _processes_under(str(self.root)):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        for proc in self.nodes:
+            proc.wait(timeout=10)
+        deadline = time.monotonic() + 5
+        while _processes_under(str(self.root)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = _processes_under(str(self.root))
         shutil.rmtree(self.root, ignore_errors=True)
         return left
 
@@ -318,12 +321,12 @@ def test_killed_study_reattaches_to_its_live_job(tmp_path, capsys, reference):
         time.sleep(0.02)
     study.kill()
     study.wait()
-    (entry,) = json.loads((out / executors.JOBS_FILE).read_text())["jobs"]
+    (entry,) = json.loads((out / on_slurm.JOBS_FILE).read_text())["jobs"]
     assert entry["cells"] == list(CELLS)  # one array task runs both cells, one after the other
     code, _, err = cli(capsys, "--out", str(out), "--resume", "--executor", "slurm", "--slurm-local")
     assert code == 0, err
     assert f"reattached to job {entry['id']}" in err and "submitted" not in err
-    assert json.loads((out / executors.JOBS_FILE).read_text())["jobs"] == [entry]  # nothing submitted again
+    assert json.loads((out / on_slurm.JOBS_FILE).read_text())["jobs"] == [entry]  # nothing submitted again
     assert starts(out, "tce/seed0") == 1 and starts(out, "bbrl/seed0") == 1  # never a second writer
     cells = json.loads((out / "study.json").read_text())["cells"]
     assert [c["status"] for c in cells] == ["kept", "done"]

@@ -30,8 +30,6 @@ from pathlib import Path
 from troll.runs.files import UsageError
 
 EXECUTORS = ("local", "ray", "slurm")
-JOBS_FILE = "slurm-jobs.json"  # the record of submitted job ids, in the study folder
-SLURM_FOLDER = "slurm"  # submitit's pickles and logs, in the study folder
 SLURM_TIME_MIN = 60
 RAY_CONNECT_S = 5.0
 
@@ -64,7 +62,11 @@ class Executor:
     @property
     def files(self) -> tuple[str, ...]:
         """What it writes in the study folder (the study's manifest lists them)."""
-        return (f"{SLURM_FOLDER}/", JOBS_FILE) if self.name == "slurm" else ()
+        if self.name != "slurm":
+            return ()
+        from troll.study.on_slurm import JOBS_FILE, SLURM_FOLDER
+
+        return (f"{SLURM_FOLDER}/", JOBS_FILE)
 
     def run(self, frontend, cells, status: dict, *, report, on_finish=None) -> dict[str, str]:
         """Run the unfinished ``cells`` (none kept) remotely; fills and returns ``status`` (label -> status)."""

@@ -28,8 +28,9 @@ from troll.runs.files import write_json
 from troll.study import cell as cell_lib
 from troll.study import lease as lease_lib
 from troll.study import runner
-from troll.study.executors import JOBS_FILE, SLURM_FOLDER
 
+JOBS_FILE = "slurm-jobs.json"  # the record of submitted job ids, in the study folder
+SLURM_FOLDER = "slurm"  # submitit's pickles and logs, in the study folder
 POLL_LOCAL_S = 0.5
 POLL_SLURM_S = 30.0  # sacct is the cluster's: ask it rarely
 STATUS_PREFIX = cell_lib.STATUS_LINE
