@@ -10,8 +10,9 @@ which would end every Ray process of the machine). The SLURM path runs through s
 - the same study run by local, by Ray (losing a worker node after a cell's first checkpoint: Ray reruns the task on
   the other node, which continues from the checkpoint) and by a SLURM array of 2 cells per task gives byte-identical
   summary.json, metrics.jsonl, study.json and study.md, timing fields excepted;
-- the study process killed while its SLURM task runs: ``--resume`` reattaches to the live job, submits nothing and
-  starts no second writer (each cell started once); a failed cell fails alone and is not retried;
+- the study killed with its SLURM task mid-cell: ``--resume`` runs only the unfinished cells, from their checkpoints;
+  the study killed alone while its task runs: ``--resume`` reattaches to the live job, submits nothing and starts no
+  second writer; a failed cell fails alone and is not retried;
 - the sbatch script matches a golden file and is the one submitit submits (a fake sbatch records it);
 - bad input (exit 2, nothing written): an unreachable --ray-address, a relative path where nodes need a shared
   one, SLURM without sbatch, options of another executor, an --executor typo;
@@ -310,26 +311,44 @@ def test_a_relative_path_a_cell_reads_is_refused_and_the_study_folder_resolved(t
 # ---------------------------------------------------------------- SLURM through submitit's local executor
 
 
-def test_killed_study_reattaches_to_its_live_job(tmp_path, capsys, reference):
-    out = tmp_path / "study"
-    argv = [sys.executable, "-m", "troll.cli", "tce", "study", "--out", str(out), *TINY, "--executor", "slurm",
-            "--slurm-local", "--slurm-cells-per-task", "2"]  # fmt: skip
-    study = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def _study_until(argv: list[str], ready: Path) -> subprocess.Popen:
+    """The study as a process of its own session (with the array tasks it starts), once ``ready`` exists."""
+    study = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 120
-    while not (out / "bbrl/seed0/checkpoint-1.pt").is_file():  # the first cell done, the second under way
-        assert study.poll() is None and time.monotonic() < deadline
+    while not ready.is_file():
+        assert study.poll() is None and time.monotonic() < deadline, f"the study ended before {ready} existed"
         time.sleep(0.02)
-    study.kill()
-    study.wait()
-    (entry,) = json.loads((out / on_slurm.JOBS_FILE).read_text())["jobs"]
-    assert entry["cells"] == list(CELLS)  # one array task runs both cells, one after the other
+    return study
+
+
+def test_killed_studies_resume_only_unfinished_cells_and_reattach(tmp_path, capsys, reference):
+    """1. The machine of the study and its array task dies (all killed) after the first cell's first checkpoint:
+    ``--resume`` submits the unfinished cells again, the first one continuing from its checkpoint. 2. That study is
+    killed alone once the second cell is under way, its task living on (a SLURM job outlives its submitter):
+    ``--resume`` reattaches to it and submits nothing. No cell ever had two writers, and the study is the local one."""
+    out = tmp_path / "study"
+    slurm = ["--executor", "slurm", "--slurm-local", "--slurm-cells-per-task", "2"]
+    study = [sys.executable, "-m", "troll.cli", "tce", "study", "--out", str(out)]
+    crashed = _study_until([*study, *TINY, *slurm], out / "tce/seed0/checkpoint-1.pt")
+    os.killpg(crashed.pid, signal.SIGKILL)  # the study, its task and the cell at once
+    crashed.wait()
+    (first,) = json.loads((out / on_slurm.JOBS_FILE).read_text())["jobs"]
+    assert first["cells"] == list(CELLS)  # one array task runs both cells, one after the other
+    assert not (out / "tce/seed0/summary.json").exists()
+    resumed = _study_until([*study, "--resume", *slurm], out / "bbrl/seed0/checkpoint-1.pt")
+    resumed.kill()  # the study alone: its task runs on
+    resumed.wait()
+    jobs = json.loads((out / on_slurm.JOBS_FILE).read_text())["jobs"]
+    assert jobs[0] == first and [e["cells"] for e in jobs[1:]] == [list(CELLS)]  # the crashed job's cells, again
     code, _, err = cli(capsys, "--out", str(out), "--resume", "--executor", "slurm", "--slurm-local")
     assert code == 0, err
-    assert f"reattached to job {entry['id']}" in err and "submitted" not in err
-    assert json.loads((out / on_slurm.JOBS_FILE).read_text())["jobs"] == [entry]  # nothing submitted again
-    assert starts(out, "tce/seed0") == 1 and starts(out, "bbrl/seed0") == 1  # never a second writer
-    cells = json.loads((out / "study.json").read_text())["cells"]
-    assert [c["status"] for c in cells] == ["kept", "done"]
+    assert f"reattached to job {jobs[1]['id']}" in err and "submitted" not in err
+    assert json.loads((out / on_slurm.JOBS_FILE).read_text())["jobs"] == jobs  # nothing submitted the third time
+    # tce: started, killed, resumed from its checkpoint; bbrl: started once, by the second task, never again
+    assert starts(out, "tce/seed0") == 2 and starts(out, "bbrl/seed0") == 1
+    again = [line for line in (out / "tce/seed0.log").read_text().splitlines() if line.startswith("$ ")][-1]
+    assert again.endswith("--resume --threads 1 --workers 0")
+    assert not list(out.glob("*/*.lease"))  # every attempt gave its cell back
     assert_same_study(out, reference)  # a SLURM array's study is the local one
 
 

@@ -43,6 +43,11 @@ def test_acquire_beat_release(tmp_path):
     assert lease.beat() and lease.beat_file.read_text() == "2\n"
     lease.release()
     assert sorted(p.name for p in cell.parent.iterdir()) == []
+    slow = lease_lib.Lease(cell, beat_s=60.0)
+    slow.acquire()
+    assert slow.beat() and slow.beat_file.read_text() == "1\n"  # within beat_s: no file touched
+    assert slow.beat(force=True) and slow.beat_file.read_text() == "2\n"
+    slow.release()
 
 
 def test_a_live_owner_elsewhere_keeps_the_cell_and_a_dead_one_loses_it(tmp_path):

@@ -96,6 +96,8 @@ def _owned(job: CellJob, lease: lease_lib.Lease) -> dict:
             return _result(job, 0, "done")
         try:
             again = _prepare(job)
+        except runs.Busy as err:  # a writer on this host holds the folder's own lock (a run resumed by hand)
+            return _result(job, 1, f"failed (in use: {err})")
         except UsageError as err:
             return _result(job, 1, f"failed (foreign files: {err})")
         code = _run(job, lease, job.resume_argv if again else job.argv)

@@ -240,7 +240,10 @@ class Lease:
         self._last = time.monotonic()
 
     def beat(self, *, force: bool = False) -> bool:
-        """Renew the heartbeat when ``beat_s`` has passed (or ``force``); False when the lease was taken over."""
+        """Renew the heartbeat when ``beat_s`` has passed (or ``force``); False when the lease was taken over (seen
+        at the renewal: callers may call this as often as they like, the files are touched once per ``beat_s``)."""
+        if not force and time.monotonic() - self._last < self.beat_s:
+            return self.held
         holder = read_holder(self.path)
         if holder is None or holder.attempt != self.attempt:
             self.held = False
