@@ -355,6 +355,54 @@ def test_killed_studies_resume_only_unfinished_cells_and_reattach(tmp_path, caps
     assert_same_study(out, reference)  # a SLURM array's study is the local one
 
 
+LM_CELL = """
+import json, pathlib, sys
+argv = json.loads(sys.argv[1])  # the troll train command line the language-model frontend built
+out = pathlib.Path(argv[argv.index("--out") + 1])
+out.mkdir(parents=True, exist_ok=True)
+(out / "argv.json").write_text(json.dumps(argv))
+(out / "summary.json").write_text("{}")
+"""
+
+
+def test_language_model_cells_through_an_array(tmp_path):
+    """``troll study``'s frontend through the same executor, each cell a stand-in that records the command line
+    the frontend built (a real language-model cell takes minutes here): a fresh cell gets its full ``troll train``
+    command, a cell with a complete checkpoint its ``--resume`` one, and every task its cores (``--threads``)."""
+    import dataclasses
+
+    from troll.study.cell import job_for
+    from troll.train import checkpoints, study
+    from troll.train.options import RunOptions
+
+    spec = study.StudySpec(RunOptions(threads=2, steps=4), ["grpo", "troll"], [0])
+    cells = study.plan(spec, tmp_path)
+    engine = study.frontend(threads=2)
+    stand_in = dataclasses.replace(
+        engine,
+        cell_argv=lambda cell, resume: [sys.executable, "-c", LM_CELL, json.dumps(engine.cell_argv(cell, resume))],
+    )
+    assert [job_for(engine, c).cores for c in cells] == [2, 2]
+    slurm = executors.Executor("slurm", slurm=executors.SlurmOptions(local=True, cells_per_task=2), out=tmp_path)
+
+    def run() -> dict:
+        return runner.run_cells(stand_in, cells, jobs=1, report=lambda text: None, executor=slurm)
+
+    assert run() == {c.label: "done" for c in cells}
+    for cell in cells:
+        argv = json.loads((cell.folder / "argv.json").read_text())
+        assert argv == engine.cell_argv(cell, False)
+        assert argv[3:6] == ["train", "--out", str(cell.folder)] and "--resume" not in argv
+        assert argv[argv.index("--loss") + 1] == cell.arm and argv[argv.index("--threads") + 1] == "2"
+    troll = cells[1].folder
+    (troll / "summary.json").unlink()  # stopped after its checkpoint at step 2
+    (troll / "checkpoint-2").mkdir()
+    checkpoints.mark_complete(troll / "checkpoint-2", step=2, metrics_lines=0)
+    assert run() == {cells[0].label: "kept", cells[1].label: "done"}
+    assert json.loads((troll / "argv.json").read_text()) == engine.cell_argv(cells[1], True)
+    assert "--resume" in engine.cell_argv(cells[1], True)
+
+
 # ---------------------------------------------------------------- a failing cell
 
 
