@@ -424,12 +424,34 @@ def _fake_frontend(tmp_path) -> Frontend:
     )
 
 
-@pytest.mark.parametrize("name", ["slurm", "ray"])
-def test_a_failing_cell_fails_alone_once(tmp_path, name, request):
-    address = request.getfixturevalue("cluster")[0] if name == "ray" else None
+@pytest.mark.parametrize("where", ["slurm", "ray", "ray started here"])
+def test_a_failing_cell_fails_alone_once(tmp_path, where, request, monkeypatch):
+    """Through the array, the module's cluster, and a cluster ``ray.init()`` starts for the study when no
+    --ray-address is given (its processes ended with the study; HOME and Ray's folder in a temporary one)."""
+    address = request.getfixturevalue("cluster")[0] if where == "ray" else None
+    own = Path(tempfile.mkdtemp(prefix="trhere", dir="/tmp")) if where == "ray started here" else None
+    if own is not None:
+        monkeypatch.setenv("HOME", str(own))
+        monkeypatch.setenv("RAY_TMPDIR", str(own))
+        monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
     cells = [Cell(None, "a", s, tmp_path / "a" / f"seed{s}") for s in (0, 1)]
+    name = where.split()[0]
     executor = executors.Executor(name, ray_address=address, slurm=executors.SlurmOptions(local=True), out=tmp_path)
-    status = runner.run_cells(_fake_frontend(tmp_path), cells, jobs=1, report=lambda text: None, executor=executor)
+    try:
+        status = runner.run_cells(_fake_frontend(tmp_path), cells, jobs=1, report=lambda text: None, executor=executor)
+    finally:
+        if own is not None:
+            deadline = time.monotonic() + 15
+            while _processes_under(str(own)) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            left = _processes_under(str(own))
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            started = list(own.glob("ray/session_*"))  # a cluster of its own, not the module's
+            shutil.rmtree(own, ignore_errors=True)
+            assert started, "ray.init() started no cluster of its own"
+            assert not left, f"the cluster ray.init() started outlived the study: {left}"
     assert status == {cells[0].label: "done", cells[1].label: "failed (exit 3)"}
     assert starts(tmp_path, "a/seed1") == 1  # not retried
 

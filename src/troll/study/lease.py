@@ -235,8 +235,12 @@ class Lease:
     def _write_beat(self) -> None:
         self._count += 1
         tmp = self.beat_file.with_name(f".{self.beat_file.name}.tmp-{os.getpid()}")
-        tmp.write_text(f"{self._count}\n")
-        os.replace(tmp, self.beat_file)
+        try:
+            tmp.write_text(f"{self._count}\n")
+            os.replace(tmp, self.beat_file)
+        except FileNotFoundError:  # the temporary file was removed as a leftover (a study resumed meanwhile)
+            tmp.unlink(missing_ok=True)  # this beat is skipped; the next one writes (stale_s spans several beats)
+            return
         self._last = time.monotonic()
 
     def beat(self, *, force: bool = False) -> bool:
