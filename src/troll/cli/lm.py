@@ -17,7 +17,7 @@ from pathlib import Path
 
 from troll import runs
 from troll.runs.files import CONFIG_FILE, UsageError, check_out_path
-from troll.study import JSON_FILE, PLOT_FILE, TABLE_FILE
+from troll.study import JSON_FILE, PLOT_FILE, TABLE_FILE, executors
 from troll.train.options import (
     BOUNDS,
     DEFAULT_LOSSES,
@@ -206,6 +206,7 @@ def _add_study_parser(sub) -> None:
     study.add_argument("--keep-checkpoints", action="store_true", help="keep each cell's checkpoint-N/ (~1.1 GB)")
     study.add_argument("--keep-model", action="store_true", help="keep each cell's final model/ (~0.5 GB)")
     _add_run_args(study, "study folder (default: runs/study-<task>)", skip=("--seed",))
+    executors.add_flags(study)
     study.set_defaults(run=_listing(cmd_study), name="study")
 
 
@@ -452,7 +453,9 @@ def cmd_study(args: argparse.Namespace) -> int:
     runs.exclusive(resume=args.resume, overwrite=args.overwrite)
     if not (isinstance(args.jobs, int) and args.jobs >= 1):
         raise UsageError(f"--jobs must be >= 1 (cells run at once), got {args.jobs}.")
+    executor = executors.from_args(args)
     spec, out = study_spec(args)
+    out = executors.resolve_out(executor, out)
     cells = study.plan(spec, out)
     swept = f"--sweep {spec.sweep_key}: " if spec.sweep_key in ("model", "task") else ""
     for model_name, task in sorted({(c.options.model, c.options.task) for c in cells}):
@@ -462,6 +465,13 @@ def cmd_study(args: argparse.Namespace) -> int:
         except UsageError as err:
             raise UsageError(f"{swept}{err}") from err
     clear = study.check_folder(out, overwrite=args.overwrite, resume=args.resume)
+    engine = study.frontend(keep_checkpoints=args.keep_checkpoints, keep_model=args.keep_model,
+                            threads=spec.base.threads)  # fmt: skip
+    executor = executors.prepare(executor, out, engine, cells)
+    script = executors.script(executor, engine, cells)
+    if script is not None:
+        print(script)
+        return 0
     _prepare_default_model({c.options.model for c in cells})
     start = time.time()
 
@@ -470,11 +480,11 @@ def cmd_study(args: argparse.Namespace) -> int:
             f"[{time.strftime('%H:%M:%S')} +{(time.time() - start) / 60:.1f} min] {text}", file=sys.stderr, flush=True
         )
 
-    report(f"study of {len(cells)} cells in {out}, {args.jobs} at a time")
+    report(f"study of {len(cells)} cells in {out}, {executors.describe(executor, args.jobs)}")
     try:
         status = study.run(
             out, spec, cells, clear=clear, jobs=args.jobs, keep_checkpoints=args.keep_checkpoints,
-            keep_model=args.keep_model, report=report,
+            keep_model=args.keep_model, report=report, executor=executor,
         )  # fmt: skip
     except KeyboardInterrupt:
         report(f"interrupted; continue with: troll study --out {out} --resume")

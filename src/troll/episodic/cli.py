@@ -18,6 +18,7 @@ from pathlib import Path
 from troll import runs
 from troll.episodic import options as opts
 from troll.runs.files import CONFIG_FILE, UsageError, read_config
+from troll.study import executors
 
 COMMAND = "tce train"  # a run folder's config.json "command" (troll.episodic.train.COMMAND)
 
@@ -88,6 +89,7 @@ def add_commands(sub) -> None:
     study.add_argument("--videos", action="store_true", help=f"each TCE / BBRL cell renders its evaluation episodes "
                        f"into <cell>/{VIDEO_FILE} when it ends, and study.md links them")  # fmt: skip
     _add_run_flags(study, study=True)
+    executors.add_flags(study)
     study.set_defaults(run=cmd_study, name="tce study")
 
     render = tce_sub.add_parser("render", help="a video of a run's policy", description=RENDER_DOC)
@@ -330,7 +332,9 @@ def cmd_study(args: argparse.Namespace) -> int:
 
     runs.exclusive(resume=args.resume, overwrite=args.overwrite)
     jobs = _int_flag(args, "jobs", 1)
+    executor = executors.from_args(args)
     spec, out = study.spec_from_args(args, given_options(args))
+    out = executors.resolve_out(executor, out)
     cells = study.plan(spec, out)
     if args.resume:
         study.check_started(cells, out)
@@ -339,15 +343,20 @@ def cmd_study(args: argparse.Namespace) -> int:
 
         require_sb3()
     clear = study.check_folder(out, overwrite=args.overwrite, resume=args.resume)
+    executor = executors.prepare(executor, out, study.frontend(spec), cells)
+    script = executors.script(executor, study.frontend(spec), cells)
+    if script is not None:
+        print(script)
+        return 0
     start = time.time()
 
     def report(text: str) -> None:
         stamp = f"[{time.strftime('%H:%M:%S')} +{(time.time() - start) / 60:.1f} min]"
         print(f"{stamp} {text}", file=sys.stderr, flush=True)
 
-    report(f"study of {len(cells)} cells in {out}, {jobs} at a time")
+    report(f"study of {len(cells)} cells in {out}, {executors.describe(executor, jobs)}")
     try:
-        status = study.run(out, spec, cells, clear=clear, jobs=jobs, report=report)
+        status = study.run(out, spec, cells, clear=clear, jobs=jobs, report=report, executor=executor)
     except KeyboardInterrupt:
         report(f"interrupted; continue with: troll tce study --out {out} --resume")
         return 130

@@ -392,10 +392,13 @@ def frontend(spec: StudySpec) -> Frontend:
         title=lambda grid, cells: _title(spec),
         note=lambda grid, cells: _note(spec, cells),
         env={"OMP_NUM_THREADS": str(spec.threads)},
+        cores=lambda cell: spec.threads + (spec.workers if cell.arm != "ppo" else 0),
     )
 
 
-def run(out: Path, spec: StudySpec, cells: list[Cell], *, clear: bool, jobs: int, report) -> dict[str, str]:
-    """Write config.json, run the cells, then study.json / study.md / study.png; returns each cell's status."""
+def run(out: Path, spec: StudySpec, cells: list[Cell], *, clear: bool, jobs: int, report,
+        executor=None) -> dict[str, str]:  # fmt: skip
+    """Write config.json, run the cells (``executor``: where, :mod:`troll.study.executors`), then study.json /
+    study.md / study.png; returns each cell's status."""
     return runner.run_study(Study(out, frontend(spec), spec.grid, spec.to_json(), cells), clear=clear, jobs=jobs,
-                            report=report)  # fmt: skip
+                            report=report, executor=executor)  # fmt: skip

@@ -8,10 +8,11 @@ cell is reported without stopping the others; a resumed study reruns only unfini
 study.md (mean ± standard error over seeds, paired differences with 95% t-intervals) and study.png.
 
 Modules, lowest first: ``stats``, ``grid`` (parsing and planning), ``frontend`` (the interface), ``report`` and
-``plot``, ``runner``; the folders' files and rules (atomic JSON, whole-line JSONL, manifests, :class:`UsageError`)
-are the shared run layer's, :mod:`troll.runs`. This package imports nothing above the core (never
-:mod:`troll.train`, :mod:`troll.cli` or :mod:`troll.episodic`), nor torch or
-matplotlib at import time.
+``plot``, ``lease`` and ``cell`` (a cell's owner across machines and its entry point), ``runner``, ``executors``
+(``--executor local|ray|slurm``, with ``on_ray`` and ``on_slurm``, docs/cluster.md); the folders' files and rules
+(atomic JSON, whole-line JSONL, manifests, :class:`UsageError`) are the shared run layer's, :mod:`troll.runs`. This
+package imports nothing above the core (never :mod:`troll.train`, :mod:`troll.cli` or :mod:`troll.episodic`), nor
+torch, matplotlib, ray or submitit at import time.
 
 A frontend in a few lines (see :mod:`troll.study.frontend` for every field)::
 

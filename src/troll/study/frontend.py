@@ -99,6 +99,10 @@ def _no_text(grid: Grid, cells: list[Cell]) -> str:
     return ""
 
 
+def _one_core(cell: Cell) -> int:
+    return 1
+
+
 @dataclass(frozen=True)
 class Frontend:
     """Everything the study engine needs to know about the runs of one command (see the module docstring).
@@ -108,6 +112,7 @@ class Frontend:
     (:mod:`troll.runs.folder`) says what in a cell's folder may be deleted; ``arm`` names the grid's first axis
     (``loss``, ``algo``) in study.json, study.md and the plots. ``env`` is added to each cell's environment: one
     thread each by default, so that ``--jobs N`` cells share N cores without oversubscribing them.
+    ``cores(cell)``: the cores a cell uses, what a Ray task or a SLURM array task asks for (one by default).
     ``title(grid, cells)`` heads study.png; ``note(grid, cells)`` ends study.md (how the numbers were computed).
     """
 
@@ -129,6 +134,7 @@ class Frontend:
     title: Callable[[Grid, list[Cell]], str] = _no_text
     note: Callable[[Grid, list[Cell]], str] = _no_text
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({"OMP_NUM_THREADS": "1"}))
+    cores: Callable[[Cell], int] = _one_core
 
 
 @dataclass

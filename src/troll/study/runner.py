@@ -12,6 +12,11 @@ and ``--jobs N`` runs N side by side. A cell is finished when its summary.json e
 atomically); a finished cell is never rerun. An unfinished one, found when a study is resumed, continues from its
 checkpoint when the frontend says it can (:attr:`Frontend.can_resume`), and starts over otherwise.
 
+Where the cells run: here, ``jobs`` at a time (``--executor local``, the default), or through an executor of
+:mod:`troll.study.executors` (a Ray cluster, a SLURM job array), whose tasks call the cell entry point
+:func:`troll.study.cell.run_cell`. Either way a cell is owned by one attempt at a time through its lease
+(:mod:`troll.study.lease`: ``<cell>.lease`` beside its log, removed when the attempt ends).
+
 Faults. The study's own files are written atomically. On Linux each cell is started with ``PR_SET_PDEATHSIG``:
 when the study process dies, even by SIGKILL, its cells are killed with it, so that a resumed study never races a
 cell left running by the one before it.
@@ -37,6 +42,7 @@ from troll.runs.files import (
     load_config,
     write_json,
 )
+from troll.study import lease as lease_lib
 from troll.study import report as report_lib
 from troll.study.frontend import Frontend, Study
 from troll.study.grid import Cell
@@ -65,10 +71,11 @@ def load_spec(out: Path) -> dict:
     return load_config(out, key="spec")["spec"]
 
 
-def run_study(study: Study, *, clear: bool, jobs: int, report: Callable[[str], None]) -> dict[str, str]:
+def run_study(study: Study, *, clear: bool, jobs: int, report: Callable[[str], None], executor=None) -> dict[str, str]:
     """Write config.json, run the unfinished cells, then the report; returns each cell's status.
 
-    ``clear``: delete the folder first (what :func:`check_folder` allowed). ``report(text)`` receives the progress
+    ``clear``: delete the folder first (what :func:`check_folder` allowed). ``executor``: where the cells run
+    (:class:`troll.study.executors.Executor`; None: here, ``jobs`` at a time). ``report(text)`` receives the progress
     lines. The report is also rewritten (without its plot) each time a cell ends, to read while the study runs.
     """
     command = study.frontend.command
@@ -76,14 +83,16 @@ def run_study(study: Study, *, clear: bool, jobs: int, report: Callable[[str], N
         runs.clear(study.out, command)
     cells = tuple(c.folder.relative_to(study.out).as_posix() for c in study.cells)
     files = (*runs.LAYOUTS.get(command, STUDY_FILES), *(c.log.relative_to(study.out).as_posix() for c in study.cells))
+    files += tuple(e for c in cells for e in lease_lib.manifest_entries(c))
+    files += tuple(executor.files) if executor is not None else ()
     if study.frontend.run_command is None:  # cells that keep no manifest of their own are the study's whole
         files, cells = files + tuple(f"{c}/" for c in cells), ()
     with runs.holding(study.out):
         runs.begin(study.out, command, files=files, runs=cells)
-        return _run(study, jobs=jobs, report=report)
+        return _run(study, jobs=jobs, report=report, executor=executor)
 
 
-def _run(study: Study, *, jobs: int, report: Callable[[str], None]) -> dict[str, str]:
+def _run(study: Study, *, jobs: int, report: Callable[[str], None], executor=None) -> dict[str, str]:
     write_json(study.out / CONFIG_FILE, {"command": study.frontend.command, "spec": study.spec, "argv": sys.argv})
 
     def partial(status: dict[str, str]) -> None:
@@ -92,7 +101,7 @@ def _run(study: Study, *, jobs: int, report: Callable[[str], None]) -> dict[str,
         except Exception as err:  # noqa: BLE001 -- a report must never stop the cells
             report(f"could not update {report_lib.JSON_FILE}: {err!r}")
 
-    status = run_cells(study.frontend, study.cells, jobs=jobs, report=report, on_finish=partial)
+    status = run_cells(study.frontend, study.cells, jobs=jobs, report=report, on_finish=partial, executor=executor)
     report_lib.write(study, status)
     return status
 
@@ -103,34 +112,28 @@ class _Running:
     proc: subprocess.Popen
     log: object
     start: float
+    lease: lease_lib.Lease
 
 
 def run_cells(
-    frontend: Frontend, cells: list[Cell], *, jobs: int, report: Callable[[str], None], on_finish=None
+    frontend: Frontend, cells: list[Cell], *, jobs: int, report: Callable[[str], None], on_finish=None, executor=None
 ) -> dict[str, str]:
     """Run the unfinished cells, ``jobs`` at a time; returns label -> "done" | "kept" | "failed (exit N)".
 
     A finished cell is kept (and tidied); a failed one is reported and the others go on. ``on_finish(status)`` is
     called after each cell ends. Interrupted (KeyboardInterrupt), the running cells are stopped; they resume later.
+    With an ``executor`` other than local, the cells to run are handed to it (:mod:`troll.study.executors`).
     """
-    status, todo = {}, []
+    status, unfinished = {}, []
     for cell in cells:
         if (cell.folder / SUMMARY_FILE).is_file():
             status[cell.label] = "kept"
             frontend.tidy(cell)
-            continue
-        try:
-            _check_free(frontend, cell)
-        except runs.Busy as err:
-            report(f"FAILED {cell.label}: {err}")
-            status[cell.label] = "failed (in use)"
-            continue
-        problem = _restartable(frontend, cell)
-        if problem:
-            report(f"FAILED {cell.label}: {problem}")
-            status[cell.label] = "failed (foreign files)"
         else:
-            todo.append(cell)
+            unfinished.append(cell)
+    if executor is not None and executor.name != "local":
+        return executor.run(frontend, unfinished, status, report=report, on_finish=on_finish)
+    todo = runnable_cells(frontend, unfinished, status, report)
     env = {**os.environ, **frontend.env}
     running: list[_Running] = []
     try:
@@ -143,6 +146,9 @@ def run_cells(
                     report(f"FAILED {cell.label}: {err}")
                     status[cell.label] = "failed (in use)" if isinstance(err, runs.Busy) else "failed (foreign files)"
             time.sleep(POLL_S)
+            for item in [r for r in running if r.proc.poll() is None and not r.lease.beat()]:
+                item.proc.kill()  # another attempt took the cell over (its heartbeat here stopped for too long)
+                item.proc.wait()
             for item in [r for r in running if r.proc.poll() is not None]:
                 running.remove(item)
                 status[item.cell.label] = _finish(item, report)
@@ -153,7 +159,29 @@ def run_cells(
             item.proc.terminate()
             item.proc.wait()
             item.log.close()
+            item.lease.release()
     return status
+
+
+def runnable_cells(frontend: Frontend, cells: list[Cell], status: dict, report, probe_leases: bool = True) -> list:
+    """The unfinished ``cells`` that may be started; the others get their status ("failed (in use)": another
+    process writes there; "failed (foreign files)": its folder holds files its command did not write) and a report.
+    ``probe_leases``: a lease that looks alive counts as in use too."""
+    todo = []
+    for cell in cells:
+        try:
+            _check_free(frontend, cell, probe_leases)
+        except runs.Busy as err:
+            report(f"FAILED {cell.label}: {err}")
+            status[cell.label] = "failed (in use)"
+            continue
+        problem = _restartable(frontend, cell)
+        if problem:
+            report(f"FAILED {cell.label}: {problem}")
+            status[cell.label] = "failed (foreign files)"
+        else:
+            todo.append(cell)
+    return todo
 
 
 def _restartable(frontend: Frontend, cell: Cell) -> str | None:
@@ -168,14 +196,29 @@ def _restartable(frontend: Frontend, cell: Cell) -> str | None:
     return None
 
 
-def _check_free(frontend: Frontend, cell: Cell) -> None:
-    """:class:`UsageError` when another process is writing the cell's folder (e.g. its run resumed by hand)."""
+def _check_free(frontend: Frontend, cell: Cell, probe_leases: bool = True) -> None:
+    """:class:`UsageError` when another process is writing the cell's folder (e.g. its run resumed by hand), or
+    another attempt owns its lease and looks alive (a cell of the same study running elsewhere)."""
     if frontend.run_command is not None:
         runs.check_free(cell.folder)
+    holder = lease_lib.probably_live(cell.folder) if probe_leases else None
+    if holder is not None:
+        raise lease_lib.Busy(f"{cell.folder} is in use: attempt {holder.attempt} on {holder.host} (pid {holder.pid}) "
+                             "owns it and keeps its heartbeat; nothing was changed.")  # fmt: skip
 
 
 def _start(frontend: Frontend, cell: Cell, env: dict, report) -> _Running:
     _check_free(frontend, cell)  # again: it may have been taken since the study looked
+    lease = lease_lib.Lease(cell.folder)
+    lease.acquire()
+    try:
+        return _start_owned(frontend, cell, env, report, lease)
+    except BaseException:
+        lease.release()
+        raise
+
+
+def _start_owned(frontend: Frontend, cell: Cell, env: dict, report, lease: lease_lib.Lease) -> _Running:
     again = frontend.can_resume(cell)
     if frontend.run_command is not None and cell.folder.exists() and not again:
         # interrupted before anything it could continue from: its command's files go (checked by _restartable)
@@ -187,14 +230,15 @@ def _start(frontend: Frontend, cell: Cell, env: dict, report) -> _Running:
     log.write(f"$ {' '.join(argv)}\n")
     log.flush()
     proc = subprocess.Popen(
-        argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, preexec_fn=_die_with_parent()
+        argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, preexec_fn=die_with_parent()
     )
     report(f"started {cell.label}{' (resuming)' if again else ''}")
-    return _Running(cell, proc, log, time.time())
+    return _Running(cell, proc, log, time.time(), lease)
 
 
 def _finish(item: _Running, report) -> str:
     item.log.close()
+    item.lease.release()
     minutes = (time.time() - item.start) / 60
     code = item.proc.returncode
     if code == 0:
@@ -206,7 +250,7 @@ def _finish(item: _Running, report) -> str:
     return f"failed (exit {code})"
 
 
-def _die_with_parent():
+def die_with_parent():
     """A ``preexec_fn`` asking Linux to SIGKILL the child when its parent dies; None elsewhere."""
     if not sys.platform.startswith("linux"):
         return None

@@ -336,12 +336,14 @@ def frontend(*, keep_checkpoints: bool = False, keep_model: bool = False, thread
         title=_title,
         note=_note,
         env={"OMP_NUM_THREADS": str(threads)},
+        cores=lambda cell: threads,
     )
 
 
 def run(out: Path, spec: StudySpec, cells: list[Cell], *, clear: bool, jobs: int, keep_checkpoints: bool,
-        keep_model: bool, report) -> dict[str, str]:  # fmt: skip
-    """Write config.json, run the cells, then study.json / study.md / study.png; returns each cell's status."""
+        keep_model: bool, report, executor=None) -> dict[str, str]:  # fmt: skip
+    """Write config.json, run the cells (``executor``: where, :mod:`troll.study.executors`), then study.json /
+    study.md / study.png; returns each cell's status."""
     engine = frontend(keep_checkpoints=keep_checkpoints, keep_model=keep_model, threads=spec.base.threads)
     study = Study(out, engine, spec.grid, spec.to_json(), cells)
-    return runner.run_study(study, clear=clear, jobs=jobs, report=report)
+    return runner.run_study(study, clear=clear, jobs=jobs, report=report, executor=executor)

@@ -1,0 +1,281 @@
+"""Where a study's cells run: ``--executor local`` (here, ``--jobs`` at a time), ``ray`` or ``slurm``.
+
+- ``local`` (the default) is the engine's own loop (:func:`troll.study.runner.run_cells`): subprocesses of the study.
+- ``ray`` (:mod:`troll.study.on_ray`): one Ray task per cell on a cluster (``--ray-address``; without it
+  ``ray.init()`` starts one on this machine), each asking for the cell's cores; a task whose node is lost is rerun
+  elsewhere (:data:`troll.study.on_ray.RETRIES` times), a cell that fails by itself is not.
+- ``slurm`` (:mod:`troll.study.on_slurm`): one job array per study through submitit, ``--slurm-cells-per-task``
+  cells per array task; the job ids are recorded in the study folder so that ``--resume`` reattaches to the live
+  ones instead of submitting their cells again.
+
+Every remote task calls the same entry point, :func:`troll.study.cell.run_cell`, which owns the cell through its
+lease and resumes it from its newest checkpoint: a retried, requeued or resubmitted cell gives the numbers an
+uninterrupted one gives. What a cluster needs and this module checks before anything is written: the study folder on
+one file system shared by every node under the same absolute path (a relative ``--out`` is resolved here; any other
+relative path a cell would read is refused, since a node starts in another directory), the cluster's tools
+(``sbatch``; a Ray head that answers), and the Python packages (``pip install 'troll[cluster]'``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import math
+import os
+import shutil
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from troll.runs.files import UsageError
+
+EXECUTORS = ("local", "ray", "slurm")
+SLURM_TIME_MIN = 60
+RAY_CONNECT_S = 5.0
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """What a SLURM user sets for the job array (``--slurm-*``); None: the cluster's default."""
+
+    partition: str | None = None
+    time_min: int = SLURM_TIME_MIN
+    cpus_per_task: int | None = None
+    mem_gb: float | None = None
+    array_parallelism: int | None = None
+    sbatch: tuple[tuple[str, str], ...] = ()
+    setup: tuple[str, ...] = ()
+    cells_per_task: int = 1
+    local: bool = False
+    script: bool = False
+
+
+@dataclass(frozen=True)
+class Executor:
+    """The executor of a study: its name, its options, and the study folder it submits for."""
+
+    name: str = "local"
+    ray_address: str | None = None
+    slurm: SlurmOptions = field(default_factory=SlurmOptions)
+    out: Path | None = None
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        """What it writes in the study folder (the study's manifest lists them)."""
+        if self.name != "slurm":
+            return ()
+        from troll.study.on_slurm import JOBS_FILE, SLURM_FOLDER
+
+        return (f"{SLURM_FOLDER}/", JOBS_FILE)
+
+    def run(self, frontend, cells, status: dict, *, report, on_finish=None) -> dict[str, str]:
+        """Run the unfinished ``cells`` (none kept) remotely; fills and returns ``status`` (label -> status)."""
+        if self.name == "ray":
+            from troll.study import on_ray
+
+            return on_ray.run(self, frontend, cells, status, report=report, on_finish=on_finish)
+        from troll.study import on_slurm
+
+        return on_slurm.run(self, frontend, cells, status, report=report, on_finish=on_finish)
+
+
+# ---------------------------------------------------------------------------------------------- flags
+
+SLURM_FLAGS = ("slurm_partition", "slurm_time", "slurm_cpus_per_task", "slurm_mem_gb", "slurm_array_parallelism",
+               "slurm_sbatch", "slurm_setup", "slurm_cells_per_task", "slurm_local", "slurm_script")  # fmt: skip
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """The executor flags of a study command (``troll study``, ``troll tce study``); defaults SUPPRESSed."""
+    s = argparse.SUPPRESS
+    group = parser.add_argument_group("where the cells run (docs/cluster.md)")
+    group.add_argument("--executor", default="local", help="local (here, --jobs at a time; the default), ray (one "
+                       "task per cell on a Ray cluster) or slurm (a SLURM job array through submitit)")  # fmt: skip
+    group.add_argument("--ray-address", default=s, help="the Ray cluster's address, e.g. 10.0.0.1:6379 or auto "
+                       "(default: start one on this machine)")  # fmt: skip
+    group.add_argument("--slurm-partition", default=s, help="partition of the job array (default: the cluster's)")
+    group.add_argument("--slurm-time", default=s, help=f"minutes per array task (default: {SLURM_TIME_MIN})")
+    group.add_argument("--slurm-cpus-per-task", default=s, help="cores per array task (default: a cell's cores)")
+    group.add_argument("--slurm-mem-gb", default=s, help="memory per array task in GB (default: the cluster's)")
+    group.add_argument("--slurm-array-parallelism", default=s, help="array tasks running at once (default: all)")
+    group.add_argument("--slurm-sbatch", action="append", default=s, metavar="KEY=VALUE",
+                       help="an extra #SBATCH option, e.g. account=myproject or qos=short (repeatable)")  # fmt: skip
+    group.add_argument("--slurm-setup", action="append", default=s, metavar="LINE",
+                       help="a shell line run before the cells, e.g. 'module load python' (repeatable)")  # fmt: skip
+    group.add_argument("--slurm-cells-per-task", default=s, help="cells one array task runs in turn (default: 1)")
+    group.add_argument(
+        "--slurm-local",
+        action="store_true",
+        default=s,
+        help="run the array's tasks on this machine (submitit's local executor; no SLURM needed)",
+    )
+    group.add_argument(
+        "--slurm-script",
+        action="store_true",
+        default=s,
+        help="print the job array's sbatch script and exit, submitting and writing nothing",
+    )
+
+
+def _int(args, name: str, low: int):
+    text = getattr(args, name)
+    flag = "--" + name.replace("_", "-")
+    try:
+        value = int(text)
+    except (TypeError, ValueError):
+        raise UsageError(f"{flag} must be an integer >= {low}, got {text!r}.") from None
+    if value < low:
+        raise UsageError(f"{flag} must be an integer >= {low}, got {value}.")
+    return value
+
+
+def _sbatch_option(text: str) -> tuple[str, str]:
+    key, sep, value = text.removeprefix("#SBATCH").strip().removeprefix("--").partition("=")
+    if not sep or not key.strip() or not value.strip() or " " in key.strip():
+        raise UsageError(f"--slurm-sbatch {text!r}: write KEY=VALUE, an sbatch option without its dashes, e.g. "
+                         "--slurm-sbatch account=myproject.")  # fmt: skip
+    return key.strip(), value.strip()
+
+
+def from_args(args) -> Executor:
+    """The executor the flags ask for; :class:`UsageError` naming the flag for a typo or an option of another
+    executor. Nothing is checked on the machine yet (:func:`prepare` does)."""
+    name = str(getattr(args, "executor", "local")).strip()
+    if name not in EXECUTORS:
+        near = difflib.get_close_matches(name, EXECUTORS, n=1)
+        hint = f" Did you mean --executor {near[0]}?" if near else ""
+        raise UsageError(f"--executor {name!r} is not one of {', '.join(EXECUTORS)}.{hint}")
+    given = [f for f in SLURM_FLAGS if hasattr(args, f)]
+    if given and name != "slurm":
+        raise UsageError(f"--{given[0].replace('_', '-')} applies to --executor slurm; add it or drop the flag.")
+    if hasattr(args, "ray_address") and name != "ray":
+        raise UsageError("--ray-address applies to --executor ray; add it or drop the flag.")
+    if name != "slurm":
+        return Executor(name, ray_address=getattr(args, "ray_address", None))
+    has = lambda f: hasattr(args, f)  # noqa: E731
+    mem = None
+    if has("slurm_mem_gb"):
+        try:
+            mem = float(args.slurm_mem_gb)
+        except ValueError:
+            mem = -1.0
+        if not (math.isfinite(mem) and mem > 0):
+            raise UsageError(f"--slurm-mem-gb must be a number of GB > 0, got {args.slurm_mem_gb!r}.")
+    partition = args.slurm_partition.strip() if has("slurm_partition") else None
+    if partition == "":
+        raise UsageError("--slurm-partition is empty; give a partition name or leave the flag out.")
+    slurm = SlurmOptions(
+        partition=partition,
+        time_min=_int(args, "slurm_time", 1) if has("slurm_time") else SLURM_TIME_MIN,
+        cpus_per_task=_int(args, "slurm_cpus_per_task", 1) if has("slurm_cpus_per_task") else None,
+        mem_gb=mem,
+        array_parallelism=_int(args, "slurm_array_parallelism", 1) if has("slurm_array_parallelism") else None,
+        sbatch=tuple(_sbatch_option(t) for t in getattr(args, "slurm_sbatch", ())),
+        setup=tuple(getattr(args, "slurm_setup", ())),
+        cells_per_task=_int(args, "slurm_cells_per_task", 1) if has("slurm_cells_per_task") else 1,
+        local=has("slurm_local"),
+        script=has("slurm_script"),
+    )
+    if slurm.local and slurm.script:
+        raise UsageError("--slurm-local runs the array here and --slurm-script only prints it; give one of them.")
+    return Executor("slurm", slurm=slurm)
+
+
+# ---------------------------------------------------------------------------------------------- checks
+
+
+def resolve_out(executor: Executor, out: Path) -> Path:
+    """The study folder the cells write to: as given for ``local``; absolute for the others (a node starts in
+    another directory, and the path must be the same on every node of the shared file system)."""
+    return Path(out) if executor.name == "local" else Path(os.path.abspath(out))
+
+
+def _relative_paths(argv, env: dict) -> list[str]:
+    """Tokens of a cell's command line that name an existing file or folder by a relative path, and relative
+    entries of the PYTHONPATH the cell inherits."""
+    found = []
+    for before, token in zip(("", *argv), argv):  # option values only: a command's words are not paths
+        value = before.startswith("-") and token and not token.startswith("-")
+        if value and not os.path.isabs(token) and os.path.exists(token):
+            found.append(f"{before} {token}".strip())
+    for entry in filter(None, env.get("PYTHONPATH", "").split(os.pathsep)):
+        if not os.path.isabs(entry):
+            found.append(f"PYTHONPATH entry {entry!r}")
+    return found
+
+
+def prepare(executor: Executor, out: Path, frontend, cells) -> Executor:
+    """Check, before anything is written, that the cells can run where ``executor`` sends them (:class:`UsageError`
+    naming the flag and the fix otherwise); returns the executor bound to the study folder ``out``."""
+    if executor.name == "local":
+        return executor
+    if not Path(out).is_absolute():
+        raise UsageError(f"--out {out}: --executor {executor.name} needs the study folder as an absolute path on a "
+                         "file system every node shares.")  # fmt: skip
+    env = {**os.environ, **frontend.env}
+    for cell in cells:
+        bad = _relative_paths(frontend.cell_argv(cell, False), env)
+        if bad:
+            raise UsageError(f"--executor {executor.name}: the cells would read {bad[0]}, a relative path, and a "
+                             "node starts in another directory; give it as an absolute path on the file system "
+                             "every node shares.")  # fmt: skip
+    if executor.name == "ray":
+        _require("ray", "--executor ray")
+        _check_ray_address(executor.ray_address)
+    else:
+        _require("submitit", "--executor slurm")
+        if not (executor.slurm.local or executor.slurm.script) and shutil.which("sbatch") is None:
+            raise UsageError("--executor slurm: there is no sbatch on this machine; run the study on a SLURM login "
+                             "node, or print the job script with --slurm-script, or run the array's tasks here with "
+                             "--slurm-local. Nothing was written.")  # fmt: skip
+    return Executor(executor.name, executor.ray_address, executor.slurm, Path(out))
+
+
+def _require(module: str, flag: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise UsageError(f"{flag} needs the Python package {module}: pip install 'troll[cluster]'.")
+
+
+def _check_ray_address(address: str | None) -> None:
+    """A given ``--ray-address`` must answer within :data:`RAY_CONNECT_S` (else Ray would retry for minutes)."""
+    if address is None or address == "auto":
+        return
+    target = address.removeprefix("ray://")
+    host, sep, port = target.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise UsageError(f"--ray-address {address!r}: give HOST:PORT (e.g. 10.0.0.1:6379, the head's GCS port), "
+                         "ray://HOST:PORT or auto.")  # fmt: skip
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_CONNECT_S).close()
+    except OSError as err:
+        raise UsageError(
+            f"--ray-address {address}: nothing answers there ({err.strerror or err}); start the cluster "
+            "(ray start --head on its head node) or give its address. Nothing was written."
+        ) from None
+
+
+def array_tasks(executor: Executor, cells) -> int:
+    return math.ceil(len(cells) / executor.slurm.cells_per_task)
+
+
+def describe(executor: Executor, jobs: int) -> str:
+    """How the cells run, for the study's first progress line."""
+    if executor.name == "local":
+        return f"{jobs} at a time"
+    if executor.name == "ray":
+        return f"on Ray ({executor.ray_address or 'a cluster started here'})"
+    where = "here through submitit's local executor" if executor.slurm.local else "as a SLURM job array"
+    return f"{where}, {executor.slurm.cells_per_task} cell(s) per task"
+
+
+def script(executor: Executor, frontend, cells) -> str | None:
+    """The sbatch script of the job array when ``--slurm-script`` asks for it (the unfinished cells'), else None."""
+    if executor.name != "slurm" or not executor.slurm.script:
+        return None
+    from troll.study import on_slurm
+
+    todo = [c for c in cells if not (c.folder / "summary.json").is_file()] or list(cells)
+    cores = max(int(frontend.cores(c)) for c in todo)
+    return on_slurm.sbatch_script(executor, array_tasks(executor, todo), cores)

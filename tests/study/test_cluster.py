@@ -1,0 +1,476 @@
+"""Studies beyond one machine: ``--executor ray`` and ``--executor slurm`` against ``--executor local``.
+
+One localhost Ray cluster serves the module (a head with no CPUs and two 1-CPU worker nodes, started one after the
+other; nodes started at once on one host time out), with HOME and Ray's temp folder in a temporary folder (Ray
+writes ~/.ray), ended node by node through the pids of their ``ray start --block`` processes (never ``ray stop``,
+which would end every Ray process of the machine). The SLURM path runs through submitit's local executor
+(``--slurm-local``). The toy task (tce, bbrl x seed 0, 6 iterations of 8 episodes) is the study; a cell is a
+``troll tce train`` subprocess of a few seconds.
+
+- the same study run by local, by Ray (losing a worker node after a cell's first checkpoint: Ray reruns the task on
+  the other node, which continues from the checkpoint) and by a SLURM array of 2 cells per task gives byte-identical
+  summary.json, metrics.jsonl, study.json and study.md, timing fields excepted;
+- the study killed with its SLURM task mid-cell: ``--resume`` runs only the unfinished cells, from their checkpoints;
+  the study killed alone while its task runs: ``--resume`` reattaches to the live job, submits nothing and starts no
+  second writer; a failed cell fails alone and is not retried;
+- the sbatch script matches a golden file and is the one submitit submits (a fake sbatch records it);
+- bad input (exit 2, nothing written): an unreachable --ray-address, a relative path where nodes need a shared
+  one, SLURM without sbatch, options of another executor, an --executor typo;
+- teardown: no process of the cluster left, nothing written in the real $HOME.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from troll.cli import main
+from troll.runs.files import read_jsonl
+from troll.study import executors, on_slurm, runner
+from troll.study.frontend import Frontend, Pairing, against
+from troll.study.grid import Cell
+
+SRC = Path(__file__).parents[2] / "src"
+GOLDEN = Path(__file__).parent / "data" / "sbatch.golden"
+RAY = shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray"
+TINY = ["--env", "toy/viapoint", "--algos", "tce,bbrl", "--seeds", "1", "--steps", "4800", "--episodes", "8",
+        "--eval-episodes", "8", "--eval-every", "1", "--checkpoint-every", "1", "--policy-hidden", "16",
+        "--critic-hidden", "16", "--policy-epochs", "2", "--critic-epochs", "2", "--critic-minibatches", "1",
+        "--workers", "0"]  # fmt: skip
+CELLS = ("tce/seed0", "bbrl/seed0")
+TIMING = ("seconds", "seconds_per_iteration", "minutes", "status")  # status: "kept" by a resumed study
+
+
+@pytest.fixture(autouse=True)
+def cells_import_this_checkout(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(SRC))
+
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(["tce", "study", *argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+# ---------------------------------------------------------------- what "the same study" means
+
+
+def _steady(value, out: Path):
+    """A JSON value without its timing fields, the study folder's path made neutral."""
+    if isinstance(value, dict):
+        return {k: _steady(v, out) for k, v in value.items() if k not in TIMING and not k.startswith("time/")}
+    if isinstance(value, list):
+        return [_steady(v, out) for v in value]
+    if isinstance(value, str):
+        return value.replace(str(out), "<out>")
+    return value
+
+
+def _table(text: str) -> list[str]:
+    """study.md without its last column (minutes, the only timing in it)."""
+    return [line.rsplit(" | ", 1)[0] if line.startswith("| ") else line for line in text.splitlines()]
+
+
+def assert_same_study(out: Path, ref: Path) -> None:
+    for cell in CELLS:
+        for name in ("summary.json", "metrics.jsonl"):
+            mine, theirs = (out / cell / name).read_text(), (ref / cell / name).read_text()
+            if name == "metrics.jsonl":
+                mine, theirs = read_jsonl(out / cell / name), read_jsonl(ref / cell / name)
+            else:
+                mine, theirs = json.loads(mine), json.loads(theirs)
+            assert _steady(mine, out) == _steady(theirs, ref), (cell, name)
+    study, reference = (json.loads((f / "study.json").read_text()) for f in (out, ref))
+    assert _steady(study, out) == _steady(reference, ref)
+    assert _table((out / "study.md").read_text()) == _table((ref / "study.md").read_text())
+
+
+def starts(out: Path, cell: str) -> int:
+    """How many times the cell's command was started (its log's ``$ ...`` lines)."""
+    return sum(line.startswith("$ ") for line in (out / f"{cell}.log").read_text().splitlines())
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The study run by ``--executor local`` (its cells one at a time)."""
+    out = tmp_path_factory.mktemp("local") / "study"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", str(SRC))
+        assert main(["tce", "study", "--out", str(out), *TINY, "--jobs", "2"]) == 0
+    assert all((out / c / "summary.json").is_file() for c in CELLS)
+    return out
+
+
+# ---------------------------------------------------------------- the Ray cluster
+
+
+def _processes_under(marker: str) -> list[int]:
+    """Pids of the processes whose command line mentions ``marker`` (the cluster's temp folder)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    found.append(int(entry.name))
+    return found
+
+
+def _start_node(argv: list[str], env: dict, log: Path) -> subprocess.Popen:
+    proc = subprocess.Popen(argv + ["--block"], stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 90
+    while "Ray runtime started" not in log.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-2000:]
+        time.sleep(0.2)
+    return proc
+
+
+class _Cluster:
+    """A head and two 1-CPU nodes on this host, started in a thread (while the first tests run), ended by pid."""
+
+    def __init__(self):
+        self.root = Path(tempfile.mkdtemp(prefix="trray", dir="/tmp"))  # short: Ray's socket paths stay < 108 bytes
+        self.nodes: list[subprocess.Popen] = []
+        self.address, self.error = None, None
+        self.thread = threading.Thread(target=self._boot, daemon=True)
+        self.thread.start()
+
+    def _boot(self) -> None:
+        env = {**os.environ, "HOME": str(self.root), "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(SRC),
+               "OMP_NUM_THREADS": "1", "RAY_TMPDIR": str(self.root),
+               # a lost node noticed in about 2 s instead of Ray's 15 (its health checks: every 3 s, 5 missed)
+               "RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "1000",
+               "RAY_health_check_failure_threshold": "2"}  # fmt: skip
+        common = ["--temp-dir", str(self.root / "ray"), "--disable-usage-stats"]
+        try:
+            head = [RAY, "start", "--head", "--num-cpus=0", "--port=0", "--include-dashboard=false", *common]
+            self.nodes.append(_start_node(head, env, self.root / "head.log"))
+            address = re.search(r"ray start --address='([^']+)'", (self.root / "head.log").read_text())[1]
+            for k in (1, 2):  # one after the other
+                node = [RAY, "start", f"--address={address}", "--num-cpus=1", *common]
+                self.nodes.append(_start_node(node, env, self.root / f"node{k}.log"))
+            self.address = address
+        except BaseException as err:  # noqa: BLE001 -- reported by ready()
+            self.error = err
+
+    def ready(self) -> str:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.address
+
+    def close(self) -> list[int]:
+        """End every node by the pid of its `ray start --block` (never `ray stop`), then any process of this cluster
+        still running by its pid (a lost node's workers); returns the pids still alive after that (none)."""
+        self.thread.join()
+        for proc in reversed(self.nodes):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while any(p.poll() is None for p in self.nodes) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for pid in _processes_under(str(self.root)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for proc in self.nodes:
+            proc.wait(timeout=10)
+        deadline = time.monotonic() + 5
+        while _processes_under(str(self.root)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = _processes_under(str(self.root))
+        shutil.rmtree(self.root, ignore_errors=True)
+        return left
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _booting():
+    """The module's cluster, booting from the first test on; at the end no process of it is left and $HOME is as
+    it was (the tests point HOME at the cluster's folder)."""
+    home_before = sorted(p.name for p in Path.home().iterdir())
+    booting = _Cluster()
+    yield booting
+    left = booting.close()
+    assert not left, f"processes of the test cluster outlived it: {left}"
+    assert sorted(p.name for p in Path.home().iterdir()) == home_before, "the tests wrote in $HOME"
+
+
+@pytest.fixture
+def cluster(_booting, monkeypatch):
+    """(address, folder) of the running cluster; the study (the Ray driver, in-process) gets its HOME too."""
+    address = _booting.ready()
+    monkeypatch.setenv("HOME", str(_booting.root))
+    monkeypatch.setenv("RAY_TMPDIR", str(_booting.root))
+    return address, _booting.root
+
+
+def _kill_node_of(out: Path, cell: str) -> int:
+    """SIGKILL the raylet of the node running ``cell`` once its first checkpoint exists; returns its pid."""
+    deadline = time.monotonic() + 120
+    while not (out / cell / "checkpoint-1.pt").is_file():
+        assert time.monotonic() < deadline, "the cell never wrote its first checkpoint"
+        time.sleep(0.02)
+    holder = json.loads((out / f"{cell}.lease").read_text())["pid"]  # the Ray worker running the cell
+    raylet = int(Path(f"/proc/{holder}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    assert "raylet" in Path(f"/proc/{raylet}/cmdline").read_bytes().decode(), "the worker's parent is not a raylet"
+    os.kill(raylet, signal.SIGKILL)
+    return raylet
+
+
+# ---------------------------------------------------------------- the sbatch script
+
+SLURM = ["--executor", "slurm", "--slurm-partition", "cpu", "--slurm-time", "90", "--slurm-cpus-per-task", "2",
+         "--slurm-mem-gb", "4", "--slurm-array-parallelism", "8", "--slurm-sbatch", "account=proj",
+         "--slurm-setup", "source /shared/venv/bin/activate", "--slurm-cells-per-task", "2"]  # fmt: skip
+
+
+def _neutral(script: str, out: Path) -> str:
+    return script.replace(str(out), "<out>").replace(sys.executable, "<python>")
+
+
+def test_sbatch_script_is_the_golden_one_and_what_submitit_submits(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "study"
+    code, printed, err = cli(capsys, "--out", str(out), *TINY, "--seeds", "2", *SLURM, "--slurm-script")
+    assert code == 0, err
+    assert not out.exists()  # printed, nothing written
+    assert _neutral(printed, out) == GOLDEN.read_text()  # 4 cells, 2 per task: an array of 2
+    # what submitit's SlurmExecutor writes and hands to sbatch (a fake one that records it) is that script
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool, body in (("sbatch", 'cp "$1" "$(dirname "$0")/submitted.sh"; echo "Submitted batch job 4242"'),
+                       ("srun", "exit 0")):  # fmt: skip
+        (bin_dir / tool).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    executor = _slurm_from(SLURM)
+    executor = executors.Executor("slurm", slurm=executor.slurm, out=out)
+    jobs = on_slurm.submit(executor, [["cell a", "cell b"], ["cell c", "cell d"]], cores=1)
+    assert [j.job_id for j in jobs] == ["4242_0", "4242_1"]
+    assert (bin_dir / "submitted.sh").read_text() == printed.removesuffix("\n")
+
+
+def _slurm_from(argv: list[str]) -> executors.Executor:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    executors.add_flags(parser)
+    return executors.from_args(parser.parse_args(argv))
+
+
+# ---------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    "extra, env, message",
+    [
+        (["--executor", "rey"], {}, "--executor 'rey' is not one of local, ray, slurm. Did you mean --executor ray?"),
+        (["--executor", "ray", "--ray-address", "127.0.0.1:1"], {}, "--ray-address 127.0.0.1:1: nothing answers"),
+        (["--executor", "ray", "--ray-address", "head-node"], {}, "give HOST:PORT"),
+        (["--ray-address", "127.0.0.1:6379"], {}, "--ray-address applies to --executor ray"),
+        (["--slurm-partition", "cpu"], {}, "--slurm-partition applies to --executor slurm"),
+        (["--executor", "slurm"], {"PATH": "/nonexistent"}, "--executor slurm: there is no sbatch on this machine"),
+        (["--executor", "slurm", "--slurm-mem-gb", "0"], {}, "--slurm-mem-gb must be a number of GB > 0"),
+        (["--executor", "slurm", "--slurm-sbatch", "account"], {}, "--slurm-sbatch 'account': write KEY=VALUE"),
+        (["--executor", "slurm", "--slurm-local"], {"PYTHONPATH": "src"}, "PYTHONPATH entry 'src', a relative path"),
+    ],
+)
+def test_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, monkeypatch, extra, env, message):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(SRC.parent)  # where a relative PYTHONPATH entry "src" exists
+    out = tmp_path / "study"
+    code, printed, err = cli(capsys, "--out", str(out), *TINY, *extra)
+    assert code == 2, err
+    assert message in err, err
+    assert printed == "" and not out.exists()
+
+
+def test_a_relative_path_a_cell_reads_is_refused_and_the_study_folder_resolved(tmp_path, capsys, monkeypatch):
+    """The language-model study through the same executors: a model folder given relatively is refused (a node
+    starts elsewhere); a relative --out is made absolute in the cells' command lines."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my-model").mkdir()
+    (tmp_path / "my-model" / "config.json").write_text("{}")  # a saved model, as far as the checks look
+    code = main(["study", "--model", "my-model", "--losses", "grpo", "--seeds", "1", "--out", "rel", "--executor",
+                 "slurm", "--slurm-script"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "the cells would read --model my-model, a relative path" in err, err
+    code, printed, err = cli(capsys, "--out", "rel", *TINY, "--executor", "slurm", "--slurm-script")
+    assert code == 0, err
+    assert f"{tmp_path}/rel/slurm" in printed and not (tmp_path / "rel").exists()
+
+
+# ---------------------------------------------------------------- SLURM through submitit's local executor
+
+
+def _study_until(argv: list[str], ready: Path) -> subprocess.Popen:
+    """The study as a process of its own session (with the array tasks it starts), once ``ready`` exists."""
+    study = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not ready.is_file():
+        assert study.poll() is None and time.monotonic() < deadline, f"the study ended before {ready} existed"
+        time.sleep(0.02)
+    return study
+
+
+def test_killed_studies_resume_only_unfinished_cells_and_reattach(tmp_path, capsys, reference):
+    """1. The machine of the study and its array task dies (all killed) after the first cell's first checkpoint:
+    ``--resume`` submits the unfinished cells again, the first one continuing from its checkpoint. 2. That study is
+    killed alone once the second cell is under way, its task living on (a SLURM job outlives its submitter):
+    ``--resume`` reattaches to it and submits nothing. No cell ever had two writers, and the study is the local one."""
+    out = tmp_path / "study"
+    slurm = ["--executor", "slurm", "--slurm-local", "--slurm-cells-per-task", "2"]
+    study = [sys.executable, "-m", "troll.cli", "tce", "study", "--out", str(out)]
+    crashed = _study_until([*study, *TINY, *slurm], out / "tce/seed0/checkpoint-1.pt")
+    os.killpg(crashed.pid, signal.SIGKILL)  # the study, its task and the cell at once
+    crashed.wait()
+    (first,) = json.loads((out / on_slurm.JOBS_FILE).read_text())["jobs"]
+    assert first["cells"] == list(CELLS)  # one array task runs both cells, one after the other
+    assert not (out / "tce/seed0/summary.json").exists()
+    resumed = _study_until([*study, "--resume", *slurm], out / "bbrl/seed0/checkpoint-1.pt")
+    resumed.kill()  # the study alone: its task runs on
+    resumed.wait()
+    jobs = json.loads((out / on_slurm.JOBS_FILE).read_text())["jobs"]
+    assert jobs[0] == first and [e["cells"] for e in jobs[1:]] == [list(CELLS)]  # the crashed job's cells, again
+    code, _, err = cli(capsys, "--out", str(out), "--resume", "--executor", "slurm", "--slurm-local")
+    assert code == 0, err
+    assert f"reattached to job {jobs[1]['id']}" in err and "submitted" not in err
+    assert json.loads((out / on_slurm.JOBS_FILE).read_text())["jobs"] == jobs  # nothing submitted the third time
+    # tce: started, killed, resumed from its checkpoint; bbrl: started once, by the second task, never again
+    assert starts(out, "tce/seed0") == 2 and starts(out, "bbrl/seed0") == 1
+    again = [line for line in (out / "tce/seed0.log").read_text().splitlines() if line.startswith("$ ")][-1]
+    assert again.endswith("--resume --threads 1 --workers 0")
+    assert not list(out.glob("*/*.lease"))  # every attempt gave its cell back
+    assert_same_study(out, reference)  # a SLURM array's study is the local one
+
+
+LM_CELL = """
+import json, pathlib, sys
+argv = json.loads(sys.argv[1])  # the troll train command line the language-model frontend built
+out = pathlib.Path(argv[argv.index("--out") + 1])
+out.mkdir(parents=True, exist_ok=True)
+(out / "argv.json").write_text(json.dumps(argv))
+(out / "summary.json").write_text("{}")
+"""
+
+
+def test_language_model_cells_through_an_array(tmp_path):
+    """``troll study``'s frontend through the same executor, each cell a stand-in that records the command line
+    the frontend built (a real language-model cell takes minutes here): a fresh cell gets its full ``troll train``
+    command, a cell with a complete checkpoint its ``--resume`` one, and every task its cores (``--threads``)."""
+    import dataclasses
+
+    from troll.study.cell import job_for
+    from troll.train import checkpoints, study
+    from troll.train.options import RunOptions
+
+    spec = study.StudySpec(RunOptions(threads=2, steps=4), ["grpo", "troll"], [0])
+    cells = study.plan(spec, tmp_path)
+    engine = study.frontend(threads=2)
+    stand_in = dataclasses.replace(
+        engine,
+        cell_argv=lambda cell, resume: [sys.executable, "-c", LM_CELL, json.dumps(engine.cell_argv(cell, resume))],
+    )
+    assert [job_for(engine, c).cores for c in cells] == [2, 2]
+    slurm = executors.Executor("slurm", slurm=executors.SlurmOptions(local=True, cells_per_task=2), out=tmp_path)
+
+    def run() -> dict:
+        return runner.run_cells(stand_in, cells, jobs=1, report=lambda text: None, executor=slurm)
+
+    assert run() == {c.label: "done" for c in cells}
+    for cell in cells:
+        argv = json.loads((cell.folder / "argv.json").read_text())
+        assert argv == engine.cell_argv(cell, False)
+        assert argv[3:6] == ["train", "--out", str(cell.folder)] and "--resume" not in argv
+        assert argv[argv.index("--loss") + 1] == cell.arm and argv[argv.index("--threads") + 1] == "2"
+    troll = cells[1].folder
+    (troll / "summary.json").unlink()  # stopped after its checkpoint at step 2
+    (troll / "checkpoint-2").mkdir()
+    checkpoints.mark_complete(troll / "checkpoint-2", step=2, metrics_lines=0)
+    assert run() == {cells[0].label: "kept", cells[1].label: "done"}
+    assert json.loads((troll / "argv.json").read_text()) == engine.cell_argv(cells[1], True)
+    assert "--resume" in engine.cell_argv(cells[1], True)
+
+
+# ---------------------------------------------------------------- a failing cell
+
+
+def _fake_frontend(tmp_path) -> Frontend:
+    """Cells that write their summary (seed 0) or exit 3 (seed 1), each start logged."""
+    script = (
+        "import json, pathlib, sys; f = pathlib.Path(sys.argv[1]); f.mkdir(parents=True, exist_ok=True); "
+        "sys.exit(3) if f.name == 'seed1' else (f / 'summary.json').write_text(json.dumps({'x': 1}))"
+    )
+    return Frontend(
+        command="tce study",
+        arm="algo",
+        cell_argv=lambda cell, resume: [sys.executable, "-c", script, str(cell.folder)],
+        numbers=lambda cell, summary, rows: {},
+        table=(),
+        paired=(),
+        pairing=Pairing(against("a")),
+        curves=(),
+    )
+
+
+@pytest.mark.parametrize("where", ["slurm", "ray", "ray started here"])
+def test_a_failing_cell_fails_alone_once(tmp_path, where, request, monkeypatch):
+    """Through the array, the module's cluster, and a cluster ``ray.init()`` starts for the study when no
+    --ray-address is given (its processes ended with the study; HOME and Ray's folder in a temporary one)."""
+    address = request.getfixturevalue("cluster")[0] if where == "ray" else None
+    own = Path(tempfile.mkdtemp(prefix="trhere", dir="/tmp")) if where == "ray started here" else None
+    if own is not None:
+        monkeypatch.setenv("HOME", str(own))
+        monkeypatch.setenv("RAY_TMPDIR", str(own))
+        monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    cells = [Cell(None, "a", s, tmp_path / "a" / f"seed{s}") for s in (0, 1)]
+    name = where.split()[0]
+    executor = executors.Executor(name, ray_address=address, slurm=executors.SlurmOptions(local=True), out=tmp_path)
+    try:
+        status = runner.run_cells(_fake_frontend(tmp_path), cells, jobs=1, report=lambda text: None, executor=executor)
+    finally:
+        if own is not None:
+            deadline = time.monotonic() + 15
+            while _processes_under(str(own)) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            left = _processes_under(str(own))
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            started = list(own.glob("ray/session_*"))  # a cluster of its own, not the module's
+            shutil.rmtree(own, ignore_errors=True)
+            assert started, "ray.init() started no cluster of its own"
+            assert not left, f"the cluster ray.init() started outlived the study: {left}"
+    assert status == {cells[0].label: "done", cells[1].label: "failed (exit 3)"}
+    assert starts(tmp_path, "a/seed1") == 1  # not retried
+
+
+# ---------------------------------------------------------------- Ray, losing a node
+
+
+def test_ray_survives_a_lost_node_and_matches_local(tmp_path, capsys, cluster, reference):
+    address, _ = cluster
+    out = tmp_path / "study"
+    killed = {}
+    watcher = threading.Thread(target=lambda: killed.update(pid=_kill_node_of(out, "tce/seed0")))
+    watcher.start()
+    code, _, err = cli(capsys, "--out", str(out), *TINY, "--executor", "ray", "--ray-address", address)
+    watcher.join()
+    assert code == 0, err
+    assert killed["pid"] > 0
+    # the lost cell ran twice (its second attempt from the checkpoint the first one left), the other once
+    assert starts(out, "tce/seed0") == 2 and starts(out, "bbrl/seed0") == 1
+    resumed = [line for line in (out / "tce/seed0.log").read_text().splitlines() if line.startswith("$ ")][-1]
+    assert resumed.endswith("--resume --threads 1 --workers 0")
+    assert_same_study(out, reference)
