@@ -58,7 +58,7 @@ TCE_FLAGS: tuple[tuple[str, str, str], ...] = (
     ("random_offset", "BOOL", "random offset of the segment indices per episode (default: true)"),
     ("offset_per_iteration", "BOOL", f"one segment offset for all episodes of an iteration ({PRESET}: Meta-World)"),
     ("policy_hidden", "WIDTHS", "policy MLP widths, e.g. 128,128; 'none' for linear (default: 128,128)"),
-    ("activation", "NAME", "policy activation: tanh, relu, elu, silu (default: tanh)"),
+    ("activation", "NAME", "policy activation: tanh, relu, elu, silu, leaky_relu (default: tanh)"),
     ("init_std", "X", f"initial std of every ProDMP parameter ({PRESET})"),
     ("min_std", "X", f"floor added to the Cholesky diagonal ({PRESET}: 1e-4; Meta-World 1e-5)"),
     ("covariance", "NAME", f"policy covariance: full or diag ({PRESET}: full; diag for --algo bbrl)"),
