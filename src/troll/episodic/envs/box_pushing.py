@@ -75,7 +75,7 @@ class BoxPushingConfig:
 
 def pd_action(pos_d: np.ndarray, vel_d: np.ndarray, q: np.ndarray, qd: np.ndarray) -> np.ndarray:
     """a = clip(K_p (q_d - q) + K_d (q'_d - q'), -1, 1) for desired and measured angles and velocities (..., 7)."""
-    return np.clip(KP * (pos_d - q) + KD * (vel_d - qd), -1.0, 1.0)
+    return np.minimum(np.maximum(KP * (pos_d - q) + KD * (vel_d - qd), -1.0), 1.0)
 
 
 class BoxPushingTask:
@@ -150,9 +150,10 @@ class BoxPushingRunner:
         states, rewards = np.empty((HORIZON + 1, OBS_DIM)), np.empty(HORIZON)
         states[0] = task.start(seed)
         for t in range(HORIZON):
-            obs, rewards[t], info = task.step(pd_action(pos[t + 1], vel[t + 1], d.qpos[:7], d.qvel[:7]))
-            check_finite(name, episode, t + 1, observation=obs, reward=rewards[t])
-            states[t + 1] = obs
+            states[t + 1], rewards[t], info = task.step(pd_action(pos[t + 1], vel[t + 1], d.qpos[:7], d.qvel[:7]))
+        if not (np.isfinite(states).all() and np.isfinite(rewards).all()):  # once an episode: the first bad step
+            bad = int(np.flatnonzero(~(np.isfinite(states[1:]).all(1) & np.isfinite(rewards)))[0])
+            check_finite(name, episode, bad + 1, observation=states[bad + 1], reward=rewards[bad])
         final = {"distance": info["distance"], "rotation": info["rotation"], "energy": info["energy"],
                  "return": float(rewards.sum())}  # fmt: skip
         return EpisodeResult(states, rewards, np.zeros(HORIZON, bool), bool(info["is_success"]), final)
