@@ -11,7 +11,8 @@ PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test lint bench results map tce-results tce-authors tce-ablation tce-backends envpool-equivalence clean
+.PHONY: demo test lint bench results map tce-results tce-authors tce-ablation tce-backends tce-box envpool-equivalence \
+	clean
 
 # fancy-gym: box pushing's MuJoCo assets (MIT; troll reads its files, never imports it), --no-deps because its own
 # pins (mujoco 2.3.3, gymnasium < 1) would break this environment.
@@ -170,6 +171,24 @@ tce-authors: $(VENV)/.installed
 		algos=tce,bbrl,bbrl-cov; case $$t in reach-v3|push-v3) algos=$$algos,ppo;; esac; \
 		go $$d/mt10-$$t --env metaworld/$$t --algos $$algos --seeds 3 --steps 2000000 || status=1; \
 	done; \
+	$(PY) -m troll.episodic.results $$d && exit $$status
+
+# docs/tce.md, "Box pushing": TCE and BBRL on dense and temporally sparse box pushing, 3 seeds, 10M env steps each
+# (the authors' local budget; the paper ran 114M dense, 57M sparse), and PPO on the dense task at the same budget;
+# then the report over them (<BOX_DIR>/report/). 13 cells of 10M steps: days of both cores at the measured training
+# speed (docs/tce.md, "Box pushing"). BOX_DIR is fixed, so a rerun continues where the last sitting stopped
+# (finished cells are kept, an interrupted one resumes from its checkpoint). A smoke run:
+# make tce-box BOX_DIR=/tmp/box-smoke BOX_STEPS=20000 BOX_SEEDS=1
+BOX_DIR ?= studies/tce-box
+BOX_STEPS ?= 10000000
+BOX_SEEDS ?= 3
+tce-box: $(VENV)/.installed
+	d=$(BOX_DIR) && status=0 && \
+	go() { out=$$1; shift; r=; [ -e $$out/config.json ] && r=--resume; $(TCE_STUDY) "$$@" --out $$out $$r; } && \
+	go $$d/box-pushing-dense --env fancy/box-pushing-dense --algos tce,bbrl,ppo --steps $(BOX_STEPS) \
+		--seeds $(BOX_SEEDS) || status=1; \
+	go $$d/box-pushing-sparse --env fancy/box-pushing-sparse --algos tce,bbrl --steps $(BOX_STEPS) \
+		--seeds $(BOX_SEEDS) || status=1; \
 	$(PY) -m troll.episodic.results $$d && exit $$status
 
 # The env options the studies below ran with (docs/tce.md, "The first MT10 study: the authors' setup without their
