@@ -22,6 +22,7 @@ from troll.runs.files import UsageError
 ALGOS = ("tce", "bbrl", "bbrl-cov", "ppo")
 TOY_ENVS = ("toy/viapoint", "toy/viapoint-sparse")
 GYM_ENVS = ("gym/reacher", "gym/reacher-sparse")
+BOX_ENVS = ("fancy/box-pushing-dense", "fancy/box-pushing-sparse")
 # TCEConfig fields with a flag of their own (the rest are --<field> from TCE_FLAGS)
 OWN_FLAGS = {"algo": "--algo", "env": "--env", "seed": "--seed", "total_env_steps": "--steps",
              "threads": "--threads", "workers": "--workers"}  # fmt: skip
@@ -129,7 +130,7 @@ def check_env(name: str, algo: str | None = None) -> str:
         close = close or difflib.get_close_matches(f"metaworld/{name}", ENV_NAMES, n=1, cutoff=0.6)
         hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
         raise UsageError(
-            f"--env: unknown environment {name!r}.{hint} Known: {', '.join(TOY_ENVS + GYM_ENVS)}, and "
+            f"--env: unknown environment {name!r}.{hint} Known: {', '.join(TOY_ENVS + GYM_ENVS + BOX_ENVS)}, and "
             f"metaworld/<task> for the 50 Meta-World v3 tasks: {', '.join(METAWORLD_TASKS)}."
         )
     if algo == "ppo" and name in TOY_ENVS:
