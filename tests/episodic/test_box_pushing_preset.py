@@ -74,3 +74,19 @@ def test_ppo_step_task_is_the_episodic_task():
         total += reward
     assert info["episode_return"] == pytest.approx(total) and info["distance"] == expected[2]["distance"]
     step.close()
+
+
+@pytest.mark.parametrize("algo", ["tce", "ppo"])
+def test_missing_assets_stop_a_run_before_it_writes(tmp_path, monkeypatch, capsys, algo):
+    pytest.importorskip("mujoco")
+    import importlib.metadata
+
+    from troll.cli import main
+
+    real = importlib.metadata.distribution
+    monkeypatch.setattr(importlib.metadata, "distribution",
+                        lambda name: real("no-such-dist-x") if name == "fancy-gym" else real(name))  # fmt: skip
+    out = tmp_path / "run"
+    code = main(["tce", "train", "--env", DENSE, "--algo", algo, "--workers", "0", "--out", str(out)])
+    assert code == 2 and not out.exists()
+    assert "pip install --no-deps fancy-gym==0.3.0" in capsys.readouterr().err

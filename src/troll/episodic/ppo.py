@@ -385,8 +385,11 @@ def _build(config: PPOConfig, out: Path):
     from stable_baselines3 import PPO
     from stable_baselines3.common.logger import configure
 
-    task = make_step_task(config.env, seed=config.seed)
-    eval_task = make_step_task(config.env, seed=config.seed)
+    try:  # a missing simulator or box pushing's assets: refused before anything is written
+        task = make_step_task(config.env, seed=config.seed)
+        eval_task = make_step_task(config.env, seed=config.seed)
+    except ImportError as err:
+        raise UsageError(str(err)) from err
     runs.begin(out, COMMAND)  # the manifest first; stale temporary files of a killed process go
     found = checkpoints(out)
     if found:

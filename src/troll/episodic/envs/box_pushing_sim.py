@@ -51,7 +51,7 @@ SUCCESS_POS, SUCCESS_ROT = 0.05, 0.5  # m, rad: both strict (<), after the last 
 SPARSE_POS, SPARSE_ROT, SPARSE_QVEL = 350.0, 100.0, 50.0
 
 
-class AssetError(RuntimeError):
+class AssetError(ImportError):
     """The box-pushing assets of the fancy-gym wheel are missing or damaged; the message names the install step."""
 
 
