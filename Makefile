@@ -175,8 +175,8 @@ tce-authors: $(VENV)/.installed
 
 # docs/tce.md, "Box pushing": TCE and BBRL on dense and temporally sparse box pushing, 3 seeds, 10M env steps each
 # (the authors' local budget; the paper ran 114M dense, 57M sparse), and PPO on the dense task at the same budget;
-# then the report over them (<BOX_DIR>/report/). 13 cells of 10M steps: days of both cores at the measured training
-# speed (docs/tce.md, "Box pushing"). BOX_DIR is fixed, so a rerun continues where the last sitting stopped
+# then the report over them (<BOX_DIR>/report/). 15 cells of 10M steps: about a day of both cores at the measured
+# training speed (docs/tce.md, "Box pushing"). BOX_DIR is fixed, so a rerun continues where the last sitting stopped
 # (finished cells are kept, an interrupted one resumes from its checkpoint). A smoke run:
 # make tce-box BOX_DIR=/tmp/box-smoke BOX_STEPS=20000 BOX_SEEDS=1
 BOX_DIR ?= studies/tce-box
