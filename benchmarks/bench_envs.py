@@ -15,6 +15,9 @@ single mode. With envpool among the backends each env also gets a row of EnvPool
 random actions on one thread, no project code): the simulator's ceiling against which the EnvPool rows' overhead shows.
 Hopper jump (one simulator, the Python package) gets a row of MuJoCo alone on its model instead (mj_step with random
 commands, no project code): its "python, one process" row per CPU second should stay within 20 % of it.
+Box pushing (Python only) gets a row of MuJoCo alone instead: the same episodes' joint torques replayed by
+``mj_step`` from the same starts, no controller, rewards or observations; the line printed after the table gives
+the env's run steps per CPU second as a share of it (the env code's overhead).
 
     OMP_NUM_THREADS=1 python benchmarks/bench_envs.py                       # all, E = 16 (toy: 1024), 2 workers
     OMP_NUM_THREADS=1 python benchmarks/bench_envs.py --quick               # push, reach, reacher: E = 4, 1 core
@@ -38,8 +41,17 @@ from troll.episodic.envs.registry import has_backends
 from troll.episodic.envs.toy import straight_through
 
 RESULTS = Path(__file__).parent / "results"
-DEFAULT_ENVS = ("toy/viapoint", "gym/reacher", "metaworld/reach-v3", "metaworld/push-v3", "metaworld/pick-place-v3",
-                "fancy/hopper-jump")  # fmt: skip
+DEFAULT_ENVS = (
+    "toy/viapoint",
+    "gym/reacher",
+    "metaworld/reach-v3",
+    "metaworld/push-v3",
+    "metaworld/pick-place-v3",
+    "fancy/hopper-jump",
+    "fancy/box-pushing-dense",
+    "fancy/box-pushing-sparse",
+)
+BOX = ("fancy/box-pushing-dense", "fancy/box-pushing-sparse")
 QUICK_ENVS = ("metaworld/push-v3", "metaworld/reach-v3", "gym/reacher", "fancy/hopper-jump")
 
 
@@ -196,6 +208,68 @@ def raw_mujoco_hopper(*, episodes: int, repeats: int) -> dict:
     }  # fmt: skip
 
 
+def raw_mujoco(name: str, *, episodes: int, repeats: int) -> dict:
+    """MuJoCo alone on the box-pushing model: the episodes the env's rows run (the same seeds and trajectory), their
+    joint torques recorded in an untimed pass, then replayed from the same starts by ``mj_step`` (10 substeps) with
+    nothing else: the same physics without the env code (controller, bias forces, observations, rewards, checks)."""
+    import types
+
+    import mujoco
+    import numpy as np
+
+    from troll.episodic.envs.base import EpisodeStart, episode_seeds
+    from troll.episodic.envs.box_pushing import BoxPushingConfig, BoxPushingTask, pd_action
+    from troll.episodic.envs.box_pushing_sim import DT, FRAME_SKIP, HORIZON
+
+    task = BoxPushingTask(BoxPushingConfig(sparse=name.endswith("-sparse")))
+    d, shape = task.sim.data, types.SimpleNamespace(name=name, dof=7, horizon=HORIZON, dt=DT)
+    walls, cpus, loads = [], [], []
+    for r in range(repeats + 1):
+        seeds = episode_seeds(r, episodes)
+        q0 = torch.tensor(np.stack([task.start(s)[:7] for s in seeds]))
+        pos, vel = (x.numpy() for x in trajectory(shape, EpisodeStart(q0, q0, torch.zeros_like(q0))))
+        torques = np.empty((episodes, HORIZON, 7))
+        for e, s in enumerate(seeds):  # untimed: the torques the env applies
+            task.start(s)
+            for t in range(HORIZON):
+                task.step(pd_action(pos[e, t + 1], vel[e, t + 1], d.qpos[:7], d.qvel[:7]))
+                torques[e, t] = d.ctrl
+        wall = cpu = 0.0
+        for e, s in enumerate(seeds):
+            task.start(s)
+            t0, c0 = time.perf_counter(), time.process_time()
+            for t in range(HORIZON):
+                d.ctrl[:] = torques[e, t]
+                mujoco.mj_step(task.sim.model, d, nstep=FRAME_SKIP)
+            wall, cpu = wall + time.perf_counter() - t0, cpu + time.process_time() - c0
+        if r:
+            walls.append(wall)
+            cpus.append(cpu)
+            loads.append(os.getloadavg()[0])
+    steps = episodes * HORIZON
+    wall, cpu = statistics.median(walls), statistics.median(cpus)
+    return {
+        "env": name, "mode": "MuJoCo alone, the same torques, one process", "workers": 0,
+        "episodes x steps": f"{episodes} x {HORIZON}", "build_s": "", "reset_s": "", "run_s": round(wall, 3),
+        "batch_s": "", "steps_per_s": round(steps / wall), "batch_steps_per_s": "",
+        "steps_per_cpu_s": round(steps / cpu), "batch_steps_per_cpu_s": "",
+        "load_avg_1min": round(statistics.median(loads), 2),
+    }  # fmt: skip
+
+
+def overhead_lines(rows: list[dict]) -> list[str]:
+    """For each box-pushing env: its one-process run steps per CPU second as a share of MuJoCo alone's."""
+    lines = []
+    for name in BOX:
+        env = [r for r in rows if r["env"] == name and r["mode"] == "python, one process"]
+        raw = [r for r in rows if r["env"] == name and r["mode"].startswith("MuJoCo alone")]
+        if env and raw:
+            share = env[0]["steps_per_cpu_s"] / raw[0]["steps_per_cpu_s"]
+            lines.append(f"{name}: the env runs {env[0]['steps_per_cpu_s']} steps per CPU second, MuJoCo alone "
+                         f"{raw[0]['steps_per_cpu_s']}: {share:.0%} of it ({1 - share:+.0%} overhead)")  # fmt: skip
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--envs", nargs="+", default=list(DEFAULT_ENVS))
@@ -217,6 +291,10 @@ def main() -> None:
         if name.startswith("toy/"):
             rows += measure(name, [("python", 0)], episodes=args.toy_episodes, repeats=repeats)
             continue
+        if name in BOX:  # Python only: compared with MuJoCo stepping the same model
+            rows += measure(name, [("python", w) for w in modes], episodes=args.episodes, repeats=repeats)
+            rows.append(raw_mujoco(name, episodes=args.episodes, repeats=repeats))
+            continue
         backends = args.backends.split(",") if has_backends(name) else ["python"]
         cells = [(b, max(w, 1) if b == "envpool" else w) for b in backends for w in modes]
         rows += measure(name, list(dict.fromkeys(cells)), episodes=args.episodes, repeats=repeats)
@@ -226,6 +304,8 @@ def main() -> None:
             rows.append(raw_mujoco_hopper(episodes=args.episodes, repeats=repeats))
     out = quick_path(RESULTS / "bench_envs.csv") if args.quick else RESULTS / "bench_envs.csv"
     write_results(rows, out, f"# episodic env throughput ({os.cpu_count()} cores)")
+    for line in overhead_lines(rows):
+        print(line)
 
 
 if __name__ == "__main__":

@@ -50,8 +50,8 @@ def add_commands(sub) -> None:
     tce = sub.add_parser("tce", help="episodic RL: TCE, BBRL and PPO on ProDMP tasks (docs/tce.md)")
     tce_sub = tce.add_subparsers(dest="tce_command", required=True, metavar="{train,study,render}")
     train = tce_sub.add_parser("train", help="one run", description=TRAIN_DOC)
-    train.add_argument("--env", default=argparse.SUPPRESS, help="toy/viapoint[-sparse], gym/reacher[-sparse] or "
-                       "metaworld/<task>-v3 (required unless --resume)")  # fmt: skip
+    train.add_argument("--env", default=argparse.SUPPRESS, help="toy/viapoint[-sparse], gym/reacher[-sparse], "
+                       "metaworld/<task>-v3 or fancy/box-pushing-{dense,sparse} (needed unless --resume)")  # fmt: skip
     train.add_argument(
         "--algo",
         default=argparse.SUPPRESS,

@@ -22,7 +22,8 @@ from troll.runs.files import UsageError
 ALGOS = ("tce", "bbrl", "bbrl-cov", "ppo")
 TOY_ENVS = ("toy/viapoint", "toy/viapoint-sparse")
 GYM_ENVS = ("gym/reacher", "gym/reacher-sparse")
-TCE_ONLY_ENVS = ("fancy/hopper-jump",)  # no PPO wiring (ppo.py's step envs are Reacher and Meta-World)
+TCE_ONLY_ENVS = ("fancy/hopper-jump",)  # no PPO wiring (ppo.py's step envs are Reacher, Meta-World, box pushing)
+BOX_ENVS = ("fancy/box-pushing-dense", "fancy/box-pushing-sparse")
 # TCEConfig fields with a flag of their own (the rest are --<field> from TCE_FLAGS)
 OWN_FLAGS = {"algo": "--algo", "env": "--env", "seed": "--seed", "total_env_steps": "--steps",
              "threads": "--threads", "workers": "--workers"}  # fmt: skip
@@ -59,7 +60,7 @@ TCE_FLAGS: tuple[tuple[str, str, str], ...] = (
     ("random_offset", "BOOL", "random offset of the segment indices per episode (default: true)"),
     ("offset_per_iteration", "BOOL", f"one segment offset for all episodes of an iteration ({PRESET}: Meta-World)"),
     ("policy_hidden", "WIDTHS", "policy MLP widths, e.g. 128,128; 'none' for linear (default: 128,128)"),
-    ("activation", "NAME", "policy activation: tanh, relu, elu, silu (default: tanh)"),
+    ("activation", "NAME", "policy activation: tanh, relu, elu, silu, leaky_relu (default: tanh)"),
     ("init_std", "X", f"initial std of every ProDMP parameter ({PRESET})"),
     ("min_std", "X", f"floor added to the Cholesky diagonal ({PRESET}: 1e-4; Meta-World 1e-5)"),
     ("covariance", "NAME", f"policy covariance: full or diag ({PRESET}: full; diag for --algo bbrl)"),
@@ -131,7 +132,7 @@ def check_env(name: str, algo: str | None = None) -> str:
         hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
         raise UsageError(
             f"--env: unknown environment {name!r}.{hint} Known: "
-            f"{', '.join(TOY_ENVS + GYM_ENVS + TCE_ONLY_ENVS)}, and "
+            f"{', '.join(TOY_ENVS + GYM_ENVS + TCE_ONLY_ENVS + BOX_ENVS)}, and "
             f"metaworld/<task> for the 50 Meta-World v3 tasks: {', '.join(METAWORLD_TASKS)}."
         )
     if algo == "ppo" and name in TOY_ENVS:

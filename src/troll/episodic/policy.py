@@ -22,7 +22,7 @@ from torch import nn
 from troll.episodic.normalize import RunningNorm
 from troll.gaussian import Gaussian
 
-ACTIVATION = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU}
+ACTIVATION = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "silu": nn.SiLU, "leaky_relu": nn.LeakyReLU}
 OUTPUT_GAIN = 0.01  # last layer scaled down: the initial mean is ~0 for every context (theta ~ 0: stay at y0)
 
 

@@ -3,11 +3,12 @@
 docs/tce.md, "How to run".
 
 PPO acts every step: it sees the simulator's own observation and sends the simulator's own action (Reacher's two
-joint torques, Meta-World's hand displacement and gripper command); there is no movement primitive and no tracking
-controller. :class:`StepTask` is the episodic task as a gymnasium env: the same simulator, the same T steps, the
-same rewards (gym/reacher-sparse pays the whole episode at its last step, as the episodic env does), the same
-success rule at the end of an episode, the same non-finite checks. The toy task has no step interface (it is a
-batched torch simulation of whole trajectories), so PPO runs on gym/* and metaworld/* only.
+joint torques, Meta-World's hand displacement and gripper command, box pushing's seven joint torques, gravity
+compensated); there is no movement primitive and no tracking controller. :class:`StepTask` is the episodic task as a
+gymnasium env: the same simulator, the same T steps, the same rewards (gym/reacher-sparse pays the whole episode at
+its last step, as the episodic env does), the same success rule at the end of an episode, the same non-finite
+checks. The toy task has no step interface (it is a batched torch simulation of whole trajectories), so PPO runs on
+gym/*, metaworld/* and fancy/box-pushing-* only.
 
 Settings: ``stable_baselines3.PPO("MlpPolicy")`` with SB3's defaults (2.x): 2048 steps a rollout, 10 epochs of
 minibatches of 64, Adam 3e-4, gamma 0.99, GAE lambda 0.95, clip 0.2, no entropy bonus, value weight 0.5, gradient
@@ -69,7 +70,8 @@ from troll.runs.files import (
 from troll.runs.numbers import check_int, check_real, check_seed, is_int
 
 INSTALL = "pip install 'troll[baselines]' (stable-baselines3)"
-HORIZON = {"gym": 50, "metaworld": 500}  # the episodic envs' T (Reacher-v5's time limit, Meta-World's path length)
+# the episodic envs' T (Reacher-v5's time limit, Meta-World's path length, fancy_gym's box-pushing episode)
+HORIZON = {"gym": 50, "metaworld": 500, "box-pushing": 100}
 CHECKPOINT = "checkpoint-{}.zip"
 TRAIN_STREAM = 0x99  # training episode k draws its task from (seed, TRAIN_STREAM, k)
 RUNTIME_FIELDS = ("threads",)
@@ -119,7 +121,7 @@ class PPOConfig:
         if family == "toy":
             raise ValueError(
                 f"env {self.env!r} has no step-based interface (the toy task simulates whole trajectories in torch): "
-                "PPO runs on gym/* and metaworld/* only; use --algo tce or bbrl there."
+                "PPO runs on gym/*, metaworld/* and fancy/box-pushing-* only; use --algo tce or bbrl there."
             )
         ints = ("total_env_steps", "eval_every_steps", "eval_episodes", "threads", "checkpoint_every", "n_steps")
         for name in (*ints, "batch_size", "n_epochs"):
@@ -197,7 +199,15 @@ def make_step_task(name: str, *, seed: int, sparse: bool | None = None):
             self.name, self.seed_, self.index = name, seed, 0
             self.family = env_family(name)
             self.sparse = name.endswith("-sparse") if sparse is None else sparse
-            if self.family == "gym":
+            if self.family == "box-pushing":  # no gymnasium env: the episodic env's own task (envs/box_pushing.py)
+                from gymnasium import spaces
+
+                from troll.episodic.envs.box_pushing import BoxPushingConfig, BoxPushingTask
+
+                self.env = self.sim = BoxPushingTask(BoxPushingConfig(sparse=self.sparse))
+                self.observation_space = spaces.Box(-np.inf, np.inf, (28,), np.float64)
+                self.action_space = spaces.Box(-1.0, 1.0, (7,), np.float32)
+            elif self.family == "gym":
                 self.env = gym.make("Reacher-v5", disable_env_checker=True)
             else:
                 import metaworld  # noqa: F401 -- registers Meta-World/*
@@ -205,14 +215,17 @@ def make_step_task(name: str, *, seed: int, sparse: bool | None = None):
                 task = name.split("/", 1)[1]
                 self.env = gym.make("Meta-World/MT1", env_name=task, seed=seed, disable_env_checker=True)
                 self.tasks = list(self.env.get_wrapper_attr("tasks"))
-            self.sim = self.env.unwrapped
-            self.observation_space, self.action_space = self.sim.observation_space, self.sim.action_space
+            if self.family != "box-pushing":
+                self.sim = self.env.unwrapped
+                self.observation_space, self.action_space = self.sim.observation_space, self.sim.action_space
             self.horizon = HORIZON[self.family]
             self.t, self.total, self.ctrl = 0, 0.0, 0.0
 
         def start(self, episode_seed: int) -> np.ndarray:
             """Reset to the episode the episodic env starts from ``episode_seed`` (envs/reacher.py, metaworld.py)."""
-            if self.family == "gym":
+            if self.family == "box-pushing":
+                obs = self.sim.start(episode_seed)
+            elif self.family == "gym":
                 obs, _ = self.sim.reset(seed=episode_seed)
             else:
                 task = int(np.random.default_rng(episode_seed).integers(len(self.tasks)))
@@ -232,6 +245,8 @@ def make_step_task(name: str, *, seed: int, sparse: bool | None = None):
             return self.start(episode), {}
 
         def step(self, action):
+            if self.family == "box-pushing":
+                return self._box_step(action)
             obs, reward, _, _, info = self.sim.step(action)
             self.t += 1
             check_finite(self.name, self.index, self.t, observation=obs, reward=reward)
@@ -249,6 +264,18 @@ def make_step_task(name: str, *, seed: int, sparse: bool | None = None):
             if done:
                 out = {"is_success": bool(success), "distance": distance, "episode_return": self.total}
             return obs, float(reward), False, done, out
+
+        def _box_step(self, action):
+            """Box pushing: the task's own reward (dense or sparse) and its info after the last step."""
+            obs, reward, info = self.sim.step(np.asarray(action, dtype=np.float64))
+            self.t += 1
+            check_finite(self.name, self.index, self.t, observation=obs, reward=reward)
+            self.total += reward
+            done = self.t >= self.horizon
+            if not done:
+                return obs, reward, False, False, {}
+            out = {"is_success": info["is_success"], "distance": info["distance"], "episode_return": self.total}
+            return obs, reward, False, True, out
 
         def close(self):
             self.env.close()
@@ -358,8 +385,11 @@ def _build(config: PPOConfig, out: Path):
     from stable_baselines3 import PPO
     from stable_baselines3.common.logger import configure
 
-    task = make_step_task(config.env, seed=config.seed)
-    eval_task = make_step_task(config.env, seed=config.seed)
+    try:  # a missing simulator or box pushing's assets: refused before anything is written
+        task = make_step_task(config.env, seed=config.seed)
+        eval_task = make_step_task(config.env, seed=config.seed)
+    except ImportError as err:
+        raise UsageError(str(err)) from err
     runs.begin(out, COMMAND)  # the manifest first; stale temporary files of a killed process go
     found = checkpoints(out)
     if found:

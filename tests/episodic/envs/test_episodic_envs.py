@@ -161,7 +161,7 @@ def test_make_env_errors():
         make_env("metaworld/push-v3", num_episodes=2, gian=10.0)
     with pytest.raises(ValueError, match="kp"):
         make_env("gym/reacher", num_episodes=2, workers=0, kp=-1.0)
-    assert len(ENV_NAMES) == 55
+    assert len(ENV_NAMES) == 57
 
 
 def test_toy_and_factory_need_torch_alone():

@@ -2,10 +2,12 @@
 
 Names: ``toy/viapoint``, ``toy/viapoint-sparse``, ``gym/reacher``, ``gym/reacher-sparse``,
 ``metaworld/<task>`` for the 50 Meta-World v3 tasks (``metaworld/reach-v3``, ``metaworld/push-v3``,
-``metaworld/pick-place-v3``, ...) and ``fancy/hopper-jump`` (fancy_gym 0.3.0's sparse hopper jump). The MuJoCo
-environments need gymnasium, mujoco (and metaworld); they are imported only inside the worker processes that build
-them (EnvPool's in this process), and their absence is reported here first. ``gym/*`` and ``metaworld/*`` run on
-one of two simulators (option ``backend``: EnvPool's C++ port or the Python package; :func:`default_backend`).
+``metaworld/pick-place-v3``, ...), ``fancy/hopper-jump`` (fancy_gym 0.3.0's sparse hopper jump),
+``fancy/box-pushing-dense`` and ``fancy/box-pushing-sparse`` (box_pushing.py). The MuJoCo environments need gymnasium,
+mujoco (and metaworld; box pushing and hopper jump need the fancy-gym wheel's assets); they are imported only inside
+the worker processes that build them (EnvPool's in this process), and their absence is reported here first. ``gym/*``
+and ``metaworld/*`` run on one of two simulators (option ``backend``: EnvPool's C++ port or the Python package;
+:func:`default_backend`).
 """
 
 from __future__ import annotations
@@ -31,15 +33,16 @@ METAWORLD_TASKS = (
 ).split()
 METAWORLD = tuple(f"metaworld/{task}" for task in METAWORLD_TASKS)
 HOPPER = ("fancy/hopper-jump",)  # fancy_gym 0.3.0's sparse hopper jump (hopper_jump.py)
-ENV_NAMES = TOY + GYM + METAWORLD + HOPPER
+BOX_PUSHING = ("fancy/box-pushing-dense", "fancy/box-pushing-sparse")  # box_pushing.NAMES (a test checks)
+ENV_NAMES = TOY + GYM + METAWORLD + HOPPER + BOX_PUSHING
 
 
 def _unknown(name: str) -> ValueError:
     close = difflib.get_close_matches(name, ENV_NAMES, n=3, cutoff=0.6)
     hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
     return ValueError(
-        f"unknown episodic environment {name!r}.{hint} Known: {', '.join(TOY + GYM + HOPPER)}, and metaworld/<task> "
-        f"for the 50 Meta-World v3 tasks: {', '.join(METAWORLD_TASKS)}."
+        f"unknown episodic environment {name!r}.{hint} Known: {', '.join(TOY + GYM + HOPPER + BOX_PUSHING)}, and "
+        f"metaworld/<task> for the 50 Meta-World v3 tasks: {', '.join(METAWORLD_TASKS)}."
     )
 
 
@@ -110,6 +113,10 @@ def horizon(name: str, options: dict | None = None) -> int:
         from troll.episodic.envs.hopper_jump import HORIZON
 
         return HORIZON
+    if name in BOX_PUSHING:
+        from troll.episodic.envs.box_pushing_sim import HORIZON
+
+        return HORIZON
     from troll.episodic.envs.envpool_backend import HORIZON
 
     return HORIZON
@@ -125,6 +132,8 @@ def option_table(name: str) -> dict:
         from troll.episodic.envs.reacher import OPTIONS
     elif name in HOPPER:
         from troll.episodic.envs.hopper_jump import OPTIONS
+    elif name in BOX_PUSHING:
+        from troll.episodic.envs.box_pushing import OPTIONS
     else:
         from troll.episodic.envs.metaworld import OPTIONS
     choices = BACKENDS if has_backends(name) else ("python",)
@@ -169,7 +178,8 @@ def make_env(
     options: the env's own settings (:func:`option_table`, checked by :func:`check_options`): toy ViaPointEnv's
              keyword arguments; gym/reacher's ReacherConfig (kp, kd, success_radius); metaworld's MetaWorldConfig
              (controller, gain, gripper, gripper_start, context); fancy/hopper-jump's HopperJumpConfig (kp, kd,
-             context); and on gym/* and metaworld/* ``backend``:
+             context); fancy/box-pushing-*'s BoxPushingConfig (random_init, context); and on gym/* and metaworld/*
+             ``backend``:
              "envpool" (the default but on :data:`PYTHON_DEFAULT`: EnvPool's C++ simulators on ``workers`` threads,
              envpool_backend.py, reacher.py) or "python" (gymnasium or the metaworld package in ``workers``
              processes).
@@ -191,6 +201,15 @@ def make_env(
 
     from troll.episodic.envs.workers import PooledEnv
 
+    if name in BOX_PUSHING:
+        from troll.episodic.envs.box_pushing import BoxPushingConfig, BoxPushingRunner
+        from troll.episodic.envs.box_pushing_sim import read_assets
+
+        _require(name, ("mujoco",))
+        read_assets()  # missing or damaged assets: an AssetError naming the install step, before any process starts
+        factory = partial(BoxPushingRunner, BoxPushingConfig(sparse=name.endswith("-sparse"), **options))
+        return PooledEnv(factory, name=name, num_episodes=num_episodes, workers=workers, start_method=start_method,
+                         preload=("mujoco",))  # fmt: skip
     if name in GYM:
         from troll.episodic.envs.reacher import EnvPoolReacher, ReacherConfig, ReacherRunner
 

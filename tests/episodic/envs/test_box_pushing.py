@@ -1,0 +1,265 @@
+"""Box pushing (envs/box_pushing.py, box_pushing_sim.py) against fancy_gym 0.3.0 itself, term by term, and in use.
+
+The golden data (tests/episodic/data/box_pushing_golden.npz) was recorded from fancy_gym 0.3.0 on mujoco 2.3.3 by
+benchmarks/record_fancy_golden.py. Run on mujoco 2.3.3 beside fancy_gym, this code gives the same observations to
+the last bit and the same rewards to 1e-13 (checked when it was recorded); here it runs on mujoco 3.3, whose solver
+differs in rounding. The tolerances below are the
+differences measured on mujoco 3.3.0 with a margin, each with its reason.
+"""
+
+import numpy as np
+import pytest
+
+mujoco = pytest.importorskip("mujoco")
+
+from pathlib import Path  # noqa: E402
+
+from troll.episodic.envs import box_pushing_sim as sim_mod  # noqa: E402
+from troll.episodic.envs import make_env  # noqa: E402
+from troll.episodic.envs.box_pushing import (  # noqa: E402
+    KD,
+    KP,
+    NAMES,
+    BoxPushingConfig,
+    BoxPushingRunner,
+    BoxPushingTask,
+)
+from troll.episodic.envs.box_pushing_sim import (  # noqa: E402
+    ROD_QUAT,
+    AssetError,
+    StepState,
+    quaternion_error,
+    reward_terms,
+    rotation_distance,
+    success,
+    yaw_quaternion,
+)
+from troll.episodic.envs.registry import BOX_PUSHING, check_options, horizon  # noqa: E402
+
+GOLDEN = np.load(Path(__file__).parents[1] / "data" / "box_pushing_golden.npz")
+VARIANTS = ("dense", "sparse")
+# Measured on mujoco 3.3.0 against the 2.3.3 recordings (4 episodes, 100 steps each): the box pose agreed to 1.5e-6
+# at every step (the observations are stored as float32, 1e-7 of their size); returns to 2.5e-1 dense (of -1154, an
+# episode where a joint's velocity jumps at a limit 90 steps in and the solvers' rounding decides the jump) and 1.5
+# sparse (of -436, the sparse task's last step charges 50 per rad/s of joint speed, and the same kind of jump leaves
+# the joint speeds 0.4 rad/s apart); joint angles to 0.016 rad. Tolerances: 10x the box's, 2x the rest.
+BOX_TOL, ANGLE_TOL = 1.5e-5, 0.035
+RETURN_TOL = {"dense": 0.5, "sparse": 3.0}
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    return {v: BoxPushingTask(BoxPushingConfig(sparse=v == "sparse")) for v in VARIANTS}
+
+
+def test_names_and_horizon_match_the_registry():
+    assert NAMES == BOX_PUSHING
+    assert horizon(NAMES[0]) == horizon(NAMES[1]) == 100
+
+
+def test_reset_observations_match_fancy_gym(tasks):
+    for s in range(10):
+        np.testing.assert_allclose(tasks["dense"].start(s), GOLDEN["reset_obs"][s], rtol=0, atol=1e-12)
+    # a second start of a seed restores the remembered state: the same observation and the same steps
+    first = tasks["dense"].start(3), tasks["dense"].step(np.full(7, 0.3))
+    again = tasks["dense"].start(3), tasks["dense"].step(np.full(7, 0.3))
+    np.testing.assert_array_equal(first[0], again[0])
+    np.testing.assert_array_equal(first[1][0], again[1][0])
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_raw_steps_match_fancy_gym(tasks, variant):
+    task = tasks[variant]
+    for i, seed in enumerate((0, 1)):
+        obs, rewards = [task.start(seed)], []
+        for a in GOLDEN["raw_actions"][i]:
+            o, r, info = task.step(a)
+            obs.append(o)
+            rewards.append(r)
+        _check_episode(np.array(obs), GOLDEN["raw_obs"][i], np.array(rewards), variant, i, "raw")
+        last = GOLDEN[f"raw_last_{variant}"][i]
+        np.testing.assert_allclose([info["distance"], info["rotation"]], last[:2], atol=BOX_TOL)
+        assert info["is_success"] == bool(last[3])
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_tracked_episodes_match_fancy_gyms_black_box_wrapper(variant):
+    """fancy_gym's ProDMP wrapper with its PD gains, fed the same desired trajectory: step t aims at its point t,
+    at time (t + 1) dt, which is troll's index t + 1."""
+    runner = BoxPushingRunner(BoxPushingConfig(sparse=variant == "sparse"))
+    for i, seed in enumerate((2, 3)):
+        context, q0, qd0 = runner.reset(i, seed)
+        assert context.shape == (21,) and np.array_equal(qd0, np.zeros(7))
+        pos = np.concatenate([q0[None], GOLDEN["bb_pos"][i]])
+        vel = np.concatenate([qd0[None], GOLDEN["bb_vel"][i]])
+        result = runner.run(i, seed, pos, vel)
+        _check_episode(result.states[1:], GOLDEN["bb_obs"][i], result.rewards, variant, i, "bb")
+        last = GOLDEN[f"bb_last_{variant}"][i]
+        np.testing.assert_allclose([result.final["distance"], result.final["rotation"]], last[:2], atol=BOX_TOL)
+        assert result.success == bool(last[3])
+
+
+def _check_episode(obs, golden_obs, rewards, variant, i, kind):
+    np.testing.assert_allclose(obs[:, 14:21], golden_obs[:, 14:21], rtol=0, atol=BOX_TOL)  # box pose
+    np.testing.assert_allclose(obs[:, 21:28], golden_obs[:, 21:28], rtol=0, atol=1e-6)  # goal pose
+    np.testing.assert_allclose(obs[:, :7], golden_obs[:, :7], rtol=0, atol=ANGLE_TOL)
+    golden_return = GOLDEN[f"{kind}_rewards_{variant}"][i].sum()
+    assert abs(rewards.sum() - golden_return) < RETURN_TOL[variant], (rewards.sum(), golden_return)
+
+
+# ---------------------------------------------------------------------------------------------- reward terms
+
+
+HOME = np.array([0.0, 0.0, 0.0, -1.5, 0.0, 1.5, 0.0])  # the reset's starting posture, inside every limit
+
+
+def _state(box=(0.4, 0.0, -0.01), box_yaw=0.0, goal=(0.4, 0.0, -0.01), goal_yaw=0.0, tip=None, rod=ROD_QUAT,
+           qpos=None, qvel=None, action=None):  # fmt: skip
+    box = np.array(box)
+    return StepState(box_pos=box, box_quat=yaw_quaternion(box_yaw), goal_pos=np.array(goal),
+                     goal_quat=yaw_quaternion(goal_yaw), rod_tip=box.copy() if tip is None else np.array(tip),
+                     rod_quat=np.array(rod, dtype=float), qpos=HOME.copy() if qpos is None else np.array(qpos),
+                     qvel=np.zeros(7) if qvel is None else np.array(qvel),
+                     action=np.zeros(7) if action is None else np.array(action))  # fmt: skip
+
+
+def test_success_rule_at_its_edges():
+    goal, yaw = np.array([0.4, 0.0, -0.01]), 1.0
+    at = lambda dx, dyaw: success(goal + [dx, 0, 0], yaw_quaternion(yaw + dyaw), goal, yaw_quaternion(yaw))  # noqa: E731
+    assert at(0.049, 0.49)
+    assert not at(0.051, 0.0)
+    assert not at(0.0, 0.51)
+    # yaw_quaternion(theta) rotates by -theta: the angle between two is their yaw difference
+    assert rotation_distance(yaw_quaternion(0.3), yaw_quaternion(0.8)) == pytest.approx(0.5)
+
+
+def test_dense_terms_by_hand():
+    s = _state(box=(0.4, 0.0, -0.01), goal=(0.4, 0.2, -0.01), goal_yaw=0.6, tip=(0.4, 0.0, 0.09),
+               action=[1.0, -2.0, 0, 0, 0, 0, 0])  # fmt: skip
+    terms = reward_terms(s, sparse=False, last=False)
+    assert terms["rod_box"] == pytest.approx(-2 * 0.1)
+    assert terms["goal_pos"] == pytest.approx(-3.5 * 0.2)
+    assert terms["goal_rot"] == pytest.approx(-0.6 / np.pi)
+    assert terms["energy"] == pytest.approx(-5e-4 * 5.0)
+    assert terms["joint_limit"] == 0.0 and terms["rod_tilt"] == 0.0
+    # the rod-box distance is clipped at 5 cm: no gain closer than that
+    assert reward_terms(_state(tip=(0.4, 0.0, 0.0)), sparse=False, last=False)["rod_box"] == pytest.approx(-0.1)
+
+
+def test_joint_limit_and_tilt_penalties():
+    q = HOME.copy()
+    q[3] = -0.0698 + 0.1  # over joint 4's upper limit by 0.1
+    qd = np.zeros(7)
+    qd[6] = -2.61 - 0.2  # over joint 7's speed limit by 0.2
+    terms = reward_terms(_state(qpos=q, qvel=qd), sparse=False, last=False)
+    assert terms["joint_limit"] == pytest.approx(-0.3)
+    tilt = lambda angle: np.array([0.0, np.cos(angle / 2), np.sin(angle / 2), 0.0])  # noqa: E731 -- about x
+    assert reward_terms(_state(rod=tilt(0.7)), sparse=False, last=False)["rod_tilt"] == 0.0  # under pi / 4
+    assert reward_terms(_state(rod=tilt(1.0)), sparse=False, last=False)["rod_tilt"] == pytest.approx(-1.0 / np.pi)
+
+
+def test_sparse_has_goal_terms_only_at_the_last_step():
+    qd = np.full(7, 0.1)
+    s = _state(goal=(0.4, 0.2, -0.01), goal_yaw=0.6, qvel=qd, action=np.ones(7))
+    before = reward_terms(s, sparse=True, last=False)
+    assert set(before) == {"joint_limit", "rod_box", "energy", "rod_tilt"}
+    assert before["energy"] == pytest.approx(-0.02 * 7.0)
+    last = reward_terms(s, sparse=True, last=True)
+    assert last["goal_pos"] == pytest.approx(-350 * 0.2)
+    assert last["goal_rot"] == pytest.approx(-100 * 0.6 / np.pi)
+    assert last["joint_speed"] == pytest.approx(-50 * np.linalg.norm(qd))
+
+
+def test_rotation_distance_never_nan_and_quaternion_error():
+    q = yaw_quaternion(0.123456789)
+    p = q * (1 + 1e-15)
+    assert abs(p @ q) > 1  # arccos would give NaN here
+    assert rotation_distance(p, q) == 0.0
+    assert np.allclose(quaternion_error(q, q), 0.0)
+
+
+def test_actions_are_clipped_and_scaled(tasks):
+    task = tasks["dense"]
+    task.start(4)
+    a = task.step(np.r_[5.0, -5.0, np.zeros(5)])[0]
+    task.start(4)
+    b = task.step(np.r_[1.0, -1.0, np.zeros(5)])[0]
+    np.testing.assert_array_equal(a, b)
+    assert task.sim.energy == pytest.approx(200.0)  # ||10 a||^2
+
+
+def test_pd_gains_are_fancy_gyms():
+    np.testing.assert_array_equal(KP, 0.01 * np.array([120, 120, 120, 120, 50, 30, 10]))
+    np.testing.assert_array_equal(KD, 0.01 * np.array([10, 10, 10, 10, 6, 5, 3]))
+
+
+# ---------------------------------------------------------------------------------------------- in use
+
+
+def scripted_push(task: BoxPushingTask, seed: int) -> float:
+    """Jacobian-transpose control of the rod tip (the rod starts inside the box, whose walls it drags): the tip
+    moves on a smoothstep from the box to 3 cm past the goal (the wall gap the box lags by) in 70 steps at its
+    initial height, the rod held upright; torque = J_p^T f + J_r^T m - 1 q'. Returns the final box-goal distance."""
+    obs = task.start(seed)
+    sim = task.sim
+    m, d = sim.model, sim.data
+    box0, goal = obs[14:16].copy(), obs[21:23].copy()
+    lead = 0.03 * (goal - box0) / np.linalg.norm(goal - box0)
+    height = d.site_xpos[sim.rod_tip][2]
+    jacp, jacr = np.zeros((3, m.nv)), np.zeros((3, m.nv))
+    for t in range(100):
+        s = min(1.0, t / 70)
+        x_d = np.r_[box0 + (goal + lead - box0) * (3 * s**2 - 2 * s**3), height]
+        mujoco.mj_jacSite(m, d, jacp, jacr, sim.rod_tip)
+        jp, jr, qd = jacp[:, :7], jacr[:, :7], d.qvel[:7]
+        force = 800.0 * (x_d - d.site_xpos[sim.rod_tip]) - 60.0 * (jp @ qd)
+        quat = d.xquat[sim.rod] * np.sign(d.xquat[sim.rod] @ ROD_QUAT)
+        moment = 40.0 * quaternion_error(quat, ROD_QUAT) - 4.0 * (jr @ qd)
+        _, _, info = task.step((jp.T @ force + jr.T @ moment - qd) / 10.0)
+    return info["distance"]
+
+
+def test_scripted_controller_pushes_the_box_to_the_goal(tasks):
+    distances = [scripted_push(tasks["dense"], seed) for seed in range(10)]
+    assert sum(dist < 0.05 for dist in distances) >= 9, distances  # measured: all 10 within 2.4 cm
+
+
+def test_make_env_runs_episodes_in_workers():
+    with make_env("fancy/box-pushing-sparse", num_episodes=3, workers=2) as env:
+        assert (env.dof, env.horizon, env.dt, env.context_dim, env.state_dim) == (7, 100, 0.02, 21, 28)
+        start = env.reset(seed=0)
+        import torch
+
+        hold = start.pos[:, None].expand(3, 101, 7).contiguous()
+        episodes = env.run(hold, torch.zeros_like(hold))
+    assert episodes.states.shape == (3, 101, 28) and episodes.success.shape == (3,)
+    assert (episodes.rewards[:, :-1] > -10).all() and (episodes.rewards[:, -1] < -50).all()  # goal terms at T only
+    np.testing.assert_allclose(episodes.final["return"], episodes.rewards.sum(1), rtol=1e-5)
+
+
+def test_options_are_checked():
+    assert check_options(NAMES[0], {"context": "full", "random_init": False}) == {"context": "full",
+                                                                                  "random_init": False}  # fmt: skip
+    for bad in ({"context": "all"}, {"random_init": 1}, {"kp": 2.0}, {"backend": "envpool"}):
+        with pytest.raises(ValueError, match="box-pushing"):
+            make_env(NAMES[0], num_episodes=1, workers=0, **bad)
+    runner = BoxPushingRunner(BoxPushingConfig(random_init=False))
+    context, _, _ = runner.reset(0, 5)
+    assert context.shape == (7,)  # the goal pose: the box always starts at the same place
+    np.testing.assert_array_equal(runner.task.sim.data.qpos[9:12], [0.4, 0.3, -0.01])
+
+
+def test_missing_or_damaged_assets_name_the_install_step(monkeypatch):
+    import importlib.metadata
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    with monkeypatch.context() as m:
+        m.setattr(importlib.metadata, "distribution", missing)
+        with pytest.raises(AssetError, match=r"pip install --no-deps fancy-gym==0\.3\.0"):
+            make_env(NAMES[0], num_episodes=1, workers=2)
+    root, files = sim_mod.asset_files()
+    monkeypatch.setattr(sim_mod, "asset_files", lambda: (root, {**files, "push_box.xml": "0" * 43}))
+    with pytest.raises(AssetError, match=r"push_box\.xml is damaged.*--force-reinstall --no-deps fancy-gym==0\.3\.0"):
+        sim_mod.load_model()
