@@ -215,9 +215,9 @@ BOX_SEEDS ?= 3
 tce-box: $(VENV)/.installed
 	d=$(BOX_DIR) && status=0 && \
 	go() { out=$$1; shift; r=; [ -e $$out/config.json ] && r=--resume; $(TCE_STUDY) "$$@" --out $$out $$r; } && \
-	go $$d/box-pushing-dense --env fancy/box-pushing-dense --algos tce,bbrl,ppo --steps $(BOX_STEPS) \
+	go $$d/box-pushing-dense --env fancy/box-pushing-dense --algos tce,bbrl,ppo --steps $(BOX_STEPS) --videos \
 		--seeds $(BOX_SEEDS) || status=1; \
-	go $$d/box-pushing-sparse --env fancy/box-pushing-sparse --algos tce,bbrl --steps $(BOX_STEPS) \
+	go $$d/box-pushing-sparse --env fancy/box-pushing-sparse --algos tce,bbrl --steps $(BOX_STEPS) --videos \
 		--seeds $(BOX_SEEDS) || status=1; \
 	$(PY) -m troll.episodic.results $$d && exit $$status
 

@@ -45,7 +45,7 @@ def _hold_then_move(runner, seed: int, shift: float) -> tuple[np.ndarray, np.nda
     return pos, np.zeros_like(pos)
 
 
-@pytest.mark.parametrize("task", ["hopper", "reacher", "metaworld"])
+@pytest.mark.parametrize("task", ["hopper", "reacher", "metaworld", "box-pushing"])
 def test_frames_show_the_scene_of_every_mujoco_task(task):
     if task == "hopper":
         from troll.episodic.envs.hopper_jump import HopperJumpConfig
@@ -56,6 +56,10 @@ def test_frames_show_the_scene_of_every_mujoco_task(task):
         from troll.episodic.envs.reacher import ReacherConfig, ReacherRunner
 
         runner, shift = ReacherRunner(ReacherConfig()), 1.0
+    elif task == "box-pushing":
+        from troll.episodic.envs.box_pushing import BoxPushingConfig, BoxPushingRunner
+
+        runner, shift = BoxPushingRunner(BoxPushingConfig()), 0.3
     else:
         from troll.episodic.envs.metaworld import MetaWorldConfig, MetaWorldRunner
 

@@ -139,6 +139,11 @@ class BoxPushingRunner:
         self.context_index = config.context_index
         self.spec = RunnerSpec(config.name, 7, HORIZON, DT, len(self.context_index), OBS_DIM, has_success=True)
 
+    @property
+    def sim(self) -> BoxPushingSim:
+        """The simulator (``model``, ``data``, ``step``): what ``troll tce render`` draws after each step."""
+        return self.task.sim
+
     def reset(self, episode: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         obs = self.task.start(seed)
         check_finite(self.spec.name, episode, 0, observation=obs)
