@@ -24,9 +24,11 @@ LAYERS = {
     "troll.study": 2,
     "troll.categorical": 3,
     "troll.gaussian": 3,
+    "troll.episodic.envs": 3,
     "troll.integrations": 4,
-    "troll.episodic": 4,
-    "troll.train": 5,
+    "troll.episodic.tce": 4,
+    "troll.lm": 5,
+    "troll.episodic": 5,
     "troll.cli": 6,
 }
 FACE = "troll"  # the face: it names its exports as strings and imports them on first use (checked below)
@@ -64,7 +66,7 @@ def _imports(path: Path, module: str) -> set[str]:
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
-            for alias in node.names:  # "from troll.train import options" imports the module troll.train.options
+            for alias in node.names:  # "from troll.lm import options" imports the module troll.lm.options
                 sub = f"{node.module}.{alias.name}"
                 found.add(sub if _module_path(sub) else node.module)
     return {m for m in found if m == "troll" or m.startswith("troll.")} - {module}

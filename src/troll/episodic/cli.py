@@ -1,7 +1,7 @@
 """``troll tce train`` and ``troll tce study``: TCE, BBRL and stable-baselines3's PPO on the episodic tasks.
 
 The provider of ``troll tce`` (see :mod:`troll.cli`): :func:`add_commands` builds the parsers from the flag tables of
-:mod:`troll.episodic.options` and imports neither torch nor a simulator; the handlers import what a run needs. Every
+:mod:`troll.episodic.flags` and imports neither torch nor a simulator; the handlers import what a run needs. Every
 input is checked before anything runs or is written (exit status 2 and a message that names the flag and the fix);
 a run that fails once started (a non-finite value from an environment, a crashed environment worker) stops with its
 error and exit status 1, and ``--resume`` continues it from its last checkpoint. docs/tce.md, "How to run".
@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 
 from troll import runs
-from troll.episodic import options as opts
+from troll.episodic import flags as opts
 from troll.runs.files import CONFIG_FILE, UsageError, read_config
 
-COMMAND = "tce train"  # a run folder's config.json "command" (troll.episodic.train.COMMAND)
+COMMAND = "tce train"  # a run folder's config.json "command" (troll.episodic.run.COMMAND)
 
 TRAIN_DOC = (
     "One run of TCE, BBRL (same code, one advantage per episode) or stable-baselines3's PPO on an episodic task. "
@@ -250,7 +250,7 @@ def _run(config, out: Path, *, resume: bool, progress: bool) -> int:
 
             summary = ppo.train(config, out, resume=resume, progress=progress, on_row=hook)
         else:
-            from troll.episodic.train import train
+            from troll.episodic.run import train
 
             summary = train(config, out, resume=resume, progress=progress, on_iteration=hook)
     except (NonFiniteError, EnvWorkerError, FloatingPointError) as err:

@@ -24,7 +24,7 @@ exactly TCE's episodes when TCE runs on the Python backend, draws from the same 
 TCE run of the same preset evaluates (every
 ``eval_every x episodes x T`` steps; PPO checks after each rollout, so up to ``n_steps`` later) and at the end.
 
-Run folder: the same files as :mod:`troll.episodic.train`: config.json ({"command": "tce train", "config": ...}
+Run folder: the same files as :mod:`troll.episodic.run`: config.json ({"command": "tce train", "config": ...}
 with ``algo: "ppo"``), metrics.jsonl (one row a rollout: ``env_steps``, rollout/* of the episodes that ended in it,
 SB3's train/* losses, eval/* when evaluated, time/*), checkpoint-<env steps>.zip (SB3's save, atomic; one kept),
 summary.json last, plots.png. Resume loads the newest checkpoint (weights, Adam, the env-step count), cuts
@@ -49,11 +49,11 @@ from pathlib import Path
 import numpy as np
 
 from troll import runs
-from troll.episodic.agent import EVAL_STREAM, reset_seed
-from troll.episodic.config import PRESETS, SIZE_LIMITS, TCEConfig, env_family
 from troll.episodic.envs.base import check_finite, episode_seeds
 from troll.episodic.report import plot_run, summarise
-from troll.episodic.train import COMMAND, PLOT_FILE, numbered_files, prepare_run_folder
+from troll.episodic.run import COMMAND, PLOT_FILE, numbered_files, prepare_run_folder
+from troll.episodic.tce.agent import EVAL_STREAM, reset_seed
+from troll.episodic.tce.config import PRESETS, SIZE_LIMITS, TCEConfig, env_family
 from troll.runs.files import (
     CONFIG_FILE,
     METRICS_FILE,
@@ -325,7 +325,7 @@ def train(
     plot: bool = True,
     on_row: Callable[[dict], None] | None = None,
 ) -> dict:
-    """Run PPO into ``out`` (same arguments and refusals as :func:`troll.episodic.train.train`); the summary."""
+    """Run PPO into ``out`` (same arguments and refusals as :func:`troll.episodic.run.train`); the summary."""
     require_sb3()
     out = Path(out)
     with runs.holding(out):  # from the check on: no other process starts or deletes it while the env is built

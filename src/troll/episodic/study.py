@@ -29,13 +29,13 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from troll.episodic import options as opts
+from troll.episodic import flags as opts
 from troll.runs import numbered_files
 from troll.study import Cell, Curve, Frontend, Grid, Number, Pairing, Study, UsageError, runner, stats
 from troll.study import grid as grid_lib
 
 COMMAND = "tce study"
-RUN_COMMAND = "tce train"  # the command of each cell (troll.episodic.train.COMMAND)
+RUN_COMMAND = "tce train"  # the command of each cell (troll.episodic.run.COMMAND)
 STUDY_WORKERS = 1  # env processes of a cell: with --jobs 2 two cells step two simulators on two cores
 NOT_SWEPT = frozenset({"algo", "env", "seed", "threads", "workers", "env_options", "policy_hidden", "critic_hidden",
                        "ppo_net_arch"})  # fmt: skip
@@ -153,7 +153,7 @@ def check_started(cells: list[Cell], out: Path) -> None:
     would resume with other settings than the study gives it today: a folder made by an older version (for one,
     before metaworld/* cells kept the preset's env options beside a recorded backend), which ``--resume`` would
     otherwise finish or keep beside new cells, mixing two setups in one report."""
-    from troll.episodic.config import RUNTIME_FIELDS
+    from troll.episodic.tce.config import RUNTIME_FIELDS
     from troll.study.archive import differs
 
     stale = []
