@@ -15,6 +15,7 @@ SUPPORT = TESTS / "support"  # helpers and torchrun scripts, imported by name (p
 
 # package -> layer, lowest first (docs/architecture.md's picture); a module belongs to its longest matching prefix
 LAYERS = {
+    "troll._moved": 1,
     "troll._threads": 1,
     "troll.citation": 1,
     "troll.rootfind": 1,
@@ -87,6 +88,7 @@ def test_imports_run_down(module):
         if imported == FACE:  # its version and lazy names: it imports nothing itself
             continue
         theirs = _package(imported)
+        assert theirs is not None, f"{module} imports {imported}, no module of src/troll (a former path: troll._moved)"
         if theirs == mine:
             continue
         assert LAYERS[theirs] < LAYERS[mine], (
@@ -124,7 +126,17 @@ def test_modules_stay_under_600_lines():
 
 
 def test_the_face_imports_nothing_of_its_own():
-    assert GRAPH[FACE] <= {"troll"}, "troll/__init__.py must stay lazy: name exports in _EXPORTS"
+    assert GRAPH[FACE] <= {"troll", "troll._moved"}, "troll/__init__.py must stay lazy: name exports in _EXPORTS"
+
+
+def test_no_module_imports_a_former_path():
+    """troll._moved keeps the former paths (troll.train, troll.cli.lm, troll.episodic.prodmp, ...) importable for
+    users; the package itself imports the current ones, so that this table and the layers see every import."""
+    from troll._moved import new_name
+
+    old = {m: sorted(i for i in GRAPH[m] if new_name(i)) for m in MODULES}
+    old = {m: [f"{i} -> {new_name(i)}" for i in names] for m, names in old.items() if names}
+    assert not old, f"import the current module paths: {old}"
 
 
 # ---------------------------------------------------------------- tests/ laid out like src/troll
