@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 import torch
@@ -149,6 +150,46 @@ def test_loss_arguments():
         tg.trpl_loss(new, old, actions, adv, alpha=-1.0, **kw)
     with pytest.raises(ValueError, match="entropy_bound must be a number or None"):
         tg.trpl_loss(new, old, actions, adv, entropy_bound=math.nan, **kw)
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int64])
+def test_loss_refuses_actions_that_are_no_samples(dtype):
+    """A bool (a mask) or integer (indices) tensor of the right shape is refused by name, never cast and scored."""
+    new, old = pair()
+    actions = torch.ones(3, 2, dtype=dtype)
+    with pytest.raises(ValueError, match=rf"actions must be a floating-point tensor .* got dtype {dtype}"):
+        tg.trpl_loss(new, old, actions, torch.zeros(3, dtype=F64), mean_bound=0.05, cov_bound=0.01)
+
+
+SUBNORMAL = 4.9e-324  # the smallest positive float64, a subnormal number (0 in float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", ["mean_bound", "cov_bound"])
+@pytest.mark.parametrize("value", [SUBNORMAL, 1e-310])
+def test_subnormal_bounds_are_refused_by_name(dtype, name, value):
+    new, old = pair(dtype=dtype)
+    bounds = {"mean_bound": 0.05, "cov_bound": 0.01, name: value}
+    with pytest.raises(ValueError, match=rf"{name}=.* is a subnormal number.* pass {name} >= 2.225e-308"):
+        tg.project(new, old, **bounds)
+    with pytest.raises(ValueError, match=rf"{name}=.* is a subnormal number"):
+        tg.trpl_loss(new, old, old.mean.clone(), torch.zeros(3, dtype=dtype), **bounds)
+
+
+@pytest.mark.parametrize("single", [False, True])
+@pytest.mark.parametrize(("kind", "distance"), [("diag", "kl"), ("chol", "kl"), ("chol", "frobenius"), ("sqrt", "w2")])
+def test_the_smallest_normal_bound_projects_onto_the_old_policy(kind, distance, single):
+    """float32 at bound = 2.2e-308 (both parts) gives the old policy up to float32 rounding, with finite gradients.
+    The steps omega and eta overflow float32 to inf there (1/r - 1 with r ~ sqrt(bound)), which is their value."""
+    new, old = pair(kind, single=single, dtype=torch.float32)
+    new = tg.Gaussian(new.mean.clone().requires_grad_(), new.factor.clone().requires_grad_(), kind)
+    tiny = sys.float_info.min
+    proj = tg.project(new, old, mean_bound=tiny, cov_bound=tiny, distance=distance)
+    torch.testing.assert_close(proj.policy.mean, old.mean)
+    torch.testing.assert_close(proj.policy.factor, old.factor)
+    assert (proj.mean_after <= tiny).all() and (proj.cov_after <= 1e-6).all()  # float32 rounding, not a step
+    (proj.policy.mean.sum() + proj.policy.factor.sum()).backward()
+    assert torch.isfinite(new.mean.grad).all() and torch.isfinite(new.factor.grad).all()
 
 
 def test_entropy_schedule_arguments():
