@@ -5,7 +5,7 @@ second of work, not an interpreter start) whose writes are patched: with ``<name
 k-th atomic write onto ``<name>`` (a glob), after the temporary file is whole and before ``os.replace`` moves it
 into place, so the folder keeps the temporary file as a kill at that instant leaves it; with ``append:<k>`` it
 writes half of the k-th metrics line and dies. Write points: the manifest and the first config.json (a folder
-holding only temporary files, issue 28 item 2), metrics.jsonl (its first truncation, a torn line), a checkpoint (a
+holding only temporary files), metrics.jsonl (its first truncation, a torn line), a checkpoint (a
 stale ``.checkpoint-N.pt.tmp-PID``) and summary.json. After each, ``--resume`` (with the run's flags, which a start
 killed before its config needs) ends with the metrics and summary of the uninterrupted run, and the folder holds
 nothing but the command's files.
@@ -95,7 +95,7 @@ def reference(tmp_path_factory):
     "kill, left",
     [
         (".troll-run.json:1", ["..troll-run.json.tmp-"]),  # the manifest, the first write of all
-        ("config.json:1", [".config.json.tmp-"]),  # the first config.json (issue 28 item 2)
+        ("config.json:1", [".config.json.tmp-"]),  # the first config.json
         ("metrics.jsonl:1", [".metrics.jsonl.tmp-"]),  # its first truncation, right after config.json
         ("append:2", ["metrics.jsonl"]),  # a torn second line
         ("checkpoint-*.pt:1", [".checkpoint-2.pt.tmp-"]),  # the first checkpoint

@@ -204,7 +204,7 @@ def test_entropy_schedule_arguments():
 
 
 # ------------------------------------------------------------------- every public function checks its input
-# (issue 28, item 6: each raised a raw RuntimeError or AttributeError, or returned NaN)
+# (each once raised a raw RuntimeError or AttributeError, or returned NaN)
 
 
 def bad_calls():

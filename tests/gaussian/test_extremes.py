@@ -2,7 +2,7 @@
 float64 reference (or mpmath), or a ValueError that says the input is outside the supported range.
 
 Also the accuracy of the mean bound at condition number 1e8 against a 60-digit mpmath reference, and the KL
-projection of one global covariance far inside the old one (issue 28: it missed its bound).
+projection of one global covariance far inside the old one (it once missed its bound).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def test_global_kl_far_inside_the_old_covariance_meets_its_bound(dim):
 
 
 OUTSIDE = [
-    # (name, build -> (new, old, distance)); each was NaN, OverflowError or LinAlgError (issue 28, item 7)
+    # (name, build -> (new, old, distance)); each was NaN, OverflowError or LinAlgError once
     ("frobenius L=1e80 I", lambda: (*chol_pair(1e80, states=2), "frobenius")),
     ("global kl L=1e158 I", lambda: (*chol_pair(1e158, states=None), "kl")),
     ("global kl L=1e-158 I", lambda: (*chol_pair(1e-158, states=None), "kl")),
@@ -198,7 +198,7 @@ def test_mean_bound_at_condition_1e8(kind, single):
 
 
 def test_float32_frobenius_holds_its_bound_at_high_condition():
-    """Issue 28 measured float32 Frobenius projections up to 19x above bounds 1e-6..1e-4 at condition numbers
+    """float32 Frobenius projections once ended up to 19x above bounds 1e-6..1e-4 at condition numbers
     1e4..1e6. Here 40 such problems with covariance eigenvalues in [1, 1e6] and D = 20..63 (per-state and global,
     chol and diag, near and unrelated; 2 of them ended 1.23x and 6.63x above the bound before the step halving of
     projection.project_linear_rows), distances recomputed in float64 from the returned float32 factors."""

@@ -174,7 +174,7 @@ def test_arms_take_the_shared_options_that_concern_them():
 def test_an_arms_bound_takes_its_losss_name_and_eps_warns_once(capsys):
     """An arm names its loss's bound as ``troll train`` does (troll:kl-bound=, grpo:clip-eps=, cispo:cispo-cap=);
     ``eps=`` still works with the warning of --eps, once per arm however many cells it has; a cell's command line
-    spells its bound with the loss's own flag, not the deprecated --eps (issue 27, item 5)."""
+    spells its bound with the loss's own flag, not the deprecated --eps."""
     arms = study.parse_arms("troll:eps=0.2,grpo:eps=0.3,cispo:eps=4")
     err = capsys.readouterr().err
     for arm, new, value in [("troll:eps=0.2", "kl-bound=", "0.2"), ("grpo:eps=0.3", "clip-eps=", "0.3"),

@@ -1,6 +1,6 @@
 """The run layer (:mod:`troll.runs`): a folder knows what it wrote, and every command keeps a user's files.
 
-Issue 28 item 1: ``--overwrite`` deletes only what the command wrote and refuses, with the list, when anything else
+``--overwrite`` deletes only what the command wrote and refuses, with the list, when anything else
 is there (``R/.canary``, ``R/checkpoint-notes.txt``, ``.git/``, ``checkpoint-backup/``, notes in a study folder or
 in a cell, ``model.safetensors`` beside a foreign ``config.json``); a folder of one command is never replaced by
 another; the leftovers of a start killed before its config.json was whole never make a folder unusable. The
@@ -414,7 +414,7 @@ def test_abbreviated_flags_are_refused(tmp_path, capsys, argv, flag):
     assert not out.exists()
 
 
-# ---------------------------------------------------------------- flags that mean one thing (issue 27 item 5)
+# ---------------------------------------------------------------- flags that mean one thing
 
 
 @pytest.mark.parametrize(

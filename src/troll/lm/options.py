@@ -106,7 +106,7 @@ LOSSES: dict[str, LossSpec] = {
 # Losses whose ratio TRL clips to [1 - eps, 1 + eps_high] (--clip-eps-high, --dual-clip apply to them).
 CLIP_LOSSES = tuple(name for name, spec in LOSSES.items() if spec.loss_type in ("grpo", "dapo", "dr_grpo", "bnpo"))
 MEASURE_KL = ("auto", "on", "off")
-# One name per meaning (issue 27): the bound of each loss family under the name its users know (TRL's epsilon is the
+# One name per meaning: the bound of each loss family under the name its users know (TRL's epsilon is the
 # clip range; CISPO caps the detached ratio), as a flag (--kl-bound) and as an arm's option (troll:kl-bound=0.2).
 # Each sets RunOptions.eps, the loss's own bound; "eps" itself is their deprecated name (warn_deprecated).
 BOUNDS: dict[str, tuple[tuple[str, ...], str]] = {

@@ -1,4 +1,4 @@
-"""The authors' Meta-World setup, piece by piece against hand computations (issue 30, docs/tce.md "Config and
+"""The authors' Meta-World setup, piece by piece against hand computations (docs/tce.md "Config and
 presets"): the preset's values, the entropy schedule at iteration t and the entropy after the projection, advantages
 from the values recorded at sampling time, the learning-rate decay, one segment offset per iteration, and BBRL's
 diagonal covariance. Synthetic Meta-World-sized batches (no simulator) come from the golden test's builder."""
