@@ -392,7 +392,7 @@ def test_loss_names_map_onto_trl(tmp_path, argv, expected):
     """What each --loss name and clip / TROLL option becomes in the TRL config, worked out by hand."""
     from troll.cli import build_parser
     from troll.integrations.trl import TrollGRPOConfig
-    from troll.lm.cli import options_from_args
+    from troll.lm.flags import options_from_args
     from troll.lm.run import build_config
 
     opts = options_from_args(build_parser().parse_args(["train", "--out", str(tmp_path / "run"), *argv]))
@@ -492,7 +492,7 @@ def _bad_values(flag: str, kind: type) -> list[str]:
 
 
 def _flags(command: str) -> list[tuple[str, type]]:
-    from troll.lm.cli import RUN_ARGS
+    from troll.lm.flags import RUN_ARGS
 
     flags = [(f, k) for f, k, _ in RUN_ARGS if not (command == "study" and f == "--seed")]
     flags += [("--eps", float), ("--kl-bound", float)]

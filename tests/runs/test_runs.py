@@ -441,7 +441,7 @@ def test_eps_still_works_with_a_warning_naming_the_new_flag(tmp_path, capsys, ar
 
 def test_the_new_flags_set_the_same_option(tmp_path):
     from troll.cli import build_parser
-    from troll.lm.cli import options_from_args, train_bound
+    from troll.lm.flags import options_from_args, train_bound
 
     for argv in (["--kl-bound", "0.07"], ["--eps", "0.07"], ["--loss", "grpo", "--clip-eps", "0.07"]):
         args = build_parser().parse_args(["train", *argv, "--out", str(tmp_path / "o")])

