@@ -4,7 +4,7 @@ docs/tce.md, "How to run".
 
 PPO acts every step: it sees the simulator's own observation and sends the simulator's own action (Reacher's two
 joint torques, Meta-World's hand displacement and gripper command); there is no movement primitive and no tracking
-controller. :class:`StepTask` is the episodic task as a gymnasium env: the same simulator, the same T steps, the
+controller. :mod:`troll.episodic.envs.step` is the episodic task as a gymnasium env: the same simulator, T steps, the
 same rewards (gym/reacher-sparse pays the whole episode at its last step, as the episodic env does), the same
 success rule at the end of an episode, the same non-finite checks. The toy task has no step interface (it is a
 batched torch simulation of whole trajectories), so PPO runs on gym/* and metaworld/* only.
@@ -49,7 +49,8 @@ from pathlib import Path
 import numpy as np
 
 from troll import runs
-from troll.episodic.envs.base import check_finite, episode_seeds
+from troll.episodic.envs.base import episode_seeds
+from troll.episodic.envs.step import make_step_task
 from troll.episodic.report import plot_run, summarise
 from troll.episodic.run import COMMAND, PLOT_FILE, numbered_files, prepare_run_folder
 from troll.episodic.tce.agent import EVAL_STREAM, reset_seed
@@ -71,7 +72,6 @@ from troll.runs.numbers import check_int, check_real, check_seed, is_int
 INSTALL = "pip install 'troll[baselines]' (stable-baselines3)"
 HORIZON = {"gym": 50, "metaworld": 500}  # the episodic envs' T (Reacher-v5's time limit, Meta-World's path length)
 CHECKPOINT = "checkpoint-{}.zip"
-TRAIN_STREAM = 0x99  # training episode k draws its task from (seed, TRAIN_STREAM, k)
 RUNTIME_FIELDS = ("threads",)
 # PPOConfig fields passed to stable_baselines3.PPO as they are (net_arch goes into policy_kwargs)
 SB3_FIELDS = ("learning_rate", "n_steps", "batch_size", "n_epochs", "gamma", "gae_lambda", "clip_range", "ent_coef",
@@ -175,85 +175,6 @@ class PPOConfig:
     def differences(self, other: PPOConfig, *, ignore: tuple[str, ...] = RUNTIME_FIELDS) -> dict:
         a, b = self.to_dict(), other.to_dict()
         return {k: (a[k], b[k]) for k in a if k not in ignore and a[k] != b[k]}
-
-
-# ---------------------------------------------------------------------------------------------- the step env
-
-
-def make_step_task(name: str, *, seed: int, sparse: bool | None = None):
-    """:class:`StepTask` for ``name`` (gym/reacher[-sparse] or metaworld/<task>), built lazily on gymnasium."""
-    import gymnasium as gym
-
-    class StepTask(gym.Env):
-        """One episodic task, stepped. observation: the simulator's (Reacher 10, Meta-World 39); action: its own.
-
-        ``reset()`` starts training episode k (k counts resets; ``start_index`` sets the first) from the seed
-        (seed, TRAIN_STREAM, k); ``reset(options={"episode_seed": s})`` starts the episode the episodic env starts
-        from episode seed s. Episodes last exactly T steps (truncated, never terminated). The last step's info
-        holds "is_success", "distance" and "episode_return".
-        """
-
-        def __init__(self):
-            self.name, self.seed_, self.index = name, seed, 0
-            self.family = env_family(name)
-            self.sparse = name.endswith("-sparse") if sparse is None else sparse
-            if self.family == "gym":
-                self.env = gym.make("Reacher-v5", disable_env_checker=True)
-            else:
-                import metaworld  # noqa: F401 -- registers Meta-World/*
-
-                task = name.split("/", 1)[1]
-                self.env = gym.make("Meta-World/MT1", env_name=task, seed=seed, disable_env_checker=True)
-                self.tasks = list(self.env.get_wrapper_attr("tasks"))
-            self.sim = self.env.unwrapped
-            self.observation_space, self.action_space = self.sim.observation_space, self.sim.action_space
-            self.horizon = HORIZON[self.family]
-            self.t, self.total, self.ctrl = 0, 0.0, 0.0
-
-        def start(self, episode_seed: int) -> np.ndarray:
-            """Reset to the episode the episodic env starts from ``episode_seed`` (envs/reacher.py, metaworld.py)."""
-            if self.family == "gym":
-                obs, _ = self.sim.reset(seed=episode_seed)
-            else:
-                task = int(np.random.default_rng(episode_seed).integers(len(self.tasks)))
-                self.sim.seed(episode_seed)
-                self.sim.set_task(self.tasks[task])
-                obs, _ = self.sim.reset()
-            check_finite(self.name, self.index, 0, observation=obs)
-            self.t, self.total, self.ctrl = 0, 0.0, 0.0
-            return obs
-
-        def reset(self, *, seed=None, options=None):
-            super().reset(seed=seed)
-            if options and "episode_seed" in options:
-                return self.start(int(options["episode_seed"])), {}
-            episode = int(np.random.SeedSequence([self.seed_, TRAIN_STREAM, self.index]).generate_state(1)[0])
-            self.index += 1
-            return self.start(episode), {}
-
-        def step(self, action):
-            obs, reward, _, _, info = self.sim.step(action)
-            self.t += 1
-            check_finite(self.name, self.index, self.t, observation=obs, reward=reward)
-            done = self.t >= self.horizon
-            out = {}
-            if self.family == "gym":
-                self.ctrl += float(info["reward_ctrl"])
-                distance = -float(info["reward_dist"])
-                if self.sparse:  # the episodic env's sparse reward (envs/reacher.py): all of it at the last step
-                    reward = self.ctrl - self.horizon * distance if done else 0.0
-                success = distance <= 0.02
-            else:
-                distance, success = float(info["obj_to_target"]), info["success"] > 0
-            self.total += float(reward)
-            if done:
-                out = {"is_success": bool(success), "distance": distance, "episode_return": self.total}
-            return obs, float(reward), False, done, out
-
-        def close(self):
-            self.env.close()
-
-    return StepTask()
 
 
 def evaluate(model, task, seeds: list[int]) -> dict[str, float]:
