@@ -53,7 +53,7 @@ def isolated_cache(tmp_path, monkeypatch):
         (["--clip-eps", "0.2"], "--clip-eps sets the clip range of the ratio (TRL's epsilon) of grpo"),
         (["--loss", "grpo", "--kl-bound", "0.2"], "--loss grpo takes --clip-eps"),
         (["--loss", "cispo", "--clip-eps", "0.2"], "--loss cispo takes --cispo-cap"),
-        (["--kl-bound", "0.1", "--eps", "0.1"], "--kl-bound and --eps both set the loss's bound; give one"),
+        (["--kl-bound", "0.1", "--eps", "0.1"], "--kl-bound and --eps both set the loss's bound; give --kl-bound"),
         (["--eps", "-0.1", "--loss", "grpo"], "clip range"),
         (["--model", "/nonexistent/model"], "no such file or folder"),
         (["--model", "./missing-folder"], "no such file or folder"),
@@ -321,7 +321,7 @@ def _check_card(out: Path, base: Path, summary: dict) -> None:
     assert not (out / "README.md").exists()
     assert f"`--model {base}`: the model saved in `{base.resolve()}` (llama, " in card
     assert "'s `chain_sum` with the settings min_terms=2, max_terms=2" in card
-    for row in ["| eps | 0.05 |", "| alpha | 1 |", "| top_k | 64 |", "| delta | 1e-05 |"]:
+    for row in ["| kl_bound | 0.05 |", "| alpha | 1 |", "| top_k | 64 |", "| delta | 1e-05 |"]:
         assert row in card
     assert "2 optimiser steps, constant learning rate 1e-05" in card and "of 4 prompts x 4 samples" in card
     before, after = summary["heldout_accuracy_before"], summary["heldout_accuracy_after"]
@@ -339,7 +339,9 @@ def test_clip_run_logs_the_kl_it_reaches(tmp_path, capsys, tiny_model_dir):
     argv = ["train", "--model", str(tiny_model_dir), "--out", str(out), "--loss", "clip", *TINY_RUN, "--lr", "0.05"]
     assert main([*argv, "--clip-eps-high", "0.28", "--no-model"]) == 0, capsys.readouterr().err
     saved = json.loads((out / "config.json").read_text())["options"]
-    assert (saved["loss"], saved["eps"], saved["clip_eps_high"], saved["dual_clip"]) == ("clip", 0.2, 0.28, 10.0)
+    assert (saved["loss"], saved["clip_eps"], saved["clip_eps_high"], saved["dual_clip"]) == ("clip", 0.2, 0.28, 10.0)
+    assert "eps" not in saved and saved["kl_bound"] is None and saved["cispo_cap"] is None
+    assert json.loads((out / "summary.json").read_text())["clip_eps"] == 0.2
     rows = [r for r in (json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
     assert [r["step"] for r in rows] == [1, 2]
     assert all(0 <= r["troll/kl_before/max"] < 1e-6 and "troll/kl_share/rest" in r for r in rows)

@@ -26,7 +26,7 @@ AFTER = {
     ("troll", 2e-5, 16): [0.28, 0.40, 0.41],
     ("clip", 2e-5, 16): [0.25, 0.26, 0.27],
     ("troll:tail=renormalize", 2e-5, 4): [0.45, 0.48, 0.48],
-    ("troll:eps=0.2", 2e-5, 4): [0.52, 0.51, 0.56],
+    ("troll:kl-bound=0.2", 2e-5, 4): [0.52, 0.51, 0.56],
     ("troll_seq:agg=token-mean", 2e-5, 4): [0.40, 0.40, 0.40],
     ("gspo_tm", 2e-5, 4): [0.30, 0.35, 0.34],
 }
@@ -38,7 +38,7 @@ def options(arm: str, lr: float, reuse: int, seed: int, **extra) -> RunOptions:
     overrides = {}
     for part in parts:
         key, value = part.split("=")
-        overrides[key.replace("-", "_")] = float(value) if key == "eps" else value
+        overrides[key.replace("-", "_")] = float(value) if key == "kl-bound" else value
     settings = dict(steps=8, eval_every=4, generations=8, prompts_per_step=2 * reuse) | extra
     opts = RunOptions(loss=loss, lr=lr, steps_per_rollout=reuse, seed=seed, **overrides, **settings)
     return opts.resolved()
@@ -83,7 +83,7 @@ def test_arm_labels_name_what_sets_a_run_apart():
 
     assert label("troll") == "troll" and label("clip") == "clip" and label("grpo") == "grpo"
     assert label("troll", tail="renormalize") == "troll:tail=renormalize"
-    assert label("troll", eps=0.2) == "troll:eps=0.2"
+    assert label("troll", kl_bound=0.2) == "troll:kl-bound=0.2"
     assert label("troll_seq", agg="token-mean") == "troll_seq:agg=token-mean"
     assert label("clip", clip_eps_high=0.28) == "clip:clip-eps-high=0.28"
     assert label("clip", dual_clip=0.0) == "clip:dual-clip=0" and label("grpo", dual_clip=3.0) == "grpo:dual-clip=3"
@@ -123,9 +123,9 @@ def test_map_by_hand(map_folder):
     shared = [r for r in t["paired"] if r["axis"] == "reuse" and r["at"] == 16 and r["metric"] == "acc_peak"][0]
     assert shared["mean"] == pytest.approx((0.03 + 0.14 + 0.14) / 3)
     extras = {(r["arm"], r["reference"], r["metric"]): r for r in t["extras"]}
-    assert set(extras) == {(a, ref, m) for a, ref in [("troll:tail=renormalize", "troll"), ("troll:eps=0.2", "troll"),
-                                                       ("troll_seq:agg=token-mean", "gspo_tm")]
-                           for m in ("acc_after", "acc_peak", "kl_mean")}  # fmt: skip
+    arms = [("troll:tail=renormalize", "troll"), ("troll:kl-bound=0.2", "troll")]
+    arms.append(("troll_seq:agg=token-mean", "gspo_tm"))
+    assert set(extras) == {(a, ref, m) for a, ref in arms for m in ("acc_after", "acc_peak", "kl_mean")}
     tail = extras["troll:tail=renormalize", "troll", "acc_after"]
     assert tail["diffs"] == {0: pytest.approx(-0.05), 1: pytest.approx(-0.03), 2: pytest.approx(-0.04)}
     assert tail["arm_mean"] == pytest.approx(1.41 / 3) and tail["reference_mean"] == pytest.approx(0.51)

@@ -123,30 +123,33 @@ def test_parse_grid():
     types = {"steps_per_rollout": int, "lr": float, "task": str, "seed": int}
     assert study.parse_sweep("steps-per-rollout=2,4,8", types) == ("steps_per_rollout", [2, 4, 8])
     assert study.parse_sweep("lr=1e-6, 1e-5", types) == ("lr", [1e-6, 1e-5])
-    spec = study.StudySpec(RunOptions(steps=2), ["troll", "grpo"], [0, 1], "eps", [0.01, 0.1], clip_eps=0.3)
+    spec = study.StudySpec(RunOptions(steps=2, clip_eps=0.3), ["troll", "grpo"], [0, 1], "kl_bound", [0.01, 0.1])
     cells = study.plan(spec, Path("st"))
     assert [(c.value, c.arm, c.seed) for c in cells][:3] == [(0.01, "troll", 0), (0.01, "grpo", 0), (0.01, "troll", 1)]
-    assert {c.options.eps for c in cells if c.arm == "grpo"} == {0.3}  # --sweep eps is TROLL's bound only
-    assert cells[-1].options.out == str(Path("st/eps=0.1/grpo/seed1")) and cells[-1].options.eval_every == 1
+    assert {c.options.clip_eps for c in cells if c.arm == "grpo"} == {0.3}  # --sweep kl-bound is TROLL's bound only
+    assert {c.options.kl_bound for c in cells if c.arm == "grpo"} == {None}
+    assert {c.options.kl_bound for c in cells if c.arm == "troll"} == {0.01, 0.1}
+    assert cells[-1].options.out == str(Path("st/kl_bound=0.1/grpo/seed1")) and cells[-1].options.eval_every == 1
     assert study.StudySpec.from_json(json.loads(json.dumps(spec.to_json()))) == spec
 
 
 def test_arms_with_their_own_options():
     """--losses troll,troll:tail=renormalize,...: arms that differ by more than the loss, in one study, paired like
     the plain losses (each TROLL arm minus each baseline arm)."""
-    assert study.split_arm("troll:eps=0.2:tail=renormalize") == ("troll", {"eps": 0.2, "tail": "renormalize"})
+    assert study.split_arm("troll:kl-bound=0.2:tail=renormalize") == ("troll", {"kl_bound": 0.2, "tail": "renormalize"})
     assert study.split_arm(" clip : dual-clip=5 ") == ("clip", {"dual_clip": 5.0})
-    arms = study.parse_arms("troll, troll:tail=renormalize,troll_seq:agg=token-mean:eps=0.2,gspo_tm")
-    assert arms == ["troll", "troll:tail=renormalize", "troll_seq:agg=token-mean:eps=0.2", "gspo_tm"]
-    spec = study.StudySpec(RunOptions(steps=2, lr=2e-5), arms, [0], clip_eps=1e-3)
+    arms = study.parse_arms("troll, troll:tail=renormalize,troll_seq:agg=token-mean:kl-bound=0.2,gspo_tm")
+    assert arms == ["troll", "troll:tail=renormalize", "troll_seq:agg=token-mean:kl-bound=0.2", "gspo_tm"]
+    spec = study.StudySpec(RunOptions(steps=2, lr=2e-5, clip_eps=1e-3), arms, [0])
     cells = {c.arm: c for c in study.plan(spec, Path("st"))}
     assert cells["troll:tail=renormalize"].options.tail == "renormalize"
     assert cells["troll:tail=renormalize"].folder == Path("st/troll:tail=renormalize/seed0")
-    seq = cells["troll_seq:agg=token-mean:eps=0.2"].options
-    assert (seq.loss, seq.agg, seq.eps, seq.tail, seq.lr) == ("troll_seq", "token-mean", 0.2, "bucket", 2e-5)
-    assert cells["gspo_tm"].options.eps == 1e-3 and cells["troll"].options.eps == 0.05
-    # pairs at the same setting only (options whose meaning depends on the loss, as eps or agg, aside)
-    assert study.troll_minus_baselines(arms) == [("troll", "gspo_tm"), ("troll_seq:agg=token-mean:eps=0.2", "gspo_tm")]
+    seq = cells["troll_seq:agg=token-mean:kl-bound=0.2"].options
+    assert (seq.loss, seq.agg, seq.kl_bound, seq.tail, seq.lr) == ("troll_seq", "token-mean", 0.2, "bucket", 2e-5)
+    assert cells["gspo_tm"].options.clip_eps == 1e-3 and cells["troll"].options.kl_bound == 0.05
+    # pairs at the same setting only (options whose meaning depends on the loss, as the bounds or agg, aside)
+    pairs = [("troll", "gspo_tm"), ("troll_seq:agg=token-mean:kl-bound=0.2", "gspo_tm")]
+    assert study.troll_minus_baselines(arms) == pairs
     reuse = [f"{loss}:steps-per-rollout={k}" for k in (1, 16) for loss in ("troll", "clip")]
     assert study.troll_minus_baselines(reuse) == [(reuse[0], reuse[1]), (reuse[2], reuse[3])]
     argv = study.cell_argv(cells["troll:tail=renormalize"], resume=False, keep_checkpoints=False, keep_model=False)
@@ -155,14 +158,14 @@ def test_arms_with_their_own_options():
 
 def test_arms_take_the_shared_options_that_concern_them():
     """One command line for every arm: --agg reaches the TROLL losses only, the clip options the clip losses only
-    (resolved: clip-higher defaults to eps, the dual clip to the loss's own: 10 for clip, none for grpo), and a
+    (resolved: clip-higher defaults to clip_eps, the dual clip to the loss's own: 10 for clip, none for grpo), and a
     cell's command line spells out what its loss uses, nothing else."""
     base = RunOptions(steps=2, agg="token-mean", clip_eps_high=0.28)
     spec = study.StudySpec(base, ["troll_seq", "clip", "grpo"], [0], "tail", ["bucket", "renormalize"])
     cells = {(c.value, c.arm): c for c in study.plan(spec, Path("st"))}
     troll, clip, grpo = (cells["renormalize", arm].options for arm in ("troll_seq", "clip", "grpo"))
     assert (troll.agg, troll.clip_eps_high, troll.dual_clip, troll.tail) == ("token-mean", None, None, "renormalize")
-    assert (clip.agg, clip.eps, clip.clip_eps_high, clip.dual_clip) == (None, 0.2, 0.28, 10.0)
+    assert (clip.agg, clip.clip_eps, clip.clip_eps_high, clip.dual_clip) == (None, 0.2, 0.28, 10.0)
     assert (grpo.agg, grpo.clip_eps_high, grpo.dual_clip) == (None, 0.28, 0.0)
     argv = study.cell_argv(cells["renormalize", "clip"], resume=False, keep_checkpoints=False, keep_model=False)
     assert "--agg" not in argv and argv[argv.index("--dual-clip") + 1] == "10.0"
@@ -187,16 +190,19 @@ def test_an_arms_bound_takes_its_losss_name_and_eps_warns_once(capsys):
     assert err.count("is deprecated") == 3
     cells = {c.arm: c for c in study.plan(study.StudySpec(RunOptions(steps=2), arms, [0, 1]), Path("st"))}
     assert capsys.readouterr().err == ""  # planning the cells warns no more
-    assert [cells[a].options.eps for a in arms] == [0.2, 0.3, 4.0]
-    for arm, new in [("troll:kl-bound=0.2", "troll"), ("grpo:clip-eps=0.3", "grpo"), ("cispo:cispo-cap=4", "cispo")]:
-        assert study.split_arm(arm) == (new, {"eps": float(arm.split("=")[1])})
+    assert [cells[a].options.bound for a in arms] == [0.2, 0.3, 4.0]
+    assert (cells[arms[0]].options.kl_bound, cells[arms[1]].options.clip_eps, cells[arms[2]].options.cispo_cap) == (
+        0.2, 0.3, 4.0)  # fmt: skip
+    for arm, loss, name in [("troll:kl-bound=0.2", "troll", "kl_bound"), ("grpo:clip-eps=0.3", "grpo", "clip_eps"),
+                            ("cispo:cispo-cap=4", "cispo", "cispo_cap")]:  # fmt: skip
+        assert study.split_arm(arm) == (loss, {name: float(arm.split("=")[1])})
     with pytest.raises(UsageError, match="kl-bound= sets the per-token KL bound .* the loss grpo takes clip-eps="):
         study.split_arm("grpo:kl-bound=0.2")
     with pytest.raises(UsageError, match="clip-eps= sets the clip range .* the loss troll takes kl-bound="):
         study.split_arm("troll:clip-eps=0.2")
     for arm, flag in [("troll:eps=0.2", "--kl-bound"), ("grpo:eps=0.3", "--clip-eps"), ("cispo:eps=4", "--cispo-cap")]:
         argv = study.cell_argv(cells[arm], resume=False, keep_checkpoints=False, keep_model=False)
-        assert "--eps" not in argv and argv[argv.index(flag) + 1] == str(cells[arm].options.eps)
+        assert "--eps" not in argv and argv[argv.index(flag) + 1] == str(cells[arm].options.bound)
 
 
 @pytest.mark.parametrize(
@@ -245,7 +251,7 @@ def test_an_arms_bound_takes_its_losss_name_and_eps_warns_once(capsys):
         (["--losses", "troll:eps=abc"], "--losses troll:eps=abc: eps must be a float, got 'abc'"),
         (["--losses", "ppo:eps=0.1"], "unknown loss 'ppo' in --losses"),
         (["--losses", "troll,troll"], "names a loss twice"),
-        (["--losses", "troll:eps=0.2", "--sweep", "eps=0.1,0.3"], "sets the swept option eps; sweep it or set it"),
+        (["--losses", "troll:eps=0.2", "--sweep", "eps=0.1,0.3"], "sets the swept option kl-bound; sweep it or set it"),
         (["--losses", "clip:agg=token-mean"], "--losses clip:agg=token-mean: --agg sets the aggregation of the TROLL"),
         (["--losses", "troll:dual-clip=10"], "--losses troll:dual-clip=10: --dual-clip: only the clip losses"),
         (["--losses", "troll:eps=0"], "--losses troll:eps=0: --kl-bound must be > 0 and finite"),

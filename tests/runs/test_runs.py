@@ -443,10 +443,13 @@ def test_the_new_flags_set_the_same_option(tmp_path):
     from troll.cli import build_parser
     from troll.lm.flags import options_from_args, train_bound
 
-    for argv in (["--kl-bound", "0.07"], ["--eps", "0.07"], ["--loss", "grpo", "--clip-eps", "0.07"]):
+    for argv, name in [(["--kl-bound", "0.07"], "kl_bound"), (["--eps", "0.07"], "kl_bound"),
+                       (["--loss", "grpo", "--clip-eps", "0.07"], "clip_eps"),
+                       (["--loss", "cispo", "--eps", "0.07"], "cispo_cap")]:  # fmt: skip
         args = build_parser().parse_args(["train", *argv, "--out", str(tmp_path / "o")])
         train_bound(args)
-        assert options_from_args(args).eps == 0.07
+        opts = options_from_args(args)
+        assert getattr(opts, name) == 0.07 and opts.bound == 0.07 and not hasattr(args, "eps")
 
 
 def test_the_run_layer_imports_nothing_above_it():

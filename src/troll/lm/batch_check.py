@@ -42,7 +42,7 @@ import tempfile
 from pathlib import Path
 
 from troll.lm.metrics import off_policy_rows
-from troll.lm.options import TROLL_LOSSES, saved_options
+from troll.lm.options import TROLL_LOSSES, bound_name, saved_options
 from troll.runs.files import CONFIG_FILE, METRICS_FILE, UsageError, read_jsonl
 
 TOLERANCES = {"trained_minus_reference": (2e-6, 1e-3), "dense_minus_reference": (1e-9, 1e-6)}  # (abs, rel)
@@ -119,7 +119,7 @@ def loss_settings(opts) -> dict:
 
     opts = opts.resolved()
     level, agg = troll_level(opts.loss), troll_agg(opts.loss, opts.agg)
-    return dict(kl_bound=opts.eps, alpha=opts.alpha, top_k=opts.top_k, delta=opts.delta, level=level, agg=agg,
+    return dict(kl_bound=opts.bound, alpha=opts.alpha, top_k=opts.top_k, delta=opts.delta, level=level, agg=agg,
                 max_len=opts.max_completion_length, tail=opts.tail, fill=TAIL_FILL)  # fmt: skip
 
 
@@ -326,7 +326,7 @@ def rerun_and_check(run: Path, step: int | None = None, *, seed: int = 0) -> dic
         "off_policy": bool(off_policy_rows([{"step": step}], opts.steps_per_rollout)),
         "loss": opts.loss,
         "tail": opts.tail,
-        "eps": opts.eps,
+        bound_name(opts.loss): opts.bound,
         "rerun_steps_compared": len(diffs),
         "rerun_max_rel_diff": math.inf if any(math.isnan(d) for d in diffs) else max(diffs),
         **result,

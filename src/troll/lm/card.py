@@ -16,7 +16,7 @@ from pathlib import Path
 from troll.categorical.defaults import TROLL_LOSSES, troll_agg
 from troll.citation import GRPO_BIBTEX, TROLL_BIBTEX
 from troll.lm import model as model_lib
-from troll.lm.options import LOSSES, RunOptions
+from troll.lm.options import LOSSES, RunOptions, bound_name
 from troll.lm.tasks import HELDOUT_SEED_OFFSET, PRESETS
 
 CARD_FILE = "README.md"
@@ -66,20 +66,20 @@ def loss_section(opts: RunOptions) -> str:
     if opts.loss in TROLL_LOSSES:
         what = (
             f"`{opts.loss}`: GRPO's group-relative advantages with {spec.what} in place of PPO's clipped ratio. Each "
-            "next-token distribution of the new policy is projected onto KL(pi || pi_old) <= eps over a sparse "
+            "next-token distribution of the new policy is projected onto KL(pi || pi_old) <= kl_bound over a sparse "
             "support of the old policy's most probable tokens, and the policy is regressed towards its projection "
             "(Becker et al., 2025)."
         )
-        rows = [("eps", opts.eps, spec.eps_meaning), ("alpha", opts.alpha, "weight of the regression to the "
+        rows = [("kl_bound", opts.bound, spec.bound_meaning), ("alpha", opts.alpha, "weight of the regression to the "
                 "projected policy"), ("top_k", opts.top_k, "most tokens kept per position"),
                 ("delta", opts.delta, "probability mass left out when sparsifying")]  # fmt: skip
         rows += [("agg", troll_agg(opts.loss, opts.agg), "token aggregation"),
                  ("tail", opts.tail, "mass outside the kept tokens: one rest category, or renormalised")]  # fmt: skip
     else:
         what = f"`{opts.loss}`: {spec.what}, with GRPO's group-relative advantages."
-        rows = [("eps", opts.eps, spec.eps_meaning)]
+        rows = [(bound_name(opts.loss), opts.bound, spec.bound_meaning)]
         if opts.clip_eps_high is not None:
-            rows.append(("eps_high", opts.clip_eps_high, "upper clip range of the ratio"))
+            rows.append(("clip_eps_high", opts.clip_eps_high, "upper clip range of the ratio"))
         if opts.dual_clip:
             rows.append(("dual_clip", opts.dual_clip, "the loss of a negative-advantage token is capped at -c A"))
     table = "| setting | value | meaning |\n|---|---|---|\n"

@@ -13,7 +13,6 @@ import contextlib
 import dataclasses
 import json
 import sys
-import time
 from pathlib import Path
 
 from troll import runs
@@ -21,12 +20,12 @@ from troll.lm.flags import (
     BOUND_FLAGS,
     CMP_DOC,
     DEPRECATED_EPS,
+    KL_BOUND_HELP,
     LOSS_HELP,
     RESUMABLE,
     RUN_ARGS,
     STUDY_DOC,
     TRAIN_DOC,
-    TROLL_EPS_HELP,
     add_run_args,
     options_from_args,
     sweep_text,
@@ -35,7 +34,6 @@ from troll.lm.flags import (
 )
 from troll.lm.options import DEFAULT_LOSSES, LOSSES, RunOptions
 from troll.runs.files import CONFIG_FILE, UsageError
-from troll.study import JSON_FILE, PLOT_FILE, TABLE_FILE
 
 
 def _add_study_parser(sub) -> None:
@@ -56,10 +54,13 @@ def _add_study_parser(sub) -> None:
         help="one run option and its values, KEY=V1,V2,... with KEY in flag form, e.g. steps-per-rollout=2,4,8 or "
         "lr=1e-6,1e-5 (kl-bound: TROLL's bound; clip-eps: the clip losses')",
     )
-    study.add_argument("--kl-bound", type=float, default=argparse.SUPPRESS, help=TROLL_EPS_HELP)
+    study.add_argument("--kl-bound", type=float, default=argparse.SUPPRESS, help=KL_BOUND_HELP)
     study.add_argument("--eps", type=float, default=argparse.SUPPRESS, help=DEPRECATED_EPS)
     study.add_argument(
-        "--clip-eps", type=float, default=argparse.SUPPRESS, help="eps of the other losses (default: each loss's own)"
+        "--clip-eps",
+        type=float,
+        default=argparse.SUPPRESS,
+        help="the clip losses' clip range (default: each loss's own)",
     )
     study.add_argument("--jobs", type=int, default=1, help="cells run at once, as subprocesses (default: 1)")
     study.add_argument("--keep-checkpoints", action="store_true", help="keep each cell's checkpoint-N/ (~1.1 GB)")
@@ -73,7 +74,7 @@ def add_commands(sub) -> None:
     train = sub.add_parser("train", help="one GRPO run with TROLL or a clipped loss", description=TRAIN_DOC)
     train.add_argument("--loss", default=argparse.SUPPRESS, help=LOSS_HELP)
     for flag, users, meaning in BOUND_FLAGS.values():
-        shown = ", ".join(f"{k} {LOSSES[k].eps:g}" for k in users)
+        shown = ", ".join(f"{k} {LOSSES[k].bound:g}" for k in users)
         train.add_argument(flag, type=float, default=argparse.SUPPRESS, help=f"{meaning} (default: {shown})")
     train.add_argument("--eps", type=float, default=argparse.SUPPRESS, help=DEPRECATED_EPS)
     add_run_args(train, "run folder (default: runs/<loss>-<task>-seed<seed>)")
@@ -87,13 +88,13 @@ def add_commands(sub) -> None:
     compare = sub.add_parser("compare", help="TROLL against clipping on the same task and seeds", description=CMP_DOC)
     losses = ",".join(DEFAULT_LOSSES)
     compare.add_argument("--losses", default=losses, help=f"comma-separated losses (default: {losses})")
-    compare.add_argument("--kl-bound", type=float, default=argparse.SUPPRESS, help=TROLL_EPS_HELP)
+    compare.add_argument("--kl-bound", type=float, default=argparse.SUPPRESS, help=KL_BOUND_HELP)
     compare.add_argument("--eps", type=float, default=argparse.SUPPRESS, help=DEPRECATED_EPS)
     compare.add_argument(
         "--clip-eps",
         type=float,
         default=None,
-        help=f"eps of the other losses (default: each loss's own, grpo {LOSSES['grpo'].eps:g})",
+        help=f"the clip losses' clip range (default: each loss's own, grpo {LOSSES['grpo'].bound:g})",
     )
     add_run_args(compare, "comparison folder (default: runs/compare-<task>-seed<seed>)")
     compare.set_defaults(run=_listing(cmd_compare), name="compare")
@@ -186,7 +187,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     losses = compare.parse_losses(args.losses)
     troll_bound(args)
     base = options_from_args(args)
-    runs = compare.plan(base, losses, troll_eps=base.eps, clip_eps=args.clip_eps)
+    runs = compare.plan(base, losses)
     for opts in runs:
         validate(opts)
     out = Path(runs[0].out).parent
@@ -202,7 +203,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def study_spec(args: argparse.Namespace):
     """(StudySpec, study folder) from the command line; with --resume, the saved grid, which flags may not change
     (except --losses and --seeds, which may add to it: troll.study.grid.grows)."""
-    from troll.lm import options, study
+    from troll.lm import study
     from troll.study import parse_seeds
 
     troll_bound(args)
@@ -217,19 +218,16 @@ def study_spec(args: argparse.Namespace):
         base = dataclasses.replace(saved.base, **{k: getattr(given, k) for k in names})
     else:
         base = given
-    types = {flag[2:].replace("-", "_"): kind for flag, kind, _ in RUN_ARGS} | {"eps": float, **study.SWEEP_EXTRA}
+    types = {flag[2:].replace("-", "_"): kind for flag, kind, _ in RUN_ARGS} | study.SWEEP_BOUNDS
     key, values = (saved.sweep_key, saved.sweep_values) if saved else (None, [])
     if hasattr(args, "sweep"):
         key, values = study.parse_sweep(sweep_text(args.sweep), types)
-    clip_eps = args.clip_eps if hasattr(args, "clip_eps") else (saved.clip_eps if saved else None)
-    options.check_clip_eps(clip_eps)
     spec = study.StudySpec(
         dataclasses.replace(base, out="", seed=0),
         study.parse_arms(args.losses) if hasattr(args, "losses") else (saved.losses if saved else list(DEFAULT_LOSSES)),
         parse_seeds(args.seeds) if hasattr(args, "seeds") else (saved.seeds if saved else [0, 1, 2]),
         key,
         values,
-        clip_eps,
     )
     if saved:
         _check_same_grid(spec, saved)
@@ -250,7 +248,6 @@ def _check_same_grid(spec, saved) -> None:
             ("losses", spec.losses, saved.losses),
             ("seeds", spec.seeds, saved.seeds),
             ("sweep", (spec.sweep_key, spec.sweep_values), (saved.sweep_key, saved.sweep_values)),
-            ("clip_eps", spec.clip_eps, saved.clip_eps),
         ]
         if a != b and not (name in ("losses", "seeds") and grows(b, a))
     ]
@@ -263,10 +260,10 @@ def _check_same_grid(spec, saved) -> None:
 
 def cmd_study(args: argparse.Namespace) -> int:
     from troll.lm import model, study, tasks
+    from troll.study.command import check_jobs, cmd_study
 
     runs.exclusive(resume=args.resume, overwrite=args.overwrite)
-    if not (isinstance(args.jobs, int) and args.jobs >= 1):
-        raise UsageError(f"--jobs must be >= 1 (cells run at once), got {args.jobs}.")
+    jobs = check_jobs(args.jobs)
     spec, out = study_spec(args)
     cells = study.plan(spec, out)
     swept = f"--sweep {spec.sweep_key}: " if spec.sweep_key in ("model", "task") else ""
@@ -278,29 +275,14 @@ def cmd_study(args: argparse.Namespace) -> int:
             raise UsageError(f"{swept}{err}") from err
     clear = study.check_folder(out, overwrite=args.overwrite, resume=args.resume)
     _prepare_default_model({c.options.model for c in cells})
-    start = time.time()
 
-    def report(text: str) -> None:
-        print(
-            f"[{time.strftime('%H:%M:%S')} +{(time.time() - start) / 60:.1f} min] {text}", file=sys.stderr, flush=True
-        )
-
-    report(f"study of {len(cells)} cells in {out}, {args.jobs} at a time")
-    try:
-        status = study.run(
-            out, spec, cells, clear=clear, jobs=args.jobs, keep_checkpoints=args.keep_checkpoints,
+    def run(report):
+        return study.run(
+            out, spec, cells, clear=clear, jobs=jobs, keep_checkpoints=args.keep_checkpoints,
             keep_model=args.keep_model, report=report,
         )  # fmt: skip
-    except KeyboardInterrupt:
-        report(f"interrupted; continue with: troll study --out {out} --resume")
-        return 130
-    failed = [label for label, s in status.items() if s.startswith("failed")]
-    print(f"wrote {out / JSON_FILE}, {out / TABLE_FILE} and {out / PLOT_FILE}")
-    if failed:
-        print(f"troll study: {len(failed)} cell(s) failed: {', '.join(failed)}; why is above and in their .log files",
-              file=sys.stderr)  # fmt: skip
-        return 1
-    return 0
+
+    return cmd_study("study", out, len(cells), jobs, run)
 
 
 def _prepare_default_model(names: set[str]) -> None:

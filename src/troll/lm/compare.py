@@ -13,7 +13,7 @@ from pathlib import Path
 from troll import runs as run_folder
 from troll.lm import options
 from troll.lm.metrics import off_policy_rows, read_metrics
-from troll.lm.options import LOSSES, TROLL_LOSSES, RunOptions, UsageError
+from troll.lm.options import LOSSES, RunOptions, UsageError
 from troll.runs.files import CONFIG_FILE, SUMMARY_FILE, write_json
 from troll.study.grid import parse_arms
 
@@ -22,16 +22,15 @@ PLOT_FILE = "compare.png"
 TABLE_FILE = "compare.md"
 
 
-def plan(base: RunOptions, losses: list[str], *, troll_eps: float | None, clip_eps: float | None) -> list[RunOptions]:
-    """One resolved, value-checked RunOptions per loss, in ``<out>/<loss>``."""
+def plan(base: RunOptions, losses: list[str]) -> list[RunOptions]:
+    """One resolved, value-checked RunOptions per loss, in ``<out>/<loss>``: ``base.kl_bound`` is the TROLL losses'
+    bound, ``base.clip_eps`` the clip losses' (each loss keeps its own family's, :func:`~troll.lm.options.for_loss`)."""
     parse_losses(",".join(losses))
-    options.check_clip_eps(clip_eps)
     options.check_used(base, losses)
     out = Path(base.out or f"runs/compare-{base.task}-seed{base.seed}")
     runs = []
     for loss in losses:
-        eps = troll_eps if loss in TROLL_LOSSES else clip_eps
-        opts = options.for_loss(dataclasses.replace(base, eps=eps, out=str(out / loss)), loss)
+        opts = options.for_loss(dataclasses.replace(base, out=str(out / loss)), loss)
         options.check_values(opts)
         runs.append(opts.resolved())
     return runs
@@ -129,7 +128,7 @@ def _run(out: Path, runs: list[RunOptions], *, resume: bool) -> str:
 
 def markdown(runs: list[RunOptions], summaries: dict[str, dict], metrics: dict[str, list[dict]]) -> str:
     """A markdown table: one row per loss with held-out accuracy, reward, KL, projected/clipped share and time."""
-    head = "| loss | eps | held-out acc. before | after | reward first -> last quarter | max KL after | "
+    head = "| loss | bound | held-out acc. before | after | reward first -> last quarter | max KL after | "
     head += "projected / clipped | entropy (last) | train s |\n"
     head += "|---|---|---|---|---|---|---|---|---|\n"
     lines = []
@@ -141,7 +140,7 @@ def markdown(runs: list[RunOptions], summaries: dict[str, dict], metrics: dict[s
         frac = _agg(off, "clip_ratio/region_mean", _mean) if frac is None else frac
         cells = [
             opts.loss,
-            f"{opts.eps:g}",
+            f"{options.bound_name(opts.loss)} {opts.bound:g}",
             _fmt(s.get("heldout_accuracy_before")),
             _fmt(s.get("heldout_accuracy_after")),
             f"{_fmt(s.get('reward_first'))} -> {_fmt(s.get('reward_last_quarter_mean'))}",

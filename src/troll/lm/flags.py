@@ -13,47 +13,42 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from troll.lm.options import BOUNDS, LOSSES, TROLL_LOSSES, RunOptions, bound_name, check_bound_name, warn_deprecated
+from troll.lm.options import BOUNDS, LOSSES, TROLL_LOSSES, RunOptions, bound_name, warn_deprecated
 from troll.runs.files import UsageError, check_out_path
 
 DEFAULTS = RunOptions()
-TROLL_EPS_HELP = f"TROLL's per-token KL bound (default: {LOSSES[TROLL_LOSSES[0]].eps:g})"
+KL_BOUND_HELP = f"TROLL's per-token KL bound (default: {LOSSES[TROLL_LOSSES[0]].bound:g})"
 # The flag of each loss family's bound (troll.lm.options.BOUNDS): --kl-bound, --clip-eps, --cispo-cap.
 BOUND_FLAGS = {dest: ("--" + dest.replace("_", "-"), users, meaning) for dest, (users, meaning) in BOUNDS.items()}
 DEPRECATED_EPS = "deprecated (removed in the next release): use --kl-bound, --clip-eps or --cispo-cap"
 
 
 def train_bound(args: argparse.Namespace) -> None:
-    """``troll train``: --kl-bound / --clip-eps / --cispo-cap (or the deprecated --eps) into ``args.eps``, the
-    loss's own bound; the flag must be the one of the loss's family."""
-    loss = getattr(args, "loss", None if args.resume else "troll")  # resuming: the saved loss decides
-    given = [dest for dest in BOUND_FLAGS if hasattr(args, dest)]
-    if hasattr(args, "eps"):
-        family = bound_name(loss or "troll")
-        if family is None:  # an unknown loss: check_values names it
-            return
-        warn_deprecated("--eps", BOUND_FLAGS[family][0], f"{args.eps:g}")
-        given.append("eps")
-        setattr(args, family, args.eps)
-    if len(given) > 1:
-        raise UsageError(f"{' and '.join(BOUND_FLAGS.get(d, ('--eps',))[0] for d in given)} both set the loss's bound; "
-                         "give one.")  # fmt: skip
-    if not given or "eps" in given:
+    """``troll train``: the deprecated ``--eps`` into the loss family's own flag (--kl-bound, --clip-eps or
+    --cispo-cap), with a warning; the bound given twice is refused. That the flag is the loss's own is a rule of the
+    options (:func:`troll.lm.options.check_values`)."""
+    if not hasattr(args, "eps"):
         return
-    dest = given[0]
-    if loss is not None:
-        check_bound_name(loss, dest)
-    args.eps = getattr(args, dest)
+    loss = getattr(args, "loss", None if args.resume else "troll")  # resuming: the saved loss decides
+    family = bound_name(loss or "troll")
+    if family is None:  # an unknown loss: check_values names it
+        return
+    given = [BOUND_FLAGS[dest][0] for dest in BOUND_FLAGS if hasattr(args, dest)]
+    if given:
+        raise UsageError(f"{' and '.join(given)} and --eps both set the loss's bound; give {given[0]}.")
+    warn_deprecated("--eps", BOUND_FLAGS[family][0], f"{args.eps:g}")
+    setattr(args, family, args.eps)
+    del args.eps
 
 
 def troll_bound(args: argparse.Namespace) -> None:
-    """compare and study: --kl-bound (or the deprecated --eps) into ``args.eps``, TROLL's bound there."""
+    """compare and study: the deprecated ``--eps`` into ``--kl-bound``, TROLL's bound there."""
     if hasattr(args, "eps"):
         if hasattr(args, "kl_bound"):
             raise UsageError("--kl-bound and --eps both set TROLL's bound; give --kl-bound.")
         warn_deprecated("--eps", "--kl-bound", f"{args.eps:g}")
-    elif hasattr(args, "kl_bound"):
-        args.eps = args.kl_bound
+        args.kl_bound = args.eps
+        del args.eps
 
 
 # Options that may differ from the saved config when resuming (they do not change what was already trained).
@@ -208,9 +203,10 @@ def options_from_args(args: argparse.Namespace) -> RunOptions:
 
 
 def sweep_text(text: str) -> str:
-    """``--sweep kl-bound=...`` is TROLL's bound (kept as ``eps`` in the spec); ``eps=...`` is its deprecated name."""
+    """``--sweep eps=...``, the deprecated name of TROLL's bound, as ``kl-bound=...`` (with the warning of --eps)."""
     key, sep, rest = text.partition("=")
     name = key.strip().removeprefix("--").replace("_", "-")
     if sep and name == "eps":
         warn_deprecated("the sweep key eps=", "kl-bound=", rest.strip())
-    return f"eps={rest}" if sep and name == "kl-bound" else text
+        return f"kl-bound={rest}"
+    return text

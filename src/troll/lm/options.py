@@ -34,7 +34,6 @@ __all__ = [
     "UsageError",
     "bound_name",
     "check_bound_name",
-    "check_clip_eps",
     "check_folder",
     "check_out_path",
     "check_used",
@@ -49,14 +48,14 @@ __all__ = [
 
 
 class LossSpec(NamedTuple):
-    """How ``--loss NAME`` maps onto TRL (its loss_type and importance_sampling_level), its default bound
-    (``RunOptions.eps``: --kl-bound, --clip-eps or --cispo-cap), what it is for it, what the loss does (for the
-    model card), and its default dual clip (TRL's ``delta``; None: none)."""
+    """How ``--loss NAME`` maps onto TRL (its loss_type and importance_sampling_level), its default bound (the
+    RunOptions field :func:`bound_name` names: ``kl_bound``, ``clip_eps`` or ``cispo_cap``), what that bound is for
+    it, what the loss does (for the model card), and its default dual clip (TRL's ``delta``; None: none)."""
 
     loss_type: str
     level: str
-    eps: float
-    eps_meaning: str
+    bound: float
+    bound_meaning: str
     what: str
     dual_clip: float | None = None
 
@@ -103,12 +102,13 @@ LOSSES: dict[str, LossSpec] = {
         "TRL's `dapo` loss (token-mean) with GSPO's sequence-level importance ratio",
     ),
 }
-# Losses whose ratio TRL clips to [1 - eps, 1 + eps_high] (--clip-eps-high, --dual-clip apply to them).
+# Losses whose ratio TRL clips to [1 - clip_eps, 1 + clip_eps_high] (--clip-eps-high, --dual-clip apply to them).
 CLIP_LOSSES = tuple(name for name, spec in LOSSES.items() if spec.loss_type in ("grpo", "dapo", "dr_grpo", "bnpo"))
 MEASURE_KL = ("auto", "on", "off")
-# One name per meaning: the bound of each loss family under the name its users know (TRL's epsilon is the
-# clip range; CISPO caps the detached ratio), as a flag (--kl-bound) and as an arm's option (troll:kl-bound=0.2).
-# Each sets RunOptions.eps, the loss's own bound; "eps" itself is their deprecated name (warn_deprecated).
+# One name per quantity, from the flag to the projection: the bound of each loss family under the name its users know
+# (TRL's epsilon is the clip range; CISPO caps the detached ratio), as a flag (--kl-bound), an arm's option
+# (troll:kl-bound=0.2), a RunOptions field, and a key of config.json and summary.json. "eps" is their deprecated
+# spelling on the command line (warn_deprecated), and the key of run folders written before (RunOptions.from_json).
 BOUNDS: dict[str, tuple[tuple[str, ...], str]] = {
     "kl_bound": (TROLL_LOSSES, "TROLL losses: the per-token KL bound of the trust region"),
     "clip_eps": (CLIP_LOSSES, "clip losses: the clip range of the ratio (TRL's epsilon)"),
@@ -135,7 +135,10 @@ class RunOptions:
     model: str = DEFAULT_MODEL
     task: str = DEFAULT_TASK
     loss: str = "troll"
-    eps: float | None = None  # None: the loss's default (LOSSES)
+    # The loss's bound, under its family's name (BOUNDS); only the loss's own is set. None: the loss's default.
+    kl_bound: float | None = None  # TROLL losses: the per-token KL bound
+    clip_eps: float | None = None  # clip losses: the clip range of the ratio (TRL's epsilon)
+    cispo_cap: float | None = None  # cispo: the cap of the detached ratio (TRL's epsilon_high)
     alpha: float = defaults.ALPHA
     top_k: int = defaults.TOP_K
     delta: float = defaults.DELTA
@@ -169,18 +172,26 @@ class RunOptions:
 
     def resolved(self) -> RunOptions:
         """A copy with the defaults that depend on other fields filled in (the clip options for the clip losses)."""
-        eps = LOSSES[self.loss].eps if self.eps is None else self.eps
+        bound = self.bound
         clip = {}
         if self.loss in CLIP_LOSSES:
             dual = LOSSES[self.loss].dual_clip if self.dual_clip is None else self.dual_clip
-            clip = dict(clip_eps_high=eps if self.clip_eps_high is None else self.clip_eps_high, dual_clip=dual or 0.0)
+            high = bound if self.clip_eps_high is None else self.clip_eps_high
+            clip = dict(clip_eps_high=high, dual_clip=dual or 0.0)
         # Half the run, rounded down to whole rollouts: a checkpoint inside a rollout batch cannot hold the rest of
         # that batch, so a run resumed from it would sample a new one and depart from the uninterrupted run.
         whole = (self.steps // 2) // self.steps_per_rollout * self.steps_per_rollout
         save_every = max(self.steps_per_rollout, whole) if self.save_every is None else self.save_every
         eval_every = max(1, self.steps // 4) if self.eval_every is None else self.eval_every
         out = self.out or f"runs/{self.loss}-{self.task}-seed{self.seed}"
-        return dataclasses.replace(self, eps=eps, save_every=save_every, eval_every=eval_every, out=out, **clip)
+        own = {bound_name(self.loss): bound}
+        return dataclasses.replace(self, **own, save_every=save_every, eval_every=eval_every, out=out, **clip)
+
+    @property
+    def bound(self) -> float:
+        """The loss's bound: its own field (``kl_bound``, ``clip_eps`` or ``cispo_cap``), else its default."""
+        value = getattr(self, bound_name(self.loss))
+        return LOSSES[self.loss].bound if value is None else value
 
     @property
     def rollout_size(self) -> int:
@@ -203,6 +214,13 @@ class RunOptions:
 
     @classmethod
     def from_json(cls, data: dict) -> RunOptions:
+        """The options of a config.json; one written before the bounds had their names keeps the loss's bound
+        under ``"eps"``, which becomes the loss's own field (``kl_bound`` for TROLL, ``clip_eps``, ``cispo_cap``)."""
+        data = dict(data)
+        if "eps" in data:
+            eps, own = data.pop("eps"), bound_name(data.get("loss", cls.loss))
+            if own is not None and data.get(own) is None:
+                data[own] = eps
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
 
@@ -275,19 +293,23 @@ def check_values(opts: RunOptions) -> None:
 
 
 def _check_troll(opts: RunOptions) -> None:
-    """--clip-eps / --cispo-cap of the other losses here; TROLL's bound, and alpha, top_k and delta (checked for
-    every loss, so that the shared options of a comparison fail before any run starts) through the library's own
-    check."""
-    spec = LOSSES[opts.loss]
-    if opts.loss not in TROLL_LOSSES and not (opts.eps is None or _is_number(opts.eps) and opts.eps > 0):
-        flag = "--" + bound_name(opts.loss).replace("_", "-")
-        raise UsageError(
-            f"{flag} must be a finite number > 0 (for {opts.loss} it is the {spec.eps_meaning}), got {opts.eps}."
-        )
-    # A clip loss's eps, valid by now, is no KL bound; passing it keeps the call whole and cannot fail.
-    bound = spec.eps if opts.eps is None else opts.eps
+    """The loss's bound: only its own is set (``--clip-eps`` is no option of ``--loss troll``), and for the other
+    losses a finite number > 0; TROLL's bound, and alpha, top_k and delta (checked for every loss, so that the shared
+    options of a comparison fail before any run starts) through the library's own check."""
+    spec, own = LOSSES[opts.loss], bound_name(opts.loss)
+    for name in BOUNDS:
+        if name != own and getattr(opts, name) is not None:
+            check_bound_name(opts.loss, name)
+    value = getattr(opts, own)
+    if opts.loss not in TROLL_LOSSES and not (value is None or _is_number(value) and value > 0):
+        flag = "--" + own.replace("_", "-")
+        raise UsageError(f"{flag} must be a finite number > 0 (for {opts.loss} it is the {spec.bound_meaning}), got "
+                         f"{value}.")  # fmt: skip
+    # A clip loss's bound, valid by now, is no KL bound; passing it keeps the call whole and cannot fail.
     try:
-        check_troll_settings(kl_bound=bound, alpha=opts.alpha, top_k=opts.top_k, delta=opts.delta, names=TROLL_FLAGS)
+        check_troll_settings(
+            kl_bound=opts.bound, alpha=opts.alpha, top_k=opts.top_k, delta=opts.delta, names=TROLL_FLAGS
+        )
     except ValueError as err:
         raise UsageError(str(err)) from None
 
@@ -334,10 +356,8 @@ def _check_applies(opts: RunOptions) -> None:
             f"{opts.loss} does not. Drop {' and '.join(clip_given)} or pick a clip loss."
         )
     if opts.loss in CLIP_LOSSES and opts.dual_clip:
-        spec = LOSSES[opts.loss]
-        eps = spec.eps if opts.eps is None else opts.eps
-        high = eps if opts.clip_eps_high is None else opts.clip_eps_high
-        if _is_number(eps) and not opts.dual_clip > 1 + high:
+        high = opts.bound if opts.clip_eps_high is None else opts.clip_eps_high
+        if _is_number(opts.bound) and not opts.dual_clip > 1 + high:
             raise UsageError(
                 f"--dual-clip {opts.dual_clip:g} must exceed 1 + the upper clip range ({1 + high:g}): it caps the loss "
                 "of negative-advantage tokens at -c A beyond the clip; set e.g. --dual-clip 10 (the paper), or 0 for "
@@ -346,9 +366,10 @@ def _check_applies(opts: RunOptions) -> None:
 
 
 def for_loss(opts: RunOptions, loss: str) -> RunOptions:
-    """``opts`` for a run of ``loss`` in a comparison or study: the shared options it does not use dropped (--agg for
-    the clip losses, the clip options for the others), so that one command line can serve every arm."""
-    drop = {}
+    """``opts`` for a run of ``loss`` in a comparison or study: the shared options it does not use dropped (the other
+    families' bounds, --agg for the clip losses, the clip options for the others), so that one command line can
+    serve every arm."""
+    drop = {name: None for name in BOUNDS if name != bound_name(loss)}
     if loss not in TROLL_LOSSES:
         drop["agg"] = None
     if loss not in CLIP_LOSSES:
@@ -359,7 +380,8 @@ def for_loss(opts: RunOptions, loss: str) -> RunOptions:
 def check_used(opts: RunOptions, losses: list[str], swept: str | None = None) -> None:
     """Compare and study: a loss-specific option given on the command line (or ``swept``) must concern one of
     ``losses``; :func:`for_loss` drops it for the others."""
-    given = {"agg": opts.agg, "clip_eps_high": opts.clip_eps_high, "dual_clip": opts.dual_clip}
+    names = ("agg", "clip_eps", "clip_eps_high", "dual_clip")
+    given = {name: getattr(opts, name) for name in names}
     for name, value in given.items():
         if value is None and name != swept:
             continue
@@ -370,12 +392,6 @@ def check_used(opts: RunOptions, losses: list[str], swept: str | None = None) ->
                 f"{flag} concerns the {family} losses ({', '.join(users)}), and --losses has none: "
                 f"{','.join(losses)}. Drop {flag} or add such a loss."
             )
-
-
-def check_clip_eps(value) -> None:
-    """``--clip-eps`` of compare and study: None (each clip loss's own eps) or a finite number > 0."""
-    if value is not None and not (_is_number(value) and value > 0):
-        raise UsageError(f"--clip-eps must be a finite number > 0 (the clip losses' clip range), got {value}.")
 
 
 _is_number = is_real

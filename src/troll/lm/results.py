@@ -11,7 +11,7 @@ differ from the task's most common ones are left out, and counted. Into FOLDER (
   held-out accuracy on every seed; each arm's best setting (highest mean accuracy after the run); the paired
   difference TROLL - baseline per seed (mean and 95% t-interval, :mod:`troll.study.stats`) at each one's best setting
   and at every setting both ran; then the extras, each variant arm against its reference at the same setting
-  (``troll:tail=renormalize`` - ``troll``, ``troll:eps=0.2`` - ``troll``, ``troll_seq:...`` - ``gspo_tm``).
+  (``troll:tail=renormalize`` - ``troll``, ``troll:kl-bound=0.2`` - ``troll``, ``troll_seq:...`` - ``gspo_tm``).
 - map_lr.png and map_reuse.png: held-out accuracy after the run and at its peak (the best evaluation after step 0)
   against the learning rate and against reuse, one line per arm, bands of one standard error over seeds, the
   starting accuracy dashed.
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from troll.lm.metrics import off_policy_rows
-from troll.lm.options import CLIP_LOSSES, LOSSES, TROLL_LOSSES, RunOptions
+from troll.lm.options import CLIP_LOSSES, LOSSES, TROLL_LOSSES, RunOptions, bound_name
 from troll.lm.study import cell_metrics
 from troll.runs.files import CONFIG_FILE, SUMMARY_FILE, UsageError, read_jsonl, write_json
 from troll.study import stats
@@ -47,7 +47,19 @@ SHARES = ("old_top8", "support", "rest")
 NUMBERS = ("acc_before", "acc_after", "acc_peak", "kl_mean", "kl_max") + tuple(f"share_{s}" for s in SHARES)
 LABELS = {"acc_after": "held-out acc. after", "acc_peak": "held-out acc. peak", "kl_mean": "KL reached, mean"}
 # Options that make a cell's arm or its place on an axis; the rest must agree for cells to be compared.
-ARM_KEYS = ("loss", "eps", "tail", "agg", "clip_eps_high", "dual_clip", "alpha", "top_k", "delta")
+ARM_KEYS = (
+    "loss",
+    "kl_bound",
+    "clip_eps",
+    "cispo_cap",
+    "tail",
+    "agg",
+    "clip_eps_high",
+    "dual_clip",
+    "alpha",
+    "top_k",
+    "delta",
+)
 NOT_COMPARED = {"seed", "out", "threads", "save_every", "lr", "steps_per_rollout", "prompts_per_step", "measure_kl"}
 
 
@@ -66,16 +78,15 @@ def arm_label(opts: RunOptions) -> str:
     """The arm as ``troll study --losses`` writes it: the loss, then every setting that differs from its default."""
     spec, default = LOSSES[opts.loss], RunOptions()
     parts = [opts.loss]
-    if opts.eps is not None and opts.eps != spec.eps:
-        parts.append(f"eps={opts.eps:g}")
+    if opts.bound != spec.bound:
+        parts.append(f"{bound_name(opts.loss).replace('_', '-')}={opts.bound:g}")
     for key in ("tail", "agg", "alpha", "top_k", "delta"):
         if opts.loss in TROLL_LOSSES or key == "tail":
             value = getattr(opts, key)
             if value != getattr(default, key):
                 parts.append(f"{key.replace('_', '-')}={value:g}" if not isinstance(value, str) else f"{key}={value}")
     if opts.loss in CLIP_LOSSES:
-        eps = spec.eps if opts.eps is None else opts.eps
-        if opts.clip_eps_high is not None and opts.clip_eps_high != eps:
+        if opts.clip_eps_high is not None and opts.clip_eps_high != opts.bound:
             parts.append(f"clip-eps-high={opts.clip_eps_high:g}")
         if (opts.dual_clip or 0.0) != (spec.dual_clip or 0.0) and opts.dual_clip is not None:
             parts.append(f"dual-clip={opts.dual_clip:g}")
@@ -158,7 +169,7 @@ def paired(cells, a: str, b: str, key: str, where_a: dict, where_b: dict) -> dic
 
 
 def reference_of(arm: str, present: set[str]) -> str | None:
-    """What a variant arm is compared with at its own setting: its plain loss (``troll:eps=0.2`` -> ``troll``); a
+    """What a variant arm is compared with at its own setting: its plain loss (``troll:kl-bound=0.2`` -> ``troll``); a
     sequence-level TROLL arm with GSPO first (the paper's pairing). None for a plain arm."""
     loss = arm.split(":")[0]
     candidates = ["gspo_tm", "gspo", "troll_seq"] if loss == "troll_seq" else ([loss] if ":" in arm else [])
@@ -450,7 +461,7 @@ def write_map(folder: Path, out: Path | None = None, *, troll: str = "troll", ba
     (out / TABLE).write_text(markdown(result, troll, baseline))
     plot_accuracy(result, "lr", out / "map_lr.png")
     plot_accuracy(result, "reuse", out / "map_reuse.png")
-    bound = LOSSES[troll].eps if troll in TROLL_LOSSES else None
+    bound = LOSSES[troll].bound if troll in TROLL_LOSSES else None
     plot_kl(result, out / "map_kl.png", bound)
     plot_kl_share(result, out / "map_kl_share.png")
     return result

@@ -29,7 +29,7 @@ from troll import runs
 from troll.lm import checkpoints, tasks
 from troll.lm import model as model_lib
 from troll.lm.metrics import read_metrics
-from troll.lm.options import COMMAND, LOSSES, TROLL_LOSSES, RunOptions, UsageError
+from troll.lm.options import COMMAND, LOSSES, TROLL_LOSSES, RunOptions, UsageError, bound_name
 from troll.runs.files import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, write_json
 
 PLOTS_FILE = "plots.png"
@@ -55,11 +55,11 @@ def build_config(opts: RunOptions, config_cls):
     spec = LOSSES[opts.loss]
     support = dict(troll_top_k=opts.top_k, troll_delta=opts.delta, troll_tail=opts.tail)
     if opts.loss in TROLL_LOSSES:
-        extra = dict(troll_kl_bound=opts.eps, troll_alpha=opts.alpha, troll_agg=opts.agg, **support)
+        extra = dict(troll_kl_bound=opts.kl_bound, troll_alpha=opts.alpha, troll_agg=opts.agg, **support)
     elif opts.loss == "cispo":
-        extra = dict(epsilon_high=opts.eps)  # TRL's cispo caps the detached ratio at epsilon_high
+        extra = dict(epsilon_high=opts.cispo_cap)  # TRL's cispo caps the detached ratio at epsilon_high
     else:  # a clip loss: TRL's epsilon, epsilon_high (clip-higher) and delta (dual clip)
-        extra = dict(epsilon=opts.eps, epsilon_high=opts.clip_eps_high, delta=opts.dual_clip or None)
+        extra = dict(epsilon=opts.clip_eps, epsilon_high=opts.clip_eps_high, delta=opts.dual_clip or None)
     if opts.measures_kl:
         if not hasattr(config_cls, "troll_measure_kl"):
             raise UsageError("--measure-kl needs troll.integrations.trl, which failed to import; pass --measure-kl off")
@@ -220,7 +220,7 @@ def _summary(opts: RunOptions, before, after, rows: list[dict], train_time, wall
         "task": opts.task,
         "model": opts.model,
         "steps": opts.steps,
-        "eps": opts.eps,
+        bound_name(opts.loss): opts.bound,  # kl_bound, clip_eps or cispo_cap, as in config.json
         "heldout_accuracy_before": _value(before, "accuracy"),
         "heldout_accuracy_after": _value(after, "accuracy"),
         "heldout_n": _value(after, "n"),
@@ -240,5 +240,5 @@ def _value(result, key):
 def _plot(out: Path, opts: RunOptions) -> None:
     from troll.lm import plots
 
-    title = f"{opts.loss} (eps {opts.eps:g}) on {opts.task}, {opts.model}, seed {opts.seed}"
+    title = f"{opts.loss} ({bound_name(opts.loss)} {opts.bound:g}) on {opts.task}, {opts.model}, seed {opts.seed}"
     plots.plot_run(read_metrics(out), out / PLOTS_FILE, steps_per_rollout=opts.steps_per_rollout, title=title)

@@ -2,12 +2,12 @@
 
 The grid is losses x seeds, optionally swept over one ``troll train`` option; each cell is a ``troll train`` run,
 started as ``python -m troll.cli train ...`` with every option spelled out. What this module adds to the engine:
-the grid's options (:class:`StudySpec`: the base RunOptions, ``--kl-bound`` as TROLL's bound and ``--clip-eps`` as the
-clip losses'), a cell's command line, the numbers of a cell (held-out accuracy before and after, reward of the last
-quarter, final entropy, and over the off-policy steps the largest KL after projection or the clipped share), the
-pairs (each TROLL loss minus each baseline) and the curves against optimiser steps. Cells drop their checkpoints and
-final model when they finish unless ``--keep-checkpoints`` / ``--keep-model``: a cell then holds config.json,
-metrics.jsonl, summary.json and plots.png (a few hundred kB).
+the grid's options (:class:`StudySpec`: the base RunOptions, with the TROLL losses' ``kl_bound`` and the clip
+losses' ``clip_eps``), a cell's command line, the numbers of a cell (held-out accuracy before and after, reward of
+the last quarter, final entropy, and over the off-policy steps the largest KL after projection or the clipped
+share), the pairs (each TROLL loss minus each baseline) and the curves against optimiser steps. Cells drop their
+checkpoints and final model when they finish unless ``--keep-checkpoints`` / ``--keep-model``: a cell then holds
+config.json, metrics.jsonl, summary.json and plots.png (a few hundred kB).
 """
 
 from __future__ import annotations
@@ -44,21 +44,20 @@ __all__ = [
 COMMAND = "study"  # config.json's "command": a folder is resumed only by the command that wrote it
 # Run options a sweep may not name: the grid already varies loss and seed, and out is the study's.
 NOT_SWEPT = frozenset({"loss", "seed", "out"})
-# ``eps`` is TROLL's KL bound in a study (--kl-bound; sweep key kl-bound, or eps, its deprecated name);
-# ``clip_eps`` is the clip losses' (as --clip-eps).
-SWEEP_EXTRA = {"clip_eps": float}
+# The bounds a study sweeps (--sweep kl-bound=..., clip-eps=...): each reaches the losses of its family only.
+SWEEP_BOUNDS = {"kl_bound": float, "clip_eps": float}
 
 
 @dataclass
 class StudySpec:
-    """The grid of a study: ``base`` options (eps = TROLL's bound), losses, seeds, one optional swept option."""
+    """The grid of a study: ``base`` options (``kl_bound``: the TROLL losses' bound, ``clip_eps``: the clip
+    losses'), losses, seeds, one optional swept option."""
 
     base: RunOptions
     losses: list[str]
     seeds: list[int]
-    sweep_key: str | None = None  # a RunOptions field name, or "clip_eps"
+    sweep_key: str | None = None  # a RunOptions field name
     sweep_values: list = field(default_factory=list)
-    clip_eps: float | None = None
 
     @property
     def grid(self) -> Grid:
@@ -71,14 +70,18 @@ class StudySpec:
             "seeds": self.seeds,
             "sweep_key": self.sweep_key,
             "sweep_values": self.sweep_values,
-            "clip_eps": self.clip_eps,
         }
 
     @classmethod
     def from_json(cls, data: dict) -> StudySpec:
-        base = RunOptions.from_json(data["base"])
-        return cls(base, list(data["losses"]), [int(s) for s in data["seeds"]], data.get("sweep_key"),
-                   list(data.get("sweep_values") or []), data.get("clip_eps"))  # fmt: skip
+        """A saved grid; one saved before the bounds had their names (TROLL's as the base's ``eps``, the clip
+        losses' as ``clip_eps`` beside the base, the sweep key ``eps``) loads as the same grid."""
+        base = RunOptions.from_json(data["base"])  # its loss is troll: a base's "eps" was TROLL's bound
+        if data.get("clip_eps") is not None and base.clip_eps is None:
+            base = dataclasses.replace(base, clip_eps=data["clip_eps"])
+        key = "kl_bound" if data.get("sweep_key") == "eps" else data.get("sweep_key")
+        return cls(base, list(data["losses"]), [int(s) for s in data["seeds"]], key,
+                   list(data.get("sweep_values") or []))  # fmt: skip
 
 
 def load_spec(out: Path) -> StudySpec:
@@ -96,7 +99,7 @@ def check_folder(out: Path, *, overwrite: bool, resume: bool) -> bool:
 
 
 def parse_sweep(text: str, types: dict[str, type]) -> tuple[str, list]:
-    """``--sweep KEY=V1,V2``: one run option (or clip-eps), never the loss, the seed or the folder."""
+    """``--sweep KEY=V1,V2``: one run option, never the loss, the seed or the folder."""
     return grid_lib.parse_sweep(text, types, NOT_SWEPT)
 
 
@@ -104,32 +107,33 @@ ARM_SEP = ":"  # an arm with options: LOSS:KEY=VALUE[:KEY=VALUE...], e.g. troll:
 
 
 def split_arm(arm: str, *, warn: bool = False) -> tuple[str, dict]:
-    """``"troll:kl-bound=0.2:tail=renormalize"`` -> ("troll", {"eps": 0.2, "tail": "renormalize"}): the loss and the
-    run options this arm sets on top of the study's (KEY in flag form, any option --sweep takes; the loss's bound
+    """``"troll:kl-bound=0.2:tail=renormalize"`` -> ("troll", {"kl_bound": 0.2, "tail": "renormalize"}): the loss and
+    the run options this arm sets on top of the study's (KEY in flag form, any option --sweep takes; the loss's bound
     under the name ``troll train`` gives it, kl-bound, clip-eps or cispo-cap; UsageError otherwise). ``eps``, the
     bounds' deprecated name, still works, with the warning of ``--eps`` when ``warn`` (:func:`parse_arms`: once)."""
     loss, *parts = [part.strip() for part in arm.split(ARM_SEP)]
     if loss not in LOSSES:
         raise UsageError(f"unknown loss {loss!r} in --losses; choose from: {', '.join(LOSSES)}.")
-    own = options.bound_name(loss).replace("_", "-")
-    types = {k: v for k, v in options.field_types().items() if k not in NOT_SWEPT}  # "eps": the loss's bound
+    own = options.bound_name(loss)
+    types = {k: v for k, v in options.field_types().items() if k not in NOT_SWEPT}
     overrides = {}
     for part in parts:
         key, sep, raw = part.partition("=")
         name = key.strip().replace("-", "_")
-        if sep and name in options.BOUNDS:
+        if sep and name == "eps":
+            if warn:
+                options.warn_deprecated(f"eps= in --losses {arm}", f"{own.replace('_', '-')}=", raw.strip())
+            name = own
+        elif sep and name in options.BOUNDS:
             try:
                 options.check_bound_name(loss, name, form="{}=", subject="the loss")
             except UsageError as err:
                 raise UsageError(f"--losses {arm}: {err}") from None
-            name = "eps"
-        elif sep and name == "eps" and warn:
-            options.warn_deprecated(f"eps= in --losses {arm}", f"{own}=", raw.strip())
         if not sep or name not in types or name in overrides:
-            allowed = ", ".join(sorted(own if k == "eps" else k.replace("_", "-") for k in types))
+            allowed = ", ".join(sorted(k.replace("_", "-") for k in types if k == own or k not in options.BOUNDS))
             raise UsageError(
                 f"--losses {arm}: {part!r} is not KEY=VALUE with KEY one of {allowed}, each once (e.g. "
-                f"{loss}:{own}=0.2)."
+                f"{loss}:{own.replace('_', '-')}=0.2)."
             )
         try:
             overrides[name] = types[name](raw.strip())
@@ -156,20 +160,16 @@ def arm_loss(arm: str) -> str:
 
 def cell_options(spec: StudySpec, value, arm: str, seed: int, folder: Path) -> RunOptions:
     """The resolved, value-checked options of one cell (UsageError naming the flag otherwise): the study's options,
-    the swept value, then what the arm itself sets (``troll:kl-bound=0.2``)."""
+    the swept value, then what the arm itself sets (``troll:kl-bound=0.2``). A bound (given or swept) reaches the
+    losses of its family only (:func:`~troll.lm.options.for_loss`)."""
     loss, overrides = split_arm(arm)
-    if spec.sweep_key in overrides or spec.sweep_key == "clip_eps" and "eps" in overrides:
-        raise UsageError(f"--losses {arm} sets the swept option {spec.sweep_key}; sweep it or set it, not both.")
-    troll = loss in TROLL_LOSSES
-    eps = spec.base.eps if troll else spec.clip_eps
-    opts = dataclasses.replace(spec.base, loss=loss, seed=seed, eps=eps, out=str(folder))
-    if spec.sweep_key == "clip_eps":
-        opts = opts if troll else dataclasses.replace(opts, eps=value)
-    elif spec.sweep_key == "eps":
-        opts = dataclasses.replace(opts, eps=value) if troll else opts
-    elif spec.sweep_key:
+    if spec.sweep_key in overrides:
+        swept = spec.sweep_key.replace("_", "-")
+        raise UsageError(f"--losses {arm} sets the swept option {swept}; sweep it or set it, not both.")
+    opts = dataclasses.replace(spec.base, loss=loss, seed=seed, out=str(folder))
+    if spec.sweep_key:
         opts = dataclasses.replace(opts, **{spec.sweep_key: value})
-    opts = options.for_loss(opts, loss)  # the shared options this loss does not use (--agg, the clip's) dropped
+    opts = options.for_loss(opts, loss)  # the shared options this loss does not use (other bounds, --agg, ...) dropped
     opts = dataclasses.replace(opts, **overrides)
     try:
         options.check_values(opts)
@@ -192,9 +192,8 @@ def cell_argv(cell: Cell, *, resume: bool, keep_checkpoints: bool, keep_model: b
     else:
         for f in dataclasses.fields(RunOptions):
             value = getattr(cell.options, f.name)
-            name = options.bound_name(cell.options.loss) if f.name == "eps" else f.name  # --kl-bound, not --eps
             if f.name != "out" and value is not None:  # None: the option does not concern this loss
-                argv += ["--" + name.replace("_", "-"), str(value)]
+                argv += ["--" + f.name.replace("_", "-"), str(value)]
     if keep_checkpoints:
         argv.append("--keep-checkpoints")
     if not keep_model:
@@ -267,13 +266,13 @@ CURVES = (
 def troll_minus_baselines(losses: list[str]) -> list[tuple[str, str]]:
     """Each TROLL arm of the study against each baseline arm run at the same setting, TROLL first: arms with their
     own options (``troll:steps-per-rollout=16``) pair when those agree, leaving aside the options whose meaning
-    depends on the loss (eps, --agg and the clip's)."""
+    depends on the loss (the bounds, --agg and the clip's)."""
     trolls = [arm for arm in losses if arm_loss(arm) in TROLL_LOSSES]
     return [(t, b) for t in trolls for b in losses if arm_loss(b) not in TROLL_LOSSES and _same_setting(t, b)]
 
 
 def _same_setting(a: str, b: str) -> bool:
-    own = ("eps", "agg", "clip_eps_high", "dual_clip")
+    own = (*options.BOUNDS, "agg", "clip_eps_high", "dual_clip")
     return {k: v for k, v in split_arm(a)[1].items() if k not in own} == {
         k: v for k, v in split_arm(b)[1].items() if k not in own
     }
@@ -296,11 +295,11 @@ def _title(grid: Grid, cells: list[Cell]) -> str:
 
 def _note(grid: Grid, cells: list[Cell]) -> str:
     r = cells[0].options
-    eps = ", ".join(sorted({f"{c.arm} {c.options.eps:g}" for c in cells}))
+    bounds = ", ".join(sorted({f"{c.arm} {options.bound_name(c.options.loss)} {c.options.bound:g}" for c in cells}))
     return (
         f"\nTask {r.task}, model {r.model}, seeds {', '.join(map(str, grid.seeds))}; {r.steps} optimiser steps, "
         f"rollouts of {r.prompts_per_step} prompts x {r.generations} samples in {r.steps_per_rollout} steps "
-        f"(unless swept), {r.heldout} held-out items scored greedily; eps: {eps}. Standard errors use n - 1; the "
+        f"(unless swept), {r.heldout} held-out items scored greedily; bounds: {bounds}. Standard errors use n - 1; the "
         "95% interval is mean ± t(0.975, n - 1) x standard error of the per-seed differences (seeds pair the "
         "data, the initial model and the held-out items). The peak is the best held-out evaluation after step 0. "
         "The KL reached (the mean over steps of the token-mean KL(pi || pi_old) over TROLL's sparse support, before "
