@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 from troll import runs
@@ -118,16 +117,6 @@ def given_options(args: argparse.Namespace) -> dict:
     return given
 
 
-def _int_flag(args: argparse.Namespace, name: str, low: int, default: int | None = None) -> int | None:
-    if not hasattr(args, name):
-        return default
-    option = "--" + name.replace("_", "-")
-    value = opts.parse_value(name, getattr(args, name), int, option)
-    if value < low:
-        raise UsageError(f"{option} must be an integer >= {low}, got {value}.")
-    return value
-
-
 def safe(env: str) -> str:
     """An env name as one folder-name component: ``metaworld/reach-v3`` -> ``metaworld-reach-v3``."""
     return env.replace("/", "-").replace("\\", "-")
@@ -151,10 +140,10 @@ def saved_run(out: Path) -> dict | None:
 def train_config(args: argparse.Namespace, saved: dict | None):
     """The run's config: from the flags and the preset, or (resuming) the folder's, which given flags must match."""
     given = given_options(args)
-    threads = _int_flag(args, "threads", 1)
-    workers = _int_flag(args, "workers", 0)
-    seed = _int_flag(args, "seed", 0)
-    steps = _int_flag(args, "steps", 1)
+    threads = opts.int_flag(args, "threads", 1)
+    workers = opts.int_flag(args, "workers", 0)
+    seed = opts.int_flag(args, "seed", 0)
+    steps = opts.int_flag(args, "steps", 1)
     if saved is None:
         algo = opts.check_algo(getattr(args, "algo", "tce"))
         if not hasattr(args, "env"):
@@ -272,9 +261,10 @@ def _run(config, out: Path, *, resume: bool, progress: bool) -> int:
 
 def cmd_study(args: argparse.Namespace) -> int:
     from troll.episodic import study
+    from troll.study.command import cmd_study
 
     runs.exclusive(resume=args.resume, overwrite=args.overwrite)
-    jobs = _int_flag(args, "jobs", 1)
+    jobs = opts.int_flag(args, "jobs", 1)
     spec, out = study.spec_from_args(args, given_options(args))
     cells = study.plan(spec, out)
     if args.resume:
@@ -284,24 +274,5 @@ def cmd_study(args: argparse.Namespace) -> int:
 
         require_sb3()
     clear = study.check_folder(out, overwrite=args.overwrite, resume=args.resume)
-    start = time.time()
-
-    def report(text: str) -> None:
-        stamp = f"[{time.strftime('%H:%M:%S')} +{(time.time() - start) / 60:.1f} min]"
-        print(f"{stamp} {text}", file=sys.stderr, flush=True)
-
-    report(f"study of {len(cells)} cells in {out}, {jobs} at a time")
-    try:
-        status = study.run(out, spec, cells, clear=clear, jobs=jobs, report=report)
-    except KeyboardInterrupt:
-        report(f"interrupted; continue with: troll tce study --out {out} --resume")
-        return 130
-    from troll.study import JSON_FILE, PLOT_FILE, TABLE_FILE
-
-    print(f"wrote {out / JSON_FILE}, {out / TABLE_FILE} and {out / PLOT_FILE}")
-    failed = [label for label, s in status.items() if s.startswith("failed")]
-    if failed:
-        print(f"troll tce study: {len(failed)} cell(s) failed: {', '.join(failed)}; why is above and in their .log "
-              "files", file=sys.stderr)  # fmt: skip
-        return 1
-    return 0
+    return cmd_study("tce study", out, len(cells), jobs, lambda report: study.run(out, spec, cells, clear=clear,
+                     jobs=jobs, report=report))  # fmt: skip

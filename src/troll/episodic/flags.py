@@ -112,6 +112,17 @@ def flag(name: str) -> str:
     return OWN_FLAGS.get(name) or "--" + name.replace("_", "-")
 
 
+def int_flag(args, name: str, low: int, default: int | None = None) -> int | None:
+    """The whole-number flag ``--<name>`` of the command line (its text parsed), >= ``low``; ``default`` when absent."""
+    if not hasattr(args, name):
+        return default
+    option = flag(name)
+    value = parse_value(name, getattr(args, name), int, option)
+    if value < low:
+        raise UsageError(f"{option} must be an integer >= {low}, got {value}.")
+    return value
+
+
 def check_algo(name: str, option: str = "--algo") -> str:
     if name not in ALGOS:
         close = difflib.get_close_matches(name, ALGOS, n=1, cutoff=0.5)

@@ -39,7 +39,6 @@ import dataclasses
 import importlib.util
 import json
 import math
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -52,9 +51,10 @@ from troll import runs
 from troll.episodic.envs.base import episode_seeds
 from troll.episodic.envs.step import make_step_task
 from troll.episodic.report import plot_run, summarise
-from troll.episodic.run import COMMAND, PLOT_FILE, numbered_files, prepare_run_folder
+from troll.episodic.run import COMMAND, PLOT_FILE, numbered_files
 from troll.episodic.tce.agent import EVAL_STREAM, reset_seed
 from troll.episodic.tce.config import PRESETS, SIZE_LIMITS, TCEConfig, env_family
+from troll.runs import protocol
 from troll.runs.files import (
     CONFIG_FILE,
     METRICS_FILE,
@@ -62,9 +62,7 @@ from troll.runs.files import (
     UsageError,
     append_jsonl,
     check_out_path,
-    read_config,
     read_jsonl,
-    truncate_jsonl,
     write_json,
 )
 from troll.runs.numbers import check_int, check_real, check_seed, is_int
@@ -197,15 +195,11 @@ def evaluate(model, task, seeds: list[int]) -> dict[str, float]:
 
 def saved_config(out: Path) -> PPOConfig | None:
     """The PPOConfig of the run folder ``out``, or None when it holds no PPO run of ``tce train``."""
-    if not (Path(out) / CONFIG_FILE).is_file():
-        return None
-    data = read_config(Path(out))
-    if not isinstance(data, dict) or data.get("command") != COMMAND or not isinstance(data.get("config"), dict):
-        return None
-    if data["config"].get("algo") != "ppo":
+    data = protocol.saved_config(out, COMMAND)
+    if data is None or data.get("algo") != "ppo":
         return None
     try:
-        return PPOConfig.from_dict(data["config"])
+        return PPOConfig.from_dict(data)
     except ValueError as err:
         raise UsageError(f"{out / CONFIG_FILE} holds a PPO config this version cannot read: {err}") from err
 
@@ -213,7 +207,9 @@ def saved_config(out: Path) -> PPOConfig | None:
 def _prepare(config: PPOConfig | None, out: Path, *, resume: bool) -> tuple[PPOConfig, bool]:
     """Check ``out`` and the config before anything is written; returns (config to run, finished already)."""
     check_out_path(out, "run folder")
-    return prepare_run_folder(config, out, resume=resume, saved=saved_config, kind="PPO", runtime=RUNTIME_FIELDS)
+    return protocol.prepare(
+        config, out, command=COMMAND, resume=resume, saved=saved_config, kind="PPO", runtime=RUNTIME_FIELDS
+    )
 
 
 def checkpoints(out: Path) -> list[tuple[int, Path]]:
@@ -222,19 +218,8 @@ def checkpoints(out: Path) -> list[tuple[int, Path]]:
 
 
 def save_checkpoint(out: Path, model) -> Path:
-    """checkpoint-<env steps>.zip, written whole (temporary file, fsync, rename); then the older ones go."""
-    steps = int(model.num_timesteps)
-    path = out / CHECKPOINT.format(steps)
-    tmp = out / f".{path.name}.tmp-{os.getpid()}"
-    with tmp.open("wb") as f:
-        model.save(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    for s, old in checkpoints(out):
-        if s != steps:
-            old.unlink(missing_ok=True)
-    return path
+    """checkpoint-<env steps>.zip (SB3's save), whole (:func:`troll.runs.protocol.save_checkpoint`: one is kept)."""
+    return protocol.save_checkpoint(out, CHECKPOINT, int(model.num_timesteps), model.save)
 
 
 def train(
@@ -291,10 +276,9 @@ def _build(config: PPOConfig, out: Path):
         model.set_random_seed(config.seed + steps)
         task.index = steps // task.horizon + 1  # a fresh training episode index, never one used before
         rows = read_jsonl(out / METRICS_FILE)
-        truncate_jsonl(out / METRICS_FILE, sum(1 for r in rows if r["env_steps"] <= steps))
+        protocol.resume_metrics(out, sum(1 for r in rows if r["env_steps"] <= steps))
     else:
-        write_json(out / CONFIG_FILE, {"command": COMMAND, "config": config.to_dict()})
-        truncate_jsonl(out / METRICS_FILE, 0)
+        protocol.start(out, COMMAND, config.to_dict())
         arch = list(config.net_arch)
         sb3 = {k: getattr(config, k) for k in SB3_FIELDS}
         model = PPO("MlpPolicy", task, seed=config.seed, device="cpu", verbose=0,

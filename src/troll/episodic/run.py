@@ -26,10 +26,8 @@ unfinished run without ``resume``, or a resume with a config that differs from t
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import math
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -42,7 +40,7 @@ from troll.episodic.envs import make_env
 from troll.episodic.report import plot_run, summarise
 from troll.episodic.tce.agent import EVAL_STREAM, TCEAgent, reset_seed
 from troll.episodic.tce.config import RUNTIME_FIELDS, TCEConfig, check_critic_batches
-from troll.runs import numbered_files
+from troll.runs import numbered_files, protocol
 from troll.runs.files import (
     CONFIG_FILE,
     METRICS_FILE,
@@ -50,9 +48,7 @@ from troll.runs.files import (
     UsageError,
     append_jsonl,
     check_out_path,
-    read_config,
     read_jsonl,
-    truncate_jsonl,
     write_json,
 )
 
@@ -130,52 +126,18 @@ def _prepare(config: TCEConfig | None, out: Path, *, resume: bool) -> tuple[TCEC
     check_out_path(out, "run folder")
     if config is not None and not isinstance(config, TCEConfig):
         raise UsageError(f"config must be a TCEConfig (or None with resume=True), got {type(config).__name__}.")
-    return prepare_run_folder(config, out, resume=resume, saved=saved_config, kind="TCE", runtime=RUNTIME_FIELDS)
-
-
-def prepare_run_folder(config, out: Path, *, resume: bool, saved, kind: str, runtime: tuple[str, ...]):
-    """The folder rules of a run of this command (TCE / BBRL here, PPO in :mod:`troll.episodic.ppo`), on top of
-    the shared ones (:func:`troll.runs.check_folder`: a folder of another command or holding foreign files is
-    refused, the leftovers of a start killed before its config was whole count as an empty folder).
-
-    ``saved(out)``: the config the folder holds, or None when it holds no run of this kind; ``runtime``: the fields
-    a resumed run may change. Returns (config to run, finished already).
-    """
-    action = runs.check_folder(out, COMMAND, resume=resume, overwrite=False)
-    if action == "new":
-        if config is None:
-            raise UsageError(f"{out} holds no run to resume; pass a config to start one.")
-        return config, False
-    found = saved(out)
-    if found is None:
-        raise UsageError(
-            f"{out} holds a run of 'troll {COMMAND}' that is not a {kind} run; continue it with its own algorithm, "
-            "or choose another folder."
-        )
-    if config is not None:
-        diff = found.differences(config, ignore=runtime)
-        if diff:
-            listed = "; ".join(f"{k}: folder {a!r}, given {b!r}" for k, (a, b) in diff.items())
-            raise UsageError(
-                f"--resume: the config differs from the one {out} was started with ({listed}); resume with the same "
-                f"settings (only {', '.join(runtime)} may change) or start a new folder."
-            )
-        found = dataclasses.replace(found, **{k: getattr(config, k) for k in runtime})
-    return found, (out / SUMMARY_FILE).is_file()
+    return protocol.prepare(
+        config, out, command=COMMAND, resume=resume, saved=saved_config, kind="TCE", runtime=RUNTIME_FIELDS
+    )
 
 
 def saved_config(out: Path) -> TCEConfig | None:
     """The TCEConfig of the run folder ``out``, or None when it holds no run of this command."""
-    if not (Path(out) / CONFIG_FILE).is_file():
+    data = protocol.saved_config(out, COMMAND)
+    if data is None:
         return None
     try:
-        data = read_config(Path(out))
-    except UsageError:
-        return None
-    if not isinstance(data, dict) or data.get("command") != COMMAND or not isinstance(data.get("config"), dict):
-        return None
-    try:
-        return TCEConfig.from_dict(data["config"])
+        return TCEConfig.from_dict(data)
     except ValueError as err:
         raise UsageError(f"{out / CONFIG_FILE} holds a TCE config this version cannot read: {err}") from err
 
@@ -203,27 +165,17 @@ def _restore(agent: TCEAgent, config: TCEConfig, out: Path) -> int:
                 f"--resume: {found[-1][1]} does not fit the policy and critic this config builds for {config.env} "
                 f"({str(err).splitlines()[0][:300]}); start a new folder."
             ) from err
-        truncate_jsonl(out / METRICS_FILE, state["metrics_lines"])
+        protocol.resume_metrics(out, state["metrics_lines"])
         return int(state["iteration"])
-    write_json(out / CONFIG_FILE, {"command": COMMAND, "config": config.to_dict()})
-    truncate_jsonl(out / METRICS_FILE, 0)
+    protocol.start(out, COMMAND, config.to_dict())
     return 0
 
 
 def save_checkpoint(out: Path, agent: TCEAgent, iteration: int) -> Path:
-    """checkpoint-<iteration>.pt, atomically; then the older ones are removed (never before the new one is whole)."""
-    path = out / CHECKPOINT.format(iteration)
-    tmp = out / f".{path.name}.tmp-{os.getpid()}"
+    """checkpoint-<iteration>.pt, whole (:func:`troll.runs.protocol.save_checkpoint`: one is kept): the agent and
+    the number of metrics lines it belongs to."""
     state = {"iteration": iteration, "metrics_lines": iteration, "agent": agent.state_dict()}
-    with tmp.open("wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    for it, old in checkpoints(out):
-        if it != iteration:
-            old.unlink(missing_ok=True)
-    return path
+    return protocol.save_checkpoint(out, CHECKPOINT, iteration, lambda f: torch.save(state, f))
 
 
 # ---------------------------------------------------------------------------------------------- loop

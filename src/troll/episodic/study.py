@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from troll.episodic import flags as opts
-from troll.runs import numbered_files
 from troll.study import Cell, Curve, Frontend, Grid, Number, Pairing, Study, UsageError, runner, stats
 from troll.study import grid as grid_lib
 
@@ -80,15 +79,6 @@ def load_spec(out: Path) -> StudySpec:
 
 def check_folder(out: Path, *, overwrite: bool, resume: bool) -> bool:
     return runner.check_folder(out, command=COMMAND, overwrite=overwrite, resume=resume)
-
-
-def _int(args, name: str, low: int, default):
-    if not hasattr(args, name):
-        return default
-    value = opts.parse_value(name, getattr(args, name), int, "--" + name)
-    if value < low:
-        raise UsageError(f"--{name} must be an integer >= {low}, got {value}.")
-    return value
 
 
 def spec_from_args(args, given: dict) -> tuple[StudySpec, Path]:
@@ -198,8 +188,9 @@ def _fresh_spec(args, given: dict, env: str) -> StudySpec:
     for algo in algos:
         opts.check_env(env, algo)
     seeds = grid_lib.parse_seeds(args.seeds) if hasattr(args, "seeds") else [0, 1, 2]
-    spec = StudySpec(env, list(algos), seeds, _int(args, "steps", 1, None), dict(given),
-                     workers=_int(args, "workers", 0, STUDY_WORKERS), threads=_int(args, "threads", 1, 1))  # fmt: skip
+    workers, threads = opts.int_flag(args, "workers", 0, STUDY_WORKERS), opts.int_flag(args, "threads", 1, 1)
+    spec = StudySpec(env, list(algos), seeds, opts.int_flag(args, "steps", 1, None), dict(given), workers=workers,
+                     threads=threads)  # fmt: skip
     for name in given:
         if not any(opts.applies(name, a) for a in spec.algos):
             raise UsageError(f"{opts.flag(name)} applies to none of --algos {','.join(spec.algos)}; drop it.")
@@ -353,6 +344,13 @@ def _note(spec: StudySpec, cells: list[Cell]) -> str:
     )
 
 
+def _can_resume(cell: Cell) -> bool:
+    """Whether a cell's folder holds a checkpoint of its run (TCE's and BBRL's, or PPO's) to continue from."""
+    from troll.episodic import ppo, run
+
+    return bool(run.checkpoints(cell.folder) or ppo.checkpoints(cell.folder))
+
+
 def frontend(spec: StudySpec) -> Frontend:
     """The engine's view of ``troll tce study``."""
     return Frontend(
@@ -367,7 +365,7 @@ def frontend(spec: StudySpec) -> Frontend:
         curves=CURVES,
         x_key="env_steps",
         x_label="environment steps",
-        can_resume=lambda cell: any(numbered_files(cell.folder, t) for t in ("checkpoint-{}.pt", "checkpoint-{}.zip")),
+        can_resume=_can_resume,
         title=lambda grid, cells: _title(spec),
         note=lambda grid, cells: _note(spec, cells),
         env={"OMP_NUM_THREADS": str(spec.threads)},
