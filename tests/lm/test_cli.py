@@ -198,16 +198,16 @@ def test_run_folder_refusal(tmp_path, capsys):
     (out / "notes.txt").unlink()
     runs.begin(out, options.COMMAND)
     (out / options.CONFIG_FILE).write_text(json.dumps({"command": "train", "options": RunOptions().to_json()}))
-    assert options.check_folder(out, overwrite=True, resume=False) is True
+    assert options.check_run_folder(out, overwrite=True, resume=False) is True
     (out / "notes.txt").write_text("mine")
     with pytest.raises(UsageError, match="did not write: notes.txt; nothing was deleted"):
-        options.check_folder(out, overwrite=True, resume=False)
+        options.check_run_folder(out, overwrite=True, resume=False)
     # --resume: an interrupted run without a complete checkpoint starts over; a finished one cannot be extended
-    assert options.check_folder(out, overwrite=False, resume=True) is False
+    assert options.check_run_folder(out, overwrite=False, resume=True) is False
     (out / "checkpoint-2").mkdir()  # a checkpoint whose write was interrupted (no mark): it does not count
     (out / "summary.json").write_text("{}")
     with pytest.raises(UsageError, match="no complete checkpoint"):
-        options.check_folder(out, overwrite=False, resume=True)
+        options.check_run_folder(out, overwrite=False, resume=True)
     assert sorted(p.name for p in out.iterdir()) == [
         ".troll-run.json",
         "checkpoint-2",
@@ -215,7 +215,7 @@ def test_run_folder_refusal(tmp_path, capsys):
         "notes.txt",
         "summary.json",
     ]
-    assert options.check_folder(tmp_path / "fresh", overwrite=False, resume=False) is False
+    assert options.check_run_folder(tmp_path / "fresh", overwrite=False, resume=False) is False
 
 
 def test_resume_refuses_changed_options(tmp_path, capsys):

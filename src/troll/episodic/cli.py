@@ -261,6 +261,7 @@ def _run(config, out: Path, *, resume: bool, progress: bool) -> int:
 
 def cmd_study(args: argparse.Namespace) -> int:
     from troll.episodic import study
+    from troll.study import check_folder
     from troll.study.command import cmd_study
 
     runs.exclusive(resume=args.resume, overwrite=args.overwrite)
@@ -273,6 +274,6 @@ def cmd_study(args: argparse.Namespace) -> int:
         from troll.episodic.ppo import require_sb3
 
         require_sb3()
-    clear = study.check_folder(out, overwrite=args.overwrite, resume=args.resume)
+    clear = check_folder(out, command=study.COMMAND, overwrite=args.overwrite, resume=args.resume)
     return cmd_study("tce study", out, len(cells), jobs, lambda report: study.run(out, spec, cells, clear=clear,
                      jobs=jobs, report=report))  # fmt: skip

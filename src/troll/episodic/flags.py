@@ -102,6 +102,7 @@ PPO_FLAGS: tuple[tuple[str, str, str], ...] = (
     ("max_grad_norm", "X", "PPO: gradient norm clip (SB3 default: 0.5)"),
     ("net_arch", "WIDTHS", "PPO: hidden widths of the policy and of the value MLP (SB3 default: 64,64)"),
 )
+PPO_NAMES = frozenset(name for name, _, _ in PPO_FLAGS)
 # PPOConfig fields set from the flags above or from TCE's (not flags of their own)
 PPO_DERIVED = ("algo", "env", "seed", "threads", "total_env_steps", "eval_every_steps", "eval_episodes",
                "checkpoint_every")  # fmt: skip
@@ -268,7 +269,7 @@ def build_config(algo: str, env: str, *, seed: int, steps: int | None, options: 
 
         config = TCEConfig.preset(env, algo=algo, seed=seed, threads=threads, workers=workers, **budget, **options)
     except ValueError as err:
-        raise UsageError(_with_flag(str(err), algo)) from None
+        raise UsageError(_with_flag(err, algo)) from None
     return with_env_options(config)
 
 
@@ -312,19 +313,13 @@ def with_env_options(config):
     return dataclasses.replace(config, env_options=checked)
 
 
-def _with_flag(message: str, algo: str) -> str:
-    """``"mean_bound must be > 0 ..."`` -> ``"--mean-bound: mean_bound must be > 0 ..."``, ``"unknown distance 'x'
-    ..."`` -> ``"--distance: unknown distance 'x' ..."``; unchanged when it does not start with a field's name."""
-    words = message.split(" ", 2)
-    first = words[0].split("=", 1)[0]
-    if first == "unknown" and len(words) > 1:
-        first = words[1]
-    if algo == "ppo":
-        ppo = {name for name, _, _ in PPO_FLAGS}
-        name = f"ppo_{first}" if first in ppo else first
-        name = {"eval_every_steps": "eval_every"}.get(name, name)
-    else:
-        name = first
-    if name == "env" or name not in kinds():  # a message about the env (or none) names it itself
-        return message
-    return f"{flag(name)}: {message}"
+def _with_flag(err: ValueError, algo: str) -> str:
+    """The message of a config's error, led by the flag of the field it names (:class:`troll.runs.numbers.FieldError`:
+    ``mean_bound`` -> ``--mean-bound: ...``; a PPOConfig field ``gamma`` -> ``--ppo-gamma: ...``); unchanged when the
+    error names no field, or the env (whose messages name it themselves)."""
+    name = getattr(err, "field", None)
+    if algo == "ppo" and name is not None:
+        name = {"eval_every_steps": "eval_every"}.get(name, f"ppo_{name}" if name in PPO_NAMES else name)
+    if name is None or name == "env" or name not in kinds():
+        return str(err)
+    return f"{flag(name)}: {err}"

@@ -65,7 +65,7 @@ from troll.runs.files import (
     read_jsonl,
     write_json,
 )
-from troll.runs.numbers import check_int, check_real, check_seed, is_int
+from troll.runs.numbers import FieldError, check_int, check_real, check_seed, is_int
 
 INSTALL = "pip install 'troll[baselines]' (stable-baselines3)"
 HORIZON = {"gym": 50, "metaworld": 500}  # the episodic envs' T (Reacher-v5's time limit, Meta-World's path length)
@@ -112,7 +112,7 @@ class PPOConfig:
         if isinstance(self.net_arch, list):
             object.__setattr__(self, "net_arch", tuple(self.net_arch))
         if self.algo != "ppo":
-            raise ValueError(f"algo must be 'ppo' for a PPOConfig, got {self.algo!r}.")
+            raise FieldError(f"algo must be 'ppo' for a PPOConfig, got {self.algo!r}.", "algo")
         family = env_family(self.env)  # unknown names raise with a close match
         if family == "toy":
             raise ValueError(
@@ -131,7 +131,9 @@ class PPOConfig:
         for name in ("ent_coef", "vf_coef"):
             check_real(name, getattr(self, name), low=0, low_open=False, high=1e6)
         if not all(is_int(h) and 1 <= h <= SIZE_LIMITS["width"] for h in self.net_arch):
-            raise ValueError(f"net_arch must be layer widths >= 1, got {self.net_arch!r}; SB3's default is (64, 64).")
+            raise FieldError(
+                f"net_arch must be layer widths >= 1, got {self.net_arch!r}; SB3's default is (64, 64).", "net_arch"
+            )
 
     @property
     def horizon(self) -> int:
@@ -149,7 +151,7 @@ class PPOConfig:
         episodes = preset["episodes"] if episodes is None else episodes
         for name, value in (("eval_every", eval_every), ("episodes", episodes)):  # 0 is an error, not the preset
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+                raise FieldError(f"{name} must be an integer >= 1, got {value!r}.", name)
         every = eval_every * episodes * HORIZON[family]
         base = dict(total_env_steps=preset["total_env_steps"], eval_every_steps=every,
                     eval_episodes=preset["eval_episodes"])  # fmt: skip

@@ -77,10 +77,6 @@ def load_spec(out: Path) -> StudySpec:
         raise UsageError(f"--resume: {out / 'config.json'} holds a damaged study spec ({err}).") from err
 
 
-def check_folder(out: Path, *, overwrite: bool, resume: bool) -> bool:
-    return runner.check_folder(out, command=COMMAND, overwrite=overwrite, resume=resume)
-
-
 def spec_from_args(args, given: dict) -> tuple[StudySpec, Path]:
     """(StudySpec, study folder) from the command line; with --resume, the saved grid, which flags may not change,
     except that --algos and --seeds may add arms and seeds to it (:func:`troll.study.grid.grows`)."""

@@ -140,10 +140,10 @@ def resume_options(args: argparse.Namespace) -> RunOptions:
 
 
 def validate(opts: RunOptions) -> None:
-    """All checks of one run that need no model: values, batch shape, task name, model location."""
-    from troll.lm import model, options, tasks
+    """The checks of one run beyond its values (:func:`troll.lm.options.check_values`, run once before this): the task
+    name and the model's location."""
+    from troll.lm import model, tasks
 
-    options.check_values(opts)
     tasks.check_task(opts.task)
     model.resolve_model(opts.model)
 
@@ -166,7 +166,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def _train_command(args: argparse.Namespace, opts) -> int:
     from troll.lm import options
 
-    clear = options.check_folder(Path(opts.out), overwrite=args.overwrite, resume=args.resume)
+    clear = options.check_run_folder(Path(opts.out), overwrite=args.overwrite, resume=args.resume)
     validate(opts)
     _quiet()
     if clear:
@@ -191,7 +191,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for opts in runs:
         validate(opts)
     out = Path(runs[0].out).parent
-    clear = compare.check_folder(out, overwrite=args.overwrite, resume=args.resume, runs=runs)
+    clear = compare.check_compare_folder(out, overwrite=args.overwrite, resume=args.resume, runs=runs)
     _quiet()
     _cache_note(runs[0].model)
     result = compare.run(out, runs, clear=clear, resume=args.resume)
@@ -260,6 +260,7 @@ def _check_same_grid(spec, saved) -> None:
 
 def cmd_study(args: argparse.Namespace) -> int:
     from troll.lm import model, study, tasks
+    from troll.study import check_folder
     from troll.study.command import check_jobs, cmd_study
 
     runs.exclusive(resume=args.resume, overwrite=args.overwrite)
@@ -273,7 +274,7 @@ def cmd_study(args: argparse.Namespace) -> int:
             model.resolve_model(model_name)
         except UsageError as err:
             raise UsageError(f"{swept}{err}") from err
-    clear = study.check_folder(out, overwrite=args.overwrite, resume=args.resume)
+    clear = check_folder(out, command=study.COMMAND, overwrite=args.overwrite, resume=args.resume)
     _prepare_default_model({c.options.model for c in cells})
 
     def run(report):

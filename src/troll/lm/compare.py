@@ -41,8 +41,8 @@ def parse_losses(text: str) -> list[str]:
     return parse_arms(text, LOSSES, flag="--losses", noun="loss", example="troll,grpo")
 
 
-def check_folder(out: Path, *, overwrite: bool, resume: bool, runs: list[RunOptions] | None = None) -> bool:
-    """As :func:`troll.lm.options.check_folder`, for a compare folder (whose runs are run folders of their own).
+def check_compare_folder(out: Path, *, overwrite: bool, resume: bool, runs: list[RunOptions] | None = None) -> bool:
+    """As :func:`troll.lm.options.check_run_folder`, for a compare folder (whose runs are run folders of their own).
 
     With ``resume`` the folder's config.json must be a comparison's, and, when ``runs`` is given, hold the same
     runs: a comparison resumed with other options would mix two experiments in one table. An unfinished run that

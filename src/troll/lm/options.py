@@ -34,7 +34,7 @@ __all__ = [
     "UsageError",
     "bound_name",
     "check_bound_name",
-    "check_folder",
+    "check_run_folder",
     "check_out_path",
     "check_used",
     "check_values",
@@ -432,7 +432,7 @@ def check_batch_shape(opts: RunOptions) -> None:
         )
 
 
-def check_folder(out: Path, *, overwrite: bool, resume: bool) -> bool:
+def check_run_folder(out: Path, *, overwrite: bool, resume: bool) -> bool:
     """Check the run folder (:func:`troll.runs.check_folder`: a folder of another command or with files the run
     did not write is never replaced); True when it holds an earlier run that ``overwrite`` allows to delete.
 

@@ -30,7 +30,6 @@ __all__ = [
     "StudySpec",
     "cell_argv",
     "cell_metrics",
-    "check_folder",
     "frontend",
     "load_spec",
     "parse_arms",
@@ -91,11 +90,6 @@ def load_spec(out: Path) -> StudySpec:
         return StudySpec.from_json(data)
     except (KeyError, TypeError, ValueError) as err:
         raise UsageError(f"--resume: {out / options.CONFIG_FILE} holds a damaged study spec ({err}).") from err
-
-
-def check_folder(out: Path, *, overwrite: bool, resume: bool) -> bool:
-    """The engine's check of a study folder (:func:`troll.study.runner.check_folder`) for ``troll study``."""
-    return runner.check_folder(out, command=COMMAND, overwrite=overwrite, resume=resume)
 
 
 def parse_sweep(text: str, types: dict[str, type]) -> tuple[str, list]:

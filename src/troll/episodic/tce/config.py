@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from troll.episodic.envs.registry import ENV_NAMES, GYM, METAWORLD, TOY
 from troll.gaussian.distances import DISTANCES as GAUSSIAN_DISTANCES
 from troll.gaussian.projection import KINDS_FOR
-from troll.runs.numbers import SEED_LIMIT, check_int, check_real
+from troll.runs.numbers import SEED_LIMIT, FieldError, check_int, check_real
 
 # Upper limits of the numbers a config takes (checked before anything is built or written): beyond them the float32
 # arithmetic of a run overflows (an Adam step of 1e300, a std of 1e300) or the sizes cannot be allocated.
@@ -281,11 +281,13 @@ class TCEConfig:
         ):
             value = getattr(self, name)
             if value not in choices:
-                raise ValueError(_unknown(name, value, choices, example) + f" E.g. {example}.")
+                raise FieldError(_unknown(name, value, choices, example) + f" E.g. {example}.", name)
         if not isinstance(self.env, str) or self.env not in ENV_NAMES:
-            raise ValueError(_unknown("env", self.env, ENV_NAMES, "e.g. 'toy/viapoint' or 'metaworld/reach-v3'"))
+            raise FieldError(_unknown("env", self.env, ENV_NAMES, "e.g. 'toy/viapoint' or 'metaworld/reach-v3'"), "env")
         if not isinstance(self.env_options, dict) or not all(isinstance(k, str) for k in self.env_options):
-            raise ValueError(f"env_options must be a dict of keyword options, got {self.env_options!r}; e.g. {{}}.")
+            raise FieldError(
+                f"env_options must be a dict of keyword options, got {self.env_options!r}; e.g. {{}}.", "env_options"
+            )
         for name in ("relative_goal", "random_offset", "normalize_context", "normalize_observations"):
             _check_bool(name, getattr(self, name))
         for name in ("normalize_values", "critic_context", "normalize_advantages", "auto_scale_basis"):
@@ -312,10 +314,12 @@ class TCEConfig:
             _check_real("tau", self.tau, meaning="the ProDMP time constant in seconds, or None for the duration")
         _check_real("lr_final", self.lr_final, meaning="the share of the learning rates left at the end; e.g. 0.01")
         if not self.lr_final <= 1:
-            raise ValueError(f"lr_final must lie in (0, 1], got {self.lr_final!r}; 1 keeps the rates constant.")
+            raise FieldError(
+                f"lr_final must lie in (0, 1], got {self.lr_final!r}; 1 keeps the rates constant.", "lr_final"
+            )
         if self.algo == "bbrl-cov" and self.covariance != "full":
-            raise ValueError(
-                "algo='bbrl-cov' is BBRL with the full covariance; pass covariance='full', or algo='bbrl'."
+            raise FieldError(
+                "algo='bbrl-cov' is BBRL with the full covariance; pass covariance='full', or algo='bbrl'.", "algo"
             )
         for name, meaning in positive.items():
             _check_real(name, getattr(self, name), strict=True, high=NUMBER_LIMITS.get(name), meaning=meaning)
@@ -324,9 +328,10 @@ class TCEConfig:
         _check_real("entropy_target", self.entropy_target, low=-30.0, strict=False, high=30.0,
                     meaning="nats per parameter, each std moved by e^target at most; e.g. -1.0")  # fmt: skip
         if not self.min_std < self.init_std:
-            raise ValueError(
+            raise FieldError(
                 f"init_std={self.init_std!r} must exceed min_std={self.min_std!r}: the diagonal of the Cholesky "
-                "factor is softplus(x) + min_std; lower min_std (e.g. 1e-4) or raise init_std."
+                "factor is softplus(x) + min_std; lower min_std (e.g. 1e-4) or raise init_std.",
+                "init_std",
             )
         for name, hint in (
             ("gae_lambda", "TCE uses gae_lambda=0.95"),
@@ -335,11 +340,11 @@ class TCEConfig:
             value = getattr(self, name)
             _check_real(name, value, strict=False, meaning=hint)
             if not value <= 1:
-                raise ValueError(f"{name} must lie in [0, 1], got {value!r}; {hint}.")
+                raise FieldError(f"{name} must lie in [0, 1], got {value!r}; {hint}.", name)
         if self.gamma == 0:
-            raise ValueError("gamma must lie in (0, 1], got 0; TCE uses gamma=1.0.")
+            raise FieldError("gamma must lie in (0, 1], got 0; TCE uses gamma=1.0.", "gamma")
         if not self.entropy_rate < 1:
-            raise ValueError(f"entropy_rate must lie in (0, 1), got {self.entropy_rate!r}; e.g. 0.01.")
+            raise FieldError(f"entropy_rate must lie in (0, 1), got {self.entropy_rate!r}; e.g. 0.01.", "entropy_rate")
 
     def _check_sizes(self) -> None:
         ints = {
@@ -363,14 +368,16 @@ class TCEConfig:
             value = getattr(self, name)
             ok = isinstance(value, tuple) and all(isinstance(h, int) and not isinstance(h, bool) for h in value)
             if not ok or not all(1 <= h <= SIZE_LIMITS["width"] for h in value):
-                raise ValueError(
+                raise FieldError(
                     f"{name} must be a tuple of layer widths in [1, {SIZE_LIMITS['width']}] (empty: linear), got "
-                    f"{value!r}; e.g. (128, 128)."
+                    f"{value!r}; e.g. (128, 128).",
+                    name,
                 )
         if self.algo != "tce" and self.episodes < 2:
-            raise ValueError(
+            raise FieldError(
                 f"episodes must be >= 2 with algo={self.algo!r}: it normalises one advantage per episode over the "
-                "batch."
+                "batch.",
+                "episodes",
             )
 
     # ------------------------------------------------------------------------------------------ presets, JSON
@@ -432,7 +439,7 @@ class TCEConfig:
 
 def _check_bool(name: str, value) -> None:
     if not isinstance(value, bool):
-        raise ValueError(f"{name} must be True or False, got {value!r}.")
+        raise FieldError(f"{name} must be True or False, got {value!r}.", name)
 
 
 def _check_real(name: str, value, *, strict: bool = True, low: float = 0.0, high: float | None = None,
