@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,14 +18,13 @@ pytest.importorskip("trl")
 pytest.importorskip("reasoning_gym")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from conftest import SRC, run_cli  # noqa: E402
+from conftest import run_cli  # noqa: E402
 
 from troll import runs  # noqa: E402
 from troll.cli import main  # noqa: E402
 from troll.lm import model as model_lib  # noqa: E402
 from troll.lm import options  # noqa: E402
 from troll.lm.options import RunOptions, UsageError  # noqa: E402
-from troll.lm.tasks import TaskReward, build_task, extract_answer  # noqa: E402
 
 TINY_RUN = ["--steps", "2", "--heldout", "4", "--max-completion-length", "6", "--eval-every", "1", "--save-every", "2"]
 
@@ -102,48 +100,6 @@ def test_compare_bad_input(tmp_path, capsys):
     code, err = run_cli(capsys, "compare", "--clip-eps", "nan", "--out", str(out))
     assert code == 2 and "--clip-eps must be a finite number > 0" in err
     assert not out.exists()
-
-
-def test_console_entry_point(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "troll.cli", "train", "--loss", "nope", "--out", str(tmp_path / "r")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    assert proc.returncode == 2
-    assert "troll train: error: unknown loss 'nope'" in proc.stderr
-    assert not (tmp_path / "r").exists()
-
-
-def test_a_provider_adds_subcommands(tmp_path, capsys, monkeypatch):
-    """The hook of troll.cli: a provider module registers `troll tce ...`; an absent one is skipped."""
-    import troll.cli
-
-    package = tmp_path / "fakeprov"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "cli.py").write_text(
-        "from troll.study import UsageError\n"
-        "def add_commands(sub):\n"
-        "    tce = sub.add_parser('tce').add_subparsers(required=True)\n"
-        "    train = tce.add_parser('train')\n"
-        "    train.add_argument('--env')\n"
-        "    train.set_defaults(run=run, name='tce train')\n"
-        "def run(args):\n"
-        "    if args.env != 'reach':\n"
-        "        raise UsageError(f'unknown env {args.env!r}')\n"
-        "    print('ran', args.env)\n"
-        "    return 0\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(troll.cli, "PROVIDERS", ("troll.lm.cli", "fakeprov.cli", "fakeprov.absent"))
-    assert main(["tce", "train", "--env", "reach"]) == 0 and "ran reach" in capsys.readouterr().out
-    code, err = run_cli(capsys, "tce", "train", "--env", "moon")
-    assert code == 2 and "troll tce train: error: unknown env 'moon'" in err
-    assert "{train,compare,study,tce}" in troll.cli.build_parser().format_help()
 
 
 # ---------------------------------------------------------------- default model: packaged GGUF and its cache
@@ -228,51 +184,6 @@ def test_resume_refuses_changed_options(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------- answers and reward
-
-
-@pytest.mark.parametrize(
-    "text, numeric, expected",
-    [
-        ("The answer to this arithmetic problem is 1.", True, "1"),
-        ("The answer to 6 - 2 is 4.", True, "4"),
-        ("The answer is -4. Note that 4 and 8 differ.", True, "-4"),
-        ("6 - 2 = 4", True, "4"),
-        ("so \\boxed{12} it is, 13", True, "12"),
-        ("<answer>7</answer> and 9", True, "7"),
-        ("The answer is 1,200.0 dollars", True, "1200"),
-        ("answer: 12.5.", True, "12.5"),
-        ("The final answer to this problem is", True, None),
-        ("no digits here", True, None),
-        ("The answer is: scissors. Because", False, "scissors"),
-        ("first line\nlast line", False, "last line"),
-    ],
-)
-def test_extract_answer(text, numeric, expected):
-    assert extract_answer(text, numeric=numeric) == expected
-
-
-def test_reward_scores_hand_made_completions():
-    task = build_task("chain_sum", seed=0, n_train=8, n_heldout=4)
-    reward = TaskReward(task.train)
-    idx = task.train_indices[:2]
-    right = [task.train[i]["answer"] for i in idx]
-    completions = [
-        [{"role": "assistant", "content": f"The answer is {right[0]}."}],  # conversational
-        f"{task.train[idx[1]]['question']} The answer is {int(right[1]) + 1}",  # plain, wrong
-        [{"role": "assistant", "content": "I do not know."}],
-        f"It is {right[1]}",  # plain, right (last number)
-    ]
-    scores = reward(prompts=["p"] * 4, completions=completions, rg_index=[idx[0], idx[1], idx[0], idx[1]])
-    assert scores == [1.0, 0.0, 0.0, 1.0]
-    assert reward.__name__ == "correct"
-
-
-def test_heldout_split_is_disjoint():
-    task = build_task("chain_sum", seed=3, n_train=200, n_heldout=32)
-    held = {e["question"] for e in task.heldout}
-    assert len(task.heldout) == 32
-    assert all(task.train[i]["question"] not in held for i in task.train_indices)
-    assert 0 < len(task.train_indices) < 200  # one-digit sums repeat, so some were dropped
 
 
 # ---------------------------------------------------------------- end to end on a tiny random model
