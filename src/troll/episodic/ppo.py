@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import json
 import math
 import sys
 import time
@@ -236,22 +235,18 @@ def train(
     """Run PPO into ``out`` (same arguments and refusals as :func:`troll.episodic.run.train`); the summary."""
     require_sb3()
     out = Path(out)
-    with runs.holding(out):  # from the check on: no other process starts or deletes it while the env is built
-        config, finished = _prepare(config, out, resume=resume)
-        if finished:
-            return json.loads((out / SUMMARY_FILE).read_text())
-        return _train(config, out, progress=progress, plot=plot, on_row=on_row)
+    return protocol.run(
+        out,
+        lambda: _prepare(config, out, resume=resume),
+        lambda cfg: _train(cfg, out, progress=progress, plot=plot, on_row=on_row),
+    )
 
 
 def _train(config: PPOConfig, out: Path, *, progress: bool, plot: bool, on_row) -> dict:
-    import torch
+    from troll._threads import threads
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(config.threads)
-    try:
+    with threads(config.threads):
         _run(config, out, progress, on_row)
-    finally:
-        torch.set_num_threads(threads)
     rows = read_jsonl(out / METRICS_FILE)
     summary = summarise(rows, config.to_dict(), iterations=math.ceil(config.total_env_steps / config.n_steps))
     if plot:

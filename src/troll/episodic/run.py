@@ -26,7 +26,6 @@ unfinished run without ``resume``, or a resume with a config that differs from t
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import sys
 import time
@@ -36,6 +35,7 @@ from pathlib import Path
 import torch
 
 from troll import runs
+from troll._threads import threads
 from troll.episodic.envs import make_env
 from troll.episodic.report import plot_run, summarise
 from troll.episodic.tce.agent import EVAL_STREAM, TCEAgent, reset_seed
@@ -78,17 +78,15 @@ def train(
     anything is written.
     """
     out = Path(out)
-    with runs.holding(out):  # from the check on: no other process starts or deletes it while the env is built
-        config, finished = _prepare(config, out, resume=resume)
-        if finished:
-            return json.loads((out / SUMMARY_FILE).read_text())
-        return _train(config, out, progress=progress, plot=plot, on_iteration=on_iteration)
+    return protocol.run(
+        out,
+        lambda: _prepare(config, out, resume=resume),
+        lambda cfg: _train(cfg, out, progress=progress, plot=plot, on_iteration=on_iteration),
+    )
 
 
 def _train(config: TCEConfig, out: Path, *, progress: bool, plot: bool, on_iteration) -> dict:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(config.threads)
-    try:
+    with threads(config.threads):
         with contextlib.ExitStack() as stack:
             try:  # what refuses the settings (env options, sizes, a missing simulator) does so before any write
                 env = stack.enter_context(_make_env(config, config.episodes))
@@ -102,8 +100,6 @@ def _train(config: TCEConfig, out: Path, *, progress: bool, plot: bool, on_itera
                 raise UsageError(str(err)) from err
             start = _restore(agent, config, out)
             _loop(agent, env, eval_env, out, start, iterations, progress, on_iteration)
-    finally:
-        torch.set_num_threads(threads)
     rows = read_jsonl(out / METRICS_FILE)
     summary = summarise(rows, config.to_dict(), iterations=iterations)
     if plot:

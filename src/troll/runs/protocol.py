@@ -1,6 +1,7 @@
 """The run protocol of every command that trains into a folder (``troll train``, ``troll tce train`` with TCE, BBRL
 or PPO), on top of the folder rules of :mod:`troll.runs.folder`:
 
+- :func:`run`: the skeleton: the folder held from the check on, a finished run's summary returned, else the run;
 - :func:`prepare`: fresh, resume or refuse, before anything is written: a folder of another command, or of this
   command with another kind of run (TCE's folder resumed as PPO), or one whose saved config differs from the
   given one in more than the fields a resumed run may change, is refused with the fix;
@@ -17,6 +18,7 @@ Torch-free: what a checkpoint holds is written by the caller's ``write(file)``.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -32,7 +34,18 @@ from troll.runs.files import (
     truncate_jsonl,
     write_json,
 )
-from troll.runs.folder import check_folder
+from troll.runs.folder import check_folder, holding
+
+
+def run(out: Path, prepare: Callable[[], tuple], train: Callable) -> dict:
+    """A run into ``out``: from the check on the folder is held (no other process starts or deletes it while the run
+    is built); ``prepare()`` checks it before anything is written and returns (config, finished already); a finished
+    run returns its summary.json, any other ``train(config)``, the summary."""
+    with holding(out):
+        config, finished = prepare()
+        if finished:
+            return json.loads((Path(out) / SUMMARY_FILE).read_text())
+        return train(config)
 
 
 def prepare(config, out: Path, *, command: str, resume: bool, saved: Callable, kind: str, runtime: tuple[str, ...]):
