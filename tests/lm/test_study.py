@@ -75,7 +75,7 @@ def test_parse_grid():
     assert {c.options.clip_eps for c in cells if c.arm == "grpo"} == {0.3}  # --sweep kl-bound is TROLL's bound only
     assert {c.options.kl_bound for c in cells if c.arm == "grpo"} == {None}
     assert {c.options.kl_bound for c in cells if c.arm == "troll"} == {0.01, 0.1}
-    assert cells[-1].options.out == str(Path("st/kl_bound=0.1/grpo/seed1")) and cells[-1].options.eval_every == 1
+    assert cells[-1].options.out == str(Path("st/kl-bound=0.1/grpo/seed1")) and cells[-1].options.eval_every == 1
     assert study.StudySpec.from_json(json.loads(json.dumps(spec.to_json()))) == spec
 
 
