@@ -30,7 +30,7 @@ def check_troll_settings(
         _fail(names.get(key, key), value, rule, meaning, paper)
 
     if not _finite(kl_bound) or not kl_bound > 0:
-        fail("kl_bound", kl_bound, "> 0 and finite", "the per-token KL bound eps of the trust region", KL_BOUND)
+        fail("kl_bound", kl_bound, "> 0 and finite", "the per-token KL bound of the trust region", KL_BOUND)
     if not _finite(alpha) or not alpha >= 0:
         fail("alpha", alpha, ">= 0 and finite", "the weight of the regression to the projected policy", ALPHA)
     check_top_k(top_k, names.get("top_k", "top_k"))

@@ -22,8 +22,9 @@ import json
 import shutil
 from pathlib import Path
 
+from troll.runs import protocol
 from troll.runs.checkpoints import numbered_files
-from troll.runs.files import METRICS_FILE, truncate_jsonl, write_json
+from troll.runs.files import METRICS_FILE, write_json
 
 PREFIX = "checkpoint-"
 MARK = "troll_complete.json"  # {"step": N, "metrics_lines": K}, written after the Trainer's last file
@@ -74,11 +75,10 @@ def prepare_resume(out: Path) -> tuple[Path | None, list[dict]]:
     for folder in checkpoint_dirs(out):
         if folder != checkpoint:
             shutil.rmtree(folder, ignore_errors=True)
-    metrics = Path(out) / METRICS_FILE
     if checkpoint is None:
-        metrics.unlink(missing_ok=True)
+        (Path(out) / METRICS_FILE).unlink(missing_ok=True)
         return None, []
-    return checkpoint, truncate_jsonl(metrics, read_mark(checkpoint)["metrics_lines"])
+    return checkpoint, protocol.resume_metrics(out, read_mark(checkpoint)["metrics_lines"])
 
 
 def remove_all(out: Path) -> None:
