@@ -29,9 +29,9 @@ from pathlib import Path
 import torch
 from _report import quick_path, write_results
 
-from troll.episodic.agent import Rollout, TCEAgent, reset_seed
-from troll.episodic.config import TCEConfig
 from troll.episodic.envs import Episodes, EpisodeStart
+from troll.episodic.tce.agent import Rollout, TCEAgent, reset_seed
+from troll.episodic.tce.config import TCEConfig
 
 RESULTS = Path(__file__).parent / "results"
 TARGET_S = 10.0  # the speed goal for one Meta-World iteration (rollout + update) on this machine

@@ -33,9 +33,9 @@ def child(algo: str, repeats: int) -> dict:
     """Time ``repeats`` updates (after a warm-up) in this process; the tree is whatever PYTHONPATH holds."""
     import torch
 
-    from troll.episodic.agent import Rollout, TCEAgent
-    from troll.episodic.config import TCEConfig
     from troll.episodic.envs import Episodes, EpisodeStart
+    from troll.episodic.tce.agent import Rollout, TCEAgent
+    from troll.episodic.tce.config import TCEConfig
 
     torch.set_num_threads(1)
     cfg = TCEConfig.preset("metaworld/push-v3", algo=algo, env_options={})

@@ -30,7 +30,7 @@ import torch
 from _report import write_results
 
 from troll.episodic.envs.envpool_backend import task_id
-from troll.episodic.ppo import make_step_task
+from troll.episodic.envs.step import make_step_task
 
 RESULTS = Path(__file__).parent / "results"
 
