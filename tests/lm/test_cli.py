@@ -267,7 +267,7 @@ def test_compare_end_to_end(tmp_path, capsys, tiny_model_dir):
     assert code == 0, capsys.readouterr().err
     assert {"compare.png", "compare.md", "config.json", "troll", "grpo"} <= {p.name for p in out.iterdir()}
     table = (out / "compare.md").read_text()
-    assert "| troll | 0.05 |" in table and "| grpo | 0.2 |" in table
+    assert "| troll | kl_bound 0.05 |" in table and "| grpo | clip_eps 0.2 |" in table
     assert (out / "grpo" / "summary.json").is_file()
     assert not list(out.glob("*/checkpoint-*"))  # dropped once each run finished
     config = (out / "config.json").read_text()
