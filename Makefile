@@ -112,7 +112,7 @@ map: $(VENV)/.installed
 		|| status=1; \
 	go $$d/$(lastword $(MAP_TASKS))-reuse-eps --task $(lastword $(MAP_TASKS)) --lr $(MAP_LR) \
 		--losses troll:kl-bound=0.2:$(MAP_R16) || status=1; \
-	$(PY) -m troll.train.stability_map $$d && exit $$status
+	$(PY) -m troll.lm.results $$d && exit $$status
 
 # docs/tce.md's results: TCE and BBRL, 3 seeds each, on the toy task, Reacher (dense and sparse) and three Meta-World
 # tasks, with stable-baselines3's PPO on Reacher and reach-v3, into a new folder; then the report over them

@@ -50,7 +50,7 @@ PROMPTS = [
 
 
 def _load():
-    from troll.train.model import load_model, resolve_model
+    from troll.lm.model import load_model, resolve_model
 
     model, tok = load_model(resolve_model("smollm2"))
     model.eval()

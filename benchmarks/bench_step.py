@@ -88,7 +88,7 @@ MMAP_THRESHOLD = "131072"
 
 def load_smollm2():
     """(model, tokenizer) in fp32 through the project's GGUF cache (converted once, then loaded in ~1 s)."""
-    from troll.train.model import load_model, resolve_model
+    from troll.lm.model import load_model, resolve_model
 
     return load_model(resolve_model("smollm2"))
 

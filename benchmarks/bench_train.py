@@ -44,7 +44,7 @@ PHASES = {
     ("trl.trainer.grpo_trainer", "GRPOTrainer", "_generate_and_score_completions"): "rollout (total)",
     ("troll.integrations.trl", "TrollGRPOTrainer", "_troll_capture_old"): "troll capture",
     ("trl.trainer.grpo_trainer", "GRPOTrainer", "training_step"): "train step (fwd+bwd)",
-    ("troll.train.callbacks", "HeldoutEval", "run"): "held-out eval",
+    ("troll.lm.callbacks", "HeldoutEval", "run"): "held-out eval",
 }
 
 

@@ -131,11 +131,11 @@ def study_trainer_class():
 
 def run_one(method: str, seed: int, args, out: Path) -> dict:
     from troll.integrations.trl import TrollGRPOConfig
-    from troll.train import model as model_lib
-    from troll.train import run as run_lib
-    from troll.train import tasks
-    from troll.train.evaluate import heldout_accuracy
-    from troll.train.options import RunOptions
+    from troll.lm import model as model_lib
+    from troll.lm import run as run_lib
+    from troll.lm import tasks
+    from troll.lm.evaluate import heldout_accuracy
+    from troll.lm.options import RunOptions
 
     torch.manual_seed(seed)
     loss = "troll" if method.startswith("troll") else "clip"
@@ -169,10 +169,10 @@ def run_one(method: str, seed: int, args, out: Path) -> dict:
 
 
 def before_accuracy(seed: int, args) -> float:
-    from troll.train import model as model_lib
-    from troll.train import run as run_lib
-    from troll.train.evaluate import heldout_accuracy
-    from troll.train.options import RunOptions
+    from troll.lm import model as model_lib
+    from troll.lm import run as run_lib
+    from troll.lm.evaluate import heldout_accuracy
+    from troll.lm.options import RunOptions
 
     opts = RunOptions(task=args.task, steps=args.steps, steps_per_rollout=args.steps_per_rollout,
                       prompts_per_step=args.prompts, heldout=args.heldout, seed=seed, system=args.system)  # fmt: skip

@@ -39,10 +39,10 @@ from pathlib import Path
 
 import torch
 
-from troll.episodic.agent import TCEAgent
-from troll.episodic.config import METAWORLD_ENV, PRESETS, TCEConfig
 from troll.episodic.envs import make_env
 from troll.episodic.envs.metaworld import MetaWorldConfig
+from troll.episodic.tce.agent import TCEAgent
+from troll.episodic.tce.config import METAWORLD_ENV, PRESETS, TCEConfig
 from troll.runs import CONFIG_FILE, METRICS_FILE, read_jsonl
 
 # fields of the metaworld preset that are budgets, sizes or bounds shared by both presets (not exploration)

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from troll.episodic.envs.envpool_backend import task_id
-from troll.episodic.ppo import make_step_task
+from troll.episodic.envs.step import make_step_task
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))  # the benchmarks' CSV writer
 from _report import write_results  # noqa: E402

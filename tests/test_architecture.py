@@ -15,6 +15,7 @@ SUPPORT = TESTS / "support"  # helpers and torchrun scripts, imported by name (p
 
 # package -> layer, lowest first (docs/architecture.md's picture); a module belongs to its longest matching prefix
 LAYERS = {
+    "troll._moved": 1,
     "troll._threads": 1,
     "troll.citation": 1,
     "troll.rootfind": 1,
@@ -25,9 +26,11 @@ LAYERS = {
     "troll.study": 2,
     "troll.categorical": 3,
     "troll.gaussian": 3,
+    "troll.episodic.envs": 3,
     "troll.integrations": 4,
-    "troll.episodic": 4,
-    "troll.train": 5,
+    "troll.episodic.tce": 4,
+    "troll.lm": 5,
+    "troll.episodic": 5,
     "troll.cli": 6,
 }
 FACE = "troll"  # the face: it names its exports as strings and imports them on first use (checked below)
@@ -65,7 +68,7 @@ def _imports(path: Path, module: str) -> set[str]:
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
-            for alias in node.names:  # "from troll.train import options" imports the module troll.train.options
+            for alias in node.names:  # "from troll.lm import options" imports the module troll.lm.options
                 sub = f"{node.module}.{alias.name}"
                 found.add(sub if _module_path(sub) else node.module)
     return {m for m in found if m == "troll" or m.startswith("troll.")} - {module}
@@ -86,6 +89,7 @@ def test_imports_run_down(module):
         if imported == FACE:  # its version and lazy names: it imports nothing itself
             continue
         theirs = _package(imported)
+        assert theirs is not None, f"{module} imports {imported}, no module of src/troll (a former path: troll._moved)"
         if theirs == mine:
             continue
         assert LAYERS[theirs] < LAYERS[mine], (
@@ -123,7 +127,49 @@ def test_modules_stay_under_600_lines():
 
 
 def test_the_face_imports_nothing_of_its_own():
-    assert GRAPH[FACE] <= {"troll"}, "troll/__init__.py must stay lazy: name exports in _EXPORTS"
+    assert GRAPH[FACE] <= {"troll", "troll._moved"}, "troll/__init__.py must stay lazy: name exports in _EXPORTS"
+
+
+def test_no_module_imports_a_former_path():
+    """troll._moved keeps the former paths (troll.train, troll.cli.lm, troll.episodic.prodmp, ...) importable for
+    users; the package itself imports the current ones, so that this table and the layers see every import."""
+    from troll._moved import new_name
+
+    old = {m: sorted(i for i in GRAPH[m] if new_name(i)) for m in MODULES}
+    old = {m: [f"{i} -> {new_name(i)}" for i in names] for m, names in old.items() if names}
+    assert not old, f"import the current module paths: {old}"
+
+
+# ---------------------------------------------------------------- two applications of one shape
+
+APPLICATIONS = ("troll.lm", "troll.episodic")
+# the rooms every application has: its command line, its flag table, one run, its study frontend, the report over
+# studies (python -m troll.<app>.results)
+ROOMS = ("cli", "flags", "run", "study", "results")
+
+
+@pytest.mark.parametrize("app", APPLICATIONS)
+def test_each_application_has_the_same_rooms(app):
+    missing = [room for room in ROOMS if f"{app}.{room}" not in MODULES]
+    assert not missing, f"{app} lacks {missing}: each application has {ROOMS} (docs/architecture.md)"
+    assert LAYERS[app] == max(LAYERS[a] for a in APPLICATIONS), "the applications stand on one floor"
+
+
+def test_the_command_line_package_is_the_dispatcher_alone():
+    """troll.cli holds the dispatcher; each application's subcommands are in its own cli.py (a provider)."""
+    assert sorted(m for m in MODULES if m.startswith("troll.cli.")) == ["troll.cli.__main__"]
+    providers = ast.literal_eval(
+        next(n.value for n in ast.parse(MODULES["troll.cli"].read_text()).body
+             if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "PROVIDERS")
+    )  # fmt: skip
+    assert providers == tuple(f"{app}.cli" for app in APPLICATIONS)
+
+
+def test_the_episodic_library_stands_below_its_application():
+    """troll.episodic.tce (ProDMP, the agent) and troll.episodic.envs never import the application around them."""
+    assert LAYERS["troll.episodic.envs"] < LAYERS["troll.episodic.tce"] < LAYERS["troll.episodic"]
+    assert _package("troll.episodic.tce.agent") == "troll.episodic.tce"
+    assert _package("troll.episodic.run") == "troll.episodic"
 
 
 # ---------------------------------------------------------------- tests/ laid out like src/troll
@@ -145,6 +191,21 @@ def test_every_test_folder_is_a_source_package():
     assert not alien, f"{alien}: each test folder must be named after a package of src/troll (docs/architecture.md)"
     loose = [f"tests/{f}/" for f in folders if not (TESTS / f / "__init__.py").is_file()]
     assert not loose, f"{loose}: add an empty __init__.py"
+
+
+# the TRL and verl test files keep the integration's name, which their docs and make targets cite
+NAMED_AFTER_THEIR_INTEGRATION = {TESTS / "integrations" / "trl", TESTS / "integrations" / "verl"}
+
+
+def test_test_files_have_one_prefix():
+    """A test module is test_<module>[_<aspect>].py in the folder of its package: never prefixed with the package's
+    own name again (tests/gaussian/test_gaussian_loss.py is tests/gaussian/test_loss.py)."""
+    doubled = [
+        str(p.relative_to(TESTS))
+        for p in sorted(TESTS.rglob("test_*.py"))
+        if p.parent not in NAMED_AFTER_THEIR_INTEGRATION and p.stem.startswith(f"test_{p.parent.name}_")
+    ]
+    assert not doubled, f"{doubled}: drop the folder's name from the file's"
 
 
 def test_helpers_live_in_tests_support():

@@ -14,7 +14,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from troll import _moved
+
 __version__ = "0.1.0"
+_moved.install()  # former module paths (troll.train, troll.cli.lm, ...) stay importable as the new modules
 
 # name -> module that defines it
 _EXPORTS = {

@@ -1,9 +1,12 @@
-"""Input validation shared by the public functions: one place for every error message."""
+"""Checks of the tensors the public functions take (type, dtype, shape, finiteness, masks, sparse rows, token ids),
+with messages that name the argument and the fix. A number goes through :mod:`troll.runs.numbers`, the one check of
+a user's number; TROLL's top_k and delta through :mod:`troll.categorical.settings`."""
 
 from __future__ import annotations
 
 import torch
 
+from troll.runs import numbers
 from troll.runs.numbers import check_choice, check_real  # noqa: F401  (check_choice: one for both wings)
 
 
@@ -17,19 +20,8 @@ def check_positive(name: str, value: float) -> None:
 
 
 def check_int(name: str, value, *, low: int = 1, hint: str = "") -> None:
-    """An int (not a bool) >= ``low``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}{hint}.")
-
-
-def check_top_k(top_k: int) -> None:
-    check_int("top_k", top_k, hint="; the paper uses top_k=64")
-
-
-def check_delta(delta: float) -> None:
-    check_number("delta", delta, strict=False, hint="; the paper uses delta=1e-5 (0 keeps top_k tokens)")
-    if not delta < 1.0:
-        raise ValueError(f"delta must lie in [0, 1), got {delta!r}; the paper uses delta=1e-5 (0 keeps top_k tokens).")
+    """An int (not a bool) >= ``low`` (:func:`troll.runs.numbers.check_int`)."""
+    numbers.check_int(name, value, low=low, hint=hint)
 
 
 def check_tensor(name: str, value, *, hint: str = "") -> None:

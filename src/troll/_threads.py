@@ -15,14 +15,20 @@ import torch
 
 
 @contextmanager
-def one_thread():
-    """Run the block with one torch intra-op thread, restoring the caller's count afterwards (also on error)."""
+def threads(count: int):
+    """Run the block with ``count`` torch intra-op threads (a run's ``--threads``), restoring the caller's count
+    afterwards (also on error)."""
     previous = torch.get_num_threads()
-    if previous == 1:
+    if previous == count:
         yield
         return
-    torch.set_num_threads(1)
+    torch.set_num_threads(count)
     try:
         yield
     finally:
         torch.set_num_threads(previous)
+
+
+def one_thread():
+    """Run the block with one torch intra-op thread, restoring the caller's count afterwards (also on error)."""
+    return threads(1)

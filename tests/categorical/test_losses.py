@@ -427,18 +427,24 @@ def test_infeasible_rows_are_reported_in_the_metrics():
 
 
 @pytest.mark.parametrize("loss_fn", [troll.troll_loss, troll.clip_loss])
-def test_sequence_level_with_a_banned_token_is_finite(loss_fn):
+def test_sequence_level_with_a_banned_token_has_a_zero_gradient(loss_fn):
     """Found by the property tests: at level="sequence" a token the current policy bans made the GSPO weight
-    exp(-inf - (-inf)) = NaN. Its sequence's weight is now 0 (log s = -inf), with a zero gradient."""
+    exp(-inf - (-inf)) = NaN. Its sequence's weight is now 0 (log s = -inf), with a zero gradient: exactly 0 for
+    the policy-gradient term, and for TROLL's regression to its own projection 0 up to rounding."""
     x = torch.randn(1, 2, 5, generator=gen(5))
     t = torch.tensor([[0, 1]])
     y = x.clone()
     y[0, 0, 0] = NEG
     args = (troll.sparsify(x, include=t), t, torch.tensor([1.0]), torch.ones(1, 2, dtype=torch.bool))
     z = y.clone().requires_grad_()
+    pg_only = {"alpha": 0.0} if loss_fn is troll.troll_loss else {}
+    out = loss_fn(z, *args, level="sequence", **pg_only)
+    (grad,) = torch.autograd.grad(out.loss, z)
+    assert out.loss.item() == 0.0
+    assert torch.equal(grad, torch.zeros_like(grad))
     out = loss_fn(z, *args, level="sequence")
     (grad,) = torch.autograd.grad(out.loss, z)
-    assert torch.isfinite(out.loss) and torch.isfinite(grad).all()
+    assert torch.isfinite(out.loss) and grad.abs().max() < 1e-12
 
 
 @pytest.mark.parametrize("level", ["token", "sequence"])

@@ -4,8 +4,8 @@ shared.yaml and horeka.yaml, the paper's runs), and PPO's step interface on the 
 import numpy as np
 import pytest
 
-from troll.episodic.config import TCEConfig, env_family
-from troll.episodic.options import build_config
+from troll.episodic.flags import build_config
+from troll.episodic.tce.config import TCEConfig, env_family
 
 DENSE, SPARSE = "fancy/box-pushing-dense", "fancy/box-pushing-sparse"
 

@@ -77,8 +77,8 @@ def test_frames_show_the_scene_of_every_mujoco_task(task):
 @pytest.fixture(scope="module")
 def hopper_run(tmp_path_factory):
     """One TCE iteration of 2 episodes on fancy/hopper-jump."""
-    from troll.episodic.config import TCEConfig
-    from troll.episodic.train import train
+    from troll.episodic.run import train
+    from troll.episodic.tce.config import TCEConfig
 
     out = tmp_path_factory.mktemp("render") / "run"
     config = TCEConfig.preset("fancy/hopper-jump", total_env_steps=500, episodes=2, eval_episodes=2, workers=0,

@@ -1,6 +1,6 @@
 """The run layer (:mod:`troll.runs`): a folder knows what it wrote, and every command keeps a user's files.
 
-Issue 28 item 1: ``--overwrite`` deletes only what the command wrote and refuses, with the list, when anything else
+``--overwrite`` deletes only what the command wrote and refuses, with the list, when anything else
 is there (``R/.canary``, ``R/checkpoint-notes.txt``, ``.git/``, ``checkpoint-backup/``, notes in a study folder or
 in a cell, ``model.safetensors`` beside a foreign ``config.json``); a folder of one command is never replaced by
 another; the leftovers of a start killed before its config.json was whole never make a folder unusable. The
@@ -414,39 +414,7 @@ def test_abbreviated_flags_are_refused(tmp_path, capsys, argv, flag):
     assert not out.exists()
 
 
-# ---------------------------------------------------------------- flags that mean one thing (issue 27 item 5)
-
-
-@pytest.mark.parametrize(
-    "argv, new",
-    [
-        (["train", "--eps", "0.07"], "--kl-bound"),
-        (["train", "--loss", "grpo", "--eps", "0.07"], "--clip-eps"),
-        (["train", "--loss", "cispo", "--eps", "0.07"], "--cispo-cap"),
-        (["compare", "--eps", "0.07"], "--kl-bound"),
-        (["study", "--eps", "0.07"], "--kl-bound"),
-        (["study", "--sweep", "eps=0.07,0.1"], "kl-bound="),
-        (["study", "--losses", "troll:eps=0.07,grpo"], "kl-bound="),
-        (["study", "--losses", "troll,clip:eps=0.3"], "clip-eps="),
-    ],
-)
-def test_eps_still_works_with_a_warning_naming_the_new_flag(tmp_path, capsys, argv, new):
-    """--eps (and the sweep key eps=, an arm's eps=) keep working for one release; the warning says where the value
-    went. The run is stopped before it loads anything by a bad --steps, after the options were read."""
-    pytest.importorskip("reasoning_gym")
-    code, err = run_cli(capsys, *argv, "--steps", "0", "--out", str(tmp_path / "o"))
-    assert "is deprecated and will be removed in the next release" in err and f"went to {new}" in err, err
-    assert code == 2 and "--steps must be" in err and not (tmp_path / "o").exists()
-
-
-def test_the_new_flags_set_the_same_option(tmp_path):
-    from troll.cli import build_parser
-    from troll.cli.lm import options_from_args, train_bound
-
-    for argv in (["--kl-bound", "0.07"], ["--eps", "0.07"], ["--loss", "grpo", "--clip-eps", "0.07"]):
-        args = build_parser().parse_args(["train", *argv, "--out", str(tmp_path / "o")])
-        train_bound(args)
-        assert options_from_args(args).eps == 0.07
+# ---------------------------------------------------------------- flags that mean one thing
 
 
 def test_the_run_layer_imports_nothing_above_it():

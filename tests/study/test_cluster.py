@@ -371,9 +371,9 @@ def test_language_model_cells_through_an_array(tmp_path):
     command, a cell with a complete checkpoint its ``--resume`` one, and every task its cores (``--threads``)."""
     import dataclasses
 
+    from troll.lm import checkpoints, study
+    from troll.lm.options import RunOptions
     from troll.study.cell import job_for
-    from troll.train import checkpoints, study
-    from troll.train.options import RunOptions
 
     spec = study.StudySpec(RunOptions(threads=2, steps=4), ["grpo", "troll"], [0])
     cells = study.plan(spec, tmp_path)

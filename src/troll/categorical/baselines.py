@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from troll._checks import check_choice, check_delta, check_lse, check_positive, check_top_k
+from troll._checks import check_choice, check_lse, check_positive
 from troll.categorical.batch import (
     aggregate,
     check_logits_batch,
@@ -22,6 +22,7 @@ from troll.categorical.batch import (
 from troll.categorical.defaults import AGGREGATIONS, CISPO_EPS_HIGH, CLIP_EPS, DELTA, LEVELS, TOP_K
 from troll.categorical.policy import DenseLogits
 from troll.categorical.projection import compute_dtype, kl_divergence
+from troll.categorical.settings import check_delta, check_top_k
 from troll.categorical.sparse import SparseLogProbs
 from troll.categorical.sparse_projection import coarse_support
 from troll.output import LossOutput

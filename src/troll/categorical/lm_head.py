@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import torch
 
-from troll._checks import check_delta, check_lse, check_number, check_shape, check_tensor, check_top_k
+from troll._checks import check_lse, check_number, check_shape, check_tensor
 from troll.categorical.defaults import DELTA, TOP_K
+from troll.categorical.settings import check_delta, check_top_k
 from troll.categorical.sparse import SparseLogProbs, include_ids, mass_rule, merge_ids, trim_kept
 
 # A chunk's logits take about this many elements (64 MB in fp32): C = CHUNK_ELEMENTS // N, at least MIN_CHUNK.

@@ -148,7 +148,7 @@ class LossSupport(NamedTuple):
 
 def loss_support(new, old: SparseLogProbs, tokens, mask, *, top_k, delta, tail=TAIL, fill=TAIL_FILL) -> LossSupport:
     """The support rule of the TROLL losses, the one place it is written (the loss, the KL metrics of TRL's own
-    loss types and ``troll.train.batch_check`` use it): U = old kept | new kept (top_k, delta) | sampled token, with
+    loss types and ``troll.lm.batch_check`` use it): U = old kept | new kept (top_k, delta) | sampled token, with
     ``tail`` as in :func:`troll.troll_loss`; ``new`` a :class:`troll.categorical.policy.CurrentPolicy` over the B*T
     rows, ``old``
     flat (B*T, K), tokens and mask (B, T)."""

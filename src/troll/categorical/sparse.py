@@ -7,16 +7,15 @@ from dataclasses import dataclass
 import torch
 
 from troll._checks import (
-    check_delta,
     check_ids,
     check_logits,
     check_lse,
     check_shape,
     check_sparse,
     check_tensor,
-    check_top_k,
 )
 from troll.categorical.defaults import DELTA, OLD_PREFIX, TOP_K
+from troll.categorical.settings import check_delta, check_top_k
 
 
 @dataclass

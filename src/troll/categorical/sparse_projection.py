@@ -18,20 +18,18 @@ from typing import NamedTuple
 import torch
 
 from troll._checks import (
-    check_delta,
     check_ids,
     check_logits,
     check_lse,
     check_positive,
     check_shape,
     check_sparse,
-    check_top_k,
 )
 from troll._threads import one_thread
 from troll.categorical.defaults import DELTA, TAIL, TAIL_FILL, TOP_K
 from troll.categorical.policy import CurrentPolicy, DenseLogits
 from troll.categorical.projection import project_log_probs
-from troll.categorical.settings import check_tail
+from troll.categorical.settings import check_delta, check_tail, check_top_k
 from troll.categorical.sparse import SparseLogProbs, merge_ids
 
 # Masses below this are rounding noise of fp32 log-probs; the floor keeps every log finite (docs/numerics.md).

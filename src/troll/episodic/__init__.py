@@ -13,17 +13,17 @@ from typing import TYPE_CHECKING
 
 # name -> module that defines it
 _EXPORTS = {
-    "LinearMap": "troll.episodic.prodmp",
-    "Marginals": "troll.episodic.prodmp",
-    "ProDMP": "troll.episodic.prodmp",
-    "TCEConfig": "troll.episodic.config",
-    "gather_times": "troll.episodic.prodmp",
+    "LinearMap": "troll.episodic.tce.prodmp",
+    "Marginals": "troll.episodic.tce.prodmp",
+    "ProDMP": "troll.episodic.tce.prodmp",
+    "TCEConfig": "troll.episodic.tce.config",
+    "gather_times": "troll.episodic.tce.prodmp",
 }
 __all__ = ["LinearMap", "Marginals", "ProDMP", "TCEConfig", "gather_times"]
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from troll.episodic.config import TCEConfig
-    from troll.episodic.prodmp import LinearMap, Marginals, ProDMP, gather_times
+    from troll.episodic.tce.config import TCEConfig
+    from troll.episodic.tce.prodmp import LinearMap, Marginals, ProDMP, gather_times
 
 
 def __getattr__(name: str):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from troll import runs
 from troll.episodic import study as study_lib
-from troll.episodic.config import RUNTIME_FIELDS
+from troll.episodic.tce.config import RUNTIME_FIELDS
 from troll.runs.files import SUMMARY_FILE, UsageError
 from troll.study import Study, archive
 from troll.study import report as report_lib

@@ -1,7 +1,7 @@
 """``troll tce train`` and ``troll tce study``: TCE, BBRL and stable-baselines3's PPO on the episodic tasks.
 
 The provider of ``troll tce`` (see :mod:`troll.cli`): :func:`add_commands` builds the parsers from the flag tables of
-:mod:`troll.episodic.options` and imports neither torch nor a simulator; the handlers import what a run needs. Every
+:mod:`troll.episodic.flags` and imports neither torch nor a simulator; the handlers import what a run needs. Every
 input is checked before anything runs or is written (exit status 2 and a message that names the flag and the fix);
 a run that fails once started (a non-finite value from an environment, a crashed environment worker) stops with its
 error and exit status 1, and ``--resume`` continues it from its last checkpoint. docs/tce.md, "How to run".
@@ -12,15 +12,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 from troll import runs
-from troll.episodic import options as opts
+from troll.episodic import flags as opts
 from troll.runs.files import CONFIG_FILE, UsageError, read_config
 from troll.study import executors
 
-COMMAND = "tce train"  # a run folder's config.json "command" (troll.episodic.train.COMMAND)
+COMMAND = "tce train"  # a run folder's config.json "command" (troll.episodic.run.COMMAND)
 
 TRAIN_DOC = (
     "One run of TCE, BBRL (same code, one advantage per episode) or stable-baselines3's PPO on an episodic task. "
@@ -141,16 +140,6 @@ def given_options(args: argparse.Namespace) -> dict:
     return given
 
 
-def _int_flag(args: argparse.Namespace, name: str, low: int, default: int | None = None) -> int | None:
-    if not hasattr(args, name):
-        return default
-    option = "--" + name.replace("_", "-")
-    value = opts.parse_value(name, getattr(args, name), int, option)
-    if value < low:
-        raise UsageError(f"{option} must be an integer >= {low}, got {value}.")
-    return value
-
-
 def safe(env: str) -> str:
     """An env name as one folder-name component: ``metaworld/reach-v3`` -> ``metaworld-reach-v3``."""
     return env.replace("/", "-").replace("\\", "-")
@@ -174,10 +163,10 @@ def saved_run(out: Path) -> dict | None:
 def train_config(args: argparse.Namespace, saved: dict | None):
     """The run's config: from the flags and the preset, or (resuming) the folder's, which given flags must match."""
     given = given_options(args)
-    threads = _int_flag(args, "threads", 1)
-    workers = _int_flag(args, "workers", 0)
-    seed = _int_flag(args, "seed", 0)
-    steps = _int_flag(args, "steps", 1)
+    threads = opts.int_flag(args, "threads", 1)
+    workers = opts.int_flag(args, "workers", 0)
+    seed = opts.int_flag(args, "seed", 0)
+    steps = opts.int_flag(args, "steps", 1)
     if saved is None:
         algo = opts.check_algo(getattr(args, "algo", "tce"))
         if not hasattr(args, "env"):
@@ -285,7 +274,7 @@ def _run(config, out: Path, *, resume: bool, progress: bool, video: bool = False
 
             summary = ppo.train(config, out, resume=resume, progress=progress, on_row=hook)
         else:
-            from troll.episodic.train import train
+            from troll.episodic.run import train
 
             summary = train(config, out, resume=resume, progress=progress, on_iteration=hook)
     except (NonFiniteError, EnvWorkerError, FloatingPointError) as err:
@@ -329,9 +318,11 @@ def _render(out: Path, path: Path | None, **sizes) -> int:
 
 def cmd_study(args: argparse.Namespace) -> int:
     from troll.episodic import study
+    from troll.study import check_folder
+    from troll.study.command import cmd_study
 
     runs.exclusive(resume=args.resume, overwrite=args.overwrite)
-    jobs = _int_flag(args, "jobs", 1)
+    jobs = opts.int_flag(args, "jobs", 1)
     executor = executors.from_args(args)
     spec, out = study.spec_from_args(args, given_options(args))
     out = executors.resolve_out(executor, out)
@@ -342,30 +333,12 @@ def cmd_study(args: argparse.Namespace) -> int:
         from troll.episodic.ppo import require_sb3
 
         require_sb3()
-    clear = study.check_folder(out, overwrite=args.overwrite, resume=args.resume)
-    executor = executors.prepare(executor, out, study.frontend(spec), cells)
-    script = executors.script(executor, study.frontend(spec), cells)
+    clear = check_folder(out, command=study.COMMAND, overwrite=args.overwrite, resume=args.resume)
+    engine = study.frontend(spec)
+    executor = executors.prepare(executor, out, engine, cells)
+    script = executors.script(executor, engine, cells)
     if script is not None:
         print(script)
         return 0
-    start = time.time()
-
-    def report(text: str) -> None:
-        stamp = f"[{time.strftime('%H:%M:%S')} +{(time.time() - start) / 60:.1f} min]"
-        print(f"{stamp} {text}", file=sys.stderr, flush=True)
-
-    report(f"study of {len(cells)} cells in {out}, {executors.describe(executor, jobs)}")
-    try:
-        status = study.run(out, spec, cells, clear=clear, jobs=jobs, report=report, executor=executor)
-    except KeyboardInterrupt:
-        report(f"interrupted; continue with: troll tce study --out {out} --resume")
-        return 130
-    from troll.study import JSON_FILE, PLOT_FILE, TABLE_FILE
-
-    print(f"wrote {out / JSON_FILE}, {out / TABLE_FILE} and {out / PLOT_FILE}")
-    failed = [label for label, s in status.items() if s.startswith("failed")]
-    if failed:
-        print(f"troll tce study: {len(failed)} cell(s) failed: {', '.join(failed)}; why is above and in their .log "
-              "files", file=sys.stderr)  # fmt: skip
-        return 1
-    return 0
+    return cmd_study("tce study", out, len(cells), jobs, lambda report: study.run(out, spec, cells, clear=clear,
+                     jobs=jobs, report=report, executor=executor), executor=executor)  # fmt: skip

@@ -4,11 +4,11 @@ docs/tce.md, "How to run".
 
 PPO acts every step: it sees the simulator's own observation and sends the simulator's own action (Reacher's two
 joint torques, Meta-World's hand displacement and gripper command, box pushing's seven joint torques, gravity
-compensated); there is no movement primitive and no tracking controller. :class:`StepTask` is the episodic task as a
-gymnasium env: the same simulator, the same T steps, the same rewards (gym/reacher-sparse pays the whole episode at
-its last step, as the episodic env does), the same success rule at the end of an episode, the same non-finite
-checks. The toy task has no step interface (it is a batched torch simulation of whole trajectories), so PPO runs on
-gym/*, metaworld/* and fancy/box-pushing-* only.
+compensated); there is no movement primitive and no tracking controller. :mod:`troll.episodic.envs.step` is the
+episodic task as a gymnasium env: the same simulator, T steps, the same rewards (gym/reacher-sparse pays the whole
+episode at its last step, as the episodic env does), the same success rule at the end of an episode, the same
+non-finite checks. The toy task has no step interface (it is a batched torch simulation of whole trajectories), so
+PPO runs on gym/*, metaworld/* and fancy/box-pushing-* only.
 
 Settings: ``stable_baselines3.PPO("MlpPolicy")`` with SB3's defaults (2.x): 2048 steps a rollout, 10 epochs of
 minibatches of 64, Adam 3e-4, gamma 0.99, GAE lambda 0.95, clip 0.2, no entropy bonus, value weight 0.5, gradient
@@ -25,7 +25,7 @@ exactly TCE's episodes when TCE runs on the Python backend, draws from the same 
 TCE run of the same preset evaluates (every
 ``eval_every x episodes x T`` steps; PPO checks after each rollout, so up to ``n_steps`` later) and at the end.
 
-Run folder: the same files as :mod:`troll.episodic.train`: config.json ({"command": "tce train", "config": ...}
+Run folder: the same files as :mod:`troll.episodic.run`: config.json ({"command": "tce train", "config": ...}
 with ``algo: "ppo"``), metrics.jsonl (one row a rollout: ``env_steps``, rollout/* of the episodes that ended in it,
 SB3's train/* losses, eval/* when evaluated, time/*), checkpoint-<env steps>.zip (SB3's save, atomic; one kept),
 summary.json last, plots.png. Resume loads the newest checkpoint (weights, Adam, the env-step count), cuts
@@ -38,9 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import json
 import math
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -50,11 +48,13 @@ from pathlib import Path
 import numpy as np
 
 from troll import runs
-from troll.episodic.agent import EVAL_STREAM, reset_seed
-from troll.episodic.config import PRESETS, SIZE_LIMITS, TCEConfig, env_family
-from troll.episodic.envs.base import check_finite, episode_seeds
+from troll.episodic.envs.base import episode_seeds
+from troll.episodic.envs.step import make_step_task
 from troll.episodic.report import plot_run, summarise
-from troll.episodic.train import COMMAND, PLOT_FILE, numbered_files, prepare_run_folder
+from troll.episodic.run import COMMAND, PLOT_FILE, numbered_files
+from troll.episodic.tce.agent import EVAL_STREAM, reset_seed
+from troll.episodic.tce.config import PRESETS, SIZE_LIMITS, TCEConfig, env_family
+from troll.runs import protocol
 from troll.runs.files import (
     CONFIG_FILE,
     METRICS_FILE,
@@ -62,18 +62,15 @@ from troll.runs.files import (
     UsageError,
     append_jsonl,
     check_out_path,
-    read_config,
     read_jsonl,
-    truncate_jsonl,
     write_json,
 )
-from troll.runs.numbers import check_int, check_real, check_seed, is_int
+from troll.runs.numbers import FieldError, check_int, check_real, check_seed, is_int
 
 INSTALL = "pip install 'troll[baselines]' (stable-baselines3)"
 # the episodic envs' T (Reacher-v5's time limit, Meta-World's path length, fancy_gym's box-pushing episode)
 HORIZON = {"gym": 50, "metaworld": 500, "box-pushing": 100}
 CHECKPOINT = "checkpoint-{}.zip"
-TRAIN_STREAM = 0x99  # training episode k draws its task from (seed, TRAIN_STREAM, k)
 RUNTIME_FIELDS = ("threads",)
 # PPOConfig fields passed to stable_baselines3.PPO as they are (net_arch goes into policy_kwargs)
 SB3_FIELDS = ("learning_rate", "n_steps", "batch_size", "n_epochs", "gamma", "gae_lambda", "clip_range", "ent_coef",
@@ -116,7 +113,7 @@ class PPOConfig:
         if isinstance(self.net_arch, list):
             object.__setattr__(self, "net_arch", tuple(self.net_arch))
         if self.algo != "ppo":
-            raise ValueError(f"algo must be 'ppo' for a PPOConfig, got {self.algo!r}.")
+            raise FieldError(f"algo must be 'ppo' for a PPOConfig, got {self.algo!r}.", "algo")
         family = env_family(self.env)  # unknown names raise with a close match
         if family == "toy":
             raise ValueError(
@@ -135,7 +132,9 @@ class PPOConfig:
         for name in ("ent_coef", "vf_coef"):
             check_real(name, getattr(self, name), low=0, low_open=False, high=1e6)
         if not all(is_int(h) and 1 <= h <= SIZE_LIMITS["width"] for h in self.net_arch):
-            raise ValueError(f"net_arch must be layer widths >= 1, got {self.net_arch!r}; SB3's default is (64, 64).")
+            raise FieldError(
+                f"net_arch must be layer widths >= 1, got {self.net_arch!r}; SB3's default is (64, 64).", "net_arch"
+            )
 
     @property
     def horizon(self) -> int:
@@ -153,7 +152,7 @@ class PPOConfig:
         episodes = preset["episodes"] if episodes is None else episodes
         for name, value in (("eval_every", eval_every), ("episodes", episodes)):  # 0 is an error, not the preset
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
+                raise FieldError(f"{name} must be an integer >= 1, got {value!r}.", name)
         every = eval_every * episodes * HORIZON[family]
         base = dict(total_env_steps=preset["total_env_steps"], eval_every_steps=every,
                     eval_episodes=preset["eval_episodes"])  # fmt: skip
@@ -179,110 +178,6 @@ class PPOConfig:
         return {k: (a[k], b[k]) for k in a if k not in ignore and a[k] != b[k]}
 
 
-# ---------------------------------------------------------------------------------------------- the step env
-
-
-def make_step_task(name: str, *, seed: int, sparse: bool | None = None):
-    """:class:`StepTask` for ``name`` (gym/reacher[-sparse] or metaworld/<task>), built lazily on gymnasium."""
-    import gymnasium as gym
-
-    class StepTask(gym.Env):
-        """One episodic task, stepped. observation: the simulator's (Reacher 10, Meta-World 39); action: its own.
-
-        ``reset()`` starts training episode k (k counts resets; ``start_index`` sets the first) from the seed
-        (seed, TRAIN_STREAM, k); ``reset(options={"episode_seed": s})`` starts the episode the episodic env starts
-        from episode seed s. Episodes last exactly T steps (truncated, never terminated). The last step's info
-        holds "is_success", "distance" and "episode_return".
-        """
-
-        def __init__(self):
-            self.name, self.seed_, self.index = name, seed, 0
-            self.family = env_family(name)
-            self.sparse = name.endswith("-sparse") if sparse is None else sparse
-            if self.family == "box-pushing":  # no gymnasium env: the episodic env's own task (envs/box_pushing.py)
-                from gymnasium import spaces
-
-                from troll.episodic.envs.box_pushing import BoxPushingConfig, BoxPushingTask
-
-                self.env = self.sim = BoxPushingTask(BoxPushingConfig(sparse=self.sparse))
-                self.observation_space = spaces.Box(-np.inf, np.inf, (28,), np.float64)
-                self.action_space = spaces.Box(-1.0, 1.0, (7,), np.float32)
-            elif self.family == "gym":
-                self.env = gym.make("Reacher-v5", disable_env_checker=True)
-            else:
-                import metaworld  # noqa: F401 -- registers Meta-World/*
-
-                task = name.split("/", 1)[1]
-                self.env = gym.make("Meta-World/MT1", env_name=task, seed=seed, disable_env_checker=True)
-                self.tasks = list(self.env.get_wrapper_attr("tasks"))
-            if self.family != "box-pushing":
-                self.sim = self.env.unwrapped
-                self.observation_space, self.action_space = self.sim.observation_space, self.sim.action_space
-            self.horizon = HORIZON[self.family]
-            self.t, self.total, self.ctrl = 0, 0.0, 0.0
-
-        def start(self, episode_seed: int) -> np.ndarray:
-            """Reset to the episode the episodic env starts from ``episode_seed`` (envs/reacher.py, metaworld.py)."""
-            if self.family == "box-pushing":
-                obs = self.sim.start(episode_seed)
-            elif self.family == "gym":
-                obs, _ = self.sim.reset(seed=episode_seed)
-            else:
-                task = int(np.random.default_rng(episode_seed).integers(len(self.tasks)))
-                self.sim.seed(episode_seed)
-                self.sim.set_task(self.tasks[task])
-                obs, _ = self.sim.reset()
-            check_finite(self.name, self.index, 0, observation=obs)
-            self.t, self.total, self.ctrl = 0, 0.0, 0.0
-            return obs
-
-        def reset(self, *, seed=None, options=None):
-            super().reset(seed=seed)
-            if options and "episode_seed" in options:
-                return self.start(int(options["episode_seed"])), {}
-            episode = int(np.random.SeedSequence([self.seed_, TRAIN_STREAM, self.index]).generate_state(1)[0])
-            self.index += 1
-            return self.start(episode), {}
-
-        def step(self, action):
-            if self.family == "box-pushing":
-                return self._box_step(action)
-            obs, reward, _, _, info = self.sim.step(action)
-            self.t += 1
-            check_finite(self.name, self.index, self.t, observation=obs, reward=reward)
-            done = self.t >= self.horizon
-            out = {}
-            if self.family == "gym":
-                self.ctrl += float(info["reward_ctrl"])
-                distance = -float(info["reward_dist"])
-                if self.sparse:  # the episodic env's sparse reward (envs/reacher.py): all of it at the last step
-                    reward = self.ctrl - self.horizon * distance if done else 0.0
-                success = distance <= 0.02
-            else:
-                distance, success = float(info["obj_to_target"]), info["success"] > 0
-            self.total += float(reward)
-            if done:
-                out = {"is_success": bool(success), "distance": distance, "episode_return": self.total}
-            return obs, float(reward), False, done, out
-
-        def _box_step(self, action):
-            """Box pushing: the task's own reward (dense or sparse) and its info after the last step."""
-            obs, reward, info = self.sim.step(np.asarray(action, dtype=np.float64))
-            self.t += 1
-            check_finite(self.name, self.index, self.t, observation=obs, reward=reward)
-            self.total += reward
-            done = self.t >= self.horizon
-            if not done:
-                return obs, reward, False, False, {}
-            out = {"is_success": info["is_success"], "distance": info["distance"], "episode_return": self.total}
-            return obs, reward, False, True, out
-
-        def close(self):
-            self.env.close()
-
-    return StepTask()
-
-
 def evaluate(model, task, seeds: list[int]) -> dict[str, float]:
     """The deterministic policy on the episodes of ``seeds``: mean return, success rate, final distance."""
     returns, successes, distances = [], [], []
@@ -303,15 +198,11 @@ def evaluate(model, task, seeds: list[int]) -> dict[str, float]:
 
 def saved_config(out: Path) -> PPOConfig | None:
     """The PPOConfig of the run folder ``out``, or None when it holds no PPO run of ``tce train``."""
-    if not (Path(out) / CONFIG_FILE).is_file():
-        return None
-    data = read_config(Path(out))
-    if not isinstance(data, dict) or data.get("command") != COMMAND or not isinstance(data.get("config"), dict):
-        return None
-    if data["config"].get("algo") != "ppo":
+    data = protocol.saved_config(out, COMMAND)
+    if data is None or data.get("algo") != "ppo":
         return None
     try:
-        return PPOConfig.from_dict(data["config"])
+        return PPOConfig.from_dict(data)
     except ValueError as err:
         raise UsageError(f"{out / CONFIG_FILE} holds a PPO config this version cannot read: {err}") from err
 
@@ -319,7 +210,9 @@ def saved_config(out: Path) -> PPOConfig | None:
 def _prepare(config: PPOConfig | None, out: Path, *, resume: bool) -> tuple[PPOConfig, bool]:
     """Check ``out`` and the config before anything is written; returns (config to run, finished already)."""
     check_out_path(out, "run folder")
-    return prepare_run_folder(config, out, resume=resume, saved=saved_config, kind="PPO", runtime=RUNTIME_FIELDS)
+    return protocol.prepare(
+        config, out, command=COMMAND, resume=resume, saved=saved_config, kind="PPO", runtime=RUNTIME_FIELDS
+    )
 
 
 def checkpoints(out: Path) -> list[tuple[int, Path]]:
@@ -328,19 +221,8 @@ def checkpoints(out: Path) -> list[tuple[int, Path]]:
 
 
 def save_checkpoint(out: Path, model) -> Path:
-    """checkpoint-<env steps>.zip, written whole (temporary file, fsync, rename); then the older ones go."""
-    steps = int(model.num_timesteps)
-    path = out / CHECKPOINT.format(steps)
-    tmp = out / f".{path.name}.tmp-{os.getpid()}"
-    with tmp.open("wb") as f:
-        model.save(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    for s, old in checkpoints(out):
-        if s != steps:
-            old.unlink(missing_ok=True)
-    return path
+    """checkpoint-<env steps>.zip (SB3's save), whole (:func:`troll.runs.protocol.save_checkpoint`: one is kept)."""
+    return protocol.save_checkpoint(out, CHECKPOINT, int(model.num_timesteps), model.save)
 
 
 def train(
@@ -352,25 +234,21 @@ def train(
     plot: bool = True,
     on_row: Callable[[dict], None] | None = None,
 ) -> dict:
-    """Run PPO into ``out`` (same arguments and refusals as :func:`troll.episodic.train.train`); the summary."""
+    """Run PPO into ``out`` (same arguments and refusals as :func:`troll.episodic.run.train`); the summary."""
     require_sb3()
     out = Path(out)
-    with runs.holding(out):  # from the check on: no other process starts or deletes it while the env is built
-        config, finished = _prepare(config, out, resume=resume)
-        if finished:
-            return json.loads((out / SUMMARY_FILE).read_text())
-        return _train(config, out, progress=progress, plot=plot, on_row=on_row)
+    return protocol.run(
+        out,
+        lambda: _prepare(config, out, resume=resume),
+        lambda cfg: _train(cfg, out, progress=progress, plot=plot, on_row=on_row),
+    )
 
 
 def _train(config: PPOConfig, out: Path, *, progress: bool, plot: bool, on_row) -> dict:
-    import torch
+    from troll._threads import threads
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(config.threads)
-    try:
+    with threads(config.threads):
         _run(config, out, progress, on_row)
-    finally:
-        torch.set_num_threads(threads)
     rows = read_jsonl(out / METRICS_FILE)
     summary = summarise(rows, config.to_dict(), iterations=math.ceil(config.total_env_steps / config.n_steps))
     if plot:
@@ -400,10 +278,9 @@ def _build(config: PPOConfig, out: Path):
         model.set_random_seed(config.seed + steps)
         task.index = steps // task.horizon + 1  # a fresh training episode index, never one used before
         rows = read_jsonl(out / METRICS_FILE)
-        truncate_jsonl(out / METRICS_FILE, sum(1 for r in rows if r["env_steps"] <= steps))
+        protocol.resume_metrics(out, sum(1 for r in rows if r["env_steps"] <= steps))
     else:
-        write_json(out / CONFIG_FILE, {"command": COMMAND, "config": config.to_dict()})
-        truncate_jsonl(out / METRICS_FILE, 0)
+        protocol.start(out, COMMAND, config.to_dict())
         arch = list(config.net_arch)
         sb3 = {k: getattr(config, k) for k in SB3_FIELDS}
         model = PPO("MlpPolicy", task, seed=config.seed, device="cpu", verbose=0,

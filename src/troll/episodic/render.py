@@ -163,7 +163,7 @@ def render_run(out: Path, *, path: Path | None = None, episodes: int = 3, width:
     """Render the run in ``out`` (module docstring) into ``path`` (default <out>/video.mp4); returns
     {"path", "frames", "episodes", "fps", "final": [per-episode final metrics]}. RenderError / UsageError for what
     cannot be rendered, before any episode runs."""
-    from troll.episodic.train import checkpoints, saved_config
+    from troll.episodic.run import checkpoints, saved_config
     from troll.runs.files import UsageError
 
     out = Path(out)
@@ -188,9 +188,9 @@ def render_run(out: Path, *, path: Path | None = None, episodes: int = 3, width:
 def _render(config, checkpoint: Path, path: Path, *, episodes: int, width: int, height: int, fps: int) -> dict:
     import torch
 
-    from troll.episodic.agent import EVAL_STREAM, TCEAgent, reset_seed
     from troll.episodic.envs import make_env
     from troll.episodic.envs.registry import has_backends
+    from troll.episodic.tce.agent import EVAL_STREAM, TCEAgent, reset_seed
 
     options = dict(config.env_options)
     if has_backends(config.env):

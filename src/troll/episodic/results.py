@@ -128,7 +128,7 @@ ALGO_ORDER = ("tce", "bbrl", "bbrl-cov", "ppo")
 def by_task(studies: list[tuple[str, dict]], baseline: str = "bbrl") -> str:
     """The markdown of the per-task summary that heads tce_results.md: per task and algorithm the success rate after
     the last step and at any step (mean ± standard error, seeds), TCE - ``baseline`` paired, and on how many tasks
-    TCE's mean success at the budget is at or above the baseline's (issue 30's count)."""
+    TCE's mean success at the budget is at or above the baseline's."""
     algos = [a for a in ALGO_ORDER if any(x["algo"] == a for _, d in studies for x in d["aggregates"])]
     if not algos:
         return ""

@@ -29,13 +29,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from troll.episodic import options as opts
-from troll.runs import numbered_files
+from troll.episodic import flags as opts
 from troll.study import Cell, Curve, Frontend, Grid, Number, Pairing, Study, UsageError, runner, stats
 from troll.study import grid as grid_lib
 
 COMMAND = "tce study"
-RUN_COMMAND = "tce train"  # the command of each cell (troll.episodic.train.COMMAND)
+RUN_COMMAND = "tce train"  # the command of each cell (troll.episodic.run.COMMAND)
 VIDEO_FILE = "video.mp4"  # troll.episodic.render.VIDEO_FILE, written by each cell's --video
 STUDY_WORKERS = 1  # env processes of a cell: with --jobs 2 two cells step two simulators on two cores
 NOT_SWEPT = frozenset({"algo", "env", "seed", "threads", "workers", "env_options", "policy_hidden", "critic_hidden",
@@ -78,19 +77,6 @@ def load_spec(out: Path) -> StudySpec:
         return StudySpec.from_json(data)
     except (TypeError, ValueError) as err:
         raise UsageError(f"--resume: {out / 'config.json'} holds a damaged study spec ({err}).") from err
-
-
-def check_folder(out: Path, *, overwrite: bool, resume: bool) -> bool:
-    return runner.check_folder(out, command=COMMAND, overwrite=overwrite, resume=resume)
-
-
-def _int(args, name: str, low: int, default):
-    if not hasattr(args, name):
-        return default
-    value = opts.parse_value(name, getattr(args, name), int, "--" + name)
-    if value < low:
-        raise UsageError(f"--{name} must be an integer >= {low}, got {value}.")
-    return value
 
 
 def spec_from_args(args, given: dict) -> tuple[StudySpec, Path]:
@@ -156,7 +142,7 @@ def check_started(cells: list[Cell], out: Path) -> None:
     would resume with other settings than the study gives it today: a folder made by an older version (for one,
     before metaworld/* cells kept the preset's env options beside a recorded backend), which ``--resume`` would
     otherwise finish or keep beside new cells, mixing two setups in one report."""
-    from troll.episodic.config import RUNTIME_FIELDS
+    from troll.episodic.tce.config import RUNTIME_FIELDS
     from troll.study.archive import differs
 
     stale = []
@@ -201,9 +187,9 @@ def _fresh_spec(args, given: dict, env: str) -> StudySpec:
     for algo in algos:
         opts.check_env(env, algo)
     seeds = grid_lib.parse_seeds(args.seeds) if hasattr(args, "seeds") else [0, 1, 2]
-    spec = StudySpec(env, list(algos), seeds, _int(args, "steps", 1, None), dict(given),
-                     workers=_int(args, "workers", 0, STUDY_WORKERS), threads=_int(args, "threads", 1, 1),
-                     videos=bool(getattr(args, "videos", False)))  # fmt: skip
+    workers, threads = opts.int_flag(args, "workers", 0, STUDY_WORKERS), opts.int_flag(args, "threads", 1, 1)
+    spec = StudySpec(env, list(algos), seeds, opts.int_flag(args, "steps", 1, None), dict(given), workers=workers,
+                     threads=threads, videos=bool(getattr(args, "videos", False)))  # fmt: skip
     for name in given:
         if not any(opts.applies(name, a) for a in spec.algos):
             raise UsageError(f"{opts.flag(name)} applies to none of --algos {','.join(spec.algos)}; drop it.")
@@ -374,6 +360,13 @@ def _videos(spec: StudySpec, cells: list[Cell]) -> str:
     return f"\nVideos (the mean trajectory on the first evaluation episodes): {', '.join(links)}.\n" if links else ""
 
 
+def _can_resume(cell: Cell) -> bool:
+    """Whether a cell's folder holds a checkpoint of its run (TCE's and BBRL's, or PPO's) to continue from."""
+    from troll.episodic import ppo, run
+
+    return bool(run.checkpoints(cell.folder) or ppo.checkpoints(cell.folder))
+
+
 def frontend(spec: StudySpec) -> Frontend:
     """The engine's view of ``troll tce study``."""
     return Frontend(
@@ -388,7 +381,7 @@ def frontend(spec: StudySpec) -> Frontend:
         curves=CURVES,
         x_key="env_steps",
         x_label="environment steps",
-        can_resume=lambda cell: any(numbered_files(cell.folder, t) for t in ("checkpoint-{}.pt", "checkpoint-{}.zip")),
+        can_resume=_can_resume,
         title=lambda grid, cells: _title(spec),
         note=lambda grid, cells: _note(spec, cells),
         env={"OMP_NUM_THREADS": str(spec.threads)},

@@ -140,6 +140,11 @@ def _scoring(new: Gaussian, old: Gaussian, actions, advantages, old_log_prob, lo
     if actions is not None:
         bsz, dim = new.mean.shape
         check_tensor("actions", actions)
+        if not actions.is_floating_point():  # a bool or integer tensor is no sample of a Gaussian: refuse, not cast
+            raise ValueError(
+                f"actions must be a floating-point tensor of sampled continuous actions, got dtype {actions.dtype}; "
+                "pass the actions the policy sampled (e.g. new.mean.dtype), not a mask or indices."
+            )
         check_shape("actions", actions, (bsz, dim), " (new.mean's shape, one action per state)")
         check_shape("advantages", advantages, (bsz,), " (one advantage per state)")
 

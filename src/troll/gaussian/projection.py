@@ -20,6 +20,7 @@ bound on what rounding to float32 does to the distance (``rounded_target``). Sha
 
 from __future__ import annotations
 
+import sys
 from typing import NamedTuple
 
 import torch
@@ -69,8 +70,8 @@ def project(new: Gaussian, old: Gaussian, *, mean_bound: float, cov_bound: float
         its bound: in float64 up to rounding, in float32 as measured from the returned values (docs/gaussian.md,
         "Numerics"); ``mean_after`` / ``cov_after`` report it, so a bound that rounding broke would show there.
     """
-    check_number("mean_bound", mean_bound, hint="; TCE uses mean_bound=0.005 to 0.1")
-    check_number("cov_bound", cov_bound, hint="; TCE uses cov_bound=0.0005 to 0.02")
+    check_bound("mean_bound", mean_bound, hint="; TCE uses mean_bound=0.005 to 0.1")
+    check_bound("cov_bound", cov_bound, hint="; TCE uses cov_bound=0.0005 to 0.02")
     check_choice("distance", distance, DISTANCES)
     check_gaussian("new", new)
     check_gaussian("old", old)
@@ -99,8 +100,19 @@ def check_metrics_args(proj, mean_bound, cov_bound) -> None:
         raise TypeError(
             f"proj must be the GaussianProjection that troll.gaussian.project returned, got {type(proj).__name__}."
         )
-    check_number("mean_bound", mean_bound, hint="; pass the bound the projection used")
-    check_number("cov_bound", cov_bound, hint="; pass the bound the projection used")
+    check_bound("mean_bound", mean_bound, hint="; pass the bound the projection used")
+    check_bound("cov_bound", cov_bound, hint="; pass the bound the projection used")
+
+
+def check_bound(name: str, value, *, hint: str) -> None:
+    """A bound is a finite number > 0 and a normal float64 (>= 2.2e-308): the solves divide by it and halve it
+    (``rounded_target``), which a subnormal bound does not survive (it rounds to 0, and 1 / 0 is no step)."""
+    check_number(name, value, hint=hint)
+    if value < sys.float_info.min:
+        raise ValueError(
+            f"{name}={value!r} is a subnormal number, below the smallest normal float64 ({sys.float_info.min:.4g}), "
+            f"which the projection cannot divide by; pass {name} >= {sys.float_info.min:.4g}{hint}."
+        )
 
 
 def project_mean(mean: torch.Tensor, old: Gaussian, *, bound: float, distance: str):

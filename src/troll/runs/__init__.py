@@ -6,7 +6,7 @@
 - :mod:`troll.runs.checkpoints`: the numbered checkpoint names;
 - :mod:`troll.runs.numbers`: "a finite real number, not a bool", in a range, named as the user wrote it.
 
-Below ``troll.study``, ``troll.train`` and ``troll.episodic``; it imports nothing of troll's above it.
+Below ``troll.study``, ``troll.lm`` and ``troll.episodic``; it imports nothing of troll's above it.
 """
 
 from troll.runs.checkpoints import numbered_files

@@ -1,7 +1,7 @@
 """The checkpoint listing every run folder shares: numbered names (``checkpoint-{n}/``, ``checkpoint-{n}.pt``).
 
 A checkpoint is written under its final name only once it is whole (an atomic rename, or a completion mark for a
-Trainer's folder: :mod:`troll.train.checkpoints`); its number is the step or iteration it holds. Only names whose
+Trainer's folder: :mod:`troll.lm.checkpoints`); its number is the step or iteration it holds. Only names whose
 number is a whole number count, so ``checkpoint-backup/`` or ``checkpoint-notes.txt`` are never taken for one.
 """
 

@@ -18,6 +18,20 @@ from numbers import Integral, Real
 SEED_LIMIT = 2**32  # numpy's and the env's seed range: a seed is a whole number in [0, 2**32)
 
 
+class FieldError(ValueError):
+    """A ValueError about one named value: ``field`` is the name it was checked under, so that a caller can say which
+    flag to change (``--mean-bound``) without reading the message."""
+
+    def __init__(self, message: str, field: str):
+        super().__init__(message)
+        self.field = field
+
+
+def _error(error: type[Exception], message: str, name: str) -> Exception:
+    """``error`` with ``message``; a plain ValueError becomes a :class:`FieldError` naming ``name``."""
+    return FieldError(message, name) if error is ValueError else error(message)
+
+
 def is_real(value) -> bool:
     """A finite real number that is not a bool (``True`` is an int to Python, never a number to a user)."""
     return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
@@ -59,7 +73,7 @@ def check_real(
         where = _describe(low, high, low_open, high_open)
         rule = f"{where} and a finite number" if where else "a finite number"
         kind = " (a bool is not a number)" if isinstance(value, bool) else ""
-        raise error(f"{name} must be {rule}, got {value!r}{kind}{_sep(hint)}.")
+        raise _error(error, f"{name} must be {rule}, got {value!r}{kind}{_sep(hint)}.", name)
 
 
 def check_int(name: str, value, *, low: int | None = 1, high: int | None = None, hint: str = "",
@@ -70,7 +84,7 @@ def check_int(name: str, value, *, low: int | None = 1, high: int | None = None,
         rule = "an integer" + (f" >= {low}" if low is not None else "")
         rule += (" and" if low is not None else "") + f" < {_big(high)}" if high is not None else ""
         shown = f"{value:.3e} ({len(str(abs(value)))} digits)" if is_int(value) and abs(value) > 10**15 else repr(value)
-        raise error(f"{name} must be {rule}, got {shown}{_sep(hint)}.")
+        raise _error(error, f"{name} must be {rule}, got {shown}{_sep(hint)}.", name)
 
 
 def check_seed(name: str, value, *, error: type[Exception] = ValueError) -> None:
@@ -91,4 +105,4 @@ def _sep(hint: str) -> str:
 def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     """``value`` is one of ``choices``; the message lists them."""
     if value not in choices:
-        raise ValueError(f"{name}={value!r} is not supported; choose one of {', '.join(map(repr, choices))}.")
+        raise FieldError(f"{name}={value!r} is not supported; choose one of {', '.join(map(repr, choices))}.", name)

@@ -1,6 +1,6 @@
 """The study engine: a grid of arms x seeds (x one swept option) run as subprocesses, with its statistics.
 
-It knows nothing of language models or agents: ``troll study`` (:mod:`troll.train.study`, arms are losses) and an
+It knows nothing of language models or agents: ``troll study`` (:mod:`troll.lm.study`, arms are losses) and an
 episodic agent's ``troll tce study`` (arms are algorithms) are *frontends*, each a :class:`Frontend` saying how a
 cell is run and what its numbers and curves are. The engine plans the cells and their folders, checks the study
 folder (never overwriting results: ``--resume`` or ``--overwrite``), runs the cells ``jobs`` at a time (a failed
@@ -9,10 +9,11 @@ study.md (mean ± standard error over seeds, paired differences with 95% t-inter
 
 Modules, lowest first: ``stats``, ``grid`` (parsing and planning), ``frontend`` (the interface), ``report`` and
 ``plot``, ``lease`` and ``cell`` (a cell's owner across machines and its entry point), ``runner``, ``executors``
-(``--executor local|ray|slurm``, with ``on_ray`` and ``on_slurm``, docs/cluster.md); the folders' files and rules
-(atomic JSON, whole-line JSONL, manifests, :class:`UsageError`) are the shared run layer's, :mod:`troll.runs`. This
-package imports nothing above the core (never :mod:`troll.train`, :mod:`troll.cli` or :mod:`troll.episodic`), nor
-torch, matplotlib, ray or submitit at import time.
+(``--executor local|ray|slurm``, with ``on_ray`` and ``on_slurm``, docs/cluster.md), ``command`` (the study command
+both applications share); the folders' files and rules (atomic JSON, whole-line JSONL, manifests,
+:class:`UsageError`) are the shared run layer's, :mod:`troll.runs`. This package imports nothing above the core
+(never :mod:`troll.lm`, :mod:`troll.cli` or :mod:`troll.episodic`), nor torch, matplotlib, ray or submitit at import
+time.
 
 A frontend in a few lines (see :mod:`troll.study.frontend` for every field)::
 

@@ -14,7 +14,7 @@ statistics; a frontend knows its runs. It says
 - the curves: :attr:`Frontend.curves` (metrics keys, each optionally restricted to some rows) against the x-axis
   :attr:`Frontend.x_key` (``step``: optimiser steps of a language-model run; environment steps for an agent).
 
-``troll study`` (:mod:`troll.train.study`) is one frontend; an episodic agent's ``troll tce study`` is another::
+``troll study`` (:mod:`troll.lm.study`) is one frontend; an episodic agent's ``troll tce study`` is another::
 
     Frontend(
         command="tce study", arm="algo", run_command="tce train",

@@ -190,7 +190,7 @@ def test_cli_refuses_bad_env_options_before_writing(tmp_path, capsys, command, a
 
 
 def test_cli_records_the_backend_in_the_config():
-    from troll.episodic import options as opts
+    from troll.episodic import flags as opts
 
     def backend(env, **env_options):
         config = opts.build_config("tce", env, seed=0, steps=None, options={"env_options": env_options}, threads=1,
@@ -210,7 +210,7 @@ def test_a_run_from_before_the_backend_resumes_on_python(env):
     import argparse
 
     from troll.episodic.cli import train_config
-    from troll.episodic.config import TCEConfig
+    from troll.episodic.tce.config import TCEConfig
     from troll.runs.files import UsageError
 
     old = TCEConfig.preset(env).to_dict()

@@ -264,7 +264,7 @@ def _phases(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def test_presets_are_the_authors_hopper_config():
     """TCE_RL's mprl/config/hopper_jump/tcp/entire (shared.yaml + horeka.yaml), as docs/tce.md lists it."""
-    from troll.episodic.config import TCEConfig
+    from troll.episodic.tce.config import TCEConfig
 
     tce = TCEConfig.preset("fancy/hopper-jump")
     authors = {"episodes": 64, "eval_episodes": 64, "eval_every": 25, "num_basis": 3, "tau": 0.8, "dmp_alpha": 10.0,
@@ -283,7 +283,7 @@ def test_presets_are_the_authors_hopper_config():
 
 
 def test_ppo_is_refused_and_a_study_defaults_to_tce_and_bbrl():
-    from troll.episodic import options as opts
+    from troll.episodic import flags as opts
     from troll.runs.files import UsageError
 
     with pytest.raises(UsageError, match="--algo ppo is not available on fancy/hopper-jump"):

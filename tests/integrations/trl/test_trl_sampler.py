@@ -324,7 +324,7 @@ def test_sampler_with_tools_is_refused_before_training(tmp_path):
         tr._troll_check_sampler()
 
 
-# --------------------------------------------------------------------------------- one KL rule (issue 27, item 4)
+# --------------------------------------------------------------------------------- one KL rule
 
 
 @pytest.mark.parametrize("tail", ["bucket", "renormalize"])

@@ -2,7 +2,7 @@
 
 An option table maps an option's name to a :class:`Option` (its kind and range, or its choices). ``check`` raises a
 ValueError naming the env and the option for an unknown name, a wrong type (a string, None, a bool for a number), a
-non-finite or out-of-range number, or a choice not in the list: issue 28's `{"dt": "abc"}`, `{"kp": null}`,
+non-finite or out-of-range number, or a choice not in the list: `{"dt": "abc"}`, `{"kp": null}`,
 `{"max_accel": 1e300}` and NaN all stop here, before a run writes anything.
 """
 

@@ -106,7 +106,7 @@ class TrollGRPOConfig(GRPOConfig):
     )
     troll_kl_bound: float = field(
         default=KL_BOUND,
-        metadata={"help": "TROLL: per-token KL bound eps of the trust-region projection (paper 0.05)."},
+        metadata={"help": "TROLL: per-token KL bound of the trust-region projection (paper 0.05)."},
     )
     troll_alpha: float = field(
         default=ALPHA, metadata={"help": "TROLL: weight of the regression to the projected policy (paper 1.0)."}

@@ -42,6 +42,9 @@ TROLL and clipping share one code path. How the TROLL loss types depart from TRL
   stays a max); TRL's ``entropy`` is logged too.
 - The model card names TROLL and cites it beside GRPO.
 
+Where the old policy comes from (recomputed, or recorded by the sampler) is the mixin of
+:mod:`troll.integrations.trl.capture`; this module holds the loss, the LM-head path and the metrics.
+
 TRL internals this trainer relies on, and how an upgrade is checked: docs/trl.md, "Upgrading TRL"; the test
 tests/integrations/trl/test_trl_contract.py pins each one.
 
@@ -58,24 +61,24 @@ import warnings
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from troll.categorical.defaults import OLD_PREFIX, TROLL_LOSSES, troll_agg, troll_level
-from troll.categorical.distributed import full_shape, is_fsdp2_model, with_lm_head
+from troll.categorical.defaults import TROLL_LOSSES, troll_agg, troll_level
+from troll.categorical.distributed import is_fsdp2_model, with_lm_head
 from troll.categorical.lm_head import ChunkedLMHead, sparsify_from_hidden
 from troll.categorical.losses import sparse_kl_metrics, troll_loss, troll_loss_from_hidden
 from troll.categorical.policy import DenseLogits
-from troll.categorical.sparse import SparseLogProbs, cat_sparse, sparsify
+from troll.categorical.sparse import cat_sparse, sparsify
 from troll.citation import TROLL_ARXIV, TROLL_BIBTEX, TROLL_TITLE
 from troll.integrations import hf
-from troll.integrations.sampler import fit_length, sampled_lists, sampled_token_logps, sparse_from_topk
+from troll.integrations.sampler import sampled_token_logps
+from troll.integrations.trl.capture import OldPolicyCapture, sequence
 from troll.integrations.trl.config import TrollGRPOConfig, check_trl_version
 from troll.output import LossOutput
 
-_MULTIMODAL_KEYS = ("pixel_values", "image_grid_thw", "pixel_attention_mask", "image_sizes", "token_type_ids")
 # The model card's method and citation (TRL writes the card from these attributes), TROLL's beside TRL's GRPO.
 TROLL_PAPER = {"title": TROLL_TITLE, "id": TROLL_ARXIV, "citation": TROLL_BIBTEX}
 
 
-class TrollGRPOTrainer(GRPOTrainer):
+class TrollGRPOTrainer(OldPolicyCapture, GRPOTrainer):
     """:class:`trl.GRPOTrainer` with the TROLL loss types; a drop-in replacement taking the same arguments.
 
     Overrides three private TRL methods, each pinned by tests/integrations/trl/test_trl_contract.py:
@@ -187,173 +190,9 @@ class TrollGRPOTrainer(GRPOTrainer):
             for hook in hooks:
                 hook.remove()
 
-    def _troll_capture_hooks(self, t: int):
-        """(backbone hook, model hook): the first keeps a chunk's hidden states and tokens at its last ``t``
-        positions, the second appends their sparse old policy to ``_troll_pending``."""
-        kept = []
-
-        def keep(module, args, kwargs, output):
-            input_ids = kwargs.get("input_ids", args[0] if args else None)
-            kept.append((output.last_hidden_state[:, -(t + 1) : -1], input_ids[:, -t:]))
-
-        def capture(module, args, output):
-            hidden, tokens = kept.pop()
-            self._troll_pending.append(self._troll_sparsify_head(self.model, hidden, tokens))
-
-        return keep, capture
-
-    # ------------------------------------------------------------------------------------ the sampler's old policy
-
-    @property
-    def _troll_from_sampler(self) -> bool:
-        """troll_old_policy="sampler": the old policy is what the generation recorded (docs/trl.md)."""
-        return getattr(self.args, "troll_old_policy", "recompute") == "sampler"
-
-    def _troll_check_sampler(self) -> None:
-        """Refuse what the sampler cannot serve, before training; ask vLLM for the top-K log-probs."""
-        if self.tools or self.environment_factories is not None:
-            raise ValueError(
-                "troll_old_policy='sampler' does not support tools or environment_factory yet (the tool loop splices "
-                "tool tokens into the completions after generation); set troll_old_policy='recompute'."
-            )
-        if self.use_vllm and self.rollout_func is None:
-            # TRL asks vLLM for the sampled token's log-prob only (logprobs=0); the sampler needs the top K.
-            self.vllm_generation.logprobs = self.args.troll_top_k
-
-    def _troll_vocab_size(self) -> int:
-        unwrapped = self.accelerator.unwrap_model(self.model)
-        head = hf.output_embeddings(unwrapped)
-        weight = getattr(head, "weight", None)
-        return int(full_shape(weight)[0]) if weight is not None else int(unwrapped.config.vocab_size)
-
-    @contextlib.contextmanager
-    def _troll_sampling(self):
-        """Within the block the generation records the old policy: HF generate through a logits processor
-        (:class:`troll.integrations.hf.GenerationRecorder`), vLLM and a rollout_func through their top log-probs
-        (:func:`troll.integrations.sampler.sparse_from_topk`). The source is kept in ``_troll_sampled``."""
-        kept = dict(top_k=self.args.troll_top_k, delta=self.args.troll_delta)
-        if self.rollout_func is not None:
-            original, owner, name = self.rollout_func, self, "rollout_func"
-            wrapped = self._troll_wrap_rollout(original, kept)
-        elif self.use_vllm:
-            original, owner, name = self.vllm_generation.generate, self.vllm_generation, "generate"
-            wrapped = self._troll_wrap_vllm(original, kept)
-        else:
-            recorder = hf.GenerationRecorder(temperature=self.temperature, **kept)
-            self._troll_sampled = recorder
-            try:
-                with hf.recording_generate(self.accelerator.unwrap_model(self.model_wrapped), recorder):
-                    yield
-            finally:
-                self._troll_sampled = None
-            return
-        had_own = name in owner.__dict__
-        setattr(owner, name, wrapped)
-        try:
-            yield
-        finally:
-            if had_own:
-                setattr(owner, name, original)
-            else:
-                delattr(owner, name)  # the class's method again
-            self._troll_sampled = None
-
-    def _troll_wrap_rollout(self, rollout_func, kept: dict):
-        def rollout(prompts, trainer):
-            output = rollout_func(prompts, trainer)
-            if "logprob_token_ids" not in output:
-                raise ValueError(
-                    "troll_old_policy='sampler' needs the rollout_func to return 'logprob_token_ids' beside "
-                    "'logprobs': per completion position the top log-probs and their token ids, the sampled token "
-                    "among them (as vLLM's logprobs=K gives them). Return them, or set troll_old_policy='recompute'."
-                )
-            self._troll_sampled = sparse_from_topk(
-                output["logprobs"], output["logprob_token_ids"], output["completion_ids"], source="rollout_func",
-                vocab_size=self._troll_vocab_size(), device=self.accelerator.device, **kept,
-            )  # fmt: skip
-            # TRL reads "logprobs" as the sampled tokens' log-probs (B, T)
-            return {**output, "logprobs": sampled_lists(self._troll_sampled, output["completion_ids"])}
-
-        return rollout
-
-    def _troll_wrap_vllm(self, generate, kept: dict):
-        def vllm_generate(*args, **kwargs):
-            prompt_ids, completion_ids, logprobs, token_ids = generate(*args, **kwargs)
-            self._troll_sampled = sparse_from_topk(
-                logprobs, token_ids, completion_ids, source="vLLM", vocab_size=self._troll_vocab_size(),
-                device=self.accelerator.device, **kept,
-            )  # fmt: skip
-            # TRL keeps entry 0 of each position as the sampled token's log-prob (right for logprobs=0 only)
-            sampled = [[[lp] for lp in seq] for seq in sampled_lists(self._troll_sampled, completion_ids)]
-            return prompt_ids, completion_ids, sampled, token_ids
-
-        return vllm_generate
-
-    def _troll_sampled_old(self, length: int) -> SparseLogProbs:
-        """The sampler's old policy of the batch being scored, (B, length, K) on the trainer's device."""
-        source = self._troll_sampled
-        if isinstance(source, hf.GenerationRecorder):
-            if len(source.records) != 1:
-                raise RuntimeError(f"expected one generate call per rollout batch, saw {len(source.records)}.")
-            source = source.records[0]
-        if source is None:
-            raise RuntimeError("troll_old_policy='sampler': the generation recorded no old policy.")
-        return fit_length(source, length).to(self.accelerator.device)
-
-    def _troll_skips_forward(self, kwargs: dict) -> bool:
-        """Whether TRL's no-grad old-log-prob forward is replaced by the sampler's log-probs: the TROLL loss types
-        read only the sparse old policy, so nothing else needs it (TRL's own loss types keep it)."""
-        return (
-            self._troll_sampled is not None
-            and self._troll_enabled
-            and not torch.is_grad_enabled()
-            and not kwargs.get("compute_entropy")
-            and not kwargs.get("compute_aux_loss")
-        )
-
-    # ------------------------------------------------------------------------------------------ recompute
-
-    @torch.no_grad()
-    def _troll_capture_old(self, batch: dict) -> SparseLogProbs:
-        """The old policy (B, T, K) of a scored rollout batch, before any update on it (docs/method.md).
-
-        Runs the current weights at the sampling temperature in chunks of per_device_train_batch_size sequences
-        (:func:`troll.integrations.hf.capture_old`) and keeps, per completion position, the top tokens (mass
-        1 - troll_delta, at most troll_top_k) plus the sampled one.
-        """
-        unwrapped = self.accelerator.unwrap_model(self.model)
-        return hf.capture_old(
-            unwrapped,
-            *_sequence(batch),
-            batch["completion_ids"],
-            temperature=self.temperature,
-            chunked=self.troll_lm_head == "chunked",
-            batch_size=self.args.per_device_train_batch_size,
-            autocast=self.accelerator.autocast,
-            wrapped=self.model,
-            with_head=lambda fn, *tensors: self._troll_with_head(self.model, fn, *tensors),
-            **self._troll_kept(),
-        )
-
-    def _troll_kept(self) -> dict:
-        """The sparsification rule (docs/method.md, kept rule) as keywords of sparsify / sparsify_from_hidden."""
-        return dict(top_k=self.args.troll_top_k, delta=self.args.troll_delta)
-
     def _troll_tail(self) -> dict:
         """How the mass outside the kept tokens enters the support (docs/method.md, "The sparse support")."""
         return dict(tail=self.args.troll_tail, fill=self.args.troll_fill)
-
-    def _troll_sparsify_head(self, model, hidden, tokens) -> SparseLogProbs:
-        """The sparse policy of ``hidden`` (B, T, H) through ``model``'s LM head (FSDP2 / ZeRO-3: gathered)."""
-
-        def with_head(fn, *tensors):
-            return self._troll_with_head(model, fn, *tensors)
-
-        return hf.sparsify_head(hidden, tokens, with_head=with_head, temperature=self.temperature, **self._troll_kept())
-
-    def _troll_stored_old(self, inputs: dict) -> SparseLogProbs | None:
-        """The old policy captured with the rollout batch; None when the batch feeds a single optimiser step."""
-        return SparseLogProbs.from_dict(inputs) if f"{OLD_PREFIX}ids" in inputs else None
 
     # ------------------------------------------------------------------------------------------ the LM-head path
 
@@ -414,7 +253,7 @@ class TrollGRPOTrainer(GRPOTrainer):
         The model's own forward (:func:`troll.integrations.hf.final_hidden`), so that DDP or any wrapper sees the
         call and arms its gradient hooks.
         """
-        hidden, _ = hf.final_hidden(model, *_sequence(inputs), autocast=self.accelerator.autocast())
+        hidden, _ = hf.final_hidden(model, *sequence(inputs), autocast=self.accelerator.autocast())
         t = inputs["completion_ids"].size(1)
         # Position i predicts token i + 1: the last t + 1 positions minus the final one score the completion.
         return hidden[:, -(t + 1) : -1]
@@ -423,9 +262,7 @@ class TrollGRPOTrainer(GRPOTrainer):
         """(B, T, V) logits (fp32, or fp64 for a fp64 model) at the completion positions, divided by the sampling
         temperature: the dense path, the model's plain forward (not TRL's fused LM head)."""
         t = inputs["completion_ids"].size(1)
-        return hf.completion_logits(
-            model, *_sequence(inputs), t, self.temperature, autocast=self.accelerator.autocast()
-        )
+        return hf.completion_logits(model, *sequence(inputs), t, self.temperature, autocast=self.accelerator.autocast())
 
     # ------------------------------------------------------------------------------------------ the loss
 
@@ -578,14 +415,6 @@ class TrollGRPOTrainer(GRPOTrainer):
                 continue
             weight = torch.ones_like(tokens) if even and key.startswith("troll/loss/") else tokens
             window.append(float((rows[:, i] * weight).sum() / weight.sum().clamp_min(1)))
-
-
-def _sequence(inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """Prompt + completion ids and attention mask (B, S); multimodal inputs are rejected."""
-    if any(inputs.get(key) is not None for key in _MULTIMODAL_KEYS):
-        raise NotImplementedError("The TROLL loss types support text-only models and datasets for now.")
-    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
-    return ids, torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
 
 
 def loss_mask(inputs: dict) -> torch.Tensor:

@@ -1,0 +1,549 @@
+"""``TCEConfig``: every number a user would tune for TCE and BBRL, in one validated dataclass.
+
+The defaults are the settings runs had before the authors' Meta-World setup, so that an old config.json resumes as
+it ran (docs/tce.md, "Config and presets"): 16 episodes an iteration, a ProDMP with 8 basis functions (alpha 10,
+alpha_x 3), 25 segment indices (24 pairs) at a fixed interval with a random offset, a 2 x 128 tanh policy with one
+global Cholesky factor, 50 critic then 50 policy epochs of full-batch Adam, GAE lambda 0.95 with gamma 1, and the
+KL trust region 0.005 / 0.0005 with regression weight 1. :meth:`TCEConfig.preset` fills in what depends on the
+environment family (:data:`PRESETS`: on Meta-World the authors' setup) and on the algorithm (:data:`ALGO_PRESETS`).
+Every field is checked in ``__post_init__`` with a message that says how to fix it; the config round-trips through
+JSON (the run folder's config.json).
+
+    cfg = TCEConfig.preset("metaworld/reach-v3", seed=1)          # Meta-World defaults, seed 1
+    cfg = TCEConfig.preset("toy/viapoint", algo="bbrl")           # the black-box baseline on the toy task
+    TCEConfig.from_json(cfg.to_json()) == cfg
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+from dataclasses import dataclass, field
+
+from troll.episodic.envs.registry import BOX_PUSHING, ENV_NAMES, GYM, HOPPER, METAWORLD, TOY
+from troll.gaussian.distances import DISTANCES as GAUSSIAN_DISTANCES
+from troll.gaussian.projection import KINDS_FOR
+from troll.runs.numbers import SEED_LIMIT, FieldError, check_int, check_real
+
+# Upper limits of the numbers a config takes (checked before anything is built or written): beyond them the float32
+# arithmetic of a run overflows (an Adam step of 1e300, a std of 1e300) or the sizes cannot be allocated.
+NUMBER_LIMITS = {"policy_lr": 1.0, "critic_lr": 1.0, "init_std": 1e3, "min_std": 1e3, "weights_scale": 1e6,
+                 "goal_scale": 1e6, "dmp_alpha": 1e6, "dmp_alpha_x": 1e6}  # fmt: skip
+SIZE_LIMITS = {"episodes": 100_000, "eval_episodes": 100_000, "num_basis": 1000, "num_segments": 10_000,
+               "policy_epochs": 100_000, "critic_epochs": 100_000, "critic_minibatches": 1_000_000, "threads": 1024,
+               "workers": 1024, "seed": SEED_LIMIT, "total_env_steps": 10**12, "width": 100_000}  # fmt: skip
+
+ALGOS = ("tce", "bbrl", "bbrl-cov")  # bbrl: diagonal covariance (the authors'); bbrl-cov: full (the paper's BBRL-Cov)
+COVARIANCES = ("full", "diag")
+ENTROPY_REFERENCES = ("initial", "zero")
+# troll.gaussian's distances that project the policy's Cholesky factor (w2 needs a symmetric square root)
+DISTANCES = tuple(d for d in GAUSSIAN_DISTANCES if "chol" in KINDS_FOR[d])
+ACTIVATIONS = ("tanh", "relu", "elu", "silu", "leaky_relu")  # leaky_relu: slope 0.01, the box-pushing configs'
+ENTROPY_SCHEDULES = ("none", "linear", "exponential")
+# Fields that say how a run executes, not what it computes: a resumed run may change them.
+RUNTIME_FIELDS = ("threads", "workers")
+
+# Per environment family: what the spec fixes (Meta-World bounds) and what we chose (docs/tce.md, "Config and presets").
+# Scales: a unit weight of the ProDMP moves a DoF by ~0.008 (std at mid-motion) per unit of weights_scale, a unit
+# goal by goal_scale (96 % of it at the end of the episode), so theta ~ N(0, init_std^2) explores positions of about
+# init_std * goal_scale, and the network's outputs stay O(1).
+METAWORLD_ENV = {"controller": "mocap", "gain": 100.0, "gripper_start": "fingers", "context": "full"}
+PRESETS: dict[str, dict] = {
+    # point mass, positions in [-1, 1], 100 steps (docs/tce.md, "Config and presets"). A stiffer DMP (alpha 25) settles
+    # within the episode, so the mass can stop at the goal (with alpha 10 and tau = the duration it is still moving,
+    # and the success rule's speed limit failed); unit weights then move it ~0.0015, hence weights_scale 500. 64
+    # episodes (the env is nearly free), 10 pairs 10 steps apart (24 pairs 4 steps apart learned 3x slower: the pair
+    # covariances are nearly singular and their ratios noisy), and fewer, larger steps: solved in ~130 iterations.
+    "toy": dict(
+        episodes=64,
+        eval_episodes=64,
+        eval_every=10,
+        total_env_steps=140 * 64 * 100,
+        num_basis=5,
+        dmp_alpha=25.0,
+        weights_scale=500.0,
+        goal_scale=1.0,
+        relative_goal=False,
+        init_std=0.3,
+        num_segments=10,
+        policy_lr=1e-3,
+        policy_epochs=10,
+        critic_hidden=(64, 64),
+        critic_lr=1e-3,
+        critic_epochs=5,
+        critic_minibatches=4,
+        mean_bound=0.1,
+        cov_bound=0.02,
+        checkpoint_every=20,
+    ),
+    # Reacher-v5: joint angles in rad, 50 steps; the target disc needs final angles over about [-pi, pi]
+    "gym": dict(
+        episodes=16,
+        eval_episodes=32,
+        eval_every=10,
+        total_env_steps=400_000,
+        weights_scale=30.0,
+        goal_scale=1.0,
+        relative_goal=False,
+        init_std=1.0,
+        num_segments=10,
+        mean_bound=0.05,
+        cov_bound=0.001,
+    ),
+    # The authors' Meta-World setup (TCE_RL's public configs; docs/tce.md, "Config and presets" and the departures):
+    # the env's mocap controller (gain 100), the gripper starting at the fingers and the full observation as the
+    # context (env options of metaworld/*); a ProDMP with tau 5 s of the 6.25 s episode, centres over [0, tau],
+    # bandwidth factor 5 and every basis column scaled to a peak of 1 before the scales 0.1; ReLU, init_std 1,
+    # min_std 1e-5, learning rates decaying linearly to 1 %; a linear entropy schedule from the initial entropy to
+    # 0 nats over the run; advantages from the critic's values at sampling time; one segment offset per iteration.
+    "metaworld": dict(
+        env_options=dict(METAWORLD_ENV),
+        episodes=16,
+        eval_episodes=16,
+        eval_every=10,
+        total_env_steps=2_000_000,
+        tau=5.0,
+        basis_bandwidth=5.0,
+        auto_scale_basis=True,
+        weights_scale=0.1,
+        goal_scale=0.1,
+        relative_goal=True,
+        activation="relu",
+        init_std=1.0,
+        min_std=1e-5,
+        lr_final=0.01,
+        entropy_schedule="linear",
+        entropy_reference="zero",
+        entropy_target=0.0,
+        values_before_fit=True,
+        offset_per_iteration=True,
+        mean_bound=0.005,
+        cov_bound=0.0005,
+    ),
+    # The authors' hopper-jump config (TCE_RL's hopper_jump/tcp, its paper setting; docs/tce.md, "Hopper jump
+    # preset"): 64 episodes an iteration, a ProDMP of 3 basis functions with tau 0.8 s of the 2 s episode,
+    # bandwidth 3, scaled basis, absolute goal, scales 1; learning rates 1e-4 decaying linearly to 1 %; bounds
+    # 0.1 / 0.02 and no entropy schedule; evaluation every 25 iterations on 64 episodes; 10M env steps (theirs 48M).
+    "hopper": dict(
+        episodes=64,
+        eval_episodes=64,
+        eval_every=25,
+        total_env_steps=10_000_000,
+        num_basis=3,
+        tau=0.8,
+        basis_bandwidth=3.0,
+        auto_scale_basis=True,
+        weights_scale=1.0,
+        goal_scale=1.0,
+        relative_goal=False,
+        activation="relu",
+        init_std=1.0,
+        min_std=1e-4,
+        policy_lr=1e-4,
+        critic_lr=1e-4,
+        lr_final=0.01,
+        values_before_fit=True,
+        offset_per_iteration=True,
+        mean_bound=0.1,
+        cov_bound=0.02,
+    ),
+    # The authors' box-pushing setup (TCE_RL's mprl/config/box_push_random_init/tcp/entire/shared.yaml and
+    # horeka.yaml, the dense task; the sparse one differs by ENV_PRESETS; docs/tce.md, "Box pushing"): 152 episodes
+    # an iteration (38 environments x 4), a ProDMP with tau 2 s (the episode), bandwidth 3, auto-scaled basis,
+    # absolute goal, scales 0.3; leaky ReLU, 2 x 128 policy and 2 x 256 critic, policy 3e-4 and critic 1e-3
+    # decaying linearly, min_std 1e-4, trust region 0.05 / 0.0005, a linear entropy schedule to 0 nats, 25 pair
+    # indices, evaluation every 25 iterations on 152 episodes. Budget: their local 10M env steps (the paper's
+    # runs: 7,500 iterations, 114M dense and 57M sparse).
+    "box-pushing": dict(
+        episodes=152,
+        eval_episodes=152,
+        eval_every=25,
+        total_env_steps=10_000_000,
+        tau=2.0,
+        basis_bandwidth=3.0,
+        auto_scale_basis=True,
+        weights_scale=0.3,
+        goal_scale=0.3,
+        relative_goal=False,
+        policy_hidden=(128, 128),
+        activation="leaky_relu",
+        init_std=1.0,
+        min_std=1e-4,
+        policy_lr=3e-4,
+        critic_hidden=(256, 256),
+        critic_activation="leaky_relu",
+        critic_lr=1e-3,
+        lr_final=0.01,
+        entropy_schedule="linear",
+        entropy_reference="zero",
+        entropy_target=0.0,
+        values_before_fit=True,
+        offset_per_iteration=True,
+        mean_bound=0.05,
+        cov_bound=0.0005,
+    ),
+}
+
+
+# Per algorithm, over the family's preset. BBRL is the authors' black-box baseline with a diagonal covariance;
+# bbrl-cov the same with TCE's full covariance. On Meta-World both take the authors' BBRL config
+# (mprl/config/metaworld/bbrl/entire/shared.yaml): their sizes, and neither an entropy schedule nor a learning-rate
+# decay (both TCE's alone there).
+_BBRL_METAWORLD = dict(
+    num_basis=4, policy_hidden=(32, 32), critic_hidden=(32, 32), policy_epochs=100, critic_epochs=100,
+    trust_region_coeff=10.0, entropy_schedule="none", lr_final=1.0,
+)  # fmt: skip
+# The authors have no BBRL config for hopper jump: BBRL there keeps the hopper preset's task settings (ProDMP, sizes,
+# bounds, budget) and takes what their two BBRL configs (Meta-World, box pushing) share: learning rates 3e-4
+# without decay, regression weight 10, no entropy schedule (docs/tce.md, "Hopper jump preset").
+_BBRL_HOPPER = dict(policy_lr=3e-4, critic_lr=3e-4, lr_final=1.0, trust_region_coeff=10.0, entropy_schedule="none")
+# The authors' box-pushing BBRL (mprl/config/box_push_random_init/bbrl/entire/shared.yaml): both rates 3e-4 and
+# constant, 20 policy and 10 critic epochs, trust region 0.05 / 0.001 with regression weight 10, no entropy schedule.
+_BBRL_BOX = dict(
+    policy_lr=3e-4, critic_lr=3e-4, lr_final=1.0, policy_epochs=20, critic_epochs=10, cov_bound=0.001,
+    trust_region_coeff=10.0, entropy_schedule="none",
+)  # fmt: skip
+ALGO_PRESETS: dict[tuple[str, str], dict] = {
+    **{(family, "bbrl"): dict(covariance="diag") for family in ("toy", "gym")},
+    ("hopper", "bbrl"): dict(_BBRL_HOPPER, covariance="diag"),
+    ("hopper", "bbrl-cov"): dict(_BBRL_HOPPER),
+    ("metaworld", "bbrl"): dict(_BBRL_METAWORLD, covariance="diag"),
+    ("metaworld", "bbrl-cov"): dict(_BBRL_METAWORLD),
+    ("box-pushing", "bbrl"): dict(_BBRL_BOX, covariance="diag"),
+    ("box-pushing", "bbrl-cov"): dict(_BBRL_BOX),
+}
+# Per env over the family's and the algorithm's: the authors' temporally sparse box pushing runs 76 episodes an
+# iteration (38 x 2), and TCE's policy rate there is 1e-4 (horeka.yaml's list pairs each env with its values).
+ENV_PRESETS: dict[tuple[str, str], dict] = {
+    ("fancy/box-pushing-sparse", "tce"): dict(episodes=76, policy_lr=1e-4),
+    ("fancy/box-pushing-sparse", "bbrl"): dict(episodes=76),
+    ("fancy/box-pushing-sparse", "bbrl-cov"): dict(episodes=76),
+}
+
+
+def env_family(env: str) -> str:
+    """ "toy", "gym", "metaworld", "hopper" or "box-pushing" for an env name of :data:`troll.episodic.ENV_NAMES`."""
+    if env in TOY:
+        return "toy"
+    if env in GYM:
+        return "gym"
+    if env in METAWORLD:
+        return "metaworld"
+    if env in HOPPER:
+        return "hopper"
+    if env in BOX_PUSHING:
+        return "box-pushing"
+    raise ValueError(_unknown("env", env, ENV_NAMES, "e.g. env='toy/viapoint' or 'metaworld/reach-v3'"))
+
+
+def _unknown(name: str, value, choices, example: str) -> str:
+    close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1, cutoff=0.5)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    listed = ", ".join(map(repr, choices)) if len(choices) <= 8 else f"{len(choices)} names, {example}"
+    return f"unknown {name} {value!r}.{hint} Choose one of {listed}."
+
+
+@dataclass(frozen=True)
+class TCEConfig:
+    """TCE / BBRL settings (docs/tce.md). Defaults: the settings before the faithful preset; see :meth:`preset`.
+
+    Algorithm and budget:
+        algo:            "tce" (segment-pair likelihoods, step critic), "bbrl" (one likelihood of theta and one
+                         advantage R - V(c) per episode, context critic; the authors' diagonal covariance) or
+                         "bbrl-cov" (BBRL with the full covariance).
+        env:             an episodic env name (toy/viapoint, gym/reacher, metaworld/<task>-v3, ...).
+        env_options:     keyword options of the env (make_env's ``options``, e.g. {"gain": 50.0}).
+        episodes:        E, episodes per iteration (16).
+        total_env_steps: budget; iterations = ceil(total_env_steps / (episodes * horizon)).
+        eval_every:      evaluate the mean trajectory (no sampling) every this many iterations, and after the last.
+        eval_episodes:   episodes of each evaluation (fixed contexts: the same eval seed every time).
+    ProDMP (docs/tce.md, "ProDMP"): num_basis N (8), dmp_alpha (10), dmp_alpha_x (3), weights_scale, goal_scale,
+        relative_goal (goal = y0 + goal_scale theta_g), tau (seconds; None: the episode's duration; the basis
+        centres lie over [0, tau]), basis_bandwidth (phi_i = exp(-bandwidth/2 (x - c_i)^2 / dc_i^2); 2: neighbours
+        overlap at e^-1), auto_scale_basis (every basis column divided by its peak |value| over the episode).
+        P = D (N + 1) parameters.
+    Segments: num_segments K pairs (24) from K + 1 indices at a fixed interval floor(T / K) with a random offset per
+        episode, or one for all episodes of an iteration (``offset_per_iteration``; ``random_offset=False``: offset
+        0, the first index at step 0).
+    Policy: policy_hidden (2 x 128), activation, init_std (initial std of every theta entry), min_std (added to the
+        softplus diagonal of the global Cholesky factor), covariance ("full": L lower triangular; "diag": a
+        diagonal std), normalize_context, policy_lr, policy_epochs (50), lr_final (both learning rates decay
+        linearly to lr_final x their value over the run's iterations; 1: constant).
+    Critic: critic_hidden, critic_activation ("relu": tanh costs ~30x more per element on this CPU build, and the
+        step critic sees E (T + 1) states), critic_lr, critic_epochs (50), critic_minibatches (1: full batch; BBRL's
+        context critic always takes its E contexts as one batch), normalize_observations,
+        normalize_values (targets standardised by running statistics, outputs preserved when they move),
+        critic_context (append the context to the step critic's input), gae_lambda (0.95), gamma (1),
+        normalize_advantages, values_before_fit (advantages from the critic's values at sampling time, before this
+        iteration's fit; False: from the critic just fitted).
+    Trust region: distance ("kl"), mean_bound, cov_bound, trust_region_coeff (the spec's alpha: weight of the
+        regression), entropy_schedule ("none" | "linear" | "exponential"), entropy_target (the final entropy bound in
+        nats per parameter, relative to entropy_reference: "initial", the initial policy's entropy (-1 lowers
+        every std by e on average), or "zero", 0 nats), entropy_rate.
+    Run: seed, threads (torch threads), workers (env processes), checkpoint_every (iterations).
+    """
+
+    algo: str = "tce"
+    env: str = "metaworld/reach-v3"
+    env_options: dict = field(default_factory=dict)
+    episodes: int = 16
+    total_env_steps: int = 2_000_000
+    eval_every: int = 10
+    eval_episodes: int = 16
+    # ProDMP
+    num_basis: int = 8
+    dmp_alpha: float = 10.0
+    dmp_alpha_x: float = 3.0
+    weights_scale: float = 10.0
+    goal_scale: float = 0.2
+    relative_goal: bool = True
+    tau: float | None = None
+    basis_bandwidth: float = 2.0
+    auto_scale_basis: bool = False
+    # segments
+    num_segments: int = 24
+    random_offset: bool = True
+    offset_per_iteration: bool = False
+    # policy
+    policy_hidden: tuple[int, ...] = (128, 128)
+    activation: str = "tanh"
+    init_std: float = 0.5
+    min_std: float = 1e-4
+    covariance: str = "full"
+    normalize_context: bool = True
+    policy_lr: float = 3e-4
+    policy_epochs: int = 50
+    lr_final: float = 1.0
+    # critic
+    critic_hidden: tuple[int, ...] = (128, 128)
+    critic_activation: str = "relu"
+    critic_lr: float = 3e-4
+    critic_epochs: int = 50
+    critic_minibatches: int = 1
+    normalize_observations: bool = True
+    normalize_values: bool = True
+    critic_context: bool = True
+    gae_lambda: float = 0.95
+    gamma: float = 1.0
+    normalize_advantages: bool = True
+    values_before_fit: bool = False
+    # trust region
+    distance: str = "kl"
+    mean_bound: float = 0.005
+    cov_bound: float = 0.0005
+    trust_region_coeff: float = 1.0
+    entropy_schedule: str = "none"
+    entropy_target: float = 0.0
+    entropy_reference: str = "initial"
+    entropy_rate: float = 0.01
+    # run
+    seed: int = 0
+    threads: int = 1
+    workers: int = 2
+    checkpoint_every: int = 10
+
+    def __post_init__(self) -> None:
+        # JSON gives lists; the dataclass keeps tuples (hashable, and equal after a round trip)
+        for name in ("policy_hidden", "critic_hidden"):
+            value = getattr(self, name)
+            if isinstance(value, list):
+                object.__setattr__(self, name, tuple(value))
+        self._check_choices()
+        self._check_numbers()
+        self._check_sizes()
+
+    # ------------------------------------------------------------------------------------------ validation
+
+    def _check_choices(self) -> None:
+        for name, choices, example in (
+            ("algo", ALGOS, "algo='tce'"),
+            ("distance", DISTANCES, "distance='kl' (TCE's)"),
+            ("activation", ACTIVATIONS, "activation='tanh'"),
+            ("critic_activation", ACTIVATIONS, "critic_activation='relu'"),
+            ("entropy_schedule", ENTROPY_SCHEDULES, "entropy_schedule='none'"),
+            ("entropy_reference", ENTROPY_REFERENCES, "entropy_reference='initial'"),
+            ("covariance", COVARIANCES, "covariance='full' (TCE's)"),
+        ):
+            value = getattr(self, name)
+            if value not in choices:
+                raise FieldError(_unknown(name, value, choices, example) + f" E.g. {example}.", name)
+        if not isinstance(self.env, str) or self.env not in ENV_NAMES:
+            raise FieldError(_unknown("env", self.env, ENV_NAMES, "e.g. 'toy/viapoint' or 'metaworld/reach-v3'"), "env")
+        if not isinstance(self.env_options, dict) or not all(isinstance(k, str) for k in self.env_options):
+            raise FieldError(
+                f"env_options must be a dict of keyword options, got {self.env_options!r}; e.g. {{}}.", "env_options"
+            )
+        for name in ("relative_goal", "random_offset", "normalize_context", "normalize_observations"):
+            _check_bool(name, getattr(self, name))
+        for name in ("normalize_values", "critic_context", "normalize_advantages", "auto_scale_basis"):
+            _check_bool(name, getattr(self, name))
+        for name in ("offset_per_iteration", "values_before_fit"):
+            _check_bool(name, getattr(self, name))
+
+    def _check_numbers(self) -> None:
+        positive = {
+            "mean_bound": "the mean part of the trust region; Meta-World 0.005, box pushing 0.05, hopper jump 0.1",
+            "cov_bound": "the covariance part of the trust region; Meta-World 0.0005, hopper jump 0.02",
+            "dmp_alpha": "the ProDMP stiffness; TCE uses 10",
+            "dmp_alpha_x": "the ProDMP phase decay; TCE uses 3",
+            "weights_scale": "the ProDMP weight scale; see TCEConfig.preset for per-env values",
+            "goal_scale": "the ProDMP goal scale; see TCEConfig.preset for per-env values",
+            "init_std": "the initial std of every theta entry; e.g. 1.0",
+            "min_std": "the floor of the Cholesky diagonal; e.g. 1e-4",
+            "policy_lr": "the policy's Adam step size; e.g. 3e-4",
+            "critic_lr": "the critic's Adam step size; e.g. 3e-4",
+            "entropy_rate": "the exponential schedule's remaining share of the entropy gap; e.g. 0.01",
+            "basis_bandwidth": "the basis width factor; 2 (neighbours overlap at e^-1), the authors' Meta-World 5",
+        }
+        if self.tau is not None:
+            _check_real("tau", self.tau, meaning="the ProDMP time constant in seconds, or None for the duration")
+        _check_real("lr_final", self.lr_final, meaning="the share of the learning rates left at the end; e.g. 0.01")
+        if not self.lr_final <= 1:
+            raise FieldError(
+                f"lr_final must lie in (0, 1], got {self.lr_final!r}; 1 keeps the rates constant.", "lr_final"
+            )
+        if self.algo == "bbrl-cov" and self.covariance != "full":
+            raise FieldError(
+                "algo='bbrl-cov' is BBRL with the full covariance; pass covariance='full', or algo='bbrl'.", "algo"
+            )
+        for name, meaning in positive.items():
+            _check_real(name, getattr(self, name), strict=True, high=NUMBER_LIMITS.get(name), meaning=meaning)
+        _check_real("trust_region_coeff", self.trust_region_coeff, strict=False, high=1e6,
+                    meaning="the regression weight; 1 (beyond 1e6 it swamps the surrogate in float32)")  # fmt: skip
+        _check_real("entropy_target", self.entropy_target, low=-30.0, strict=False, high=30.0,
+                    meaning="nats per parameter, each std moved by e^target at most; e.g. -1.0")  # fmt: skip
+        if not self.min_std < self.init_std:
+            raise FieldError(
+                f"init_std={self.init_std!r} must exceed min_std={self.min_std!r}: the diagonal of the Cholesky "
+                "factor is softplus(x) + min_std; lower min_std (e.g. 1e-4) or raise init_std.",
+                "init_std",
+            )
+        for name, hint in (
+            ("gae_lambda", "TCE uses gae_lambda=0.95"),
+            ("gamma", "TCE uses gamma=1.0 (episodes of fixed length)"),
+        ):
+            value = getattr(self, name)
+            _check_real(name, value, strict=False, meaning=hint)
+            if not value <= 1:
+                raise FieldError(f"{name} must lie in [0, 1], got {value!r}; {hint}.", name)
+        if self.gamma == 0:
+            raise FieldError("gamma must lie in (0, 1], got 0; TCE uses gamma=1.0.", "gamma")
+        if not self.entropy_rate < 1:
+            raise FieldError(f"entropy_rate must lie in (0, 1), got {self.entropy_rate!r}; e.g. 0.01.", "entropy_rate")
+
+    def _check_sizes(self) -> None:
+        ints = {
+            "episodes": (1, "episodes per iteration; the spec uses 16"),
+            "total_env_steps": (1, "the run's budget of environment steps"),
+            "eval_every": (1, "iterations between evaluations, e.g. 10"),
+            "eval_episodes": (1, "episodes per evaluation, e.g. 16"),
+            "num_basis": (1, "basis functions per DoF; TCE uses 8"),
+            "num_segments": (1, "segment pairs per episode; TCE uses 24 (25 indices)"),
+            "policy_epochs": (1, "TCE uses 50"),
+            "critic_epochs": (0, "TCE uses 50 (0 keeps the critic untrained)"),
+            "critic_minibatches": (1, "1 is a full batch (TCE)"),
+            "seed": (0, "numpy's seed range"),
+            "threads": (1, "torch threads; 1 on a shared machine"),
+            "workers": (0, "env processes; 0 runs the episodes in this process"),
+            "checkpoint_every": (1, "iterations between checkpoints, e.g. 10"),
+        }
+        for name, (low, hint) in ints.items():
+            check_int(name, getattr(self, name), low=low, high=SIZE_LIMITS.get(name), hint=hint)
+        for name in ("policy_hidden", "critic_hidden"):
+            value = getattr(self, name)
+            ok = isinstance(value, tuple) and all(isinstance(h, int) and not isinstance(h, bool) for h in value)
+            if not ok or not all(1 <= h <= SIZE_LIMITS["width"] for h in value):
+                raise FieldError(
+                    f"{name} must be a tuple of layer widths in [1, {SIZE_LIMITS['width']}] (empty: linear), got "
+                    f"{value!r}; e.g. (128, 128).",
+                    name,
+                )
+        if self.algo != "tce" and self.episodes < 2:
+            raise FieldError(
+                f"episodes must be >= 2 with algo={self.algo!r}: it normalises one advantage per episode over the "
+                "batch.",
+                "episodes",
+            )
+
+    # ------------------------------------------------------------------------------------------ presets, JSON
+
+    @classmethod
+    def preset(cls, env: str, **overrides) -> TCEConfig:
+        """The config for ``env``: its family's :data:`PRESETS`, then :data:`ALGO_PRESETS` of (family, algo), then
+        ``overrides`` (field=value). ``env_options`` given complete the preset's key by key: ``{"backend":
+        "python"}`` on metaworld/* keeps the authors' controller, gripper start and context."""
+        family = env_family(env)
+        unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(cls._unknown_fields(unknown))
+        algo = overrides.get("algo", cls.algo)
+        preset = {**PRESETS[family], **ALGO_PRESETS.get((family, algo), {}), **ENV_PRESETS.get((env, algo), {})}
+        fields = {**preset, "env": env, **overrides}
+        given = overrides.get("env_options", {})
+        if isinstance(given, dict):  # anything else is refused by __post_init__, with its message
+            fields["env_options"] = {**preset.get("env_options", {}), **given}  # the config's own copy
+        return cls(**fields)
+
+    def to_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        for name in ("policy_hidden", "critic_hidden"):
+            out[name] = list(out[name])
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TCEConfig:
+        """The config of ``data`` (from :meth:`to_dict`); unknown keys are refused, missing ones take defaults."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a TCE config must be a JSON object, got {type(data).__name__}.")
+        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(cls._unknown_fields(unknown))
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, text: str) -> TCEConfig:
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def _unknown_fields(cls, names: list[str]) -> str:
+        known = [f.name for f in dataclasses.fields(cls)]
+        parts = []
+        for name in names:
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+            parts.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        return f"unknown TCEConfig field(s) {', '.join(parts)}; the fields are: {', '.join(known)}."
+
+    def differences(self, other: TCEConfig, *, ignore: tuple[str, ...] = RUNTIME_FIELDS) -> dict:
+        """name -> (self's value, other's value) for the fields that differ, except ``ignore``."""
+        a, b = self.to_dict(), other.to_dict()
+        return {k: (a[k], b[k]) for k in a if k not in ignore and a[k] != b[k]}
+
+
+def _check_bool(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise FieldError(f"{name} must be True or False, got {value!r}.", name)
+
+
+def _check_real(name: str, value, *, strict: bool = True, low: float = 0.0, high: float | None = None,
+                meaning: str = "") -> None:  # fmt: skip
+    """A finite real number (not a bool) above ``low`` (``>= low`` unless ``strict``; no bound for low=-inf) and at
+    most ``high`` (:func:`troll.runs.numbers.check_real`, the one check of a number)."""
+    check_real(name, value, low=None if low == -math.inf else low, low_open=strict, high=high, hint=f" ({meaning})")
+
+
+def check_critic_batches(config: TCEConfig, horizon: int) -> None:
+    """TCE's step critic fits the E T states of an iteration in ``critic_minibatches`` parts: more parts than states
+    would leave some empty (a NaN loss). BBRL's context critic takes its E contexts as one batch. ``horizon``: T,
+    known before the env is built (envs/registry.horizon), so a study refuses such a cell when it plans it."""
+    states = config.episodes * horizon
+    if config.algo == "tce" and config.critic_minibatches > states:
+        raise ValueError(
+            f"critic_minibatches (--critic-minibatches) {config.critic_minibatches} exceeds the {states} critic states "
+            f"of an iteration (episodes {config.episodes} x {horizon} steps): a minibatch would be empty. Use at most "
+            f"{states}, or more --episodes."
+        )

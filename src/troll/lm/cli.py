@@ -1,0 +1,346 @@
+"""``troll train``, ``troll compare`` and ``troll study``: GRPO runs of a language model with TROLL or clipping.
+
+The provider of these three subcommands (see :mod:`troll.cli`): their parsers and handlers; the flags themselves,
+their help and their translation into a run's options are in :mod:`troll.lm.flags`. Every input is checked before
+a model is loaded or a file is written; a bad one exits with status 2 and a message saying how to fix it. Heavy
+imports (transformers, TRL, reasoning_gym's tasks, matplotlib) happen in the handlers, once a run starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from troll import runs
+from troll.lm.flags import (
+    BOUND_FLAGS,
+    CMP_DOC,
+    DEPRECATED_EPS,
+    KL_BOUND_HELP,
+    LOSS_HELP,
+    RESUMABLE,
+    RUN_ARGS,
+    STUDY_DOC,
+    TRAIN_DOC,
+    add_run_args,
+    options_from_args,
+    sweep_text,
+    train_bound,
+    troll_bound,
+)
+from troll.lm.options import DEFAULT_LOSSES, LOSSES, RunOptions
+from troll.runs.files import CONFIG_FILE, UsageError
+from troll.study import executors
+
+
+def _add_study_parser(sub) -> None:
+    study = sub.add_parser("study", help="losses x seeds (x one swept option), with statistics", description=STUDY_DOC)
+    study.add_argument(
+        "--losses",
+        default=argparse.SUPPRESS,
+        help="comma-separated losses, each once; a loss may carry its own options, LOSS:KEY=VALUE[:KEY=VALUE] with "
+        "KEY in flag form, e.g. troll,troll:tail=renormalize,troll:kl-bound=0.2,clip "
+        f"(default: {','.join(DEFAULT_LOSSES)})",
+    )
+    study.add_argument(
+        "--seeds", default=argparse.SUPPRESS, help="a count (3: seeds 0,1,2) or a comma list (0,4,7) (default: 3)"
+    )
+    study.add_argument(
+        "--sweep",
+        default=argparse.SUPPRESS,
+        help="one run option and its values, KEY=V1,V2,... with KEY in flag form, e.g. steps-per-rollout=2,4,8 or "
+        "lr=1e-6,1e-5 (kl-bound: TROLL's bound; clip-eps: the clip losses')",
+    )
+    study.add_argument("--kl-bound", type=float, default=argparse.SUPPRESS, help=KL_BOUND_HELP)
+    study.add_argument("--eps", type=float, default=argparse.SUPPRESS, help=DEPRECATED_EPS)
+    study.add_argument(
+        "--clip-eps",
+        type=float,
+        default=argparse.SUPPRESS,
+        help="the clip losses' clip range (default: each loss's own)",
+    )
+    study.add_argument("--jobs", type=int, default=1, help="cells run at once, as subprocesses (default: 1)")
+    study.add_argument("--keep-checkpoints", action="store_true", help="keep each cell's checkpoint-N/ (~1.1 GB)")
+    study.add_argument("--keep-model", action="store_true", help="keep each cell's final model/ (~0.5 GB)")
+    add_run_args(study, "study folder (default: runs/study-<task>)", skip=("--seed",))
+    executors.add_flags(study)
+    study.set_defaults(run=_listing(cmd_study), name="study")
+
+
+def add_commands(sub) -> None:
+    """Register train, compare and study (the provider hook of :mod:`troll.cli`)."""
+    train = sub.add_parser("train", help="one GRPO run with TROLL or a clipped loss", description=TRAIN_DOC)
+    train.add_argument("--loss", default=argparse.SUPPRESS, help=LOSS_HELP)
+    for flag, users, meaning in BOUND_FLAGS.values():
+        shown = ", ".join(f"{k} {LOSSES[k].bound:g}" for k in users)
+        train.add_argument(flag, type=float, default=argparse.SUPPRESS, help=f"{meaning} (default: {shown})")
+    train.add_argument("--eps", type=float, default=argparse.SUPPRESS, help=DEPRECATED_EPS)
+    add_run_args(train, "run folder (default: runs/<loss>-<task>-seed<seed>)")
+    train.add_argument(
+        "--keep-checkpoints",
+        action="store_true",
+        help="keep checkpoint-N/ (~1.1 GB) after the run finishes, to extend it later with --resume --steps",
+    )
+    train.add_argument("--no-model", action="store_true", help="do not save the final model/ (~0.5 GB)")
+    train.set_defaults(run=_listing(cmd_train), name="train")
+    compare = sub.add_parser("compare", help="TROLL against clipping on the same task and seeds", description=CMP_DOC)
+    losses = ",".join(DEFAULT_LOSSES)
+    compare.add_argument("--losses", default=losses, help=f"comma-separated losses (default: {losses})")
+    compare.add_argument("--kl-bound", type=float, default=argparse.SUPPRESS, help=KL_BOUND_HELP)
+    compare.add_argument("--eps", type=float, default=argparse.SUPPRESS, help=DEPRECATED_EPS)
+    compare.add_argument(
+        "--clip-eps",
+        type=float,
+        default=None,
+        help=f"the clip losses' clip range (default: each loss's own, grpo {LOSSES['grpo'].bound:g})",
+    )
+    add_run_args(compare, "comparison folder (default: runs/compare-<task>-seed<seed>)")
+    compare.set_defaults(run=_listing(cmd_compare), name="compare")
+    _add_study_parser(sub)
+
+
+def _listing(handler):
+    """``--list-tasks`` on any of the three subcommands lists the tasks instead of running."""
+
+    def run(args: argparse.Namespace) -> int:
+        return list_tasks() if args.list_tasks else handler(args)
+
+    return run
+
+
+def resume_options(args: argparse.Namespace) -> RunOptions:
+    """The saved options of the run in --out, with the few that may change on resume taken from the command line."""
+    from troll.lm import options
+    from troll.lm.options import saved_options
+
+    if not hasattr(args, "out"):
+        raise UsageError("--resume needs --out, the run folder to continue.")
+    given = options_from_args(args)
+    path = Path(args.out) / CONFIG_FILE
+    if runs.check_folder(Path(args.out), options.COMMAND, resume=True, overwrite=False) == "new":
+        if not path.is_file() and any(Path(args.out).iterdir()):
+            # killed while its first config.json was written: nothing ran, so the run starts over from the flags
+            print(f"troll train: {args.out} holds no complete config.json; the run starts over", file=sys.stderr)
+            return given
+        raise UsageError(f"--resume: {path} not found; start the run without --resume.")
+    saved = saved_options(Path(args.out))
+    changed = [
+        f.name
+        for f in dataclasses.fields(RunOptions)
+        if hasattr(args, f.name)
+        and f.name not in RESUMABLE | {"out"}
+        and getattr(given, f.name) != getattr(saved, f.name)
+    ]
+    if changed:
+        names = ", ".join("--" + c.replace("_", "-") for c in changed)
+        raise UsageError(f"--resume continues the saved run; {names} differ from its config.json. Drop them.")
+    return dataclasses.replace(saved, **{k: getattr(given, k) for k in RESUMABLE if hasattr(args, k)}, out=args.out)
+
+
+def validate(opts: RunOptions) -> None:
+    """The checks of one run beyond its values (:func:`troll.lm.options.check_values`, run once before this): the task
+    name and the model's location."""
+    from troll.lm import model, tasks
+
+    tasks.check_task(opts.task)
+    model.resolve_model(opts.model)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from troll.lm import options
+
+    runs.exclusive(resume=args.resume, overwrite=args.overwrite)
+    train_bound(args)
+    # --out from the first look on (the default folder once it is known), so that no other process changes it
+    # between the checks and the run
+    with runs.holding(args.out) if hasattr(args, "out") else contextlib.nullcontext():
+        opts = resume_options(args) if args.resume else options_from_args(args)
+        options.check_values(opts)
+        opts = opts.resolved()
+        with runs.holding(opts.out):
+            return _train_command(args, opts)
+
+
+def _train_command(args: argparse.Namespace, opts) -> int:
+    from troll.lm import options
+
+    clear = options.check_run_folder(Path(opts.out), overwrite=args.overwrite, resume=args.resume)
+    validate(opts)
+    _quiet()
+    if clear:
+        runs.clear(Path(opts.out), options.COMMAND)
+    if args.resume and options.last_checkpoint(Path(opts.out)) is None:
+        print(f"troll train: {opts.out} holds no complete checkpoint; the run starts over from step 0", file=sys.stderr)
+    from troll.lm.run import train
+
+    _cache_note(opts.model)
+    summary = train(opts, resume=args.resume, keep_checkpoints=args.keep_checkpoints, save_model=not args.no_model)
+    _report(opts.out, summary)
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from troll.lm import compare
+
+    losses = compare.parse_losses(args.losses)
+    troll_bound(args)
+    base = options_from_args(args)
+    runs = compare.plan(base, losses)
+    for opts in runs:
+        validate(opts)
+    out = Path(runs[0].out).parent
+    clear = compare.check_compare_folder(out, overwrite=args.overwrite, resume=args.resume, runs=runs)
+    _quiet()
+    _cache_note(runs[0].model)
+    result = compare.run(out, runs, clear=clear, resume=args.resume)
+    print(f"wrote {out / compare.PLOT_FILE} and {out / compare.TABLE_FILE}")
+    print(result)
+    return 0
+
+
+def study_spec(args: argparse.Namespace):
+    """(StudySpec, study folder) from the command line; with --resume, the saved grid, which flags may not change
+    (except --losses and --seeds, which may add to it: troll.study.grid.grows)."""
+    from troll.lm import study
+    from troll.study import parse_seeds
+
+    troll_bound(args)
+    saved = None
+    if args.resume:
+        if not hasattr(args, "out"):
+            raise UsageError("--resume needs --out, the study folder to continue.")
+        saved = study.load_spec(Path(args.out))
+    given = options_from_args(args)
+    if saved:
+        names = [f.name for f in dataclasses.fields(RunOptions) if hasattr(args, f.name)]
+        base = dataclasses.replace(saved.base, **{k: getattr(given, k) for k in names})
+    else:
+        base = given
+    types = {flag[2:].replace("-", "_"): kind for flag, kind, _ in RUN_ARGS} | study.SWEEP_BOUNDS
+    key, values = (saved.sweep_key, saved.sweep_values) if saved else (None, [])
+    if hasattr(args, "sweep"):
+        key, values = study.parse_sweep(sweep_text(args.sweep), types)
+    spec = study.StudySpec(
+        dataclasses.replace(base, out="", seed=0),
+        study.parse_arms(args.losses) if hasattr(args, "losses") else (saved.losses if saved else list(DEFAULT_LOSSES)),
+        parse_seeds(args.seeds) if hasattr(args, "seeds") else (saved.seeds if saved else [0, 1, 2]),
+        key,
+        values,
+    )
+    if saved:
+        _check_same_grid(spec, saved)
+    return spec, Path(getattr(args, "out", "") or f"runs/study-{base.task}")
+
+
+def _check_same_grid(spec, saved) -> None:
+    from troll.study import grows
+
+    changed = [
+        "--" + f.name.replace("_", "-")
+        for f in dataclasses.fields(RunOptions)
+        if f.name != "threads" and getattr(spec.base, f.name) != getattr(saved.base, f.name)
+    ]
+    changed += [
+        "--" + name.replace("_", "-")
+        for name, a, b in [
+            ("losses", spec.losses, saved.losses),
+            ("seeds", spec.seeds, saved.seeds),
+            ("sweep", (spec.sweep_key, spec.sweep_values), (saved.sweep_key, saved.sweep_values)),
+        ]
+        if a != b and not (name in ("losses", "seeds") and grows(b, a))
+    ]
+    if changed:
+        raise UsageError(
+            f"--resume continues the saved study; {', '.join(changed)} differ from its config.json. Drop them "
+            "(more --losses or --seeds may be added, none dropped), or start a new study with another --out."
+        )
+
+
+def cmd_study(args: argparse.Namespace) -> int:
+    from troll.lm import model, study, tasks
+    from troll.study import check_folder
+    from troll.study.command import check_jobs, cmd_study
+
+    runs.exclusive(resume=args.resume, overwrite=args.overwrite)
+    jobs = check_jobs(args.jobs)
+    executor = executors.from_args(args)
+    spec, out = study_spec(args)
+    out = executors.resolve_out(executor, out)
+    cells = study.plan(spec, out)
+    swept = f"--sweep {spec.sweep_key}: " if spec.sweep_key in ("model", "task") else ""
+    for model_name, task in sorted({(c.options.model, c.options.task) for c in cells}):
+        try:
+            tasks.check_task(task)
+            model.resolve_model(model_name)
+        except UsageError as err:
+            raise UsageError(f"{swept}{err}") from err
+    clear = check_folder(out, command=study.COMMAND, overwrite=args.overwrite, resume=args.resume)
+    engine = study.frontend(keep_checkpoints=args.keep_checkpoints, keep_model=args.keep_model,
+                            threads=spec.base.threads)  # fmt: skip
+    executor = executors.prepare(executor, out, engine, cells)
+    script = executors.script(executor, engine, cells)
+    if script is not None:
+        print(script)
+        return 0
+    _prepare_default_model({c.options.model for c in cells})
+
+    def run(report):
+        return study.run(
+            out, spec, cells, clear=clear, jobs=jobs, keep_checkpoints=args.keep_checkpoints,
+            keep_model=args.keep_model, report=report, executor=executor,
+        )  # fmt: skip
+
+    return cmd_study("study", out, len(cells), jobs, run, executor=executor)
+
+
+def _prepare_default_model(names: set[str]) -> None:
+    """Convert the packaged GGUF once here, so that parallel cells do not all convert it at the same time."""
+    from troll.lm import model
+
+    if model.DEFAULT_MODEL in names and not model.is_cached():
+        _cache_note(model.DEFAULT_MODEL)
+        _quiet()
+        model.ensure_cached(model.resolve_model(model.DEFAULT_MODEL))
+
+
+def _cache_note(model_name: str) -> None:
+    from troll.lm import model
+
+    if model_name == model.DEFAULT_MODEL and not model.is_cached():
+        target = model.cache_root() / model.CACHE_NAME
+        print(f"first use: converting the packaged SmolLM2 GGUF into {target} (once, ~30 s)", file=sys.stderr)
+
+
+def _quiet() -> None:
+    """Keep the terminal to our progress bar: no per-file loading bars or library warnings."""
+    import warnings
+
+    import datasets
+    import huggingface_hub
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    datasets.disable_progress_bars()
+    huggingface_hub.utils.disable_progress_bars()
+    warnings.filterwarnings("ignore", category=UserWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+def _report(out: str, summary: dict) -> None:
+    keys = ("heldout_accuracy_before", "heldout_accuracy_after", "train_time_s", "wall_time_s")
+    print(json.dumps({k: summary.get(k) for k in keys}))
+    print(f"run folder: {out}")
+
+
+def list_tasks() -> int:
+    from troll.lm.tasks import DEFAULT_TASK, PRESETS, task_names
+
+    for name in task_names():
+        preset = f"  (preset: {PRESETS[name]})" if name in PRESETS else ""
+        print(f"{name}{' [default]' if name == DEFAULT_TASK else ''}{preset}")
+    return 0

@@ -1,0 +1,116 @@
+"""The run protocol of every command that trains into a folder (``troll train``, ``troll tce train`` with TCE, BBRL
+or PPO), on top of the folder rules of :mod:`troll.runs.folder`:
+
+- :func:`run`: the skeleton: the folder held from the check on, a finished run's summary returned, else the run;
+- :func:`prepare`: fresh, resume or refuse, before anything is written: a folder of another command, or of this
+  command with another kind of run (TCE's folder resumed as PPO), or one whose saved config differs from the
+  given one in more than the fields a resumed run may change, is refused with the fix;
+- :func:`saved_config`: the config a folder's config.json holds for a command (None when it holds none);
+- :func:`start`: config.json (``{"command": ..., key: config}``) and an empty metrics.jsonl, once the manifest is
+  begun (:func:`troll.runs.folder.begin`);
+- :func:`resume_metrics`: metrics.jsonl cut back to the lines the newest checkpoint belongs to;
+- :func:`save_checkpoint`: a numbered checkpoint file written whole (temporary file, fsync, rename), the older ones
+  removed only then, so one is kept.
+
+Torch-free: what a checkpoint holds is written by the caller's ``write(file)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+from troll.runs.checkpoints import numbered_files
+from troll.runs.files import (
+    CONFIG_FILE,
+    METRICS_FILE,
+    SUMMARY_FILE,
+    UsageError,
+    read_config,
+    truncate_jsonl,
+    write_json,
+)
+from troll.runs.folder import check_folder, holding
+
+
+def run(out: Path, prepare: Callable[[], tuple], train: Callable) -> dict:
+    """A run into ``out``: from the check on the folder is held (no other process starts or deletes it while the run
+    is built); ``prepare()`` checks it before anything is written and returns (config, finished already); a finished
+    run returns its summary.json, any other ``train(config)``, the summary."""
+    with holding(out):
+        config, finished = prepare()
+        if finished:
+            return json.loads((Path(out) / SUMMARY_FILE).read_text())
+        return train(config)
+
+
+def prepare(config, out: Path, *, command: str, resume: bool, saved: Callable, kind: str, runtime: tuple[str, ...]):
+    """Returns (the config to run, finished already). ``config``: the given one (None: the folder's, to resume);
+    ``saved(out)``: the config of this kind the folder holds, or None; ``runtime``: the fields a resumed run may
+    change. A config has ``differences(other, ignore=...)`` -> {field: (folder's, given)} and is a dataclass."""
+    action = check_folder(out, command, resume=resume, overwrite=False)
+    if action == "new":
+        if config is None:
+            raise UsageError(f"{out} holds no run to resume; pass a config to start one.")
+        return config, False
+    found = saved(out)
+    if found is None:
+        raise UsageError(
+            f"{out} holds a run of 'troll {command}' that is not a {kind} run; continue it with its own algorithm, "
+            "or choose another folder."
+        )
+    if config is not None:
+        diff = found.differences(config, ignore=runtime)
+        if diff:
+            listed = "; ".join(f"{k}: folder {a!r}, given {b!r}" for k, (a, b) in diff.items())
+            raise UsageError(
+                f"--resume: the config differs from the one {out} was started with ({listed}); resume with the same "
+                f"settings (only {', '.join(runtime)} may change) or start a new folder."
+            )
+        found = dataclasses.replace(found, **{k: getattr(config, k) for k in runtime})
+    return found, (out / SUMMARY_FILE).is_file()
+
+
+def saved_config(out: Path, command: str, key: str = "config") -> dict | None:
+    """The object ``key`` of the folder's config.json when ``command`` wrote it; None when there is none, or the
+    file cannot be read (the folder rules then decide)."""
+    if not (Path(out) / CONFIG_FILE).is_file():
+        return None
+    try:
+        data = read_config(Path(out))
+    except UsageError:
+        return None
+    if not isinstance(data, dict) or data.get("command") != command or not isinstance(data.get(key), dict):
+        return None
+    return data[key]
+
+
+def start(out: Path, command: str, config: dict, key: str = "config") -> None:
+    """A fresh run's config.json and empty metrics.jsonl (after :func:`troll.runs.folder.begin`)."""
+    write_json(Path(out) / CONFIG_FILE, {"command": command, key: config})
+    truncate_jsonl(Path(out) / METRICS_FILE, 0)
+
+
+def resume_metrics(out: Path, lines: int) -> list[dict]:
+    """metrics.jsonl cut back to its first ``lines`` lines (those the checkpoint resumed from belongs to); the rows."""
+    return truncate_jsonl(Path(out) / METRICS_FILE, lines)
+
+
+def save_checkpoint(out: Path, template: str, number: int, write: Callable[[BinaryIO], None]) -> Path:
+    """``template.format(number)`` in ``out`` (e.g. ``checkpoint-{}.pt``), written whole by ``write(file)``: into a
+    temporary file, fsync, then an atomic rename; only then are the folder's other files of ``template`` removed."""
+    path = Path(out) / template.format(number)
+    tmp = Path(out) / f".{path.name}.tmp-{os.getpid()}"
+    with tmp.open("wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    for n, old in numbered_files(out, template, folders=False):
+        if n != number:
+            old.unlink(missing_ok=True)
+    return path

@@ -1,0 +1,53 @@
+"""The study command of every application (``troll study``, ``troll tce study``): once a frontend has planned its
+cells and checked its folder, :func:`cmd_study` runs them and reports, the same way for both.
+
+It prints timestamped progress to stderr (``[HH:MM:SS +M.m min] ...``), stops on Ctrl-C with the command that
+continues the study (exit status 130), names the files it wrote, and exits with 1 when a cell failed (why is above
+and in the cell's .log file), else 0. :func:`check_jobs` is the one rule of ``--jobs``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from troll.runs.files import UsageError
+from troll.runs.numbers import is_int
+from troll.study import executors
+from troll.study.report import JSON_FILE, PLOT_FILE, TABLE_FILE
+
+
+def check_jobs(jobs) -> int:
+    """``--jobs``: how many cells run at once, a whole number >= 1."""
+    if not (is_int(jobs) and jobs >= 1):
+        raise UsageError(f"--jobs must be >= 1 (cells run at once), got {jobs}.")
+    return jobs
+
+
+def cmd_study(name: str, out: Path, cells: int, jobs: int, run: Callable[[Callable[[str], None]], dict], *,
+              executor=None) -> int:  # fmt: skip
+    """Run a planned study: ``run(report)`` runs its ``cells`` cells ``jobs`` at a time into ``out`` (or on
+    ``executor``, :mod:`troll.study.executors`) and returns each cell's status ("failed: ..." for a failed one);
+    ``name`` is the command (``study``, ``tce study``)."""
+    start = time.time()
+
+    def report(text: str) -> None:
+        stamp = f"[{time.strftime('%H:%M:%S')} +{(time.time() - start) / 60:.1f} min]"
+        print(f"{stamp} {text}", file=sys.stderr, flush=True)
+
+    how = f"{jobs} at a time" if executor is None else executors.describe(executor, jobs)
+    report(f"study of {cells} cells in {out}, {how}")
+    try:
+        status = run(report)
+    except KeyboardInterrupt:
+        report(f"interrupted; continue with: troll {name} --out {out} --resume")
+        return 130
+    print(f"wrote {out / JSON_FILE}, {out / TABLE_FILE} and {out / PLOT_FILE}")
+    failed = [label for label, s in status.items() if s.startswith("failed")]
+    if failed:
+        print(f"troll {name}: {len(failed)} cell(s) failed: {', '.join(failed)}; why is above and in their .log files",
+              file=sys.stderr)  # fmt: skip
+        return 1
+    return 0
