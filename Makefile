@@ -135,8 +135,8 @@ tce-results: $(VENV)/.installed
 	$(PY) -m troll.episodic.results $$d && exit $$status
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks experiments examples
+	$(VENV)/bin/ruff format --check src tests benchmarks experiments examples
 
 # A smoke run: every benchmark's --quick mode (small sizes, 1 round, results in <name>-quick.csv), one core each.
 # The full figures come from each script's own command (docs/benchmarks.md).
@@ -157,7 +157,7 @@ bench: bubblewrap $(VENV)/.installed $(VERL_VENV)/.installed
 # with TCE, bbrl and bbrl-cov (SB3's PPO too on reach and push), and push-v3 at 10M with TCE and bbrl. Breadth
 # first: seed 0 of every MT10 task, then push-v3 at 10M, then seeds 1 and 2 (and PPO) of every task (a resumed
 # study may add seeds and arms). About 8 hours of both cores: TCE_DIR is fixed, so `make tce-authors` continues
-# where the last sitting stopped (finished cells are kept, an interrupted one resumes from its checkpoint), then
+# where the last run stopped (finished cells are kept, an interrupted one resumes from its checkpoint), then
 # writes the report over what has finished (<TCE_DIR>/report/). The finished cells' numbers (no weights) are saved
 # to TCE_ARCHIVE after each study and restored from it first, so that a new machine continues from what was
 # committed (python -m troll.episodic.archive; a cell today's presets would not give is rerun).
@@ -221,13 +221,13 @@ tce-box: $(VENV)/.installed
 		--seeds $(BOX_SEEDS) || status=1; \
 	$(PY) -m troll.episodic.results $$d && exit $$status
 
-# The env options the studies below ran with (docs/tce.md, "The first MT10 study: the authors' setup without their
-# env options"): metaworld's own defaults, which a bug fixed on 2026-11-27 put in place of the preset's mocap
+# The env options the studies below ran with (docs/archive/tce-hand-study.md: the authors' setup without their
+# env options): metaworld's own defaults, which a bug fixed on 2026-11-27 put in place of the preset's mocap
 # controller, gripper start at the fingers and full context. Given here so that these targets remake what docs/tce.md
 # quotes.
 HAND_ENV = '{"controller": "hand", "gain": 50, "gripper_start": "command", "context": "varying"}'
 
-# docs/tce.md, "Why TCE falls short at 2M": TCE on reach-v3 at 2M env steps with the covariance bound 4x and 16x the
+# docs/tce.md, "Exploration: why TCE is slow at 2M steps": TCE on reach-v3 at 2M env steps with the covariance bound 4x and 16x the
 # authors' 0.0005, and TCE and bbrl on reach-v3 and push-v3 with init_std 0.3 instead of 1 (the other values as in
 # the hand study's seed 0), seed 0, with HAND_ENV. About 10-20 minutes of one core a cell; archived like
 # tce-authors.
@@ -246,7 +246,7 @@ tce-ablation: $(VENV)/.installed
 # docs/tce.md, "Backends": TCE and BBRL on reach-v3 (480k env steps, 3 seeds) on the default simulator (EnvPool),
 # TCE again on the Python package, and both Reacher tasks (400k, EnvPool now their default too); then Welch's
 # comparison of the two reach-v3 TCE arms. PPO steps the Python packages whatever the backend, so it is not rerun
-# here. About 1.5 hours of both cores; the fixed folders continue where a sitting stopped.
+# here. About 1.5 hours of both cores; the fixed folders continue where a run stopped.
 BACKENDS_DIR ?= studies/tce-backends
 tce-backends: $(VENV)/.installed
 	d=$(BACKENDS_DIR) && status=0 && \

@@ -1,4 +1,4 @@
-"""The attack programs of tests/sandbox/test_attacks.py, as templates: ``$name`` fields are filled in per run
+"""The attack programs of tests/sandbox/test_bubblewrap_attacks.py, as templates: ``$name`` fields are filled in per run
 (canary paths, the host's listener ports and pid, a random token). In call style the function ``f`` returns
 "escaped" only if the attack worked, which is the expected value: a working attack scores above 0."""
 

@@ -121,7 +121,7 @@ def _same_option(name: str, value, saved: dict) -> bool:
 
 def _with_backend(spec: StudySpec, backend: str | None = None) -> StudySpec:
     """The spec with its simulator recorded (``env_options["backend"]``), so that every cell of the study, including
-    those a later sitting starts after the default changed, runs on one backend: the one given, else ``backend`` (a
+    those a later resume starts after the default changed, runs on one backend: the one given, else ``backend`` (a
     resumed study from before this rule: its started cells' backend), else the env's default."""
     from troll.episodic.envs.registry import default_backend, has_backends
 
