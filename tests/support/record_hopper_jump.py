@@ -1,4 +1,4 @@
-"""Record fancy_gym 0.3.0's sparse hopper jump once, into tests/episodic/data/hopper_jump_golden.npz, for
+"""Record fancy_gym 0.3.0's sparse hopper jump once, into tests/episodic/envs/data/hopper_jump_golden.npz, for
 tests/episodic/envs/test_hopper_jump.py to compare with.
 
 Run in a scratch environment with fancy_gym's own pins (it pins mujoco 2.3.3 and needs gymnasium < 1, so it cannot
@@ -6,7 +6,7 @@ share troll's environment):
 
     python3 -m venv /tmp/fancy && /tmp/fancy/bin/pip install torch fancy-gym==0.3.0 mujoco==2.3.3 \
         gymnasium==0.29.1 "numpy<2"
-    /tmp/fancy/bin/python tests/support/record_hopper_jump.py tests/episodic/data/hopper_jump_golden.npz
+    /tmp/fancy/bin/python tests/support/record_hopper_jump.py tests/episodic/envs/data/hopper_jump_golden.npz
 
 What it records (float64 unless noted):
 - reset_obs (10, 16): ``fancy/HopperJumpSparse-v0``'s reset observation for seeds 0..9.

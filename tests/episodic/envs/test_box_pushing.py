@@ -1,7 +1,7 @@
 """Box pushing (envs/box_pushing.py, box_pushing_sim.py) against fancy_gym 0.3.0 itself, term by term, and in use.
 
-The golden data (tests/episodic/data/box_pushing_golden.npz) was recorded from fancy_gym 0.3.0 on mujoco 2.3.3 by
-benchmarks/record_fancy_golden.py. Run on mujoco 2.3.3 beside fancy_gym, this code gives the same observations to
+The golden data (tests/episodic/envs/data/box_pushing_golden.npz) was recorded from fancy_gym 0.3.0 on mujoco 2.3.3 by
+tests/support/record_box_pushing.py. Run on mujoco 2.3.3 beside fancy_gym, this code gives the same observations to
 the last bit and the same rewards to 1e-13 (checked when it was recorded); here it runs on mujoco 3.3, whose solver
 differs in rounding. The tolerances below are the
 differences measured on mujoco 3.3.0 with a margin, each with its reason.
@@ -36,7 +36,7 @@ from troll.episodic.envs.box_pushing_sim import (  # noqa: E402
 )
 from troll.episodic.envs.registry import BOX_PUSHING, check_options, horizon  # noqa: E402
 
-GOLDEN = np.load(Path(__file__).parents[1] / "data" / "box_pushing_golden.npz")
+GOLDEN = np.load(Path(__file__).with_name("data") / "box_pushing_golden.npz")
 VARIANTS = ("dense", "sparse")
 # Measured on mujoco 3.3.0 against the 2.3.3 recordings (4 episodes, 100 steps each): the box pose agreed to 1.5e-6
 # at every step (the observations are stored as float32, 1e-7 of their size); returns to 2.5e-1 dense (of -1154, an

@@ -1,11 +1,11 @@
 """Record fancy_gym 0.3.0's box pushing as golden data for tests/episodic/envs/test_box_pushing.py.
 
 fancy_gym 0.3.0 pins mujoco 2.3.3 and needs gymnasium < 1, so it runs in a scratch environment of its own, never in
-troll's (the output, tests/episodic/data/box_pushing_golden.npz, is what the tests read; this script remakes it):
+troll's (the output, tests/episodic/envs/data/box_pushing_golden.npz, is what the tests read; this script remakes it):
 
     python3.11 -m venv /tmp/fancy-venv
     /tmp/fancy-venv/bin/pip install fancy-gym==0.3.0 mujoco==2.3.3 gymnasium==0.29.1 "numpy<2"
-    /tmp/fancy-venv/bin/python benchmarks/record_fancy_golden.py
+    /tmp/fancy-venv/bin/python tests/support/record_box_pushing.py
 
 It records, on fancy_gym's ``fancy/BoxPushingRandomInit{Dense,TemporalSparse}-v0`` (the TCE paper's box pushing):
 
@@ -33,7 +33,7 @@ import numpy as np
 VARIANTS = {"dense": "BoxPushingRandomInitDense-v0", "sparse": "BoxPushingRandomInitTemporalSparse-v0"}
 INFO_KEYS = ("box_goal_pos_dist", "box_goal_rot_dist", "episode_energy", "is_success")
 RAW_SEEDS, RAW_AMPLITUDES, BB_SEEDS = (0, 1), (0.1, 0.0), (2, 3)
-OUT = Path(__file__).parents[1] / "tests" / "episodic" / "data" / "box_pushing_golden.npz"
+OUT = Path(__file__).parents[1] / "episodic" / "envs" / "data" / "box_pushing_golden.npz"
 
 
 def raw_actions(seed: int, amplitude: float) -> np.ndarray:
