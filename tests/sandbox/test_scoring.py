@@ -79,6 +79,8 @@ def test_comparison_rules():
     assert not same_value(True, 1) and not same_value(1, True) and not same_value("1", 1)
     assert same_value(0.1 + 0.2, 0.3) and not same_value(0.31, 0.3)
     assert same_value({"a": [1]}, {"a": [1]}) and not same_value({"a": 1}, {"a": 1, "b": 2})
+    # an int beyond any float (a model may return 10**400) is unequal to a float, not an error of the scorer
+    assert not same_value(10**400, 1.5) and not same_value(1.5, -(10**400)) and not same_value([10**400], [1e308])
     assert same_output("3  \n4\n\n", "3\n4") and not same_output("3\n4", "3 4") and not same_output("", "0")
 
 

@@ -293,7 +293,10 @@ def same_value(got: Any, expected: Any) -> bool:
     if isinstance(got, (int, float)) and isinstance(expected, (int, float)):
         if isinstance(got, int) and isinstance(expected, int):
             return got == expected
-        return math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-9)
+        try:
+            return math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-9)
+        except OverflowError:  # an int past float's range: never close to a finite float
+            return False
     if isinstance(expected, list):
         return isinstance(got, list) and len(got) == len(expected) and all(map(same_value, got, expected))
     if isinstance(expected, dict):
