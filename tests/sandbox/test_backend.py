@@ -3,13 +3,15 @@ trusted command here), the limits' validation, and the bubblewrap command line (
 
 from __future__ import annotations
 
+import errno
 import os
+import struct
 import sys
 import time
 
 import pytest
 
-from troll.sandbox import BubblewrapSandbox, Limits
+from troll.sandbox import BubblewrapSandbox, Limits, seccomp
 from troll.sandbox.backend import run_capped
 
 
@@ -64,3 +66,22 @@ def test_the_command_line_binds_no_checkout_or_home():
     assert "--die-with-parent" in argv and "--clearenv" in argv and argv[-4:-1] == ["-I", "-S", "-c"]
     if os.geteuid() == 0:
         assert "--reuid=2000123" in argv and "--no-new-privs" in argv
+
+
+def test_the_seccomp_filter_is_passed_and_well_formed():
+    """15 instructions of 8 bytes; each jump lands inside the program; the last instruction of every path returns
+    (a malformed filter would make bwrap, and so the self-test, fail)."""
+    sandbox = BubblewrapSandbox(check=False)
+    argv = sandbox.argv("pass", Limits(), 2_000_123, seccomp_fd=7)
+    assert argv[1:3] == ["--seccomp", "7"]
+    assert seccomp.program("sparc") is None
+    for machine in seccomp.ARCHES:
+        code = seccomp.program(machine)
+        ops = [struct.unpack("=HBBI", code[i : i + 8]) for i in range(0, len(code), 8)]
+        assert len(ops) == 15 and ops[-1] == (seccomp.RET, 0, 0, seccomp.ALLOW)
+        for i, (op, jt, jf, _) in enumerate(ops):
+            if op & 0x07 == 0x05:  # BPF_JMP
+                assert i + 1 + max(jt, jf) < len(ops)
+        # the flags check: CLONE_NEWUSER in args[0] returns EPERM
+        assert ops[11] == (seccomp.LD_ABS, 0, 0, 16) and ops[12][3] == seccomp.CLONE_NEWUSER
+        assert ops[13] == (seccomp.RET, 0, 0, seccomp.ERRNO | errno.EPERM)

@@ -123,6 +123,20 @@ print('{"case": 0, "value": "escaped"}')
 def f():
     return 0
 """
+NESTED_USERNS = """
+import ctypes, subprocess
+def f():
+    # root of a user namespace of its own could mount a tmpfs of half the host's RAM, outside every rlimit
+    try:
+        r = subprocess.run(["/usr/bin/unshare", "-Urm", "--", "/bin/sh", "-c", "mount -t tmpfs none /tmp && echo up"],
+                           capture_output=True, text=True, timeout=0.5)
+        mounted = "up" in r.stdout
+    except (OSError, subprocess.SubprocessError):
+        mounted = False
+    libc = ctypes.CDLL(None, use_errno=True)
+    clone3 = libc.syscall(435, 0, 0) == -1 and ctypes.get_errno() != 38  # ENOSYS: the C library falls back to clone
+    return "escaped" if mounted or libc.unshare(0x10000000) == 0 or clone3 else "contained"
+"""
 ATTACKS = {
     "write_outside": (WRITE_OUTSIDE, ONE),
     "read_home_checkout_env": (READ_SECRETS, stdio("$secret")),
@@ -147,6 +161,9 @@ ATTACKS = {
     ),
     "sys_exit_first": ("import sys\nsys.exit(0)\ndef f():\n    return 'escaped'", ONE),
     "os_exit_first": ("import os\nos._exit(0)\ndef f():\n    return 'escaped'", ONE),
+    "nested_userns": (NESTED_USERNS, ONE),
+    # past float's range: comparing it with a float expected value must fail the test, not raise in the scorer
+    "huge_int_vs_float": ("def f():\n    return 10 ** 400", TestSuite("call", [TestCase([], 0.5)], "f")),
     "syntax_error": ("def f(:\n    return 'escaped'", ONE),
     # the replacement characters a lenient decoding of the bytes would give
     "non_utf8_output": ("import sys\nsys.stdout.buffer.write(b'\\xff\\xfe escaped\\n')", stdio("\ufffd\ufffd escaped")),

@@ -90,15 +90,23 @@ class Sandbox(abc.ABC):
         itself failed."""
 
 
-def run_capped(argv: list[str], stdin: bytes, *, wall: float, cap: int, env: dict[str, str] | None = None) -> RunResult:
-    """Run ``argv`` in a new session with the environment ``env`` (None: this process's), feed it ``stdin``, read
-    at most ``cap`` bytes of each of stdout and stderr, and SIGKILL its whole process group once it exits, the wall
-    time ``wall`` passes or an output passes ``cap``.
+def run_capped(
+    argv: list[str], stdin: bytes, *, wall: float, cap: int, env: dict[str, str] | None = None, pass_fds=()
+) -> RunResult:
+    """Run ``argv`` in a new session with the environment ``env`` (None: this process's) and the descriptors
+    ``pass_fds`` besides 0-2, feed it ``stdin``, read at most ``cap`` bytes of each of stdout and stderr, and
+    SIGKILL its whole process group once it exits, the wall time ``wall`` passes or an output passes ``cap``.
 
     Uses no ``preexec_fn`` (not safe with threads): scoring calls this from several threads at once."""
     start = time.monotonic()
     proc = subprocess.Popen(
-        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, env=env
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        env=env,
+        pass_fds=pass_fds,
     )
     try:
         out, err, timed_out, truncated = _pump(proc, stdin, start + wall, cap)

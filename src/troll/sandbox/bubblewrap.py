@@ -24,8 +24,10 @@ import shutil
 import sys
 import sysconfig
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 
+from troll.sandbox import seccomp
 from troll.sandbox.backend import Limits, RunResult, Sandbox, SandboxError, SandboxUnavailable, run_capped
 
 INSTALL_HINT = "install bubblewrap: `apt-get update && apt-get install -y bubblewrap` (as root)"
@@ -77,6 +79,8 @@ class BubblewrapSandbox(Sandbox):
         self._free_uids: list[int] = []
         self._next_uid = self._uid_base
         self._lock = threading.Lock()
+        # as root, the dropped uid could create user namespaces (and mount a tmpfs of half the RAM) without it
+        self._filter = seccomp.program()
         if check:
             self.self_test()
 
@@ -101,9 +105,12 @@ class BubblewrapSandbox(Sandbox):
         if self.as_root and words[1] == "0":
             raise SandboxUnavailable("the sandboxed program still ran as uid 0; refusing to run untrusted code")
 
-    def argv(self, program: str, limits: Limits, uid: int | None) -> list[str]:
-        """The full command line of one run (``uid``: the uid to drop to, when root)."""
+    def argv(self, program: str, limits: Limits, uid: int | None, seccomp_fd: int | None = None) -> list[str]:
+        """The full command line of one run (``uid``: the uid to drop to, when root; ``seccomp_fd``: a descriptor
+        bwrap reads the seccomp filter from, see ``seccomp.py``)."""
         args = [self.bwrap]
+        if seccomp_fd is not None:
+            args += ["--seccomp", str(seccomp_fd)]
         if self.as_root:  # a user namespace would leave no other uid to drop to: unshare the rest one by one
             args += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
         else:
@@ -141,8 +148,9 @@ class BubblewrapSandbox(Sandbox):
         try:
             # bwrap itself gets an empty environment too: its own, as the sandbox's pid 1, is readable in /proc/1/
             # environ from inside when it runs as the same user (not as root)
-            argv = self.argv(program, limits, uid)
-            return run_capped(argv, stdin, wall=limits.wall, cap=limits.output, env={})
+            with _filter_pipe(self._filter) as fd:
+                argv = self.argv(program, limits, uid, fd)
+                return run_capped(argv, stdin, wall=limits.wall, cap=limits.output, env={}, pass_fds=_fds(fd))
         except OSError as err:
             raise SandboxError(f"could not start {self.bwrap}: {err}") from err
         finally:
@@ -161,3 +169,25 @@ class BubblewrapSandbox(Sandbox):
                     pwd.getpwuid(uid)
                 except KeyError:
                     return uid
+
+
+@contextmanager
+def _filter_pipe(data: bytes | None):
+    """A pipe's read end holding ``data`` (a seccomp filter, far below a pipe's 64 KiB), closed on exit; None
+    when there is no filter."""
+    if data is None:
+        yield None
+        return
+    read_end, write_end = os.pipe()
+    try:
+        try:
+            os.write(write_end, data)
+        finally:
+            os.close(write_end)  # bwrap reads to the end of the pipe
+        yield read_end
+    finally:
+        os.close(read_end)
+
+
+def _fds(fd: int | None) -> tuple[int, ...]:
+    return () if fd is None else (fd,)
