@@ -68,20 +68,44 @@ def test_the_command_line_binds_no_checkout_or_home():
         assert "--reuid=2000123" in argv and "--no-new-privs" in argv
 
 
-def test_the_seccomp_filter_is_passed_and_well_formed():
-    """15 instructions of 8 bytes; each jump lands inside the program; the last instruction of every path returns
-    (a malformed filter would make bwrap, and so the self-test, fail)."""
+def run_filter(code: bytes, arch: int, nr: int, arg0: int = 0) -> int:
+    """A classic-BPF interpreter for the instructions the filter uses, on one ``struct seccomp_data``."""
+    data = struct.pack("=iIQ6Q", nr, arch, 0, arg0, 0, 0, 0, 0, 0)
+    ops = [struct.unpack("=HBBI", code[i : i + 8]) for i in range(0, len(code), 8)]
+    pc, acc = 0, 0
+    while True:
+        op, jt, jf, k = ops[pc]
+        if op == seccomp.RET:
+            return k
+        if op == seccomp.LD_ABS:
+            acc, pc = struct.unpack_from("=I", data, k)[0], pc + 1
+            continue
+        taken = {seccomp.JEQ: acc == k, seccomp.JGE: acc >= k, seccomp.JSET: bool(acc & k)}[op]
+        pc += 1 + (jt if taken else jf)
+
+
+def test_the_seccomp_filter_refuses_user_namespaces_and_keyrings():
     sandbox = BubblewrapSandbox(check=False)
     argv = sandbox.argv("pass", Limits(), 2_000_123, seccomp_fd=7)
     assert argv[1:3] == ["--seccomp", "7"]
     assert seccomp.program("sparc") is None
-    for machine in seccomp.ARCHES:
+    allow, eperm, enosys = seccomp.ALLOW, seccomp.ERRNO | errno.EPERM, seccomp.ERRNO | errno.ENOSYS
+    newuser, newnet, fork_flags = 0x10000000, 0x40000000, 0x01200011  # fork_flags: glibc's fork()
+    for machine, nrs in {
+        "x86_64": (272, 56, 435, 248, 249, 250, 0, 57),
+        "aarch64": (97, 220, 435, 217, 218, 219, 63),
+    }.items():
         code = seccomp.program(machine)
-        ops = [struct.unpack("=HBBI", code[i : i + 8]) for i in range(0, len(code), 8)]
-        assert len(ops) == 15 and ops[-1] == (seccomp.RET, 0, 0, seccomp.ALLOW)
-        for i, (op, jt, jf, _) in enumerate(ops):
-            if op & 0x07 == 0x05:  # BPF_JMP
-                assert i + 1 + max(jt, jf) < len(ops)
-        # the flags check: CLONE_NEWUSER in args[0] returns EPERM
-        assert ops[11] == (seccomp.LD_ABS, 0, 0, 16) and ops[12][3] == seccomp.CLONE_NEWUSER
-        assert ops[13] == (seccomp.RET, 0, 0, seccomp.ERRNO | errno.EPERM)
+        arch = seccomp.ARCHES[machine][0]
+        unshare, clone, clone3, *keys, read = nrs[:7]
+        assert run_filter(code, arch, unshare, newuser) == eperm
+        assert run_filter(code, arch, unshare, newuser | newnet) == eperm
+        assert run_filter(code, arch, unshare, newnet) == allow  # refused by the kernel itself (no capability)
+        assert run_filter(code, arch, clone, newuser | 17) == eperm
+        assert run_filter(code, arch, clone, fork_flags) == allow
+        assert run_filter(code, arch, clone3) == enosys
+        assert all(run_filter(code, arch, nr) == eperm for nr in keys)
+        assert run_filter(code, arch, read) == allow
+        assert run_filter(code, 0x40000003, 1) == eperm  # i386 on x86_64: a foreign ABI
+    x86 = seccomp.program("x86_64")
+    assert run_filter(x86, 0xC000003E, 0x40000000 | 272, newuser) == eperm  # x32

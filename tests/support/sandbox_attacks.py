@@ -137,6 +137,15 @@ def f():
     clone3 = libc.syscall(435, 0, 0) == -1 and ctypes.get_errno() != 38  # ENOSYS: the C library falls back to clone
     return "escaped" if mounted or libc.unshare(0x10000000) == 0 or clone3 else "contained"
 """
+KEYRING = """
+import ctypes, platform
+def f():
+    # the uid's keyring outlives the run: a later run on the same uid would read what this one left
+    add_key = {"x86_64": 248, "aarch64": 217}[platform.machine()]
+    libc = ctypes.CDLL(None, use_errno=True)
+    key = libc.syscall(add_key, b"user", b"troll-$token", b"left", 4, -4)  # KEY_SPEC_USER_KEYRING
+    return "escaped" if key >= 0 else "contained"
+"""
 ATTACKS = {
     "write_outside": (WRITE_OUTSIDE, ONE),
     "read_home_checkout_env": (READ_SECRETS, stdio("$secret")),
@@ -162,6 +171,7 @@ ATTACKS = {
     "sys_exit_first": ("import sys\nsys.exit(0)\ndef f():\n    return 'escaped'", ONE),
     "os_exit_first": ("import os\nos._exit(0)\ndef f():\n    return 'escaped'", ONE),
     "nested_userns": (NESTED_USERNS, ONE),
+    "keyring": (KEYRING, ONE),
     # past float's range: comparing it with a float expected value must fail the test, not raise in the scorer
     "huge_int_vs_float": ("def f():\n    return 10 ** 400", TestSuite("call", [TestCase([], 0.5)], "f")),
     "syntax_error": ("def f(:\n    return 'escaped'", ONE),

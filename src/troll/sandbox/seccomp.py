@@ -6,7 +6,9 @@ could ``unshare(CLONE_NEWUSER | CLONE_NEWNS)`` (``/usr/bin/unshare -Urm``), beco
 mount a tmpfs the size of half the host's RAM, outside every rlimit, or reach kernel code only namespace root
 reaches. The filter makes ``unshare`` and ``clone`` with ``CLONE_NEWUSER`` fail with EPERM, makes ``clone3`` (whose
 flags sit behind a pointer a filter cannot read) fail with ENOSYS, so that the C library falls back to ``clone``,
-and refuses every system call of a foreign ABI (i386 on x86_64, x32), whose numbers differ.
+refuses every system call of a foreign ABI (i386 on x86_64, x32), whose numbers differ, and refuses the kernel
+keyrings (``add_key``, ``request_key``, ``keyctl``): a uid's keyring outlives the run, so one run could leave
+data there for a later run on the same uid.
 
 ``struct seccomp_data`` (linux/seccomp.h): ``nr`` at byte 0, ``arch`` at 4, ``args[i]`` at 16 + 8 i (the low
 32 bits first on these little-endian machines). Known machines: x86_64 and aarch64; elsewhere ``program()`` is None.
@@ -27,10 +29,10 @@ ERRNO = 0x00050000
 CLONE_NEWUSER = 0x10000000
 X32_BIT = 0x40000000
 
-# machine -> (AUDIT_ARCH_*, unshare, clone, clone3, whether x32 numbers must be refused)
+# machine -> (AUDIT_ARCH_*, unshare, clone, clone3, (add_key, request_key, keyctl), whether x32 must be refused)
 ARCHES = {
-    "x86_64": (0xC000003E, 272, 56, 435, True),
-    "aarch64": (0xC00000B7, 97, 220, 435, False),
+    "x86_64": (0xC000003E, 272, 56, 435, (248, 249, 250), True),
+    "aarch64": (0xC00000B7, 97, 220, 435, (217, 218, 219), False),
 }
 
 
@@ -40,13 +42,13 @@ def _op(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
 
 def program(machine: str | None = None) -> bytes | None:
     """The filter for ``machine`` (default: this one) as the bytes of ``struct sock_filter[]`` bubblewrap's
-    ``--seccomp FD`` reads, or None for a machine it does not know."""
+    ``--seccomp FD`` reads, or None for a machine it does not know. A jump goes ``jt`` or ``jf`` instructions
+    past the next one."""
     known = ARCHES.get(machine or platform.machine())
     if known is None:
         return None
-    arch, unshare, clone, clone3, x32 = known
+    arch, unshare, clone, clone3, keys, x32 = known
     eperm, enosys = ERRNO | errno.EPERM, ERRNO | errno.ENOSYS
-    # offsets of the targets: 'flags' checks args[0], the three returns end the program
     ops = [
         (LD_ABS, 4, 0, 0),  # 0: A = arch
         (JEQ, arch, 1, 0),  # 1: native -> 3
@@ -56,12 +58,16 @@ def program(machine: str | None = None) -> bytes | None:
         (RET, eperm, 0, 0),  # 5
         (JEQ, clone3, 0, 1),  # 6: clone3 -> 7
         (RET, enosys, 0, 0),  # 7
-        (JEQ, unshare, 2, 0),  # 8: unshare -> 11
-        (JEQ, clone, 1, 0),  # 9: clone -> 11
-        (RET, ALLOW, 0, 0),  # 10
-        (LD_ABS, 16, 0, 0),  # 11: A = low 32 bits of args[0] (the flags)
-        (JSET, CLONE_NEWUSER, 0, 1),  # 12: CLONE_NEWUSER -> 13
-        (RET, eperm, 0, 0),  # 13
-        (RET, ALLOW, 0, 0),  # 14
+        (JEQ, unshare, 6, 0),  # 8: unshare -> 15
+        (JEQ, clone, 5, 0),  # 9: clone -> 15
+        (JEQ, keys[0], 3, 0),  # 10: the kernel keyrings (kept per uid after the run) -> 14
+        (JEQ, keys[1], 2, 0),  # 11
+        (JEQ, keys[2], 1, 0),  # 12
+        (RET, ALLOW, 0, 0),  # 13
+        (RET, eperm, 0, 0),  # 14
+        (LD_ABS, 16, 0, 0),  # 15: A = low 32 bits of args[0] (the flags)
+        (JSET, CLONE_NEWUSER, 0, 1),  # 16: CLONE_NEWUSER -> 17
+        (RET, eperm, 0, 0),  # 17
+        (RET, ALLOW, 0, 0),  # 18
     ]
     return b"".join(_op(code, k, jt, jf) for code, k, jt, jf in ops)
