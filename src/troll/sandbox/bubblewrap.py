@@ -11,7 +11,8 @@ What a run sees and may do:
   wall-clock limit;
 - as root: the program runs as an unused uid of its own per slot (``setpriv``, inside bwrap, with every capability
   dropped and ``no_new_privs``), because the kernel does not enforce RLIMIT_NPROC for uid 0; not as root: in a new
-  user namespace (``--unshare-all``), which needs unprivileged user namespaces.
+  user namespace (``--unshare-all``), which needs unprivileged user namespaces;
+- a seccomp filter (``seccomp.py``) refusing new user namespaces and the kernel keyrings.
 
 The rlimits themselves are set by the program's first statements, before any untrusted code (``_harness.py``).
 """
