@@ -52,7 +52,10 @@ class HostTraps:
         self.tcp.listen(8)
         self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.udp.bind(("127.0.0.1", 0))
-        for sock in (self.tcp, self.udp):
+        self.abstract = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # a host service on an abstract socket
+        self.abstract.bind(f"\0troll-{TOKEN}")
+        self.abstract.listen(8)
+        for sock in (self.tcp, self.udp, self.abstract):
             sock.setblocking(False)
         self.old_handler = signal.signal(signal.SIGUSR1, lambda *a: self.signals.append(a))
         os.environ["TROLL_SANDBOX_CANARY"] = self.secret
@@ -67,6 +70,7 @@ class HostTraps:
             "canary_home": str(self.canaries[0]), "canary_repo": str(self.canaries[1]),
             "home": str(Path.home()), "root": str(ROOT), "tcp": self.tcp.getsockname()[1],
             "udp": self.udp.getsockname()[1], "host_pid": os.getpid(), "host_ppid": os.getppid(),
+            "abstract": f"\0troll-{TOKEN}",
         }  # fmt: skip
 
     def seen(self) -> dict:
@@ -76,6 +80,7 @@ class HostTraps:
             "signals": list(self.signals),
             "tcp": _accepted(self.tcp),
             "udp": _received(self.udp),
+            "abstract": _accepted(self.abstract),
         }
 
     def __exit__(self, *exc) -> None:
@@ -83,6 +88,7 @@ class HostTraps:
         signal.signal(signal.SIGUSR1, self.old_handler)
         self.tcp.close()
         self.udp.close()
+        self.abstract.close()
         for path in self.canaries + self.marks:
             path.unlink(missing_ok=True)
 
@@ -137,6 +143,7 @@ def test_the_host_is_untouched(batch):
     assert host["created"] == []
     assert host["signals"] == []
     assert not host["tcp"] and not host["udp"], "the host's loopback listener saw a connection"
+    assert not host["abstract"], "the host's abstract unix socket saw a connection"
     assert secret.encode() not in recording.output(), "a canary leaked into the sandbox's output"
 
 

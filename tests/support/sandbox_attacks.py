@@ -30,7 +30,8 @@ def f():
 READ_SECRETS = """
 import os
 found = []
-for p in [$canary_home, $canary_repo, "/proc/1/environ", "/proc/self/environ"]:
+for p in [$canary_home, $canary_repo, "/proc/1/environ", "/proc/self/environ", "/proc/$host_pid/environ",
+          "/proc/$host_pid/cmdline", "/etc/shadow"]:
     try:
         found.append(open(p, errors="replace").read())
     except OSError:
@@ -61,6 +62,12 @@ def f():
             socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"ping", addr)
         except OSError:
             pass
+    try:
+        u = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        u.connect($abstract)
+        hits.append("abstract")
+    except OSError:
+        pass
     try:
         socket.getaddrinfo("example.com", 80)
         hits.append("dns")
