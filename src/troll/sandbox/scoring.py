@@ -233,12 +233,17 @@ def run_tests(sandbox: Sandbox, program: str, suite: TestSuite, *, max_tests: in
 
 def _judge(result, suite: TestSuite, cases: tuple[TestCase, ...]) -> Score | None:
     """Compare the harness's reports with the expected outputs (in this process; they never entered the sandbox)."""
-    lines = result.stdout.split(b"\n")
+    # the harness writes "ready", one line per test and at most two more; a program flooding the channel with short
+    # lines (up to the output cap, megabytes) would otherwise cost this process a parse of each, and its memory
+    limit = 2 * len(cases) + 8
+    lines = result.stdout.split(b"\n", limit + 1)[: limit + 1]
     if lines[0] != b'{"ready": 1}':
         return None
     reports: dict[int, list[dict]] = {}
     flags = set()
     for raw in lines[1:]:
+        if not raw.startswith(b"{"):
+            continue
         try:
             item = json.loads(raw, parse_constant=_refuse)
         except (ValueError, RecursionError):
