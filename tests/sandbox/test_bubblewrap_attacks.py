@@ -178,6 +178,17 @@ def test_a_missing_bubblewrap_names_the_fix():
         BubblewrapSandbox(bwrap="/nonexistent/bwrap")
 
 
+def test_a_bwrap_that_drops_the_seccomp_filter_is_refused(tmp_path):
+    """The self-test checks that the filter is in force: a bwrap ignoring ``--seccomp`` is no sandbox here."""
+    real = shutil.which("bwrap") or "/usr/bin/bwrap"
+    fake = tmp_path / "bwrap"
+    fake.write_text(f'#!/bin/sh\n[ "$1" = --seccomp ] && shift 2\nexec {real} "$@"\n')
+    fake.chmod(0o755)
+    BubblewrapSandbox(bwrap=real, uid_base=UID_BASE + 16)  # the real one passes
+    with pytest.raises(SandboxUnavailable, match="seccomp filter did not apply"):
+        BubblewrapSandbox(bwrap=str(fake), uid_base=UID_BASE + 16)
+
+
 KILLED = """
 import sys
 from troll.sandbox import BubblewrapSandbox, TestCase, TestSuite, score_completions

@@ -37,7 +37,10 @@ USERNS_HINT = (
     " (Debian), `sysctl -w user.max_user_namespaces=15000`, or on Ubuntu 24.04 "
     "`sysctl -w kernel.apparmor_restrict_unprivileged_userns=0` (as root), or run as root"
 )
-_SELF_TEST = "import os, sys; sys.stdout.write('sandbox-ok %d %d' % (os.getuid(), len(os.environ)))"
+_SELF_TEST = (
+    "import os, sys; seccomp = 'Seccomp:\\t2' in open('/proc/self/status').read(); "
+    "sys.stdout.write('sandbox-ok %d %d %d' % (os.getuid(), len(os.environ), seccomp))"
+)
 
 
 def interpreter_paths() -> tuple[str, list[str]]:
@@ -99,12 +102,16 @@ class BubblewrapSandbox(Sandbox):
         except SandboxError as err:
             raise SandboxUnavailable(f"bubblewrap could not start: {err}; {INSTALL_HINT}") from err
         words = result.stdout.decode(errors="replace").split()
-        if result.returncode != 0 or len(words) != 3 or words[0] != "sandbox-ok":
+        if result.returncode != 0 or len(words) != 4 or words[0] != "sandbox-ok":
             detail = result.stderr.decode(errors="replace").strip()[-500:]
             fix = INSTALL_HINT if self.as_root else USERNS_HINT
             raise SandboxUnavailable(f"the bubblewrap sandbox does not work here ({detail or 'no output'}): {fix}")
         if self.as_root and words[1] == "0":
             raise SandboxUnavailable("the sandboxed program still ran as uid 0; refusing to run untrusted code")
+        if self._filter is not None and words[3] != "1":
+            raise SandboxUnavailable(
+                f"the seccomp filter did not apply in the sandbox ({self.bwrap}); refusing to run untrusted code"
+            )
 
     def argv(self, program: str, limits: Limits, uid: int | None, seccomp_fd: int | None = None) -> list[str]:
         """The full command line of one run (``uid``: the uid to drop to, when root; ``seccomp_fd``: a descriptor
