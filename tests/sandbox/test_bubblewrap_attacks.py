@@ -154,6 +154,7 @@ def test_statuses_and_limits(batch):
     assert scores["kill_parent"] == Score(0, 1, 0.0, False, "ok")
     assert scores["nested_userns"] == Score(0, 1, 0.0, False, "ok")
     assert scores["keyring"] == Score(0, 1, 0.0, False, "ok")
+    assert scores["raise_rlimits"] == Score(0, 1, 0.0, False, "ok")
     assert scores["huge_int_vs_float"] == Score(0, 1, 0.0, False, "ok")
     assert scores["while_true"].status == "timeout"
     assert scores["while_true_no_alarm"].status in ("timeout", "crashed")  # the wall clock or RLIMIT_CPU

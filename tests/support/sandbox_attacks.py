@@ -153,6 +153,19 @@ def f():
     key = libc.syscall(add_key, b"user", b"troll-$token", b"left", 4, -4)  # KEY_SPEC_USER_KEYRING
     return "escaped" if key >= 0 else "contained"
 """
+RAISE_RLIMITS = """
+import resource
+def f():
+    raised = []
+    for name in ("RLIMIT_CPU", "RLIMIT_AS", "RLIMIT_NPROC", "RLIMIT_NOFILE", "RLIMIT_FSIZE"):
+        try:
+            limit = getattr(resource, name)
+            resource.setrlimit(limit, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+            raised.append(name)
+        except (ValueError, OSError):
+            pass
+    return "escaped" if raised else "contained"
+"""
 ATTACKS = {
     "write_outside": (WRITE_OUTSIDE, ONE),
     "read_home_checkout_env": (READ_SECRETS, stdio("$secret")),
@@ -179,6 +192,7 @@ ATTACKS = {
     "os_exit_first": ("import os\nos._exit(0)\ndef f():\n    return 'escaped'", ONE),
     "nested_userns": (NESTED_USERNS, ONE),
     "keyring": (KEYRING, ONE),
+    "raise_rlimits": (RAISE_RLIMITS, ONE),
     # past float's range: comparing it with a float expected value must fail the test, not raise in the scorer
     "huge_int_vs_float": ("def f():\n    return 10 ** 400", TestSuite("call", [TestCase([], 0.5)], "f")),
     "syntax_error": ("def f(:\n    return 'escaped'", ONE),
