@@ -33,7 +33,7 @@ from pathlib import Path
 
 from troll.runs.files import UsageError
 
-PROVIDERS = ("troll.cli.lm", "troll.episodic.cli")
+PROVIDERS = ("troll.cli.lm", "troll.cli.code", "troll.episodic.cli")
 
 
 def _providers() -> list:
