@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test lint bench results map tce-results tce-authors tce-ablation tce-backends envpool-equivalence clean
+.PHONY: demo test lint bench results map code-results tce-results tce-authors tce-ablation tce-backends envpool-equivalence clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -95,6 +95,18 @@ map: $(VENV)/.installed
 	go $$d/$(lastword $(MAP_TASKS))-reuse-eps --task $(lastword $(MAP_TASKS)) --lr $(MAP_LR) \
 		--losses troll:kl-bound=0.2:$(MAP_R16) || status=1; \
 	$(PY) -m troll.train.stability_map $$d && exit $$status
+
+# docs/results.md's code study: TROLL against the paper's clip baseline on the generated code task, 3 seeds, sized to
+# finish in about 45 minutes with two cells side by side on the loaded 2-core CPU (docs/results.md says what that
+# costs in power); then the base model's greedy pass@1 on HumanEval beside it. CODE_DIR=studies/code-X continues
+# there: the study resumes with the same flags (finished cells kept) and a HumanEval result already written is kept.
+CODE_DIR ?= studies/code-$(shell date +%Y%m%d-%H%M%S)
+CODE_STUDY := $(VENV)/bin/troll study --task code --losses troll,clip --seeds 3 --jobs 2 --steps 8 --steps-per-rollout 2 \
+	--prompts-per-step 4 --generations 4 --max-completion-length 96 --temperature 0.7 --lr 2e-5 --heldout 32 \
+	--eval-every 0
+code-results: $(VENV)/.installed
+	d=$(CODE_DIR) && r= && { [ ! -e $$d/config.json ] || r=--resume; } && $(CODE_STUDY) --out $$d $$r && \
+	{ [ -e $$d-humaneval.json ] || $(VENV)/bin/troll eval-code --task humaneval --out $$d-humaneval.json; }
 
 # docs/tce.md's results: TCE and BBRL, 3 seeds each, on the toy task, Reacher (dense and sparse) and three Meta-World
 # tasks, with stable-baselines3's PPO on Reacher and reach-v3, into a new folder; then the report over them
