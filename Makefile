@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test lint bench results map code-results tce-results tce-authors tce-ablation tce-backends envpool-equivalence clean
+.PHONY: demo test lint bench bubblewrap results map code-results tce-results tce-authors tce-ablation tce-backends envpool-equivalence clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -38,15 +38,23 @@ $(VLLM_VENV)/.installed: pyproject.toml constraints-vllm.txt
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec triton
 	touch $@
 
+# bubblewrap: the sandbox that runs generated code (docs/sandbox.md). As root it is installed with apt; otherwise make
+# stops with the one command to run. Untrusted code never runs without it.
+bubblewrap:
+	@command -v bwrap >/dev/null 2>&1 || { \
+		if [ "$$(id -u)" = 0 ]; then apt-get update && apt-get install -y bubblewrap; \
+		else echo "troll runs generated code in bubblewrap; install it with: sudo apt-get install -y bubblewrap" >&2; \
+			exit 1; fi; }
+
 # A new run folder each time: troll never writes into one that already holds results.
-demo: $(VENV)/.installed
+demo: bubblewrap $(VENV)/.installed
 	$(VENV)/bin/troll train --out runs/demo-$$(date +%Y%m%d-%H%M%S)
 
 # --require: those modules must import, and then any skipped test fails the run (tests/conftest.py). The verl tests
 # (their folder) run only in the verl environment, the rest only in the main one.
 VERL_TESTS := tests/integrations/verl
 VLLM_TESTS := tests/integrations/trl/test_vllm.py
-test: $(VENV)/.installed $(VERL_VENV)/.installed $(VLLM_VENV)/.installed lint
+test: bubblewrap $(VENV)/.installed $(VERL_VENV)/.installed $(VLLM_VENV)/.installed lint
 	$(PY) -m pytest --require trl,deepspeed,reasoning_gym,gymnasium,mujoco,metaworld,envpool $(VERL_TESTS:%=--ignore=%) \
 		$(VLLM_TESTS:%=--ignore=%)
 	$(VERL_VENV)/bin/python -m pytest --require verl,tensordict $(VERL_TESTS)
@@ -134,7 +142,7 @@ lint: $(VENV)/.installed
 
 # A smoke run: every benchmark's --quick mode (small sizes, 1 round, results in <name>-quick.csv), one core each.
 # The full figures come from each script's own command (docs/benchmarks.md).
-bench: $(VENV)/.installed $(VERL_VENV)/.installed
+bench: bubblewrap $(VENV)/.installed $(VERL_VENV)/.installed
 	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_loss.py --quick --threads 1
 	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_fused.py --quick --threads 1
 	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_step.py --quick --threads 1
@@ -146,6 +154,7 @@ bench: $(VENV)/.installed $(VERL_VENV)/.installed
 	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_envs.py --quick
 	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_tce.py --quick
 	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_tce_update.py --quick
+	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_sandbox.py --quick
 
 # docs/tce.md's evidence with the authors' Meta-World setup (the metaworld/* preset), 3 seeds: MT10 at 2M env steps
 # with TCE, bbrl and bbrl-cov (SB3's PPO too on reach and push), and push-v3 at 10M with TCE and bbrl. Breadth

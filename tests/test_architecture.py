@@ -20,6 +20,7 @@ LAYERS = {
     "troll.rootfind": 1,
     "troll.runs": 1,
     "troll.output": 1,
+    "troll.sandbox": 1,
     "troll._checks": 2,
     "troll.study": 2,
     "troll.categorical": 3,

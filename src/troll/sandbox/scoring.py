@@ -1,0 +1,317 @@
+"""Scoring completions by running tests in the sandbox: the program of a completion, the tests of a task, the score.
+
+One sandboxed run per distinct (program, tests) pair runs all its tests (at most ``max_tests``) through the harness
+(``_harness.py``); the harness reports values and the parent compares them here, so expected outputs never enter
+the sandbox. reward = passed / total over the first ``max_tests`` tests; a failure of the model's code is a Score of
+0, a failure of the sandbox itself is ``None`` (unscorable, as TRL's reward functions may return).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from troll.sandbox.backend import Limits, Sandbox, SandboxError
+
+KINDS = ("call", "stdio")
+HARNESS = (Path(__file__).parent / "_harness.py").read_text()
+STARTUP = 2.0  # seconds of wall time a run gets for starting the sandbox and the interpreter, besides the tests
+_FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+.-]*)[ \t]*$")
+_PYTHON_TAGS = ("", "python", "python3", "py", "py3")
+
+
+def extract_program(completion: str) -> str | None:
+    """The code of the last fenced block (```python, ```py or a bare ```) of ``completion``; an unclosed last
+    fence gives the text after it. ``None`` when there is no such block or it holds only whitespace."""
+    blocks, current = [], None
+    for line in completion.splitlines():
+        match = _FENCE.match(line)
+        if current is None:
+            if match:
+                current = [] if match.group(1).lower() in _PYTHON_TAGS else "other"
+                current = current if current == "other" else []
+        elif match and not match.group(1):
+            if current != "other":
+                blocks.append("\n".join(current))
+            current = None
+        elif current != "other":
+            current.append(line)
+    if isinstance(current, list):
+        blocks.append("\n".join(current))
+    code = blocks[-1] if blocks else None
+    return code + "\n" if code and code.strip() else None
+
+
+@dataclass(frozen=True)
+class TestCase:
+    """One test. kind "call": ``input`` the positional arguments (a list or tuple of JSON values; the function gets
+    lists for tuples), ``expected`` the JSON value the call must return. kind "stdio": ``input`` the text on stdin,
+    ``expected`` the text on stdout (compared line by line, trailing whitespace and trailing empty lines ignored)."""
+
+    __test__ = False  # not a pytest class
+    input: Any
+    expected: Any
+
+    def __hash__(self) -> int:
+        return hash(json.dumps([self.input, self.expected], sort_keys=True))
+
+
+@dataclass(frozen=True)
+class TestSuite:
+    """The tests of one task: ``kind`` "call" (``entry_point`` names the function) or "stdio" (whole programs);
+    ``timeout`` seconds of wall and CPU time per test; ``output`` the bytes of stdout kept per test (stdio) or the
+    size of one return value (call)."""
+
+    __test__ = False
+    kind: str
+    cases: tuple[TestCase, ...]
+    entry_point: str | None = None
+    timeout: float = 1.0
+    output: int = 64 * 1024
+    _key: str = field(default="", init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"TestSuite.kind must be one of {KINDS}, got {self.kind!r}")
+        if not isinstance(self.cases, (tuple, list)) or not self.cases:
+            raise ValueError(f"TestSuite.cases must be a non-empty tuple of TestCase, got {self.cases!r}")
+        object.__setattr__(self, "cases", tuple(self.cases))
+        for i, case in enumerate(self.cases):
+            _check_case(self.kind, i, case)
+        if self.kind == "call" and not (isinstance(self.entry_point, str) and self.entry_point.isidentifier()):
+            raise ValueError(f"TestSuite.entry_point must name the function for kind 'call', got {self.entry_point!r}")
+        if self.kind == "stdio" and self.entry_point is not None:
+            raise ValueError("TestSuite.entry_point must be None for kind 'stdio' (the program reads stdin)")
+        if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or not 0 < self.timeout <= 60:
+            raise ValueError(f"TestSuite.timeout must be seconds per test in (0, 60], got {self.timeout!r}")
+        if isinstance(self.output, bool) or not isinstance(self.output, int) or not 0 < self.output <= 1 << 20:
+            raise ValueError(f"TestSuite.output must be bytes in (0, 1 MiB], got {self.output!r}")
+        cases = [[c.input, c.expected] for c in self.cases]
+        key = [self.kind, self.entry_point, self.timeout, self.output, cases]
+        object.__setattr__(self, "_key", json.dumps(key, sort_keys=True))
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+
+def _check_case(kind: str, i: int, case: TestCase) -> None:
+    where = f"TestSuite.cases[{i}]"
+    if not isinstance(case, TestCase):
+        raise ValueError(f"{where} must be a TestCase, got {type(case).__name__}")
+    if kind == "stdio":
+        for name in ("input", "expected"):
+            value = getattr(case, name)
+            if not isinstance(value, str):
+                raise ValueError(f"{where}.{name} must be a str for kind 'stdio', got {value!r}")
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as err:
+                raise ValueError(f"{where}.{name} must be text that UTF-8 can encode: {err}") from err
+        return
+    if not isinstance(case.input, (list, tuple)):
+        raise ValueError(f"{where}.input must be the list of positional arguments for kind 'call', got {case.input!r}")
+    for name in ("input", "expected"):
+        problem = _not_json(getattr(case, name))
+        if problem:
+            raise ValueError(
+                f"{where}.{name} must be JSON (lists, dicts with str keys, str, numbers, bool, None): {problem}"
+            )
+
+
+def _not_json(value: Any, depth: int = 0) -> str:
+    """Why ``value`` does not survive a JSON round trip unchanged (tuples count as lists), or "" if it does."""
+    if depth > 100:
+        return "nested over 100 deep"
+    if value is None or isinstance(value, (bool, int, str)):
+        return "" if type(value) in (type(None), bool, int, str) else f"a {type(value).__name__}"
+    if type(value) is float:
+        return "" if math.isfinite(value) else f"{value} is not finite"
+    if type(value) in (list, tuple):
+        return next((p for p in (_not_json(v, depth + 1) for v in value) if p), "")
+    if type(value) is dict:
+        if not all(type(k) is str for k in value):
+            return "a dict key is not a str"
+        return next((p for p in (_not_json(v, depth + 1) for v in value.values()) if p), "")
+    return f"a {type(value).__name__}"
+
+
+@dataclass(frozen=True)
+class Score:
+    """The result of one completion: ``passed`` of ``total`` tests (the first ``max_tests``), ``reward`` =
+    passed / total, ``all_passed``, and ``status``: "ok" (ran; its tests passed or failed), "no_code",
+    "syntax_error", "no_entry_point", "timeout" (the run or a test hit its time limit), "output_limit",
+    "crashed" (the run ended before all tests reported, e.g. ``os._exit`` or memory)."""
+
+    passed: int
+    total: int
+    reward: float
+    all_passed: bool
+    status: str
+
+    @classmethod
+    def of(cls, passed: int, total: int, status: str) -> Score:
+        return cls(passed, total, passed / total, passed == total, status)
+
+
+def limits_for(suite: TestSuite, n: int) -> Limits:
+    """The limits of one run of ``n`` tests: wall = STARTUP + n * timeout, CPU per process the same rounded up
+    (RLIMIT_CPU), room on the pipes for every test's output, the other limits at :class:`Limits`' defaults."""
+    budget = n * suite.timeout
+    return Limits(wall=STARTUP + budget, cpu=math.ceil(budget) + 1, output=max(1 << 20, 8 * n * suite.output + 4096))
+
+
+def score_completions(
+    completions: list[str],
+    suites: list[TestSuite],
+    *,
+    sandbox: Sandbox | None = None,
+    slots: int = 2,
+    max_tests: int = 10,
+) -> list[Score | None]:
+    """Score each completion against its suite (``suites[i]`` for ``completions[i]``): one sandboxed run per
+    distinct (program, suite) pair, ``slots`` runs at a time. ``None`` where the sandbox itself failed.
+    ``sandbox=None`` uses a shared :class:`BubblewrapSandbox` (raises SandboxUnavailable where none works)."""
+    if len(completions) != len(suites):
+        raise ValueError(f"completions and suites must have one entry each, got {len(completions)} and {len(suites)}")
+    if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+        raise ValueError(f"slots must be a positive int (parallel sandbox runs), got {slots!r}")
+    if isinstance(max_tests, bool) or not isinstance(max_tests, int) or max_tests < 1:
+        raise ValueError(f"max_tests must be a positive int, got {max_tests!r}")
+    for i, (c, s) in enumerate(zip(completions, suites)):
+        if not isinstance(c, str):
+            raise ValueError(f"completions[{i}] must be a str, got {type(c).__name__}")
+        if not isinstance(s, TestSuite):
+            raise ValueError(f"suites[{i}] must be a TestSuite, got {type(s).__name__}")
+    programs = [extract_program(c) for c in completions]
+    jobs: dict[tuple[str, str], tuple[str, TestSuite]] = {}
+    for program, suite in zip(programs, suites):
+        if program is not None:
+            jobs.setdefault((program, suite._key), (program, suite))
+    if jobs and sandbox is None:
+        sandbox = default_sandbox()
+    with ThreadPoolExecutor(max_workers=min(slots, max(1, len(jobs)))) as pool:
+        done = dict(zip(jobs, pool.map(lambda job: run_tests(sandbox, *job, max_tests=max_tests), jobs.values())))
+    return [
+        Score.of(0, min(len(s.cases), max_tests), "no_code") if p is None else done[(p, s._key)]
+        for p, s in zip(programs, suites)
+    ]
+
+
+@functools.lru_cache(maxsize=1)
+def default_sandbox() -> Sandbox:
+    from troll.sandbox.bubblewrap import BubblewrapSandbox
+
+    return BubblewrapSandbox()
+
+
+def run_tests(sandbox: Sandbox, program: str, suite: TestSuite, *, max_tests: int = 10) -> Score | None:
+    """One sandboxed run of ``program`` on the first ``max_tests`` tests of ``suite``; ``None`` if the sandbox
+    failed (it raised, or the harness never reported ready)."""
+    cases = suite.cases[:max_tests]
+    job = {
+        "kind": suite.kind,
+        "program": program,
+        "entry_point": suite.entry_point,
+        "inputs": [c.input for c in cases],
+        "timeout": suite.timeout,
+        "output": suite.output,
+    }
+    limits = limits_for(suite, len(cases))
+    job["rlimits"] = limits.rlimits()
+    try:
+        result = sandbox.run(HARNESS, json.dumps(job).encode(), limits)
+    except SandboxError:
+        return None
+    return _judge(result, suite, cases)
+
+
+def _judge(result, suite: TestSuite, cases: tuple[TestCase, ...]) -> Score | None:
+    """Compare the harness's reports with the expected outputs (in this process; they never entered the sandbox)."""
+    lines = result.stdout.split(b"\n")
+    if lines[0] != b'{"ready": 1}':
+        return None
+    reports: dict[int, list[dict]] = {}
+    flags = set()
+    for raw in lines[1:]:
+        try:
+            item = json.loads(raw, parse_constant=_refuse)
+        except (ValueError, RecursionError):
+            continue
+        if not isinstance(item, dict):
+            continue
+        if "syntax_error" in item:
+            return Score.of(0, len(cases), "syntax_error")
+        if "missing" in item:
+            return Score.of(0, len(cases), "no_entry_point")
+        if item.get("done") == 1:
+            flags.add("done")
+        case = item.get("case")
+        if type(case) is int and 0 <= case < len(cases):
+            reports.setdefault(case, []).append(item)
+    passed = 0
+    for i, case in enumerate(cases):
+        got = reports.get(i, [])
+        if len(got) != 1:  # missing, or forged beside the harness's own report
+            continue
+        if got[0].get("timeout") is True or got[0].get("error") == "timeout":
+            flags.add("case_timeout")
+        if suite.kind == "call":
+            passed += "value" in got[0] and same_value(got[0]["value"], case.expected)
+        else:
+            complete = got[0].get("timeout") is False and got[0].get("truncated") is False
+            passed += (
+                complete and isinstance(got[0].get("stdout"), str) and same_output(got[0]["stdout"], case.expected)
+            )
+    if result.timed_out or "case_timeout" in flags:
+        status = "timeout"
+    elif result.truncated:
+        status = "output_limit"
+    elif "done" not in flags:
+        status = "crashed"
+    else:
+        status = "ok"
+    return Score.of(passed, len(cases), status)
+
+
+def _refuse(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def same_value(got: Any, expected: Any) -> bool:
+    """Equality of JSON values, strict on types (True is not 1, "1" is not 1; tuples are lists); numbers equal
+    when both are ints and equal, or within 1e-9 relative or absolute when either is a float."""
+    if isinstance(expected, tuple):
+        expected = list(expected)
+    if isinstance(got, bool) or isinstance(expected, bool):
+        return type(got) is type(expected) and got == expected
+    if isinstance(got, (int, float)) and isinstance(expected, (int, float)):
+        if isinstance(got, int) and isinstance(expected, int):
+            return got == expected
+        return math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-9)
+    if isinstance(expected, list):
+        return isinstance(got, list) and len(got) == len(expected) and all(map(same_value, got, expected))
+    if isinstance(expected, dict):
+        return (
+            isinstance(got, dict)
+            and got.keys() == expected.keys()
+            and all(same_value(got[k], expected[k]) for k in expected)
+        )
+    return type(got) is type(expected) and got == expected
+
+
+def same_output(got: str, expected: str) -> bool:
+    """Stdout equality line by line, trailing whitespace of each line and trailing empty lines ignored."""
+
+    def lines(text: str) -> list[str]:
+        out = [line.rstrip() for line in text.split("\n")]
+        while out and not out[-1]:
+            out.pop()
+        return out
+
+    return lines(got) == lines(expected)

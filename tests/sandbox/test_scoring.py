@@ -1,0 +1,134 @@
+"""Scoring: program extraction, suite validation, the comparison rules, and correct and partial solutions of both
+test styles scored in the real sandbox (hand-computed fractions), the first-10 cut and deduplication."""
+
+from __future__ import annotations
+
+import pytest
+from sandbox_helpers import Recording, fenced
+
+from troll.sandbox import (
+    BubblewrapSandbox,
+    Limits,
+    RunResult,
+    Sandbox,
+    SandboxError,
+    Score,
+    TestCase,
+    TestSuite,
+    extract_program,
+    score_completions,
+)
+from troll.sandbox.scoring import same_output, same_value
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    return BubblewrapSandbox()  # bwrap is a hard requirement: a missing one fails here, never skips
+
+
+ADD = TestSuite("call", [TestCase([1, 2], 3), TestCase([2, 2], 4), TestCase([0, 0], 0), TestCase([5, -5], 0)], "add")
+SUM = TestSuite(
+    "stdio",
+    [TestCase("1 2\n", "3\n"), TestCase("5 5\n", "10"), TestCase("0 1", "1"), TestCase("-1 1\n", "0  \n\n")],
+    timeout=2.0,
+)
+
+
+def test_extract_program():
+    assert extract_program("```python\nx = 1\n```") == "x = 1\n"
+    assert extract_program("a\n```\nx = 1\n```\nb\n```py\ny = 2\n```\nc") == "y = 2\n"  # the last block
+    assert extract_program("text\n```python\ndef f():\n    return 1") == "def f():\n    return 1\n"  # unclosed
+    assert extract_program("```python\nx = 1\n```\n```bash\nls\n```") == "x = 1\n"  # not Python: skipped
+    assert extract_program("no code here") is None
+    assert extract_program("```python\n   \n```") is None
+    assert extract_program("") is None
+
+
+def test_suite_validation_names_the_field():
+    with pytest.raises(ValueError, match="kind"):
+        TestSuite("shell", [TestCase("", "")])
+    with pytest.raises(ValueError, match="entry_point"):
+        TestSuite("call", [TestCase([1], 1)])
+    with pytest.raises(ValueError, match=r"cases\[0\].input"):
+        TestSuite("call", [TestCase(1, 1)], "f")
+    with pytest.raises(ValueError, match=r"cases\[1\].expected"):
+        TestSuite("stdio", [TestCase("", ""), TestCase("", 3)])
+    with pytest.raises(ValueError, match=r"cases\[0\].expected must be JSON"):
+        TestSuite("call", [TestCase([1], float("nan"))], "f")
+    with pytest.raises(ValueError, match=r"cases\[0\].input must be JSON .*dict key"):
+        TestSuite("call", [TestCase([{1: 2}], 1)], "f")
+    with pytest.raises(ValueError, match=r"cases\[0\].expected must be JSON .*a set"):
+        TestSuite("call", [TestCase([], {1})], "f")
+    with pytest.raises(ValueError, match="timeout"):
+        TestSuite("stdio", [TestCase("", "")], timeout=0)
+    with pytest.raises(ValueError, match="cases"):
+        TestSuite("stdio", [])
+    with pytest.raises(ValueError, match="slots"):
+        score_completions([], [], slots=0)
+    with pytest.raises(ValueError, match="one entry each"):
+        score_completions(["x"], [])
+
+
+def test_suites_and_cases_hash_by_value():
+    assert hash(ADD) == hash(TestSuite("call", list(ADD.cases), "add")) and ADD == TestSuite("call", ADD.cases, "add")
+    assert len({TestCase([1, [2]], 3), TestCase([1, [2]], 3)}) == 1
+
+
+def test_comparison_rules():
+    assert same_value([1, [2.0, "a"]], (1, (2, "a")))  # tuples are lists; 2 == 2.0
+    assert not same_value(True, 1) and not same_value(1, True) and not same_value("1", 1)
+    assert same_value(0.1 + 0.2, 0.3) and not same_value(0.31, 0.3)
+    assert same_value({"a": [1]}, {"a": [1]}) and not same_value({"a": 1}, {"a": 1, "b": 2})
+    assert same_output("3  \n4\n\n", "3\n4") and not same_output("3\n4", "3 4") and not same_output("", "0")
+
+
+def test_both_styles_score_correct_and_partial_solutions(sandbox):
+    add_ok = fenced("def add(a, b):\n    return a + b")
+    add_half = fenced("def add(a, b):\n    return a + b if b > 0 else 7")  # passes tests 1 and 2 of 4
+    sum_ok = fenced("a, b = map(int, input().split())\nprint(a + b)")
+    sum_quarter = fenced("print(0)")  # right only on the last test
+    scores = score_completions([add_ok, add_half, sum_ok, sum_quarter], [ADD, ADD, SUM, SUM], sandbox=sandbox)
+    assert scores[0] == Score(4, 4, 1.0, True, "ok")
+    assert scores[1] == Score(2, 4, 0.5, False, "ok")
+    assert scores[2] == Score(4, 4, 1.0, True, "ok")
+    assert scores[3] == Score(1, 4, 0.25, False, "ok")
+
+
+def test_only_the_first_max_tests_count(sandbox):
+    cases = [TestCase([i], i * i) for i in range(12)]
+    suite = TestSuite("call", cases, "sq")
+    first_ten = fenced("def sq(x):\n    return x * x if x < 10 else -1")  # wrong only on tests 11 and 12
+    wrong_third = fenced("def sq(x):\n    return -1 if x == 2 else x * x")
+    scores = score_completions([first_ten, wrong_third], [suite, suite], sandbox=sandbox)
+    assert scores[0] == Score(10, 10, 1.0, True, "ok")
+    assert scores[1] == Score(9, 10, 0.9, False, "ok")
+    assert score_completions([wrong_third], [suite], sandbox=sandbox, max_tests=3)[0] == Score(2, 3, 2 / 3, False, "ok")
+
+
+def test_identical_programs_run_once(sandbox):
+    recording = Recording(sandbox)
+    add = "def add(a, b):\n    return a + b"
+    other = TestSuite("call", [TestCase([1, 1], 2)], "add")
+    completions = [fenced(add), "Sure!\n" + fenced(add), fenced(add, tag=""), fenced(add), "no code"]
+    scores = score_completions(completions, [ADD, ADD, ADD, other, ADD], sandbox=recording, slots=2)
+    assert len(recording.results) == 2  # one run for the same code with ADD, one with the other suite
+    assert [s.reward for s in scores] == [1.0, 1.0, 1.0, 1.0, 0.0] and scores[-1].status == "no_code"
+
+
+class _Broken(Sandbox):
+    """A backend failing as a sandbox can: raising, or returning without the harness's ready report."""
+
+    def __init__(self, raises: bool):
+        self.raises = raises
+
+    def run(self, program: str, stdin: bytes, limits: Limits) -> RunResult:
+        if self.raises:
+            raise SandboxError("backend down")
+        return RunResult(b"", b"bwrap: cannot mount", 1, False, False, 0.01)
+
+
+@pytest.mark.parametrize("raises", [True, False])
+def test_a_failing_sandbox_gives_none_and_model_failures_give_zero(raises):
+    completions = [fenced("def add(a, b):\n    return a + b"), "no code at all"]
+    scores = score_completions(completions, [ADD, ADD], sandbox=_Broken(raises))
+    assert scores == [None, Score(0, 4, 0.0, False, "no_code")]
