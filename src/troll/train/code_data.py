@@ -104,6 +104,19 @@ def _tests_field(row: dict, where: str) -> tuple[str, Any]:
     raise UsageError(f"{where}: field tests: missing (also looked for input_output and reward_model.ground_truth).")
 
 
+def card_section(name: str, *, seed: int, system: str | None) -> str:
+    """The model card's task section of a code task."""
+    if name.startswith(JSONL_PREFIX):
+        what = f"the user's prompts and tests in `{name[len(JSONL_PREFIX) :]}` (held-out lines by a fixed shuffle)"
+    else:
+        what = f"troll's generated code task `{name}` (training items from seed {seed}, held-out items from another)"
+    note = "" if system is None else f" The chat prompts start with the system message {system!r}."
+    return (
+        f"## Task\n\nWriting Python functions: {what}. The reward is the fraction of an item's tests (at most 10) "
+        f"that the completion's last code block passes, run in troll's sandbox.{note}\n"
+    )
+
+
 class CodeItems(list):
     """A split of a code task: a list of {"question", "tests", ...} items (what a Task's train/heldout hold)."""
 

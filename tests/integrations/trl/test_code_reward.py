@@ -60,7 +60,7 @@ def test_trl_passes_the_tests_column_and_gets_the_fraction_passed(tmp_path):
     ]
     prompts = [row["prompt"] for row in inputs]
     rewards = trainer._calculate_rewards(inputs, prompts, completions, [[1]] * len(inputs))
-    assert rewards[:, 0].tolist() == [1.0, 0.25, 0.0, 1.0, 0.5]
+    assert rewards[:, 0].tolist() == [1.0, 0.75, 0.0, 1.0, 0.5]
 
 
 def test_an_unscorable_completion_reaches_trl_as_none(tmp_path, monkeypatch):

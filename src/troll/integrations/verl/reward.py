@@ -18,16 +18,6 @@ from typing import Any
 
 from troll.integrations.code_reward import MAX_TESTS, score
 
-_SANDBOX: list = []  # the process's sandbox, made on first use: verl calls compute_score once per response
-
-
-def _sandbox():
-    if not _SANDBOX:
-        from troll.sandbox import BubblewrapSandbox
-
-        _SANDBOX.append(BubblewrapSandbox())
-    return _SANDBOX[0]
-
 
 def _as_dict(result) -> dict[str, float]:
     if result is None:
@@ -38,12 +28,12 @@ def _as_dict(result) -> dict[str, float]:
 def compute_score(data_source: Any = None, solution_str: str = "", ground_truth: Any = None, extra_info: Any = None,
                   **kwargs) -> dict[str, float]:  # fmt: skip
     """verl's ``compute_score(data_source, solution_str, ground_truth, extra_info)`` for one response."""
-    return _as_dict(score([solution_str], [ground_truth], sandbox=_sandbox(), max_tests=MAX_TESTS)[0])
+    return _as_dict(score([solution_str], [ground_truth], max_tests=MAX_TESTS)[0])
 
 
 def compute_score_batch(data_sources: list, solution_strs: list[str], ground_truths: list, extra_infos=None,
                         **kwargs) -> list[dict[str, float]]:  # fmt: skip
     """verl's batch form (``reward_model.reward_manager=batch``): every response at once, the sandbox's slots in
     parallel and identical ones scored once."""
-    results = score(list(solution_strs), list(ground_truths), sandbox=_sandbox(), max_tests=MAX_TESTS)
+    results = score(list(solution_strs), list(ground_truths), max_tests=MAX_TESTS)
     return [_as_dict(r) for r in results]
