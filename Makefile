@@ -105,12 +105,12 @@ map: $(VENV)/.installed
 	$(PY) -m troll.train.stability_map $$d && exit $$status
 
 # docs/results.md's code study: TROLL against the paper's clip baseline on the generated code task, 3 seeds, sized to
-# finish in about 45 minutes with two cells side by side on the loaded 2-core CPU (docs/results.md says what that
+# finish in about 80 minutes with two cells side by side on the loaded 2-core CPU (docs/results.md says what that
 # costs in power); then the base model's greedy pass@1 on HumanEval beside it. CODE_DIR=studies/code-X continues
 # there: the study resumes with the same flags (finished cells kept) and a HumanEval result already written is kept.
 CODE_DIR ?= studies/code-$(shell date +%Y%m%d-%H%M%S)
-CODE_STUDY := $(VENV)/bin/troll study --task code --losses troll,clip --seeds 3 --jobs 2 --steps 8 --steps-per-rollout 2 \
-	--prompts-per-step 4 --generations 4 --max-completion-length 96 --temperature 0.7 --lr 2e-5 --heldout 32 \
+CODE_STUDY := $(VENV)/bin/troll study --task code --losses troll,clip --seeds 3 --jobs 2 --steps 6 --steps-per-rollout 2 \
+	--prompts-per-step 4 --generations 4 --max-completion-length 96 --temperature 0.7 --lr 4e-5 --heldout 32 \
 	--eval-every 0
 code-results: $(VENV)/.installed
 	d=$(CODE_DIR) && r= && { [ ! -e $$d/config.json ] || r=--resume; } && $(CODE_STUDY) --out $$d $$r && \
