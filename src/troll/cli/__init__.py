@@ -12,9 +12,9 @@ A provider is a module with a function ``add_commands(sub)`` that adds its subpa
 
 :data:`PROVIDERS` lists them: :mod:`troll.cli.lm` (``troll train``, ``troll compare``, ``troll study``),
 :mod:`troll.cli.code` (``troll eval-code``) and :mod:`troll.episodic.cli` (the episodic agent's ``troll tce ...``); a
-provider whose module is absent is skipped without importing its package, one that fails to import fails loudly. Building the parser imports every provider,
-so a provider imports nothing heavy at module level (no torch, transformers, TRL, gymnasium or MuJoCo; ``import
-troll`` is lazy): handlers import what their run needs.
+provider whose module is absent is skipped without importing its package, one that fails to import fails loudly.
+Building the parser imports every provider, so a provider imports nothing heavy at module level (no torch,
+transformers, TRL, gymnasium or MuJoCo; ``import troll`` is lazy): handlers import what their run needs.
 A ``tce study`` handler reuses the study engine, :mod:`troll.study`, as ``troll study`` does
 (:mod:`troll.study.frontend` shows a TCE frontend).
 
