@@ -120,3 +120,32 @@ def test_eval_code_checks_its_flags(tmp_path, capsys):
     (tmp_path / "r.json").write_text("{}")
     code, err = run_cli(capsys, "eval-code", "--out", str(tmp_path / "r.json"))
     assert code == 2 and "never overwrites" in err
+
+
+def test_humaneval_canonical_solutions_pass_their_converted_tests():
+    from troll.train import code_eval
+
+    problems = {p["task_id"]: p for p in humaneval.load_problems()}
+    rows = humaneval.items()[0][::7]  # 21 of the 141, spread over the set
+    # the model's block holds only the function, as a chat model writes it; imports and helpers come from the prompt
+    answers = [f"```python\n{_function_only(problems[r['task_id']])}```" for r in rows]
+    result = code_eval.score_rows("humaneval", rows, answers, {})
+    assert result.unscored == 0 and result.pass_at_1 == 1.0, result.samples
+    wrong = code_eval.score_rows("humaneval", rows[:2], ["```python\ndef nothing():\n    pass\n```"] * 2, {})
+    assert wrong.pass_at_1 == 0.0
+
+
+def _function_only(problem: dict) -> str:
+    """The problem's entry-point function (its stub from the prompt with the canonical body), without the imports."""
+    prompt = problem["prompt"]
+    start = prompt.index(f"def {problem['entry_point']}(")
+    return prompt[start:] + problem["canonical_solution"]
+
+
+def test_eval_code_prints_pass_at_1(tmp_path, capsys, tiny_model_dir, monkeypatch):
+    monkeypatch.setenv("TROLL_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "r.json"
+    code = run_cli(capsys, "eval-code", "--task", "code_list", "--n", "2", "--model", str(tiny_model_dir),
+                   "--max-completion-length", "4", "--out", str(out))[0]  # fmt: skip
+    result = json.loads(out.read_text())
+    assert code == 0 and result["n"] == 2 and result["pass_at_1"] == 0.0 and result["by_family"]["list"]["n"] == 2
