@@ -88,3 +88,12 @@ def test_task_names_are_checked():
         tasks.check_task("code_nope")
     with pytest.raises(UsageError, match="eval-code"):
         tasks.check_task("humaneval")
+
+
+def test_list_tasks_names_the_code_tasks(capsys):
+    from troll.cli.lm import list_tasks
+
+    assert list_tasks() == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert "chain_sum [default]" in [line.split("  ")[0] for line in listed]
+    assert any(line.startswith("code_string  (code:") for line in listed) and listed[-1].startswith("jsonl:PATH")

@@ -538,7 +538,12 @@ def _report(out: str, summary: dict) -> None:
 def list_tasks() -> int:
     from troll.train.tasks import DEFAULT_TASK, PRESETS, task_names
 
+    from troll.train.code_tasks import TASKS
+
     for name in task_names():
         preset = f"  (preset: {PRESETS[name]})" if name in PRESETS else ""
         print(f"{name}{' [default]' if name == DEFAULT_TASK else ''}{preset}")
+    for name, families in TASKS.items():
+        print(f"{name}  (code: generated Python functions; {', '.join(families)})")
+    print("jsonl:PATH  (code: your prompts and tests, docs/code.md)")
     return 0
