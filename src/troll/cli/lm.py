@@ -536,9 +536,8 @@ def _report(out: str, summary: dict) -> None:
 
 
 def list_tasks() -> int:
-    from troll.train.tasks import DEFAULT_TASK, PRESETS, task_names
-
     from troll.train.code_tasks import TASKS
+    from troll.train.tasks import DEFAULT_TASK, PRESETS, task_names
 
     for name in task_names():
         preset = f"  (preset: {PRESETS[name]})" if name in PRESETS else ""
