@@ -109,7 +109,7 @@ map: $(VENV)/.installed
 # costs in power); then the base model's greedy pass@1 on HumanEval beside it. CODE_DIR=studies/code-X continues
 # there: the study resumes with the same flags (finished cells kept) and a HumanEval result already written is kept.
 CODE_DIR ?= studies/code-$(shell date +%Y%m%d-%H%M%S)
-CODE_STUDY := $(VENV)/bin/troll study --task code --losses troll,clip --seeds 3 --jobs 2 --steps 6 --steps-per-rollout 2 \
+CODE_STUDY := $(VENV)/bin/troll study --task code --losses troll,clip --seeds 6 --jobs 2 --steps 6 --steps-per-rollout 2 \
 	--prompts-per-step 4 --generations 4 --max-completion-length 96 --temperature 0.7 --lr 4e-5 --heldout 32 \
 	--eval-every 0
 code-results: $(VENV)/.installed

@@ -78,6 +78,7 @@ def test_code_tasks_get_longer_completions_unless_given():
     assert RunOptions(task="code_list").resolved().max_completion_length == 160
     assert RunOptions(task="chain_sum").resolved().max_completion_length == 16
     assert RunOptions(task="code", max_completion_length=96).resolved().max_completion_length == 96
+    assert RunOptions(task="jsonl:/data/my.tests.jsonl").resolved().out == "runs/troll-jsonl-my.tests-seed0"
     with pytest.raises(UsageError, match="--max-completion-length"):
         check_values(RunOptions(task="code", max_completion_length=0))
 

@@ -416,7 +416,7 @@ def study_spec(args: argparse.Namespace):
     )
     if saved:
         _check_same_grid(spec, saved)
-    return spec, Path(getattr(args, "out", "") or f"runs/study-{base.task}")
+    return spec, Path(getattr(args, "out", "") or f"runs/study-{options.task_label(base.task)}")
 
 
 def _sweep_text(text: str) -> str:

@@ -27,7 +27,7 @@ def plan(base: RunOptions, losses: list[str], *, troll_eps: float | None, clip_e
     parse_losses(",".join(losses))
     options.check_clip_eps(clip_eps)
     options.check_used(base, losses)
-    out = Path(base.out or f"runs/compare-{base.task}-seed{base.seed}")
+    out = Path(base.out or f"runs/compare-{options.task_label(base.task)}-seed{base.seed}")
     runs = []
     for loss in losses:
         eps = troll_eps if loss in TROLL_LOSSES else clip_eps

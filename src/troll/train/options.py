@@ -179,7 +179,7 @@ class RunOptions:
         whole = (self.steps // 2) // self.steps_per_rollout * self.steps_per_rollout
         save_every = max(self.steps_per_rollout, whole) if self.save_every is None else self.save_every
         eval_every = max(1, self.steps // 4) if self.eval_every is None else self.eval_every
-        out = self.out or f"runs/{self.loss}-{self.task}-seed{self.seed}"
+        out = self.out or f"runs/{self.loss}-{task_label(self.task)}-seed{self.seed}"
         length = self.max_completion_length or default_completion_length(self.task)
         return dataclasses.replace(self, eps=eps, save_every=save_every, eval_every=eval_every, out=out,
                                    max_completion_length=length, **clip)  # fmt: skip
@@ -210,6 +210,15 @@ class RunOptions:
 
 
 MATH_COMPLETION_LENGTH = 16  # the reasoning_gym presets' answers are a few tokens
+
+
+def task_label(task: str) -> str:
+    """The task as a default folder name: ``jsonl:PATH`` becomes ``jsonl-<file stem>`` (no separators)."""
+    from troll.train import code_data
+
+    if isinstance(task, str) and task.startswith(code_data.JSONL_PREFIX):
+        return "jsonl-" + Path(task[len(code_data.JSONL_PREFIX) :]).stem
+    return task
 
 
 def default_completion_length(task: str) -> int:
