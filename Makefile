@@ -11,8 +11,8 @@ PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test lint bench bubblewrap results map tce-results tce-authors tce-hopper tce-box tce-ablation \
-	tce-backends envpool-equivalence clean
+.PHONY: demo test lint bench bubblewrap results map code-results tce-results tce-authors tce-hopper tce-box \
+	tce-ablation tce-backends envpool-equivalence clean
 
 # Offscreen OpenGL for `troll tce render` (MuJoCo's EGL backend on Mesa; no display needed): Debian packages,
 # installed as root when missing (a user without root installs them once: apt-get install $(GL_PACKAGES)).
@@ -117,6 +117,20 @@ map: $(VENV)/.installed
 	go $$d/$(lastword $(MAP_TASKS))-reuse-eps --task $(lastword $(MAP_TASKS)) --lr $(MAP_LR) \
 		--losses troll:kl-bound=0.2:$(MAP_R16) || status=1; \
 	$(PY) -m troll.lm.results $$d && exit $$status
+
+# docs/results.md's code study: TROLL against the paper's clip baseline on the generated code task, two cells side by
+# side: 6 seeds with completions cut at 96 tokens into $(CODE_DIR), then 3 seeds at the code tasks' default of 160
+# into $(CODE_DIR)-160 (4 to 15 minutes a cell on the shared 2-core CPU, by its load), then the base model's greedy
+# pass@1 on HumanEval into $(CODE_DIR)-humaneval.json. CODE_DIR=studies/code-X continues there: each study resumes
+# with the same flags (finished cells kept) and a HumanEval result already written is kept.
+CODE_DIR ?= studies/code-$(shell date +%Y%m%d-%H%M%S)
+CODE_STUDY := $(VENV)/bin/troll study --task code --losses troll,clip --jobs 2 --steps 6 --steps-per-rollout 2 \
+	--prompts-per-step 4 --generations 4 --temperature 0.7 --lr 4e-5 --heldout 32 --eval-every 0
+code-results: $(VENV)/.installed
+	d=$(CODE_DIR) && go() { out=$$1; shift; r=; [ ! -e $$out/config.json ] || r=--resume; \
+		$(CODE_STUDY) "$$@" --out $$out $$r; } && \
+	go $$d --seeds 6 --max-completion-length 96 && go $$d-160 --seeds 3 && \
+	{ [ -e $$d-humaneval.json ] || $(VENV)/bin/troll eval-code --task humaneval --out $$d-humaneval.json; }
 
 # docs/tce.md's results: TCE and BBRL, 3 seeds each, on the toy task, Reacher (dense and sparse) and three Meta-World
 # tasks, with stable-baselines3's PPO on Reacher and reach-v3, into a new folder; then the report over them

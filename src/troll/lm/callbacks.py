@@ -75,7 +75,7 @@ class HeldoutEval(TrainerCallback):
 
     def run(self, model, step: int) -> dict:
         result = heldout_accuracy(model, self.tokenizer, self.task, max_new_tokens=self.max_new_tokens).to_json()
-        self.log.write(step, {f"heldout/{k}": result[k] for k in ("accuracy", "score", "n")})
+        self.log.write(step, {f"heldout/{k}": result[k] for k in ("accuracy", "score", "n", "unscored") if k in result})
         return result
 
     def on_step_end(self, args, state, control, model=None, **kwargs):

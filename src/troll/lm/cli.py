@@ -72,7 +72,7 @@ def _add_study_parser(sub) -> None:
 
 
 def add_commands(sub) -> None:
-    """Register train, compare and study (the provider hook of :mod:`troll.cli`)."""
+    """Register train, compare, study and eval-code (the provider hook of :mod:`troll.cli`)."""
     train = sub.add_parser("train", help="one GRPO run with TROLL or a clipped loss", description=TRAIN_DOC)
     train.add_argument("--loss", default=argparse.SUPPRESS, help=LOSS_HELP)
     for flag, users, meaning in BOUND_FLAGS.values():
@@ -101,6 +101,7 @@ def add_commands(sub) -> None:
     add_run_args(compare, "comparison folder (default: runs/compare-<task>-seed<seed>)")
     compare.set_defaults(run=_listing(cmd_compare), name="compare")
     _add_study_parser(sub)
+    _add_eval_code_parser(sub)
 
 
 def _listing(handler):
@@ -146,7 +147,7 @@ def validate(opts: RunOptions) -> None:
     name and the model's location."""
     from troll.lm import model, tasks
 
-    tasks.check_task(opts.task)
+    tasks.check_task(opts.task, heldout=opts.heldout)
     model.resolve_model(opts.model)
 
 
@@ -233,7 +234,9 @@ def study_spec(args: argparse.Namespace):
     )
     if saved:
         _check_same_grid(spec, saved)
-    return spec, Path(getattr(args, "out", "") or f"runs/study-{base.task}")
+    from troll.lm.options import task_label
+
+    return spec, Path(getattr(args, "out", "") or f"runs/study-{task_label(base.task)}")
 
 
 def _check_same_grid(spec, saved) -> None:
@@ -338,9 +341,83 @@ def _report(out: str, summary: dict) -> None:
 
 
 def list_tasks() -> int:
+    from troll.lm.code_tasks import TASKS
     from troll.lm.tasks import DEFAULT_TASK, PRESETS, task_names
 
     for name in task_names():
         preset = f"  (preset: {PRESETS[name]})" if name in PRESETS else ""
         print(f"{name}{' [default]' if name == DEFAULT_TASK else ''}{preset}")
+    for name, families in TASKS.items():
+        print(f"{name}  (code: generated Python functions; {', '.join(families)})")
+    print("jsonl:PATH  (code: your prompts and tests, docs/code.md)")
+    return 0
+
+
+EVAL_CODE_DOC = (
+    "Greedy pass@1 of a model on a code task: HumanEval (--task humaneval: the problems whose tests convert to "
+    "call-style cases), the held-out items of a generated task (code, code_<family>), or a JSONL file "
+    "(jsonl:PATH). Prints one JSON object: pass_at_1, reward (mean fraction of tests passed), per family, and the "
+    "HumanEval problems left out by reason."
+)
+
+
+def _add_eval_code_parser(sub) -> None:
+    p = sub.add_parser(
+        "eval-code", help="greedy pass@1 of a model on HumanEval or a code task", description=EVAL_CODE_DOC
+    )
+    p.add_argument("--task", default="humaneval", help="humaneval, code, code_<family> or jsonl:PATH "
+                   "(default: humaneval)")  # fmt: skip
+    p.add_argument("--model", default="smollm2", help="as troll train's --model (default: smollm2)")
+    p.add_argument("--n", type=int, default=None, help="items evaluated (default: all of HumanEval or the file; "
+                   "128 held-out items of a generated task)")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0, help="a generated task's seed, as troll train's (default: 0)")
+    p.add_argument("--max-completion-length", type=int, default=None,
+                   help="new tokens a completion (default: 384 for HumanEval, 160 otherwise)")  # fmt: skip
+    p.add_argument("--system", default=None, help="system message (default: the chat template's own)")
+    p.add_argument("--slots", type=int, default=2, help="sandboxed processes at once (default: 2)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
+    p.add_argument("--out", default=None, help="also write the result as JSON to this new file")
+    p.set_defaults(run=cmd_eval_code, name="eval-code")
+
+
+def _check_eval_code(args: argparse.Namespace) -> int:
+    from troll.lm import code_data, code_eval, model
+    from troll.runs.numbers import check_int
+
+    if not code_data.is_code_task(args.task):
+        raise UsageError(f"--task must be humaneval, code, code_<family> or jsonl:PATH, got {args.task!r}.")
+    code_data.check_code_task(args.task, training=False)
+    for flag, value in (("--n", args.n), ("--max-completion-length", args.max_completion_length)):
+        if value is not None:
+            check_int(flag, value, low=1, high=10**6, error=UsageError)
+    check_int("--slots", args.slots, low=1, high=256, error=UsageError)
+    check_int("--threads", args.threads, low=1, high=1024, error=UsageError)
+    if args.out is not None and Path(args.out).exists():
+        raise UsageError(f"--out {args.out} exists; troll never overwrites a result: give a new file name.")
+    model.resolve_model(args.model)
+    if args.max_completion_length:
+        return args.max_completion_length
+    return (
+        code_eval.HUMANEVAL_COMPLETION_LENGTH if args.task == code_data.HUMANEVAL else code_data.CODE_COMPLETION_LENGTH
+    )
+
+
+def cmd_eval_code(args: argparse.Namespace) -> int:
+    length = _check_eval_code(args)
+    import torch
+
+    from troll.lm import code_eval, model
+
+    torch.set_num_threads(args.threads)
+    net, tokenizer = model.load_model(model.resolve_model(args.model))
+    result = code_eval.evaluate(net, tokenizer, args.task, n=args.n, seed=args.seed, max_new_tokens=length,
+                                system=args.system, slots=args.slots)  # fmt: skip
+    data = {**result.to_json(), "model": args.model, "max_completion_length": length}
+    text = json.dumps(data, indent=1)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    print(text)
+    if result.unscored:
+        print(f"troll eval-code: the sandbox could not run {result.unscored} item(s); counted as failures",
+              file=sys.stderr)  # fmt: skip
     return 0

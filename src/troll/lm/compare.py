@@ -27,7 +27,7 @@ def plan(base: RunOptions, losses: list[str]) -> list[RunOptions]:
     bound, ``base.clip_eps`` the clip losses' (each loss keeps its own family's, :func:`~troll.lm.options.for_loss`)."""
     parse_losses(",".join(losses))
     options.check_used(base, losses)
-    out = Path(base.out or f"runs/compare-{base.task}-seed{base.seed}")
+    out = Path(base.out or f"runs/compare-{options.task_label(base.task)}-seed{base.seed}")
     runs = []
     for loss in losses:
         opts = options.for_loss(dataclasses.replace(base, out=str(out / loss)), loss)

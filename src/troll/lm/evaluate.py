@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from troll.lm.tasks import Task, TaskReward, make_prompt
+from troll.lm.tasks import Task, make_prompt, task_reward
 
 
 @dataclass
@@ -19,9 +19,11 @@ class HeldoutResult:
     score: float  # mean score (partial credit included)
     n: int
     samples: list[dict] = field(default_factory=list)  # the first few (question, completion, answer, score)
+    unscored: int = 0  # code tasks: items the sandbox failed to run (None), counted as 0
 
     def to_json(self) -> dict:
-        return {"accuracy": self.accuracy, "score": self.score, "n": self.n, "samples": self.samples}
+        out = {"accuracy": self.accuracy, "score": self.score, "n": self.n, "samples": self.samples}
+        return out | ({"unscored": self.unscored} if self.unscored else {})
 
 
 def prompt_texts(tokenizer, questions: list[str], system: str | None = None) -> list[str]:
@@ -74,15 +76,16 @@ def greedy_completions(
 
 
 def heldout_accuracy(model, tokenizer, task: Task, *, max_new_tokens: int, keep: int = 3) -> HeldoutResult:
-    """Greedy accuracy on ``task.heldout``."""
+    """Greedy accuracy on ``task.heldout`` (a code task: the fraction of items whose tests all pass; ``score``: the
+    mean fraction of tests passed; an item the sandbox could not run counts 0 and in ``unscored``)."""
     entries = list(task.heldout)
     texts = prompt_texts(tokenizer, [e["question"] for e in entries], task.system)
     completions = greedy_completions(model, tokenizer, texts, max_new_tokens=max_new_tokens)
-    reward = TaskReward(task.heldout)
-    scores = [reward.score(c, e) for c, e in zip(completions, entries)]
+    raw = task_reward(task, "heldout").scores(completions, entries)
+    scores = [0.0 if s is None else s for s in raw]
     samples = [
-        {"question": e["question"], "completion": c, "answer": e["answer"], "score": s}
+        {"question": e["question"], "completion": c, "answer": e.get("answer", e.get("tests")), "score": s}
         for e, c, s in list(zip(entries, completions, scores))[:keep]
     ]
     n = len(scores)
-    return HeldoutResult(sum(s == 1.0 for s in scores) / n, sum(scores) / n, n, samples)
+    return HeldoutResult(sum(s == 1.0 for s in scores) / n, sum(scores) / n, n, samples, raw.count(None))

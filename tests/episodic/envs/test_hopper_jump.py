@@ -1,8 +1,8 @@
 """fancy/hopper-jump against fancy_gym 0.3.0's own recordings, its reward terms on constructed states, its options
 and assets, and a search that jumps above the start.
 
-The recordings (tests/episodic/envs/data/hopper_jump_golden.npz, made by tests/support/record_hopper_jump.py under fancy_gym
-0.3.0, mujoco 2.3.3 and gymnasium 0.29.1) are compared with TOL = 1e-9: on mujoco 3.3.0 the largest difference
+The recordings (tests/episodic/envs/data/hopper_jump_golden.npz, made by tests/support/record_hopper_jump.py under
+fancy_gym 0.3.0, mujoco 2.3.3 and gymnasium 0.29.1) are compared with TOL = 1e-9: on mujoco 3.3.0 the largest difference
 measured is 2e-12 (observations, over 250 steps of three action sequences and three tracked ProDMP trajectories),
 while a controller one step off in time (tracking the desired point of time t dt instead of (t + 1) dt) moves the
 observations by 0.58 to 5.4 on the three tracked trajectories.
