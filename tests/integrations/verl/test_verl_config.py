@@ -90,14 +90,16 @@ def test_the_package_needs_no_verl_and_its_verl_modules_say_how_to_install_it(mo
 
 
 def test_the_modules_import_in_one_direction():
-    """config <- loss <- engine <- trainer <- main, and plugin <- engine: no module imports one after it."""
+    """config <- loss <- engine <- trainer <- main, and plugin <- engine: no module imports one after it; reward (the
+    code compute_score) imports none of them."""
     import ast
     from pathlib import Path
 
     import troll.integrations.verl as package
 
     order = ["config", "loss", "engine", "trainer", "main"]
-    allowed = {name: set(order[:i]) for i, name in enumerate(order)} | {"plugin": {"engine"}, "__init__": {"config"}}
+    allowed = {name: set(order[:i]) for i, name in enumerate(order)}
+    allowed |= {"plugin": {"engine"}, "__init__": {"config"}, "reward": set()}
     for path in Path(package.__file__).parent.glob("*.py"):
         found = set()
         for node in ast.walk(ast.parse(path.read_text())):
