@@ -218,9 +218,9 @@ def cluster(_booting, monkeypatch):
 def _kill_node_of(out: Path, cell: str) -> int:
     """SIGKILL the raylet of the node running ``cell`` once its first checkpoint exists; returns its pid."""
     deadline = time.monotonic() + 120
-    while not (out / cell / "checkpoint-1.pt").is_file():
+    while not any((out / cell).glob("checkpoint-*.pt")):  # a run keeps only its newest checkpoint
         assert time.monotonic() < deadline, "the cell never wrote its first checkpoint"
-        time.sleep(0.02)
+        time.sleep(0.01)
     holder = json.loads((out / f"{cell}.lease").read_text())["pid"]  # the Ray worker running the cell
     raylet = int(Path(f"/proc/{holder}/stat").read_text().rsplit(")", 1)[1].split()[1])
     assert "raylet" in Path(f"/proc/{raylet}/cmdline").read_bytes().decode(), "the worker's parent is not a raylet"
@@ -314,13 +314,14 @@ def test_a_relative_path_a_cell_reads_is_refused_and_the_study_folder_resolved(t
 # ---------------------------------------------------------------- SLURM through submitit's local executor
 
 
-def _study_until(argv: list[str], ready: Path) -> subprocess.Popen:
-    """The study as a process of its own session (with the array tasks it starts), once ``ready`` exists."""
+def _study_until(argv: list[str], cell: Path) -> subprocess.Popen:
+    """The study as a process of its own session (with the array tasks it starts), once ``cell`` has a checkpoint
+    (any: a run keeps only its newest, so on a fast machine checkpoint-1.pt may be gone before a poll sees it)."""
     study = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 120
-    while not ready.is_file():
-        assert study.poll() is None and time.monotonic() < deadline, f"the study ended before {ready} existed"
-        time.sleep(0.02)
+    while not any(cell.glob("checkpoint-*.pt")):
+        assert study.poll() is None and time.monotonic() < deadline, f"the study ended before {cell} had a checkpoint"
+        time.sleep(0.01)
     return study
 
 
@@ -332,13 +333,13 @@ def test_killed_studies_resume_only_unfinished_cells_and_reattach(tmp_path, caps
     out = tmp_path / "study"
     slurm = ["--executor", "slurm", "--slurm-local", "--slurm-cells-per-task", "2"]
     study = [sys.executable, "-m", "troll.cli", "tce", "study", "--out", str(out)]
-    crashed = _study_until([*study, *TINY, *slurm], out / "tce/seed0/checkpoint-1.pt")
+    crashed = _study_until([*study, *TINY, *slurm], out / "tce/seed0")
     os.killpg(crashed.pid, signal.SIGKILL)  # the study, its task and the cell at once
     crashed.wait()
     (first,) = json.loads((out / on_slurm.JOBS_FILE).read_text())["jobs"]
     assert first["cells"] == list(CELLS)  # one array task runs both cells, one after the other
     assert not (out / "tce/seed0/summary.json").exists()
-    resumed = _study_until([*study, "--resume", *slurm], out / "bbrl/seed0/checkpoint-1.pt")
+    resumed = _study_until([*study, "--resume", *slurm], out / "bbrl/seed0")
     resumed.kill()  # the study alone: its task runs on
     resumed.wait()
     jobs = json.loads((out / on_slurm.JOBS_FILE).read_text())["jobs"]
