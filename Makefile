@@ -170,6 +170,7 @@ bench: bubblewrap $(VENV)/.installed $(VERL_VENV)/.installed
 	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_envs.py --quick
 	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_tce.py --quick
 	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_sandbox.py --quick
+	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_code_reward.py --quick
 
 # docs/tce.md's evidence with the authors' Meta-World setup (the metaworld/* preset), 3 seeds: MT10 at 2M env steps
 # with TCE, bbrl and bbrl-cov (SB3's PPO too on reach and push), and push-v3 at 10M with TCE and bbrl. Breadth
