@@ -131,6 +131,20 @@ def measure(name: str, cells: list[tuple[str, int]], *, episodes: int, repeats: 
     return rows
 
 
+def alone_row(name: str, mode: str, workers: int, episodes: int, horizon: int, walls, cpus, loads) -> dict:
+    """The table row of a simulator run alone (no project code): medians of the timed rounds of ``episodes``
+    episodes of ``horizon`` steps each, per second and per CPU second."""
+    steps = episodes * horizon
+    wall, cpu = statistics.median(walls), statistics.median(cpus)
+    return {
+        "env": name, "mode": mode, "workers": workers,
+        "episodes x steps": f"{episodes} x {horizon}", "build_s": "", "reset_s": "", "run_s": round(wall, 3),
+        "batch_s": "", "steps_per_s": round(steps / wall), "batch_steps_per_s": "",
+        "steps_per_cpu_s": round(steps / cpu), "batch_steps_per_cpu_s": "",
+        "load_avg_1min": round(statistics.median(loads), 2),
+    }  # fmt: skip
+
+
 def raw_envpool(name: str, *, episodes: int, repeats: int) -> dict:
     """EnvPool alone, no controller and no project code: one thread steps ``episodes`` envs of ``name`` for T steps of
     uniform random actions in [-1, 1], ``repeats`` times after a warm-up; the simulator's own ceiling on this
@@ -160,15 +174,7 @@ def raw_envpool(name: str, *, episodes: int, repeats: int) -> dict:
                 loads.append(os.getloadavg()[0])
     finally:
         pool.close()
-    steps = episodes * (horizon - 1)
-    wall, cpu = statistics.median(walls), statistics.median(cpus)
-    return {
-        "env": name, "mode": "EnvPool alone, random actions, 1 thread", "workers": 1,
-        "episodes x steps": f"{episodes} x {horizon - 1}", "build_s": "", "reset_s": "", "run_s": round(wall, 3),
-        "batch_s": "", "steps_per_s": round(steps / wall), "batch_steps_per_s": "",
-        "steps_per_cpu_s": round(steps / cpu), "batch_steps_per_cpu_s": "",
-        "load_avg_1min": round(statistics.median(loads), 2),
-    }  # fmt: skip
+    return alone_row(name, "EnvPool alone, random actions, 1 thread", 1, episodes, horizon - 1, walls, cpus, loads)
 
 
 def raw_mujoco_hopper(*, episodes: int, repeats: int) -> dict:
@@ -197,15 +203,8 @@ def raw_mujoco_hopper(*, episodes: int, repeats: int) -> dict:
             walls.append(time.perf_counter() - t0)
             cpus.append(time.process_time() - c0)
             loads.append(os.getloadavg()[0])
-    steps = episodes * hj.HORIZON
-    wall, cpu = statistics.median(walls), statistics.median(cpus)
-    return {
-        "env": "fancy/hopper-jump", "mode": "MuJoCo alone, random commands, one process", "workers": 0,
-        "episodes x steps": f"{episodes} x {hj.HORIZON}", "build_s": "", "reset_s": "", "run_s": round(wall, 3),
-        "batch_s": "", "steps_per_s": round(steps / wall), "batch_steps_per_s": "",
-        "steps_per_cpu_s": round(steps / cpu), "batch_steps_per_cpu_s": "",
-        "load_avg_1min": round(statistics.median(loads), 2),
-    }  # fmt: skip
+    mode = "MuJoCo alone, random commands, one process"
+    return alone_row("fancy/hopper-jump", mode, 0, episodes, hj.HORIZON, walls, cpus, loads)
 
 
 def raw_mujoco(name: str, *, episodes: int, repeats: int) -> dict:
@@ -246,15 +245,7 @@ def raw_mujoco(name: str, *, episodes: int, repeats: int) -> dict:
             walls.append(wall)
             cpus.append(cpu)
             loads.append(os.getloadavg()[0])
-    steps = episodes * HORIZON
-    wall, cpu = statistics.median(walls), statistics.median(cpus)
-    return {
-        "env": name, "mode": "MuJoCo alone, the same torques, one process", "workers": 0,
-        "episodes x steps": f"{episodes} x {HORIZON}", "build_s": "", "reset_s": "", "run_s": round(wall, 3),
-        "batch_s": "", "steps_per_s": round(steps / wall), "batch_steps_per_s": "",
-        "steps_per_cpu_s": round(steps / cpu), "batch_steps_per_cpu_s": "",
-        "load_avg_1min": round(statistics.median(loads), 2),
-    }  # fmt: skip
+    return alone_row(name, "MuJoCo alone, the same torques, one process", 0, episodes, HORIZON, walls, cpus, loads)
 
 
 def overhead_lines(rows: list[dict]) -> list[str]:
