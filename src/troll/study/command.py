@@ -27,9 +27,9 @@ def check_jobs(jobs) -> int:
 
 
 def cmd_study(name: str, out: Path, cells: int, jobs: int, run: Callable[[Callable[[str], None]], dict], *,
-              executor=None) -> int:  # fmt: skip
-    """Run a planned study: ``run(report)`` runs its ``cells`` cells ``jobs`` at a time into ``out`` (or on
-    ``executor``, :mod:`troll.study.executors`) and returns each cell's status ("failed: ..." for a failed one);
+              executor: executors.Executor) -> int:  # fmt: skip
+    """Run a planned study: ``run(report)`` runs its ``cells`` cells on ``executor`` (:mod:`troll.study.executors`;
+    locally ``jobs`` at a time) into ``out`` and returns each cell's status ("failed: ..." for a failed one);
     ``name`` is the command (``study``, ``tce study``)."""
     start = time.time()
 
@@ -37,8 +37,7 @@ def cmd_study(name: str, out: Path, cells: int, jobs: int, run: Callable[[Callab
         stamp = f"[{time.strftime('%H:%M:%S')} +{(time.time() - start) / 60:.1f} min]"
         print(f"{stamp} {text}", file=sys.stderr, flush=True)
 
-    how = f"{jobs} at a time" if executor is None else executors.describe(executor, jobs)
-    report(f"study of {cells} cells in {out}, {how}")
+    report(f"study of {cells} cells in {out}, {executors.describe(executor, jobs)}")
     try:
         status = run(report)
     except KeyboardInterrupt:
