@@ -63,14 +63,17 @@ demo: bubblewrap $(VENV)/.installed
 # --require: those modules must import, and then any skipped test fails the run (tests/conftest.py). The verl tests
 # (their folder) run only in the verl environment, the rest only in the main one. The main suite runs on two
 # pytest-xdist workers, one test file each at a time (--dist loadfile: a file's module fixtures, such as the test Ray
-# cluster, are built once); TEST_WORKERS=0 runs it in one process.
+# cluster, are built once); TEST_WORKERS=0 runs it in one process. The cluster tests kill Ray nodes and study
+# processes at a checkpoint and time how the cells recover: they run alone after it, with no other test beside them.
 VERL_TESTS := tests/integrations/verl
 VLLM_TESTS := tests/integrations/trl/test_vllm.py
+CLUSTER_TESTS := tests/study/test_cluster.py
 TEST_WORKERS ?= 2
 test: bubblewrap $(VENV)/.installed $(VERL_VENV)/.installed $(VLLM_VENV)/.installed lint
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile \
 		--require trl,deepspeed,reasoning_gym,gymnasium,mujoco,metaworld,envpool,ray,submitit \
-		$(VERL_TESTS:%=--ignore=%) $(VLLM_TESTS:%=--ignore=%)
+		$(VERL_TESTS:%=--ignore=%) $(VLLM_TESTS:%=--ignore=%) $(CLUSTER_TESTS:%=--ignore=%)
+	$(PY) -m pytest --require ray,submitit $(CLUSTER_TESTS)
 	$(VERL_VENV)/bin/python -m pytest --require verl,tensordict $(VERL_TESTS)
 	$(VLLM_VENV)/bin/python -m pytest --require vllm,trl $(VLLM_TESTS)
 
