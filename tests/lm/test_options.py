@@ -49,3 +49,39 @@ def test_an_old_study_spec_loads_as_the_same_grid():
     assert (spec.base.kl_bound, spec.base.clip_eps, spec.sweep_key) == (0.1, 0.25, "kl_bound")
     cells = {(c.value, c.arm): c.options for c in study.plan(spec, Path("st"))}
     assert cells[0.2, "troll"].kl_bound == 0.2 and cells[0.2, "grpo:eps=0.3"].clip_eps == 0.3
+
+
+def test_options_are_checked_when_made_and_when_copied():
+    """No RunOptions holds a bad value: the constructor refuses it naming the flag, and so does a copy made with
+    ``dataclasses.replace`` (no caller has to remember to check)."""
+    import dataclasses
+
+    with pytest.raises(UsageError, match="--lr must be"):
+        RunOptions(lr=float("nan"))
+    with pytest.raises(UsageError, match="--top-k"):
+        RunOptions(top_k=0)
+    ok = RunOptions(loss="grpo", clip_eps=0.3)
+    with pytest.raises(UsageError, match="--clip-eps must be a finite number > 0 .* got -1"):
+        dataclasses.replace(ok, clip_eps=-1.0)
+    with pytest.raises(UsageError, match="--kl-bound sets .* --loss grpo takes --clip-eps"):
+        dataclasses.replace(ok, kl_bound=0.1)
+
+
+def test_shared_options_check_each_value_and_leave_the_loss_to_each_run():
+    """``loss=None``: the options a comparison or study shares may hold every family's bound and option at once, each
+    value checked; :func:`for_loss` makes each loss's run, checked as such."""
+    from troll.lm.options import for_loss
+
+    shared = RunOptions(loss=None, kl_bound=0.07, clip_eps=0.3, agg="token-mean", clip_eps_high=0.28)
+    with pytest.raises(UsageError, match="--clip-eps must be a finite number > 0 .* got 0"):
+        RunOptions(loss=None, clip_eps=0.0)
+    with pytest.raises(UsageError, match="--kl-bound"):
+        RunOptions(loss=None, kl_bound=-0.1)
+    troll = for_loss(shared, "troll", seed=3)
+    assert (troll.loss, troll.kl_bound, troll.clip_eps, troll.agg, troll.clip_eps_high, troll.seed) == (
+        "troll", 0.07, None, "token-mean", None, 3)  # fmt: skip
+    grpo = for_loss(shared, "grpo")
+    assert (grpo.kl_bound, grpo.clip_eps, grpo.agg, grpo.clip_eps_high) == (None, 0.3, None, 0.28)
+    with pytest.raises(UsageError, match="--dual-clip 1.1 must exceed 1 \\+ the upper clip range"):
+        for_loss(RunOptions(loss=None, dual_clip=1.1), "clip")
+    assert study.StudySpec(RunOptions(steps=2), ["troll"], [0]).base.loss is None  # a base never has a loss

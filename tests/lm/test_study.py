@@ -69,7 +69,8 @@ def test_parse_grid():
     types = {"steps_per_rollout": int, "lr": float, "task": str, "seed": int}
     assert study.parse_sweep("steps-per-rollout=2,4,8", types) == ("steps_per_rollout", [2, 4, 8])
     assert study.parse_sweep("lr=1e-6, 1e-5", types) == ("lr", [1e-6, 1e-5])
-    spec = study.StudySpec(RunOptions(steps=2, clip_eps=0.3), ["troll", "grpo"], [0, 1], "kl_bound", [0.01, 0.1])
+    base = RunOptions(loss=None, steps=2, clip_eps=0.3)
+    spec = study.StudySpec(base, ["troll", "grpo"], [0, 1], "kl_bound", [0.01, 0.1])
     cells = study.plan(spec, Path("st"))
     assert [(c.value, c.arm, c.seed) for c in cells][:3] == [(0.01, "troll", 0), (0.01, "grpo", 0), (0.01, "troll", 1)]
     assert {c.options.clip_eps for c in cells if c.arm == "grpo"} == {0.3}  # --sweep kl-bound is TROLL's bound only
@@ -86,7 +87,7 @@ def test_arms_with_their_own_options():
     assert study.split_arm(" clip : dual-clip=5 ") == ("clip", {"dual_clip": 5.0})
     arms = study.parse_arms("troll, troll:tail=renormalize,troll_seq:agg=token-mean:kl-bound=0.2,gspo_tm")
     assert arms == ["troll", "troll:tail=renormalize", "troll_seq:agg=token-mean:kl-bound=0.2", "gspo_tm"]
-    spec = study.StudySpec(RunOptions(steps=2, lr=2e-5, clip_eps=1e-3), arms, [0])
+    spec = study.StudySpec(RunOptions(loss=None, steps=2, lr=2e-5, clip_eps=1e-3), arms, [0])
     cells = {c.arm: c for c in study.plan(spec, Path("st"))}
     assert cells["troll:tail=renormalize"].options.tail == "renormalize"
     assert cells["troll:tail=renormalize"].folder == Path("st/troll:tail=renormalize/seed0")
@@ -106,7 +107,7 @@ def test_arms_take_the_shared_options_that_concern_them():
     """One command line for every arm: --agg reaches the TROLL losses only, the clip options the clip losses only
     (resolved: clip-higher defaults to clip_eps, the dual clip to the loss's own: 10 for clip, none for grpo), and a
     cell's command line spells out what its loss uses, nothing else."""
-    base = RunOptions(steps=2, agg="token-mean", clip_eps_high=0.28)
+    base = RunOptions(loss=None, steps=2, agg="token-mean", clip_eps_high=0.28)
     spec = study.StudySpec(base, ["troll_seq", "clip", "grpo"], [0], "tail", ["bucket", "renormalize"])
     cells = {(c.value, c.arm): c for c in study.plan(spec, Path("st"))}
     troll, clip, grpo = (cells["renormalize", arm].options for arm in ("troll_seq", "clip", "grpo"))

@@ -120,13 +120,13 @@ def resume_options(args: argparse.Namespace) -> RunOptions:
 
     if not hasattr(args, "out"):
         raise UsageError("--resume needs --out, the run folder to continue.")
-    given = options_from_args(args)
+    given = options_from_args(args, shared=True)  # the saved loss decides, unless --loss is given
     path = Path(args.out) / CONFIG_FILE
     if runs.check_folder(Path(args.out), options.COMMAND, resume=True, overwrite=False) == "new":
         if not path.is_file() and any(Path(args.out).iterdir()):
             # killed while its first config.json was written: nothing ran, so the run starts over from the flags
             print(f"troll train: {args.out} holds no complete config.json; the run starts over", file=sys.stderr)
-            return given
+            return options_from_args(args)
         raise UsageError(f"--resume: {path} not found; start the run without --resume.")
     saved = saved_options(Path(args.out))
     changed = [
@@ -143,8 +143,8 @@ def resume_options(args: argparse.Namespace) -> RunOptions:
 
 
 def validate(opts: RunOptions) -> None:
-    """The checks of one run beyond its values (:func:`troll.lm.options.check_values`, run once before this): the task
-    name and the model's location."""
+    """The checks of one run beyond its values (:func:`troll.lm.options.check_values`, run when the options are
+    made): the task name and the model's location."""
     from troll.lm import model, tasks
 
     tasks.check_task(opts.task, heldout=opts.heldout)
@@ -152,16 +152,12 @@ def validate(opts: RunOptions) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from troll.lm import options
-
     runs.exclusive(resume=args.resume, overwrite=args.overwrite)
     train_bound(args)
     # --out from the first look on (the default folder once it is known), so that no other process changes it
     # between the checks and the run
     with runs.holding(args.out) if hasattr(args, "out") else contextlib.nullcontext():
-        opts = resume_options(args) if args.resume else options_from_args(args)
-        options.check_values(opts)
-        opts = opts.resolved()
+        opts = (resume_options(args) if args.resume else options_from_args(args)).resolved()
         with runs.holding(opts.out):
             return _train_command(args, opts)
 
@@ -189,7 +185,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     losses = compare.parse_losses(args.losses)
     troll_bound(args)
-    base = options_from_args(args)
+    base = options_from_args(args, shared=True)
     runs = compare.plan(base, losses)
     for opts in runs:
         validate(opts)
@@ -210,12 +206,16 @@ def study_spec(args: argparse.Namespace):
     from troll.study import parse_seeds
 
     troll_bound(args)
+    # the deprecated key eps= (of --sweep and of an arm's options) warned about before any value is checked
+    if hasattr(args, "sweep"):
+        args.sweep = sweep_text(args.sweep)
+    losses = study.parse_arms(args.losses) if hasattr(args, "losses") else None
     saved = None
     if args.resume:
         if not hasattr(args, "out"):
             raise UsageError("--resume needs --out, the study folder to continue.")
         saved = study.load_spec(Path(args.out))
-    given = options_from_args(args)
+    given = options_from_args(args, shared=True)
     if saved:
         names = [f.name for f in dataclasses.fields(RunOptions) if hasattr(args, f.name)]
         base = dataclasses.replace(saved.base, **{k: getattr(given, k) for k in names})
@@ -224,10 +224,10 @@ def study_spec(args: argparse.Namespace):
     types = {flag[2:].replace("-", "_"): kind for flag, kind, _ in RUN_ARGS} | study.SWEEP_BOUNDS
     key, values = (saved.sweep_key, saved.sweep_values) if saved else (None, [])
     if hasattr(args, "sweep"):
-        key, values = study.parse_sweep(sweep_text(args.sweep), types)
+        key, values = study.parse_sweep(args.sweep, types)
     spec = study.StudySpec(
         dataclasses.replace(base, out="", seed=0),
-        study.parse_arms(args.losses) if hasattr(args, "losses") else (saved.losses if saved else list(DEFAULT_LOSSES)),
+        losses or (saved.losses if saved else list(DEFAULT_LOSSES)),
         parse_seeds(args.seeds) if hasattr(args, "seeds") else (saved.seeds if saved else [0, 1, 2]),
         key,
         values,

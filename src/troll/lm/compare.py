@@ -6,7 +6,6 @@ compare.md. With --resume, finished runs (summary.json present) are kept and int
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -30,9 +29,7 @@ def plan(base: RunOptions, losses: list[str]) -> list[RunOptions]:
     out = Path(base.out or f"runs/compare-{options.task_label(base.task)}-seed{base.seed}")
     runs = []
     for loss in losses:
-        opts = options.for_loss(dataclasses.replace(base, out=str(out / loss)), loss)
-        options.check_values(opts)
-        runs.append(opts.resolved())
+        runs.append(options.for_loss(base, loss, out=str(out / loss)).resolved())
     return runs
 
 

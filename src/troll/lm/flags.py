@@ -26,7 +26,7 @@ DEPRECATED_EPS = "deprecated (removed in the next release): use --kl-bound, --cl
 def train_bound(args: argparse.Namespace) -> None:
     """``troll train``: the deprecated ``--eps`` into the loss family's own flag (--kl-bound, --clip-eps or
     --cispo-cap), with a warning; the bound given twice is refused. That the flag is the loss's own is a rule of the
-    options (:func:`troll.lm.options.check_values`)."""
+    options (:func:`troll.lm.options.check_values`, run when they are made)."""
     if not hasattr(args, "eps"):
         return
     loss = getattr(args, "loss", None if args.resume else "troll")  # resuming: the saved loss decides
@@ -200,13 +200,15 @@ STUDY_DOC = (
 )
 
 
-def options_from_args(args: argparse.Namespace) -> RunOptions:
+def options_from_args(args: argparse.Namespace, *, shared: bool = False) -> RunOptions:
+    """The RunOptions the flags give, checked (:class:`UsageError` naming the flag); ``shared``: the options of a
+    comparison or study, or of a resumed run, whose loss is not given (its loss None: each run's loss decides)."""
     if hasattr(args, "out"):
         if not args.out.strip():
             raise UsageError("--out is empty; give a folder path, or leave --out out for the default folder.")
         check_out_path(Path(args.out), "folder")
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunOptions) if hasattr(args, f.name)}
-    return RunOptions(**given)
+    return RunOptions(**({"loss": None} if shared else {}) | given)
 
 
 def sweep_text(text: str) -> str:

@@ -127,6 +127,11 @@ TROLL_FLAGS = {"kl_bound": "--kl-bound", "alpha": "--alpha", "top_k": "--top-k",
 class RunOptions:
     """Everything that defines a ``troll train`` run; written to the run folder as config.json.
 
+    Checked whole when made (:func:`check_values`, from ``__post_init__``; ``dataclasses.replace`` checks the copy
+    again), so an instance in hand is a valid run, and a bad value is refused with its flag's name before anything
+    is loaded. ``loss=None`` makes the options a comparison or study shares: each value is checked, but not yet
+    against a loss; :func:`for_loss` makes each loss's run of them.
+
     One rollout batch holds ``prompts_per_step * generations`` completions and feeds ``steps_per_rollout``
     optimiser steps (TRL's steps_per_generation, gradient accumulation 1), each on an equal share of it. With one
     step per rollout the old and new policies coincide and TROLL's projection (like clipping) never acts.
@@ -134,7 +139,7 @@ class RunOptions:
 
     model: str = DEFAULT_MODEL
     task: str = DEFAULT_TASK
-    loss: str = "troll"
+    loss: str | None = "troll"  # None: the shared options of a comparison or study (for_loss picks the loss)
     # The loss's bound, under its family's name (BOUNDS); only the loss's own is set. None: the loss's default.
     kl_bound: float | None = None  # TROLL losses: the per-token KL bound
     clip_eps: float | None = None  # clip losses: the clip range of the ratio (TRL's epsilon)
@@ -169,6 +174,9 @@ class RunOptions:
     # cores, and generation (many tiny matmuls) ran 5x slower with 2 threads than with 1 under load (measured).
     threads: int = 1
     out: str = ""  # "": runs/<loss>-<task>-seed<seed>
+
+    def __post_init__(self) -> None:
+        check_values(self)
 
     def resolved(self) -> RunOptions:
         """A copy with the defaults that depend on other fields filled in (the clip options for the clip losses)."""
@@ -215,14 +223,17 @@ class RunOptions:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict) -> RunOptions:
-        """The options of a config.json; one written before the bounds had their names keeps the loss's bound
-        under ``"eps"``, which becomes the loss's own field (``kl_bound`` for TROLL, ``clip_eps``, ``cispo_cap``)."""
+    def from_json(cls, data: dict, *, shared: bool = False) -> RunOptions:
+        """The options of a config.json (``shared``: a study's shared options, without a loss); one written before
+        the bounds had their names keeps the loss's bound under ``"eps"``, which becomes the loss's own field
+        (``kl_bound`` for TROLL, ``clip_eps``, ``cispo_cap``). Raises :class:`UsageError` for a bad value."""
         data = dict(data)
         if "eps" in data:
-            eps, own = data.pop("eps"), bound_name(data.get("loss", cls.loss))
+            eps, own = data.pop("eps"), bound_name(data.get("loss") or "troll")  # a study's base: TROLL's bound
             if own is not None and data.get(own) is None:
                 data[own] = eps
+        if shared:
+            data["loss"] = None
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
 
@@ -282,14 +293,16 @@ def warn_deprecated(old: str, new: str, value: str) -> None:
 
 
 def check_values(opts: RunOptions) -> None:
-    """Raise :class:`UsageError` for any value TRL or TROLL would reject later (or silently misuse).
+    """Raise :class:`UsageError` for any value TRL or TROLL would reject later (or silently misuse); the one checker
+    of :class:`RunOptions`, which calls it when made.
 
     Every number must be finite and of the field's type (NaN passes ``x < 0``, so each check is written as the
     condition that must hold). TROLL's own settings go through
     :func:`troll.categorical.settings.check_troll_settings`, the
-    one rule set the library, the TRL config and verl share.
+    one rule set the library, the TRL config and verl share. Shared options (``loss=None``) are checked value by
+    value; whether an option concerns the loss is checked in each loss's run.
     """
-    if opts.loss not in LOSSES:
+    if opts.loss is not None and opts.loss not in LOSSES:
         raise UsageError(f"unknown loss {opts.loss!r}; choose one of: {', '.join(LOSSES)}.")
     for name in ("model", "task"):
         if not isinstance(getattr(opts, name), str) or not getattr(opts, name).strip():
@@ -318,20 +331,24 @@ def _check_troll(opts: RunOptions) -> None:
     """The loss's bound: only its own is set (``--clip-eps`` is no option of ``--loss troll``), and for the other
     losses a finite number > 0; TROLL's bound, and alpha, top_k and delta (checked for every loss, so that the shared
     options of a comparison fail before any run starts) through the library's own check."""
-    spec, own = LOSSES[opts.loss], bound_name(opts.loss)
+    own = None if opts.loss is None else bound_name(opts.loss)
     for name in BOUNDS:
-        if name != own and getattr(opts, name) is not None:
+        if own is not None and name != own and getattr(opts, name) is not None:
             check_bound_name(opts.loss, name)
-    value = getattr(opts, own)
-    if opts.loss not in TROLL_LOSSES and not (value is None or _is_number(value) and value > 0):
-        flag = "--" + own.replace("_", "-")
-        raise UsageError(f"{flag} must be a finite number > 0 (for {opts.loss} it is the {spec.bound_meaning}), got "
-                         f"{value}.")  # fmt: skip
+    for name in ("clip_eps", "cispo_cap"):
+        value = getattr(opts, name)
+        if value is None or (_is_number(value) and value > 0):
+            continue
+        meaning = BOUNDS[name][1].split(": ")[1] if own is None else LOSSES[opts.loss].bound_meaning
+        whom = f"the {BOUNDS[name][1].split(':')[0]}" if own is None else opts.loss
+        raise UsageError(f"--{name.replace('_', '-')} must be a finite number > 0 (for {whom} it is the {meaning}), "
+                         f"got {value}.")  # fmt: skip
     # A clip loss's bound, valid by now, is no KL bound; passing it keeps the call whole and cannot fail.
+    kl_bound = opts.bound if own is not None else opts.kl_bound
+    if kl_bound is None:  # shared options without --kl-bound: TROLL's default, to check the others with
+        kl_bound = LOSSES[TROLL_LOSSES[0]].bound
     try:
-        check_troll_settings(
-            kl_bound=opts.bound, alpha=opts.alpha, top_k=opts.top_k, delta=opts.delta, names=TROLL_FLAGS
-        )
+        check_troll_settings(kl_bound=kl_bound, alpha=opts.alpha, top_k=opts.top_k, delta=opts.delta, names=TROLL_FLAGS)
     except ValueError as err:
         raise UsageError(str(err)) from None
 
@@ -364,6 +381,8 @@ def _check_loss_options(opts: RunOptions) -> None:
 
 def _check_applies(opts: RunOptions) -> None:
     """An option the loss ignores is refused (compare and study drop it for the losses it does not concern)."""
+    if opts.loss is None:
+        return
     given = {flag for flag, value in (("--agg", opts.agg), ("--clip-eps-high", opts.clip_eps_high),
                                       ("--dual-clip", opts.dual_clip)) if value is not None}  # fmt: skip
     if "--agg" in given and opts.loss not in TROLL_LOSSES:
@@ -387,16 +406,17 @@ def _check_applies(opts: RunOptions) -> None:
             )
 
 
-def for_loss(opts: RunOptions, loss: str) -> RunOptions:
-    """``opts`` for a run of ``loss`` in a comparison or study: the shared options it does not use dropped (the other
-    families' bounds, --agg for the clip losses, the clip options for the others), so that one command line can
-    serve every arm."""
+def for_loss(shared: RunOptions, loss: str, **changes) -> RunOptions:
+    """The run of ``loss`` in a comparison or study: the ``shared`` options with ``changes`` (its seed, folder, a
+    swept value), less those ``loss`` does not use (the other families' bounds, --agg for the clip losses, the clip
+    options for the others), so that one command line can serve every arm. Checked as a run of ``loss``."""
     drop = {name: None for name in BOUNDS if name != bound_name(loss)}
     if loss not in TROLL_LOSSES:
         drop["agg"] = None
     if loss not in CLIP_LOSSES:
         drop.update(clip_eps_high=None, dual_clip=None)
-    return dataclasses.replace(opts, loss=loss, **drop)
+    values = {f.name: getattr(shared, f.name) for f in dataclasses.fields(RunOptions)}
+    return RunOptions(**(values | changes | {"loss": loss} | drop))
 
 
 def check_used(opts: RunOptions, losses: list[str], swept: str | None = None) -> None:
@@ -474,7 +494,6 @@ def saved_options(out: Path) -> RunOptions:
     """The RunOptions saved in a run folder's config.json, checked; :class:`UsageError` if damaged."""
     try:
         opts = RunOptions.from_json(load_config(out, key="options")["options"])
-        check_values(opts)
     except (TypeError, UsageError) as err:
         raise UsageError(
             f"--resume: the options in {out / CONFIG_FILE} are not valid ({err}); start a new --out."

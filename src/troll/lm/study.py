@@ -49,14 +49,18 @@ SWEEP_BOUNDS = {"kl_bound": float, "clip_eps": float}
 
 @dataclass
 class StudySpec:
-    """The grid of a study: ``base`` options (``kl_bound``: the TROLL losses' bound, ``clip_eps``: the clip
-    losses'), losses, seeds, one optional swept option."""
+    """The grid of a study: ``base`` options (shared, without a loss; ``kl_bound``: the TROLL losses' bound,
+    ``clip_eps``: the clip losses'), losses, seeds, one optional swept option."""
 
     base: RunOptions
     losses: list[str]
     seeds: list[int]
     sweep_key: str | None = None  # a RunOptions field name
     sweep_values: list = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.base.loss is not None:  # the arms give the loss: the base is the options they share
+            self.base = dataclasses.replace(self.base, loss=None)
 
     @property
     def grid(self) -> Grid:
@@ -75,9 +79,10 @@ class StudySpec:
     def from_json(cls, data: dict) -> StudySpec:
         """A saved grid; one saved before the bounds had their names (TROLL's as the base's ``eps``, the clip
         losses' as ``clip_eps`` beside the base, the sweep key ``eps``) loads as the same grid."""
-        base = RunOptions.from_json(data["base"])  # its loss is troll: a base's "eps" was TROLL's bound
-        if data.get("clip_eps") is not None and base.clip_eps is None:
-            base = dataclasses.replace(base, clip_eps=data["clip_eps"])
+        base = dict(data["base"])
+        if data.get("clip_eps") is not None and base.get("clip_eps") is None:
+            base["clip_eps"] = data["clip_eps"]
+        base = RunOptions.from_json(base, shared=True)  # a base's "eps" was TROLL's bound
         key = "kl_bound" if data.get("sweep_key") == "eps" else data.get("sweep_key")
         return cls(base, list(data["losses"]), [int(s) for s in data["seeds"]], key,
                    list(data.get("sweep_values") or []))  # fmt: skip
@@ -160,13 +165,11 @@ def cell_options(spec: StudySpec, value, arm: str, seed: int, folder: Path) -> R
     if spec.sweep_key in overrides:
         swept = spec.sweep_key.replace("_", "-")
         raise UsageError(f"--losses {arm} sets the swept option {swept}; sweep it or set it, not both.")
-    opts = dataclasses.replace(spec.base, loss=loss, seed=seed, out=str(folder))
-    if spec.sweep_key:
-        opts = dataclasses.replace(opts, **{spec.sweep_key: value})
-    opts = options.for_loss(opts, loss)  # the shared options this loss does not use (other bounds, --agg, ...) dropped
-    opts = dataclasses.replace(opts, **overrides)
+    swept = {spec.sweep_key: value} if spec.sweep_key else {}
     try:
-        options.check_values(opts)
+        # the shared options this loss does not use (other bounds, --agg, ...) dropped, then the arm's own
+        opts = options.for_loss(spec.base, loss, seed=seed, out=str(folder), **swept)
+        opts = dataclasses.replace(opts, **overrides)
     except UsageError as err:
         raise UsageError(f"--losses {arm}: {err}" if overrides else str(err)) from None
     return opts.resolved()
