@@ -5,6 +5,7 @@ no module imports itself back through others, and no module is over 600 lines; t
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -138,6 +139,19 @@ def test_no_module_imports_a_former_path():
     old = {m: sorted(i for i in GRAPH[m] if new_name(i)) for m in MODULES}
     old = {m: [f"{i} -> {new_name(i)}" for i in names] for m, names in old.items() if names}
     assert not old, f"import the current module paths: {old}"
+
+
+def test_the_run_layer_imports_nothing_above_it():
+    """troll.runs is below study/, lm/ and episodic/ and torch-free: its modules import only the standard library and
+    each other."""
+    for path in sorted((SRC / "troll" / "runs").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            for name in names:
+                top = name.split(".")[0]
+                ok = name.startswith("troll.runs") or top == "__future__" or top in sys.stdlib_module_names
+                assert ok, f"{path.name} imports {name}"
 
 
 # ---------------------------------------------------------------- two applications of one shape
