@@ -66,8 +66,8 @@ demo: bubblewrap $(VENV)/.installed
 # cluster, are built once); TEST_WORKERS=0 runs it in one process. The cluster tests kill Ray nodes and study
 # processes at a checkpoint and time how the cells recover: they run alone after it, with no other test beside them.
 VERL_TESTS := tests/integrations/verl
-VLLM_TESTS := tests/integrations/trl/test_vllm.py
-CLUSTER_TESTS := tests/study/test_cluster.py
+VLLM_TESTS := tests/integrations/trl/test_trl_vllm.py
+CLUSTER_TESTS := tests/study/test_executors.py
 TEST_WORKERS ?= 2
 test: bubblewrap $(VENV)/.installed $(VERL_VENV)/.installed $(VLLM_VENV)/.installed lint
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile \

@@ -202,7 +202,28 @@ def run_cli(capsys, *argv: str) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
-# ---------------------------------------------------------------- run folders another process holds
+# ---------------------------------------------------------------- run folders, and the ones another process holds
+
+
+def make_run(out: Path, command: str, **manifest) -> Path:
+    """A folder as ``command`` leaves it: its manifest, its config.json and a few of its files."""
+    from troll import runs
+
+    runs.begin(out, command, **manifest)
+    runs.write_json(out / "config.json", {"command": command, "config": {}, "options": {}, "spec": {}, "runs": []})
+    for name in {
+        "train": ("metrics.jsonl", "checkpoint-2/trainer_state.json", "model/model.safetensors"),
+        "tce train": ("metrics.jsonl", "checkpoint-4.pt", ".checkpoint-6.pt.tmp-999999"),
+    }.get(command, ()):
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text("ours")  # fmt: skip
+    return out
+
+
+def tree(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` and its bytes, by its path relative to ``folder``."""
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
 
 HOLDER = """
 import sys, time

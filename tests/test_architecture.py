@@ -5,6 +5,7 @@ no module imports itself back through others, and no module is over 600 lines; t
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -140,6 +141,19 @@ def test_no_module_imports_a_former_path():
     assert not old, f"import the current module paths: {old}"
 
 
+def test_the_run_layer_imports_nothing_above_it():
+    """troll.runs is below study/, lm/ and episodic/ and torch-free: its modules import only the standard library and
+    each other."""
+    for path in sorted((SRC / "troll" / "runs").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            for name in names:
+                top = name.split(".")[0]
+                ok = name.startswith("troll.runs") or top == "__future__" or top in sys.stdlib_module_names
+                assert ok, f"{path.name} imports {name}"
+
+
 # ---------------------------------------------------------------- two applications of one shape
 
 APPLICATIONS = ("troll.lm", "troll.episodic")
@@ -206,6 +220,47 @@ def test_test_files_have_one_prefix():
         if p.parent not in NAMED_AFTER_THEIR_INTEGRATION and p.stem.startswith(f"test_{p.parent.name}_")
     ]
     assert not doubled, f"{doubled}: drop the folder's name from the file's"
+
+
+# tests/<path>/test_<module>.py and test_<module>_<aspect>.py test src/troll/<path>/<module>.py; a folder's own name
+# stands for its package (tests/cli/test_cli.py tests src/troll/cli/__init__.py) and a private module is named without
+# its underscore (test_moved.py tests _moved.py). These files go through several modules on purpose:
+CROSS_CUTTING = {
+    "test_architecture.py": "the layout of src/troll and of tests/",
+    "test_examples.py": "the scripts of examples/, run end to end",
+    "categorical/test_bad_input.py": "bad input to every public function of the wing, refused by name",
+    "categorical/test_properties.py": "hypothesis properties of the projection and the losses on it",
+    "gaussian/test_bad_input.py": "bad input to every public function of the wing, refused by name (_checks.py too)",
+    "gaussian/test_extremes.py": "extreme but valid inputs to every projection, against the reference",
+    "gaussian/test_gradients.py": "the backward passes of projection.py, kl.py and distances.py, three ways",
+    "gaussian/test_properties.py": "hypothesis properties of every Gaussian projection",
+}
+
+
+def _module_names(folder: Path) -> set[str]:
+    """What a test file of ``folder`` may be named after: the modules of the package it mirrors (a private one without
+    its underscore) and the package itself."""
+    package = SRC / "troll" / folder.relative_to(TESTS)
+    modules = {p.stem.lstrip("_") for p in package.glob("*.py") if not p.stem.startswith("__")}
+    return modules | {package.name}
+
+
+def test_every_test_file_is_named_after_the_module_it_tests():
+    files = [p for p in sorted(TESTS.rglob("test_*.py")) if SUPPORT not in p.parents]
+    assert files, "no test file found"
+    unnamed = []
+    for path in files:
+        rel = path.relative_to(TESTS).as_posix()
+        stem = path.stem.removeprefix("test_")
+        named = any(stem == m or stem.startswith(f"{m}_") for m in _module_names(path.parent))
+        if not named and rel not in CROSS_CUTTING:
+            unnamed.append(f"tests/{rel}")
+    assert not unnamed, (
+        f"{unnamed}: name a test file after the module of src/troll/<same folders> it tests (test_<module>.py or "
+        "test_<module>_<aspect>.py), or list it in CROSS_CUTTING with the reason"
+    )
+    gone = sorted(f for f in CROSS_CUTTING if not (TESTS / f).is_file())
+    assert not gone, f"CROSS_CUTTING lists files that are gone: {gone}"
 
 
 def test_helpers_live_in_tests_support():

@@ -1,4 +1,5 @@
-"""Helper of tests/categorical/test_fsdp.py: the chunked TROLL loss under FSDP2 (fully_shard), run under torchrun.
+"""Helper of tests/categorical/test_distributed.py: the chunked TROLL loss under FSDP2 (fully_shard), run under
+torchrun.
 
 Every process builds the same tiny fp64 Llama, captures the old policy of a fixed global batch of 4 sequences,
 perturbs the weights (so the projection engages), and keeps an unsharded copy as the reference. Then it shards the

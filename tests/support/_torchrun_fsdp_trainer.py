@@ -1,5 +1,5 @@
-"""Helper of tests/categorical/test_fsdp.py: TrollGRPOTrainer's loss on a model sharded by FSDP2, run under torchrun
-(gloo, CPU).
+"""Helper of tests/categorical/test_distributed.py: TrollGRPOTrainer's loss on a model sharded by FSDP2, run under
+torchrun (gloo, CPU).
 
 accelerate does not apply its FSDP plugin on CPU (AcceleratorState switches to DistributedType.FSDP only for
 multi-GPU-like device types; on MULTI_CPU the plugin is ignored and train() wraps the model in DDP), so the model is

@@ -1,5 +1,5 @@
-"""Helper of tests/categorical/test_zero3.py: TrollGRPOTrainer under DeepSpeed ZeRO-3, run by torchrun (2 CPU processes,
-gloo).
+"""Helper of tests/categorical/test_distributed.py: TrollGRPOTrainer under DeepSpeed ZeRO-3, run by torchrun (2 CPU
+processes, gloo).
 
 accelerate runs DeepSpeed on CPU once its state is built with the gloo backend before the trainer's (the trainer
 is told to use that configured state); DeepSpeed then partitions every parameter (persistence threshold 0, so the

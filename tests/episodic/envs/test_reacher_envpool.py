@@ -10,7 +10,7 @@
   Kolmogorov-Smirnov); Bonferroni over all of them at 0.05. The check can fail: the same comparison against the
   Python backend with kp 4 instead of 8 is flagged.
 The rest (dims, rewards, seeding over threads, a second run of one reset) runs on both backends in
-test_episodic_envs.py; bad options and a missing envpool in test_envpool.py.
+test_envs.py; bad options and a missing envpool in test_envpool_backend.py.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 from troll.episodic.envs import make_env
 from troll.episodic.envs.reacher import DT, HORIZON, JointAngles
 
-from .test_episodic_envs import min_jerk
+from .test_envs import min_jerk
 
 pytest.importorskip("envpool")
 pytest.importorskip("gymnasium")

@@ -1,7 +1,7 @@
 """troll_old_policy="sampler": the old policy recorded at generation (HF generate, a rollout_func), on the tiny Llama.
 
 The evidence test (the sampler's top-K equals the recomputed one to float32 noise, and so does the loss) prints its
-figures with ``pytest -s``. vLLM's path runs in its own environment (tests/integrations/trl/test_vllm.py).
+figures with ``pytest -s``. vLLM's path runs in its own environment (tests/integrations/trl/test_trl_vllm.py).
 """
 
 from __future__ import annotations

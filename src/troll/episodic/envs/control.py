@@ -10,9 +10,10 @@ steps); a_4 is the gripper command (-1 open, +1 closed). Per step t, with y_d(t+
 
 m_t is integrated here as Meta-World does it: mocap_0 = the task's hand_init_pos (where reset leaves the mocap),
 mocap_{t+1} = clip(mocap_t + clip(a_xyz(t), -1, 1) * action_scale, mocap_low, mocap_high) (checked against the
-Python env's data.mocap_pos in tests/episodic/envs/test_envpool.py). It is expressed in the frame of the observed hand
-(Meta-World's end effector, the hand body the mocap drags through the weld; the centre between the finger pads is
-4.5 cm below it): m_t = x_0 + mocap_t - mocap_0, so a desired trajectory that starts at x_0 gives no error at t = 0.
+Python env's data.mocap_pos in tests/episodic/envs/test_envpool_backend.py). It is expressed in the frame of the
+observed hand (Meta-World's end effector, the hand body the mocap drags through the weld; the centre between the
+finger pads is 4.5 cm below it): m_t = x_0 + mocap_t - mocap_0, so a desired trajectory that starts at x_0 gives no
+error at t = 0.
 Gripper: tracked (D = 4, a_4 = clip(y_d4(t+1), -1, 1)) unless ``gripper`` holds it at a fixed command (D = 3); its
 initial position is the command -1 (``gripper_start="command"``) or the finger joint's position at reset
 (``"fingers"``, the TCE authors' choice: :data:`FINGER_START`, so that about half the samples around it close).
@@ -24,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# r_close's joint position after Meta-World's reset (the same in every v3 task: tests/episodic/envs/test_envpool.py);
-# EnvPool does not expose qpos, so both backends use this constant
+# r_close's joint position after Meta-World's reset (the same in every v3 task:
+# tests/episodic/envs/test_envpool_backend.py); EnvPool does not expose qpos, so both backends use this constant
 FINGER_START = -1.7191e-4
 ACTION_SCALE = 0.01  # SawyerXYZEnv.action_scale, the same in all 50 v3 tasks
 

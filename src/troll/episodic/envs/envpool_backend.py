@@ -21,7 +21,7 @@ Meta-World (EnvPool 1.2's ``MetaWorld/<CamelCase>-v3``, Meta-World v3's 50 Sawye
 its time limit; the controller is control.py's. The Python backend (metaworld.py) instead picks, from the
 episode's seed, one of the 50 variations that MT1 draws from the same space when the env is built. Both are draws
 from one distribution, but not the same draws: the two backends agree in distribution
-(tests/episodic/envs/test_envpool_equivalence.py), not episode by episode. Observation layout, reward,
+(tests/episodic/envs/test_equivalence.py), not episode by episode. Observation layout, reward,
 ``info["success"]`` and ``info["obj_to_target"]`` are Meta-World's (tested against the Python backend); the
 context, controller options and final metrics are metaworld.py's.
 """

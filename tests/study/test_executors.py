@@ -1,4 +1,4 @@
-"""Studies beyond one machine: ``--executor ray`` and ``--executor slurm`` against ``--executor local``.
+"""Studies beyond one machine (:mod:`troll.study.executors`): ``--executor ray`` and ``slurm`` against ``local``.
 
 One localhost Ray cluster serves the module (a head with no CPUs and two 1-CPU worker nodes, started one after the
 other; nodes started at once on one host time out), with HOME and Ray's temp folder in a temporary folder (Ray

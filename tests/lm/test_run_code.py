@@ -1,5 +1,5 @@
-"""``troll train --task code`` end to end on the tiny model: the sandbox's reward reaches TRL, the held-out
-evaluation scores code, and the run folder says which task and completion length it used."""
+"""One run (:mod:`troll.lm.run`) of ``troll train --task code`` end to end on the tiny model: the sandbox's reward
+reaches TRL, the held-out evaluation scores code, and the run folder says which task and completion length it used."""
 
 from __future__ import annotations
 

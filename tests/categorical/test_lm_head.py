@@ -1,4 +1,5 @@
-"""The chunked LM-head path against the dense path on the materialised logits: values, all gradients, metrics.
+"""The chunked LM head (:mod:`troll.categorical.lm_head`) against the dense path on the materialised logits: values,
+all gradients, metrics.
 
 Shapes cross chunk edges on purpose: V is not a multiple of the chunk size, chunks are narrower than top_k, and
 some rows are padding (mask False).

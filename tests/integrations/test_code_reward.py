@@ -1,5 +1,6 @@
-"""``CodeReward`` as TRL calls a reward function: through GRPOTrainer's own reward step (dataset columns as keyword
-arguments, conversational completions), and in one real training step on a tiny model."""
+"""``CodeReward`` (:mod:`troll.integrations.code_reward`) as TRL calls a reward function: through GRPOTrainer's own
+reward step (dataset columns as keyword arguments, conversational completions), and in one real training step on a
+tiny model."""
 
 from __future__ import annotations
 
