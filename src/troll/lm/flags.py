@@ -13,7 +13,15 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from troll.lm.options import BOUNDS, LOSSES, TROLL_LOSSES, RunOptions, bound_name, warn_deprecated
+from troll.lm.options import (
+    BOUNDS,
+    LOSSES,
+    RESUMABLE_FIELDS,
+    TROLL_LOSSES,
+    RunOptions,
+    bound_name,
+    warn_deprecated,
+)
 from troll.runs.files import UsageError, check_out_path
 
 DEFAULTS = RunOptions()
@@ -52,7 +60,7 @@ def troll_bound(args: argparse.Namespace) -> None:
 
 
 # Options that may differ from the saved config when resuming (they do not change what was already trained).
-RESUMABLE = {"steps", "eval_every", "save_every", "threads"}
+RESUMABLE = set(RESUMABLE_FIELDS)
 
 
 d = DEFAULTS

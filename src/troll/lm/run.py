@@ -29,8 +29,18 @@ from troll import runs
 from troll.lm import checkpoints, tasks
 from troll.lm import model as model_lib
 from troll.lm.metrics import read_metrics
-from troll.lm.options import COMMAND, LOSSES, TROLL_LOSSES, RunOptions, UsageError, bound_name
-from troll.runs.files import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, write_json
+from troll.lm.options import (
+    COMMAND,
+    LOSSES,
+    RESUMABLE_FIELDS,
+    TROLL_LOSSES,
+    RunOptions,
+    UsageError,
+    bound_name,
+    saved_options,
+)
+from troll.runs import protocol
+from troll.runs.files import METRICS_FILE, SUMMARY_FILE, write_json
 
 PLOTS_FILE = "plots.png"
 MODEL_DIR = "model"
@@ -106,33 +116,56 @@ def versions() -> dict[str, str]:
             "torch": torch.__version__}  # fmt: skip
 
 
-def write_config(opts: RunOptions, command: str = COMMAND) -> None:
-    data = {"command": command, "options": opts.to_json(), "versions": versions(), "argv": sys.argv}
-    write_json(Path(opts.out, CONFIG_FILE), data)
+def write_config(opts: RunOptions, *, fresh: bool) -> None:
+    """config.json: the options, the library versions and the command line (:mod:`troll.runs.protocol`); ``fresh``:
+    with an empty metrics.jsonl. A resumed run writes it again, with the options it may change (--steps, ...)."""
+    write = protocol.start if fresh else protocol.write_config
+    write(Path(opts.out), COMMAND, opts.to_json(), "options", versions=versions(), argv=sys.argv)
 
 
 def train(opts: RunOptions, *, resume: bool = False, keep_checkpoints: bool = False, save_model: bool = True) -> dict:
-    """Run ``opts`` (resolved and validated; the folder checked) and return the summary written to summary.json.
+    """Run ``opts`` (resolved) and return the summary written to summary.json, through the run protocol
+    (:func:`troll.runs.protocol.run`): the folder held, checked before anything is written, a finished run's summary
+    returned as it is.
 
-    ``resume``: continue from the newest complete checkpoint (or start over if there is none). ``save_model``: write
-    the final weights and the model card to model/. ``keep_checkpoints``: keep checkpoint-N/ after the run finishes
-    (otherwise deleted once summary.json is written; an interrupted run keeps its checkpoint).
+    ``resume``: continue from the newest complete checkpoint (or start over if there is none); the folder's options
+    may differ from ``opts`` only in :data:`~troll.lm.options.RESUMABLE_FIELDS`, and a finished run continues only
+    when ``opts.steps`` goes past its kept checkpoint. ``save_model``: write the final weights and the model card to
+    model/. ``keep_checkpoints``: keep checkpoint-N/ after the run finishes (otherwise deleted once summary.json is
+    written; an interrupted run keeps its checkpoint).
     """
     import torch
 
     start = time.time()
     torch.set_num_threads(opts.threads)
     out = Path(opts.out)
-    with runs.holding(out):
-        runs.begin(out, COMMAND)  # the manifest first; stale temporary files of a killed process go
-        return _train(opts, out, start, resume=resume, keep_checkpoints=keep_checkpoints, save_model=save_model)
+    return protocol.run(
+        out,
+        lambda: protocol.prepare(opts, out, command=COMMAND, resume=resume, saved=_saved, kind="GRPO",
+                                 runtime=(*RESUMABLE_FIELDS, "out"), finished=lambda o: _finished(out, o)),
+        lambda o: _train(o, out, start, resume=resume, keep_checkpoints=keep_checkpoints, save_model=save_model),
+    )  # fmt: skip
+
+
+def _saved(out: Path) -> RunOptions | None:
+    """The options of a run folder of ``troll train`` (UsageError when damaged), or None when it holds none."""
+    return None if protocol.saved_config(out, COMMAND, key="options") is None else saved_options(out)
+
+
+def _finished(out: Path, opts: RunOptions) -> bool:
+    """Whether a resumed run has nothing left: its summary is written, and no kept checkpoint lies before its steps
+    (``--resume --steps`` extends a run that kept one)."""
+    checkpoint = checkpoints.last_checkpoint(out)
+    extend = checkpoint is not None and checkpoints.step_of(checkpoint) < opts.steps
+    return (out / SUMMARY_FILE).is_file() and not extend
 
 
 def _train(opts: RunOptions, out: Path, start: float, *, resume: bool, keep_checkpoints: bool, save_model: bool):
     from troll.lm.callbacks import Checkpoints, HeldoutEval, RunLog
 
+    runs.begin(out, COMMAND)  # the manifest first; stale temporary files of a killed process go
     checkpoint, rows = checkpoints.prepare_resume(out) if resume else (None, [])
-    write_config(opts)
+    write_config(opts, fresh=checkpoint is None)
     config_cls, trainer_cls = trainer_classes(opts.loss)
     ref = model_lib.resolve_model(opts.model)
     model, tokenizer = model_lib.load_model(ref)

@@ -10,9 +10,13 @@ or PPO), on top of the folder rules of :mod:`troll.runs.folder`:
   begun (:func:`troll.runs.folder.begin`);
 - :func:`resume_metrics`: metrics.jsonl cut back to the lines the newest checkpoint belongs to;
 - :func:`save_checkpoint`: a numbered checkpoint file written whole (temporary file, fsync, rename), the older ones
-  removed only then, so one is kept.
+  removed only then, so one is kept;
+- checkpoint *folders* written in place by another library (transformers' Trainer writes ``checkpoint-N/`` file by
+  file): :func:`mark_checkpoint` marks one whole once its writer is done, then removes the older ones;
+  :func:`last_marked` finds the newest marked one; :func:`resume_from_marked` removes the unmarked remains of an
+  interrupted write and cuts metrics.jsonl back to it; :func:`remove_checkpoints` ends a run's checkpoints.
 
-Torch-free: what a checkpoint holds is written by the caller's ``write(file)``.
+Torch-free: what a checkpoint holds is written by the caller (``write(file)``, or the other library).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -48,10 +53,13 @@ def run(out: Path, prepare: Callable[[], tuple], train: Callable) -> dict:
         return train(config)
 
 
-def prepare(config, out: Path, *, command: str, resume: bool, saved: Callable, kind: str, runtime: tuple[str, ...]):
+def prepare(config, out: Path, *, command: str, resume: bool, saved: Callable, kind: str, runtime: tuple[str, ...],
+            finished: Callable | None = None):  # fmt: skip
     """Returns (the config to run, finished already). ``config``: the given one (None: the folder's, to resume);
     ``saved(out)``: the config of this kind the folder holds, or None; ``runtime``: the fields a resumed run may
-    change. A config has ``differences(other, ignore=...)`` -> {field: (folder's, given)} and is a dataclass."""
+    change. A config has ``differences(other, ignore=...)`` -> {field: (folder's, given)} and is a dataclass.
+    ``finished(config)``: whether the resumed run has nothing left to do (default: its summary.json exists; a run
+    that may be extended past its end says otherwise)."""
     action = check_folder(out, command, resume=resume, overwrite=False)
     if action == "new":
         if config is None:
@@ -72,7 +80,7 @@ def prepare(config, out: Path, *, command: str, resume: bool, saved: Callable, k
                 f"settings (only {', '.join(runtime)} may change) or start a new folder."
             )
         found = dataclasses.replace(found, **{k: getattr(config, k) for k in runtime})
-    return found, (out / SUMMARY_FILE).is_file()
+    return found, finished(found) if finished else (out / SUMMARY_FILE).is_file()
 
 
 def saved_config(out: Path, command: str, key: str = "config") -> dict | None:
@@ -89,9 +97,15 @@ def saved_config(out: Path, command: str, key: str = "config") -> dict | None:
     return data[key]
 
 
-def start(out: Path, command: str, config: dict, key: str = "config") -> None:
-    """A fresh run's config.json and empty metrics.jsonl (after :func:`troll.runs.folder.begin`)."""
-    write_json(Path(out) / CONFIG_FILE, {"command": command, key: config})
+def write_config(out: Path, command: str, config: dict, key: str = "config", **extra) -> None:
+    """config.json, ``{"command": command, key: config, **extra}`` (e.g. the library versions), written whole."""
+    write_json(Path(out) / CONFIG_FILE, {"command": command, key: config, **extra})
+
+
+def start(out: Path, command: str, config: dict, key: str = "config", **extra) -> None:
+    """A fresh run's config.json (:func:`write_config`) and empty metrics.jsonl (after
+    :func:`troll.runs.folder.begin`)."""
+    write_config(out, command, config, key, **extra)
     truncate_jsonl(Path(out) / METRICS_FILE, 0)
 
 
@@ -114,3 +128,66 @@ def save_checkpoint(out: Path, template: str, number: int, write: Callable[[Bina
         if n != number:
             old.unlink(missing_ok=True)
     return path
+
+
+MARK = "troll_complete.json"  # in a checkpoint folder: {"step": N, "metrics_lines": K}, written after its last file
+
+
+def mark_checkpoint(folder: Path, *, step: int, metrics_lines: int) -> None:
+    """Mark the checkpoint folder ``folder`` (e.g. ``checkpoint-N/``, named by the folder's template) whole, with the
+    number of metrics.jsonl lines logged up to it, atomically; only then remove the run's older checkpoint folders
+    of that name: one is kept, never before its successor is whole."""
+    template = _template_of(Path(folder))
+    write_json(Path(folder) / MARK, {"step": step, "metrics_lines": metrics_lines})
+    for number, other in numbered_files(Path(folder).parent, template, folders=True):
+        if number < step:
+            shutil.rmtree(other, ignore_errors=True)
+
+
+def read_mark(folder: Path) -> dict | None:
+    """The mark of a whole checkpoint folder, or None (missing, damaged, or for another step than its name's)."""
+    try:
+        mark = json.loads((Path(folder) / MARK).read_text())
+    except (OSError, ValueError):
+        return None
+    number = int(Path(folder).name.rsplit("-", 1)[-1])
+    ok = isinstance(mark, dict) and mark.get("step") == number and isinstance(mark.get("metrics_lines"), int)
+    return mark if ok else None
+
+
+def last_marked(out: Path, template: str) -> Path | None:
+    """The marked checkpoint folder of ``template`` (e.g. ``checkpoint-{}``) with the largest number, or None."""
+    marked = [path for _, path in numbered_files(out, template, folders=True) if read_mark(path) is not None]
+    return marked[-1] if marked else None
+
+
+def resume_from_marked(out: Path, template: str) -> tuple[Path | None, list[dict]]:
+    """Get ``out`` ready to continue: (the newest marked checkpoint folder, the metrics rows it covers).
+
+    The unmarked folders (an interrupted write) are removed and metrics.jsonl is cut to the lines the checkpoint had
+    logged (which also drops a torn last line). Without a marked one the metrics go too, and (None, []) says: start
+    over."""
+    checkpoint = last_marked(out, template)
+    for _, folder in numbered_files(out, template, folders=True):
+        if folder != checkpoint:
+            shutil.rmtree(folder, ignore_errors=True)
+    if checkpoint is None:
+        (Path(out) / METRICS_FILE).unlink(missing_ok=True)
+        return None, []
+    return checkpoint, resume_metrics(out, read_mark(checkpoint)["metrics_lines"])
+
+
+def remove_checkpoints(out: Path, template: str) -> None:
+    """Delete every checkpoint of ``template``, file or folder (a finished run that keeps none)."""
+    for _, path in numbered_files(out, template):
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def _template_of(folder: Path) -> str:
+    prefix, sep, number = folder.name.rpartition("-")
+    if not (sep and number.isdigit()):
+        raise ValueError(f"{folder} is not a numbered checkpoint folder (<name>-<number>)")
+    return f"{prefix}-{{}}"
