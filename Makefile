@@ -209,38 +209,41 @@ tce-authors: $(VENV)/.installed
 	done; \
 	$(PY) -m troll.episodic.results $$d && exit $$status
 
-# docs/tce.md, "Hopper jump": TCE and bbrl on fancy/hopper-jump (the authors' hopper preset), 3 seeds, 10M env steps
-# each (theirs: 48M), every cell's evaluation episodes rendered (<cell>/video.mp4, linked from study.md); then the
-# report (<HOPPER_DIR>/report/). About 3 hours a cell (625 iterations of ~16 s: 3 s stepping, 13 s updating, measured
-# at load 11), ~9 hours for the six with --jobs 2. HOPPER_DIR is fixed: a rerun continues where the last one stopped
-# (finished cells are kept, an interrupted one resumes). HOPPER_STEPS, HOPPER_SEEDS, HOPPER_ALGOS shrink it (a smoke).
+# docs/tce-tasks.md, "Hopper jump": TCE and bbrl on fancy/hopper-jump (the authors' hopper preset), 3 seeds, 10M env
+# steps each (theirs: 48M), every cell's evaluation episodes rendered (<cell>/video.mp4, linked from study.md); then
+# the report (<HOPPER_DIR>/report/). About 20 min a bbrl cell and 45 min a TCE cell at load 2, ~1.5 hours for the six
+# with --jobs 2. The finished cells are archived in HOPPER_ARCHIVE (docs/data/tce-hopper) and restored from it first,
+# so a rerun, here or on a fresh clone, continues where the last one stopped and runs only what is missing.
+# HOPPER_STEPS, HOPPER_SEEDS, HOPPER_ALGOS shrink it (a smoke, with HOPPER_DIR and HOPPER_ARCHIVE in /tmp).
 HOPPER_DIR ?= studies/tce-hopper
+HOPPER_ARCHIVE ?= docs/data/tce-hopper
 HOPPER_STEPS ?= 10000000
 HOPPER_SEEDS ?= 3
 HOPPER_ALGOS ?= tce,bbrl
 tce-hopper: $(VENV)/.installed
-	d=$(HOPPER_DIR) && status=0 && \
-	go() { out=$$1; shift; r=; [ -e $$out/config.json ] && r=--resume; $(TCE_STUDY) "$$@" --out $$out $$r; } && \
+	d=$(HOPPER_DIR); a=$(HOPPER_ARCHIVE); status=0; $(ARCHIVED_GO); \
 	go $$d/hopper-jump --env fancy/hopper-jump --algos $(HOPPER_ALGOS) --seeds $(HOPPER_SEEDS) \
 		--steps $(HOPPER_STEPS) --videos || status=1; \
 	$(PY) -m troll.episodic.results $$d && exit $$status
 
-# docs/tce.md, "Box pushing": TCE and BBRL on dense and temporally sparse box pushing, 3 seeds, 10M env steps each
-# (the authors' local budget; the paper ran 114M dense, 57M sparse), and PPO on the dense task at the same budget;
-# then the report over them (<BOX_DIR>/report/). 15 cells of 10M steps: about a day of both cores at the measured
-# training speed (docs/tce.md, "Box pushing"). BOX_DIR is fixed, so a rerun continues where the last one stopped
-# (finished cells are kept, an interrupted one resumes from its checkpoint). A smoke run:
-# make tce-box BOX_DIR=/tmp/box-smoke BOX_STEPS=20000 BOX_SEEDS=1
+# docs/tce-tasks.md, "Box pushing": TCE and BBRL on dense and temporally sparse box pushing, 3 seeds, 10M env steps
+# each (the authors' local budget; the paper ran 114M dense, 57M sparse), and PPO on the dense task at the same
+# budget; then the report over them (<BOX_DIR>/report/). The two studies run side by side, a cell at a time each, so
+# that both tasks get their paired seeds early. 15 cells of 10M steps: about a day of both cores. The finished cells
+# are archived in BOX_ARCHIVE (docs/data/tce-box) and restored from it first, so a rerun continues where the last one
+# stopped (an interrupted cell resumes from its checkpoint while BOX_DIR holds it). A smoke run:
+# make tce-box BOX_DIR=/tmp/box-smoke BOX_ARCHIVE=/tmp/box-smoke-archive BOX_STEPS=20000 BOX_SEEDS=1
 BOX_DIR ?= studies/tce-box
+BOX_ARCHIVE ?= docs/data/tce-box
 BOX_STEPS ?= 10000000
 BOX_SEEDS ?= 3
 tce-box: $(VENV)/.installed
-	d=$(BOX_DIR) && status=0 && \
-	go() { out=$$1; shift; r=; [ -e $$out/config.json ] && r=--resume; $(TCE_STUDY) "$$@" --out $$out $$r; } && \
+	d=$(BOX_DIR); a=$(BOX_ARCHIVE); status=0; $(ARCHIVED_GO); \
 	go $$d/box-pushing-dense --env fancy/box-pushing-dense --algos tce,bbrl,ppo --steps $(BOX_STEPS) --videos \
-		--seeds $(BOX_SEEDS) || status=1; \
+		--seeds $(BOX_SEEDS) --jobs 1 & dense=$$!; \
 	go $$d/box-pushing-sparse --env fancy/box-pushing-sparse --algos tce,bbrl --steps $(BOX_STEPS) --videos \
-		--seeds $(BOX_SEEDS) || status=1; \
+		--seeds $(BOX_SEEDS) --jobs 1 || status=1; \
+	wait $$dense || status=1; \
 	$(PY) -m troll.episodic.results $$d && exit $$status
 
 # The env options the studies below ran with (docs/archive/tce-hand-study.md: the authors' setup without their
