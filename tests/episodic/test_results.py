@@ -27,9 +27,10 @@ GYM_EVALS = {
 TOY_EVALS = {("tce", 0): [(0.25, -2.0, 0.5), (0.5, -1.5, 0.25)]}
 
 
-def fake_study(out: Path, env: str, evals: dict) -> None:
+def fake_study(out: Path, env: str, evals: dict, heights: dict | None = None) -> None:
     """A finished ``tce study`` folder: each cell's config.json, metrics.jsonl and summary.json (report.summarise of
-    the rows, as a run writes it), then the study's own report through the engine (every cell kept, none run)."""
+    the rows, as a run writes it), then the study's own report through the engine (every cell kept, none run).
+    ``heights``: per (algo, seed) the evaluations' max heights (hopper jump logs them)."""
     algos = list(dict.fromkeys(a for a, _ in evals))
     seeds = sorted({s for _, s in evals})
     spec = study.StudySpec(env, algos, seeds, steps=1600, options={"policy_hidden": (16,)})
@@ -48,6 +49,8 @@ def fake_study(out: Path, env: str, evals: dict) -> None:
             }  # fmt: skip
             for i, (success, ret, distance) in enumerate(evals[cell.arm, cell.seed], start=1)
         ]
+        for row, height in zip(rows, (heights or {}).get((cell.arm, cell.seed), [])):
+            row["eval/max_height"] = height
         cell.folder.mkdir(parents=True)
         config = {"algo": cell.arm, "env": env, "seed": cell.seed}
         write_json(cell.folder / "config.json", {"command": "tce train", "config": config})
@@ -173,3 +176,22 @@ def test_results_compare_two_studies_by_hand(tmp_path, capsys):
         results.main(["--compare", str(tmp_path / "a"), str(tmp_path / "b"), "--algo", "ppo"])
     with pytest.raises(SystemExit):
         results.main([str(tmp_path / "a"), "--compare", str(tmp_path / "a"), str(tmp_path / "b")])
+
+
+def test_a_hopper_study_adds_its_max_height_to_the_table_and_a_figure(tmp_path, capsys):
+    """Hopper jump logs the torso's max height: the report adds its column (mean ± standard error over seeds, worked
+    by hand), its paired difference and tce_max_height.png; a report without it has neither."""
+    root = tmp_path / "studies"
+    heights = {("tce", 0): [1.5, 1.75], ("tce", 1): [1.5, 2.0], ("tce", 2): [1.5, 1.5],
+               ("bbrl", 0): [1.5, 1.5], ("bbrl", 1): [1.5, 1.75], ("bbrl", 2): [1.5, 1.5]}  # fmt: skip
+    fake_study(root / "hopper", "fancy/hopper-jump", GYM_EVALS, heights)
+    assert results.main([str(root)]) == 0
+    printed = capsys.readouterr().out
+    assert "tce_max_height.png" in printed and (root / "report" / "tce_max_height.png").is_file()
+    text = (root / "report" / "tce_results.md").read_text()
+    assert "| max height at the budget (m) | env steps to success >= 0.8 |" in text
+    # tce [1.75, 2.0, 1.5]: mean 1.75, se sqrt((0 + 0.0625 + 0.0625) / 2 / 3) = 0.144; bbrl [1.5, 1.75, 1.5]
+    # 1.583, se sqrt((0.00694 + 0.02778 + 0.00694) / 6) = 0.083; paired [0.25, 0.25, 0]: mean +0.167
+    rows = {line.split(" | ")[1]: line for line in text.splitlines() if line.startswith("| fancy/hopper-jump | ")}
+    assert " | 1.750 ± 0.144 | " in rows["tce"] and " | 1.583 ± 0.083 | " in rows["bbrl"]
+    assert "| fancy/hopper-jump | tce - bbrl | max height at the budget (m) | +0.167 |" in text

@@ -29,7 +29,7 @@ from troll.study import report as report_lib
 # the report's curves, and what benchmarks/tce_exploration.py --runs reads to say why a run is slow
 DIAGNOSIS_KEYS = ("proj/mean_dist_before/mean", "proj/cov_dist_before/mean", "policy/entropy_bound",
                   "critic/explained_var_before", "policy/chol_diag_min", "eval/success_any")  # fmt: skip
-KEYS = ("iteration", "env_steps", *(c.key for c in study_lib.CURVES), *DIAGNOSIS_KEYS)
+KEYS = ("iteration", "env_steps", *(c.key for c in study_lib.CURVES), study_lib.HEIGHT_CURVE.key, *DIAGNOSIS_KEYS)
 
 
 def expected(spec_json: dict, folder: Path) -> dict[str, dict]:

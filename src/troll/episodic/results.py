@@ -41,6 +41,7 @@ FIGURES = (
     ("tce_success.png", "eval/success_rate", "success rate", (-0.02, 1.02)),
     ("tce_return.png", "eval/return", "return", None),
     ("tce_distance.png", "eval/distance", "final distance", None),
+    ("tce_max_height.png", "eval/max_height", "max height (m)", None),  # hopper jump's measure; drawn when logged
 )
 COLUMNS = (
     ("success", "success at the budget"),
@@ -51,6 +52,7 @@ COLUMNS = (
     ("distance", "final distance at the budget"),
     ("steps_to_success", "env steps to success >= 0.8"),
 )
+HEIGHT_COLUMN = ("max_height", "max height at the budget (m)")  # a column of the table when a study logs it
 
 
 def find_studies(folder: Path) -> list[tuple[str, dict]]:
@@ -97,20 +99,22 @@ def _pm(entry: dict | None, spec: str = ".3f") -> str:
 
 def table(studies: list[tuple[str, dict]]) -> str:
     """The markdown of tce_results.md: the headline table, then the paired differences."""
-    head = "| task | algorithm | seeds | env steps | " + " | ".join(label for _, label in COLUMNS) + " |\n"
-    lines = [head, "|---" * (4 + len(COLUMNS)) + "|\n"]
+    height = any((a.get("max_height") or {}).get("n") for _, data in studies for a in data["aggregates"])
+    columns = COLUMNS[:-1] + ((HEIGHT_COLUMN,) if height else ()) + COLUMNS[-1:]
+    head = "| task | algorithm | seeds | env steps | " + " | ".join(label for _, label in columns) + " |\n"
+    lines = [head, "|---" * (4 + len(columns)) + "|\n"]
     for task, data in studies:
         for a in data["aggregates"]:
             steps = a.get("env_steps", {}).get("mean")
             cols = [task, a["algo"], str(len(a["seeds"])), "-" if steps is None else f"{steps:,.0f}"]
-            cols += [_pm(a.get(key)) for key, _ in COLUMNS if key != "steps_to_success"]
+            cols += [_pm(a.get(key)) for key, _ in columns if key != "steps_to_success"]
             reached = a.get("steps_to_success") or {}  # the mean over the seeds that got there, and how many did
             cols.append(_pm(reached, ",.0f") + (f" ({reached['n']} of {len(a['seeds'])})" if reached.get("n") else ""))
             lines.append("| " + " | ".join(cols) + " |\n")
     text = "## At the budget: mean ± standard error over seeds\n\n" + "".join(lines)
     text += "\n## Paired: TCE minus baseline, same seed (95% t-interval)\n\n"
     text += "| task | comparison | metric | mean difference | 95% interval | n |\n|---|---|---|---|---|---|\n"
-    labels = dict(COLUMNS)
+    labels = dict(COLUMNS + (HEIGHT_COLUMN,))
     for task, data in studies:
         for p in data["paired"]:
             if not p["n"]:  # a metric the task does not report (success at any step off Meta-World)

@@ -297,6 +297,7 @@ TABLE = (
 )
 # hopper jump's own measure (fancy/hopper-jump logs eval/max_height): its studies' tables add it
 HEIGHT_TABLE = (Number("max_height", "max height at the budget (m)"), Number("best_max_height", "best max height (m)"))
+HEIGHT_CURVE = Curve("eval/max_height", "max height of the torso (evaluation, m)")
 PAIRED = (
     Number("success", "success rate at the budget"),
     Number("success_any", "success at any step, at the budget"),
@@ -378,7 +379,7 @@ def frontend(spec: StudySpec) -> Frontend:
         table=TABLE + (HEIGHT_TABLE if spec.env in opts.TCE_ONLY_ENVS else ()),
         paired=PAIRED + (HEIGHT_TABLE[:1] if spec.env in opts.TCE_ONLY_ENVS else ()),
         pairing=PAIRING,
-        curves=CURVES,
+        curves=CURVES + ((HEIGHT_CURVE,) if spec.env in opts.TCE_ONLY_ENVS else ()),
         x_key="env_steps",
         x_label="environment steps",
         can_resume=_can_resume,
