@@ -461,11 +461,17 @@ def _check_positive_int(**values: int) -> None:
 
 
 def check_batch_shape(opts: RunOptions) -> None:
-    """The rollout batch must split into whole optimiser batches, and GRPO needs at least two samples a prompt."""
+    """The rollout batch must split into whole optimiser batches, and GRPO needs at least two samples a prompt.
+
+    Shared options (``loss=None``) are checked value by value only: a study's sweep or arm may still set
+    --prompts-per-step, --generations, --steps-per-rollout or --save-every, and a resumed run keeps its saved
+    ones, so how they fit together is checked in each run."""
     if not (_is_int(opts.generations) and opts.generations >= 2):
         raise UsageError(
             f"--generations must be >= 2: GRPO's advantage compares the samples of one prompt, got {opts.generations}."
         )
+    if opts.loss is None:
+        return
     if opts.rollout_size % opts.steps_per_rollout:
         raise UsageError(
             f"a rollout batch of --prompts-per-step {opts.prompts_per_step} x --generations {opts.generations} = "
