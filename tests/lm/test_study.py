@@ -264,6 +264,19 @@ def test_a_sweep_may_set_what_makes_the_batch_fit(tmp_path):
         _study_cells(tmp_path, "--sweep", "prompts-per-step=3,4", "--generations", "2", "--steps-per-rollout", "3")
 
 
+def test_an_arms_options_are_checked_with_the_shared_ones(tmp_path):
+    """An arm's own options and the shared ones are checked together as the cell's run: --dual-clip 1.1 fits the
+    clip range an arm sets (1 + 0.05), not the default one (1 + 0.2) it replaces; a cell that does not fit, or an
+    arm that sets an option its loss ignores, is refused naming the arm."""
+    _, cells = _study_cells(tmp_path, "--losses", "grpo:clip-eps=0.05,clip:clip-eps-high=0.05", "--dual-clip", "1.1")
+    assert [(c.options.clip_eps, c.options.clip_eps_high, c.options.dual_clip) for c in cells] == [
+        (0.05, 0.05, 1.1), (0.2, 0.05, 1.1)]  # fmt: skip
+    with pytest.raises(UsageError, match="--losses grpo:clip-eps=0.2: --dual-clip 1.1 must exceed 1 \\+ the upper"):
+        _study_cells(tmp_path, "--losses", "grpo:clip-eps=0.2", "--dual-clip", "1.1")
+    with pytest.raises(UsageError, match="--losses grpo:dual-clip=5:agg=token-mean: --agg sets the aggregation"):
+        _study_cells(tmp_path, "--losses", "grpo:dual-clip=5:agg=token-mean")
+
+
 def test_a_resumed_study_takes_its_own_flags_again(tmp_path):
     """--resume with a flag given again at its saved value continues the study, whatever the defaults of the
     others (a saved --steps-per-rollout 3 fits the saved batch, not the default one)."""

@@ -413,17 +413,19 @@ def _check_applies(opts: RunOptions) -> None:
             )
 
 
-def for_loss(shared: RunOptions, loss: str, **changes) -> RunOptions:
+def for_loss(shared: RunOptions, loss: str, *, own: dict | None = None, **changes) -> RunOptions:
     """The run of ``loss`` in a comparison or study: the ``shared`` options with ``changes`` (its seed, folder, a
     swept value), less those ``loss`` does not use (the other families' bounds, --agg for the clip losses, the clip
-    options for the others), so that one command line can serve every arm. Checked as a run of ``loss``."""
+    options for the others), so that one command line can serve every arm; then ``own``, the options of a study's
+    arm (``clip:clip-eps=0.1``), which are the loss's own (one it ignores is refused, not dropped). Checked as a run
+    of ``loss``, once, with all of them."""
     drop = {name: None for name in BOUNDS if name != bound_name(loss)}
     if loss not in TROLL_LOSSES:
         drop["agg"] = None
     if loss not in CLIP_LOSSES:
         drop.update(clip_eps_high=None, dual_clip=None)
     values = {f.name: getattr(shared, f.name) for f in dataclasses.fields(RunOptions)}
-    return RunOptions(**(values | changes | {"loss": loss} | drop))
+    return RunOptions(**(values | changes | {"loss": loss} | drop | (own or {})))
 
 
 def check_used(opts: RunOptions, losses: list[str], swept: str | None = None) -> None:
