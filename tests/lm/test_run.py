@@ -37,3 +37,15 @@ def test_resume_of_a_damaged_config_says_what_is_wrong(tmp_path, config, message
         train(RunOptions(steps=2, out=str(out)).resolved(), resume=True)
     assert sorted(p.name for p in out.iterdir()) == [".troll-run.json", "checkpoint-2", "config.json"]
     assert (out / "config.json").read_text() == config
+
+
+def test_shared_options_are_no_run(tmp_path):
+    """``loss=None`` (the options a comparison or study shares) is refused as a run, before the folder is touched:
+    not a TypeError from resolved(), nor a folder with a loss-less config.json and a KeyError after the model is
+    loaded."""
+    shared = RunOptions(loss=None, steps=2, heldout=4, out=str(tmp_path / "run"))
+    with pytest.raises(UsageError, match="no loss .* make each loss's run with for_loss"):
+        shared.resolved()
+    with pytest.raises(UsageError, match="no loss .* make each loss's run with for_loss"):
+        train(shared)
+    assert not (tmp_path / "run").exists()

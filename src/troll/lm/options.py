@@ -34,6 +34,7 @@ __all__ = [
     "UsageError",
     "bound_name",
     "check_bound_name",
+    "check_run",
     "check_run_folder",
     "check_out_path",
     "check_used",
@@ -182,6 +183,7 @@ class RunOptions:
 
     def resolved(self) -> RunOptions:
         """A copy with the defaults that depend on other fields filled in (the clip options for the clip losses)."""
+        check_run(self)
         bound = self.bound
         clip = {}
         if self.loss in CLIP_LOSSES:
@@ -297,6 +299,15 @@ def warn_deprecated(old: str, new: str, value: str) -> None:
     and an arm's option eps= (``troll:eps=0.2``), each naming where ``value`` went instead."""
     print(f"troll: warning: {old} is deprecated and will be removed in the next release; its value {value} went "
           f"to {new}. Write {new} instead.", file=sys.stderr, flush=True)  # fmt: skip
+
+
+def check_run(opts: RunOptions) -> None:
+    """:class:`UsageError` for shared options (``loss=None``), which are no run of their own."""
+    if opts.loss is None:
+        raise UsageError(
+            "these options have no loss (loss=None: the options a comparison or study shares), so they are no run; "
+            f"give a loss ({', '.join(LOSSES)}), or make each loss's run with for_loss(options, loss)."
+        )
 
 
 def check_values(opts: RunOptions) -> None:

@@ -37,6 +37,7 @@ from troll.lm.options import (
     RunOptions,
     UsageError,
     bound_name,
+    check_run,
     saved_options,
 )
 from troll.runs import protocol
@@ -136,6 +137,7 @@ def train(opts: RunOptions, *, resume: bool = False, keep_checkpoints: bool = Fa
     """
     import torch
 
+    check_run(opts)  # shared options (loss None) are no run: refused before the folder is touched
     start = time.time()
     torch.set_num_threads(opts.threads)
     out = Path(opts.out)
