@@ -1,5 +1,5 @@
-"""experiments/stale_rollouts.py: the options of its runs are valid ones for every setting its flags allow (the
-model, the training and the evaluation are stood in for: a real run takes minutes)."""
+"""The scripts of experiments/: experiments/stale_rollouts.py makes valid options for every setting its flags allow
+(the model, the training and the evaluation are stood in for: a real run takes minutes)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import pytest
 pytest.importorskip("trl")
 pytest.importorskip("reasoning_gym")
 
-SCRIPT = Path(__file__).resolve().parents[2] / "experiments" / "stale_rollouts.py"
+SCRIPT = Path(__file__).resolve().parent.parent / "experiments" / "stale_rollouts.py"
 
 
-def test_the_accuracy_before_takes_the_runs_batch_shape(monkeypatch):
+def test_stale_rollouts_accuracy_before_takes_the_runs_batch_shape(monkeypatch):
     """--generations reaches the options of the accuracy before training as it reaches the runs': with --prompts 1
     --generations 6 --steps-per-rollout 3 (a rollout of 6 completions, 2 per step) the options are valid, not the
     default 4 generations, which 3 steps cannot share."""
