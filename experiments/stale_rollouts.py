@@ -175,7 +175,8 @@ def before_accuracy(seed: int, args) -> float:
     from troll.lm.options import RunOptions
 
     opts = RunOptions(task=args.task, steps=args.steps, steps_per_rollout=args.steps_per_rollout,
-                      prompts_per_step=args.prompts, heldout=args.heldout, seed=seed, system=args.system)  # fmt: skip
+                      prompts_per_step=args.prompts, generations=args.generations, heldout=args.heldout, seed=seed,
+                      system=args.system)  # fmt: skip
     opts = opts.resolved()
     model, tok = model_lib.load_model(model_lib.resolve_model(opts.model))
     return heldout_accuracy(model, tok, run_lib._build_task(opts), max_new_tokens=args.max_len).accuracy

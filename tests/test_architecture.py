@@ -228,6 +228,7 @@ def test_test_files_have_one_prefix():
 CROSS_CUTTING = {
     "test_architecture.py": "the layout of src/troll and of tests/",
     "test_examples.py": "the scripts of examples/, run end to end",
+    "test_experiments.py": "the scripts of experiments/, their options",
     "categorical/test_bad_input.py": "bad input to every public function of the wing, refused by name",
     "categorical/test_properties.py": "hypothesis properties of the projection and the losses on it",
     "gaussian/test_bad_input.py": "bad input to every public function of the wing, refused by name (_checks.py too)",

@@ -183,6 +183,34 @@ def test_resume_refuses_changed_options(tmp_path, capsys):
     assert code == 2 and "--loss differ" in err
 
 
+def test_resume_checks_the_flags_against_the_saved_run(tmp_path, capsys):
+    """--resume takes the saved run's options; a flag given again at its saved value, or one a resumed run may
+    change (--save-every), is checked against the saved run, not against the defaults of the flags not given."""
+    from troll.cli import build_parser
+    from troll.lm.cli import resume_options
+
+    def resumed(out, *argv):
+        return resume_options(build_parser().parse_args(["train", "--out", str(out), "--resume", *argv]))
+
+    out = tmp_path / "run"
+    (out / "checkpoint-2").mkdir(parents=True)
+    saved = RunOptions(steps=6, prompts_per_step=3, generations=2, steps_per_rollout=3, out=str(out)).resolved()
+    (out / options.CONFIG_FILE).write_text(json.dumps({"command": "train", "options": saved.to_json()}))
+    assert resumed(out, "--save-every", "3", "--steps", "9").save_every == 3
+    assert resumed(out, "--steps-per-rollout", "3", "--loss", "troll") == saved
+    with pytest.raises(UsageError, match="--save-every 2 is not a multiple of --steps-per-rollout 3"):
+        resumed(out, "--save-every", "2")
+    with pytest.raises(UsageError, match="--steps-per-rollout differ from its config.json"):
+        resumed(out, "--steps-per-rollout", "2")
+    clip = tmp_path / "clip"
+    (clip / "checkpoint-2").mkdir(parents=True)
+    saved = RunOptions(loss="grpo", clip_eps=0.05, dual_clip=1.1, steps=4, out=str(clip)).resolved()
+    (clip / options.CONFIG_FILE).write_text(json.dumps({"command": "train", "options": saved.to_json()}))
+    assert resumed(clip, "--loss", "grpo", "--dual-clip", "1.1") == saved  # fits the saved --clip-eps 0.05
+    with pytest.raises(UsageError, match="--lr must be > 0"):
+        resumed(clip, "--lr", "-1")
+
+
 # ---------------------------------------------------------------- answers and reward
 
 

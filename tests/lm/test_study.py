@@ -245,6 +245,52 @@ def test_resume_checks(tmp_path, capsys):
     assert sorted(p.name for p in out.iterdir()) == ["config.json"]
 
 
+def _study_cells(tmp_path, *argv):
+    from troll.cli import build_parser
+    from troll.lm.cli import study_spec
+
+    spec, out = study_spec(build_parser().parse_args(["study", "--out", str(tmp_path / "st"), "--seeds", "1", *argv]))
+    return spec, study.plan(spec, out)
+
+
+def test_a_sweep_may_set_what_makes_the_batch_fit(tmp_path):
+    """The study's options are checked value by value; how the batch shape fits together is checked in each cell,
+    with its sweep value (the default --prompts-per-step 4 never has to fit --steps-per-rollout 3 when the sweep
+    replaces it); a cell that does not fit is refused, naming its sweep value."""
+    _, cells = _study_cells(tmp_path, "--losses", "troll", "--sweep", "prompts-per-step=3,6", "--generations", "2",
+                            "--steps-per-rollout", "3")  # fmt: skip
+    assert [(c.options.prompts_per_step, c.options.steps_per_rollout) for c in cells] == [(3, 3), (6, 3)]
+    with pytest.raises(UsageError, match="--sweep prompts-per-step=4 .*cannot be split into --steps-per-rollout 3"):
+        _study_cells(tmp_path, "--sweep", "prompts-per-step=3,4", "--generations", "2", "--steps-per-rollout", "3")
+
+
+def test_an_arms_options_are_checked_with_the_shared_ones(tmp_path):
+    """An arm's own options and the shared ones are checked together as the cell's run: --dual-clip 1.1 fits the
+    clip range an arm sets (1 + 0.05), not the default one (1 + 0.2) it replaces; a cell that does not fit, or an
+    arm that sets an option its loss ignores, is refused naming the arm."""
+    _, cells = _study_cells(tmp_path, "--losses", "grpo:clip-eps=0.05,clip:clip-eps-high=0.05", "--dual-clip", "1.1")
+    assert [(c.options.clip_eps, c.options.clip_eps_high, c.options.dual_clip) for c in cells] == [
+        (0.05, 0.05, 1.1), (0.2, 0.05, 1.1)]  # fmt: skip
+    with pytest.raises(UsageError, match="--losses grpo:clip-eps=0.2: --dual-clip 1.1 must exceed 1 \\+ the upper"):
+        _study_cells(tmp_path, "--losses", "grpo:clip-eps=0.2", "--dual-clip", "1.1")
+    with pytest.raises(UsageError, match="--losses grpo:dual-clip=5:agg=token-mean: --agg sets the aggregation"):
+        _study_cells(tmp_path, "--losses", "grpo:dual-clip=5:agg=token-mean")
+
+
+def test_a_resumed_study_takes_its_own_flags_again(tmp_path):
+    """--resume with a flag given again at its saved value continues the study, whatever the defaults of the
+    others (a saved --steps-per-rollout 3 fits the saved batch, not the default one)."""
+    shape = ["--prompts-per-step", "3", "--generations", "2", "--steps-per-rollout", "3"]
+    spec, _ = _study_cells(tmp_path, *shape)
+    (tmp_path / "st").mkdir()
+    (tmp_path / "st" / "config.json").write_text(json.dumps({"command": "study", "spec": spec.to_json()}))
+    for again in (["--steps-per-rollout", "3"], ["--generations", "2", "--threads", "2"]):
+        _, cells = _study_cells(tmp_path, "--resume", *again)
+        assert {(c.options.prompts_per_step, c.options.steps_per_rollout) for c in cells} == {(3, 3)}
+    with pytest.raises(UsageError, match="; --steps-per-rollout differ from its config.json"):
+        _study_cells(tmp_path, "--resume", "--steps-per-rollout", "2")
+
+
 def test_a_resumed_study_may_add_losses_and_seeds_never_drop_them():
     from troll.lm.cli import _check_same_grid
 

@@ -41,7 +41,7 @@ def last_checkpoint(out: Path) -> Path | None:
 
 
 def mark_complete(folder: Path, *, step: int, metrics_lines: int) -> None:
-    """Mark ``folder`` complete, then remove the run's other checkpoints (:func:`troll.runs.protocol.mark_checkpoint`:
+    """Mark ``folder`` complete, then remove the run's older checkpoints (:func:`troll.runs.protocol.mark_checkpoint`:
     one is kept, as TRL's ``save_total_limit=1`` would, but never before its successor is whole)."""
     protocol.mark_checkpoint(folder, step=step, metrics_lines=metrics_lines)
 

@@ -120,7 +120,8 @@ def resume_options(args: argparse.Namespace) -> RunOptions:
 
     if not hasattr(args, "out"):
         raise UsageError("--resume needs --out, the run folder to continue.")
-    given = options_from_args(args, shared=True)  # the saved loss decides, unless --loss is given
+    # each flag's value checked; how they fit together is the saved run's (its loss, batch shape, ...)
+    options_from_args(args, shared=True)
     path = Path(args.out) / CONFIG_FILE
     if runs.check_folder(Path(args.out), options.COMMAND, resume=True, overwrite=False) == "new":
         if not path.is_file() and any(Path(args.out).iterdir()):
@@ -134,12 +135,12 @@ def resume_options(args: argparse.Namespace) -> RunOptions:
         for f in dataclasses.fields(RunOptions)
         if hasattr(args, f.name)
         and f.name not in RESUMABLE | {"out"}
-        and getattr(given, f.name) != getattr(saved, f.name)
+        and getattr(args, f.name) != getattr(saved, f.name)
     ]
     if changed:
         names = ", ".join("--" + c.replace("_", "-") for c in changed)
         raise UsageError(f"--resume continues the saved run; {names} differ from its config.json. Drop them.")
-    return dataclasses.replace(saved, **{k: getattr(given, k) for k in RESUMABLE if hasattr(args, k)}, out=args.out)
+    return dataclasses.replace(saved, **{k: getattr(args, k) for k in RESUMABLE if hasattr(args, k)}, out=args.out)
 
 
 def validate(opts: RunOptions) -> None:

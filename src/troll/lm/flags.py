@@ -210,13 +210,14 @@ STUDY_DOC = (
 
 def options_from_args(args: argparse.Namespace, *, shared: bool = False) -> RunOptions:
     """The RunOptions the flags give, checked (:class:`UsageError` naming the flag); ``shared``: the options of a
-    comparison or study, or of a resumed run, whose loss is not given (its loss None: each run's loss decides)."""
+    comparison or study, or the flags of a resumed run, checked value by value (loss None, also when --loss is
+    given: each run's loss decides, and a resumed run's saved options are what the flags must fit)."""
     if hasattr(args, "out"):
         if not args.out.strip():
             raise UsageError("--out is empty; give a folder path, or leave --out out for the default folder.")
         check_out_path(Path(args.out), "folder")
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunOptions) if hasattr(args, f.name)}
-    return RunOptions(**({"loss": None} if shared else {}) | given)
+    return RunOptions(**(given | {"loss": None} if shared else given))
 
 
 def sweep_text(text: str) -> str:

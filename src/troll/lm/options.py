@@ -34,6 +34,7 @@ __all__ = [
     "UsageError",
     "bound_name",
     "check_bound_name",
+    "check_run",
     "check_run_folder",
     "check_out_path",
     "check_used",
@@ -182,6 +183,7 @@ class RunOptions:
 
     def resolved(self) -> RunOptions:
         """A copy with the defaults that depend on other fields filled in (the clip options for the clip losses)."""
+        check_run(self)
         bound = self.bound
         clip = {}
         if self.loss in CLIP_LOSSES:
@@ -299,6 +301,15 @@ def warn_deprecated(old: str, new: str, value: str) -> None:
           f"to {new}. Write {new} instead.", file=sys.stderr, flush=True)  # fmt: skip
 
 
+def check_run(opts: RunOptions) -> None:
+    """:class:`UsageError` for shared options (``loss=None``), which are no run of their own."""
+    if opts.loss is None:
+        raise UsageError(
+            "these options have no loss (loss=None: the options a comparison or study shares), so they are no run; "
+            f"give a loss ({', '.join(LOSSES)}), or make each loss's run with for_loss(options, loss)."
+        )
+
+
 def check_values(opts: RunOptions) -> None:
     """Raise :class:`UsageError` for any value TRL or TROLL would reject later (or silently misuse); the one checker
     of :class:`RunOptions`, which calls it when made.
@@ -413,17 +424,19 @@ def _check_applies(opts: RunOptions) -> None:
             )
 
 
-def for_loss(shared: RunOptions, loss: str, **changes) -> RunOptions:
+def for_loss(shared: RunOptions, loss: str, *, own: dict | None = None, **changes) -> RunOptions:
     """The run of ``loss`` in a comparison or study: the ``shared`` options with ``changes`` (its seed, folder, a
     swept value), less those ``loss`` does not use (the other families' bounds, --agg for the clip losses, the clip
-    options for the others), so that one command line can serve every arm. Checked as a run of ``loss``."""
+    options for the others), so that one command line can serve every arm; then ``own``, the options of a study's
+    arm (``clip:clip-eps=0.1``), which are the loss's own (one it ignores is refused, not dropped). Checked as a run
+    of ``loss``, once, with all of them."""
     drop = {name: None for name in BOUNDS if name != bound_name(loss)}
     if loss not in TROLL_LOSSES:
         drop["agg"] = None
     if loss not in CLIP_LOSSES:
         drop.update(clip_eps_high=None, dual_clip=None)
     values = {f.name: getattr(shared, f.name) for f in dataclasses.fields(RunOptions)}
-    return RunOptions(**(values | changes | {"loss": loss} | drop))
+    return RunOptions(**(values | changes | {"loss": loss} | drop | (own or {})))
 
 
 def check_used(opts: RunOptions, losses: list[str], swept: str | None = None) -> None:
@@ -461,11 +474,17 @@ def _check_positive_int(**values: int) -> None:
 
 
 def check_batch_shape(opts: RunOptions) -> None:
-    """The rollout batch must split into whole optimiser batches, and GRPO needs at least two samples a prompt."""
+    """The rollout batch must split into whole optimiser batches, and GRPO needs at least two samples a prompt.
+
+    Shared options (``loss=None``) are checked value by value only: a study's sweep or arm may still set
+    --prompts-per-step, --generations, --steps-per-rollout or --save-every, and a resumed run keeps its saved
+    ones, so how they fit together is checked in each run."""
     if not (_is_int(opts.generations) and opts.generations >= 2):
         raise UsageError(
             f"--generations must be >= 2: GRPO's advantage compares the samples of one prompt, got {opts.generations}."
         )
+    if opts.loss is None:
+        return
     if opts.rollout_size % opts.steps_per_rollout:
         raise UsageError(
             f"a rollout batch of --prompts-per-step {opts.prompts_per_step} x --generations {opts.generations} = "

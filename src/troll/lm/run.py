@@ -37,6 +37,7 @@ from troll.lm.options import (
     RunOptions,
     UsageError,
     bound_name,
+    check_run,
     saved_options,
 )
 from troll.runs import protocol
@@ -136,6 +137,7 @@ def train(opts: RunOptions, *, resume: bool = False, keep_checkpoints: bool = Fa
     """
     import torch
 
+    check_run(opts)  # shared options (loss None) are no run: refused before the folder is touched
     start = time.time()
     torch.set_num_threads(opts.threads)
     out = Path(opts.out)
@@ -147,9 +149,10 @@ def train(opts: RunOptions, *, resume: bool = False, keep_checkpoints: bool = Fa
     )  # fmt: skip
 
 
-def _saved(out: Path) -> RunOptions | None:
-    """The options of a run folder of ``troll train`` (UsageError when damaged), or None when it holds none."""
-    return None if protocol.saved_config(out, COMMAND, key="options") is None else saved_options(out)
+def _saved(out: Path) -> RunOptions:
+    """The options of a run folder of ``troll train``; UsageError saying what is wrong when its config.json is
+    damaged (every run of ``troll train`` is a GRPO run: there is no other kind it could hold)."""
+    return saved_options(out)
 
 
 def _finished(out: Path, opts: RunOptions) -> bool:

@@ -167,9 +167,9 @@ def cell_options(spec: StudySpec, value, arm: str, seed: int, folder: Path) -> R
         raise UsageError(f"--losses {arm} sets the swept option {swept}; sweep it or set it, not both.")
     swept = {spec.sweep_key: value} if spec.sweep_key else {}
     try:
-        # the shared options this loss does not use (other bounds, --agg, ...) dropped, then the arm's own
-        opts = options.for_loss(spec.base, loss, seed=seed, out=str(folder), **swept)
-        opts = dataclasses.replace(opts, **overrides)
+        # the shared options this loss does not use (other bounds, --agg, ...) dropped, then the arm's own: checked
+        # together (an arm's clip-eps= may be what makes the shared --dual-clip fit)
+        opts = options.for_loss(spec.base, loss, own=overrides, seed=seed, out=str(folder), **swept)
     except UsageError as err:
         raise UsageError(f"--losses {arm}: {err}" if overrides else str(err)) from None
     return opts.resolved()
