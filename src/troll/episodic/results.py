@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from pathlib import Path
 
 from troll.runs.files import CONFIG_FILE, write_json
@@ -201,7 +202,8 @@ def figure(studies: list[tuple[str, dict]], key: str, ylabel: str, ylim, path: P
             ax.set_ylim(*ylim)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle(f"{ylabel} of the evaluation against environment steps (mean ± standard error over seeds)")
+    title = f"{ylabel} of the evaluation against environment steps (mean ± standard error over seeds)"
+    fig.suptitle(textwrap.fill(title, 55 * cols), fontsize=10)  # one panel is narrow: the title wraps
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
