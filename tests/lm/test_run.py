@@ -49,3 +49,22 @@ def test_shared_options_are_no_run(tmp_path):
     with pytest.raises(UsageError, match="no loss .* make each loss's run with for_loss"):
         train(shared)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_finished_run_resumed_returns_its_summary_and_ends_its_checkpoints(tmp_path, keep):
+    """A run killed after summary.json and before its checkpoint was removed: resuming it trains nothing (its summary
+    comes back as written) and removes the checkpoint, as the run would have, unless --keep-checkpoints."""
+    from troll.lm import checkpoints
+    from troll.lm.run import write_config
+
+    opts = RunOptions(steps=2, heldout=4, out=str(tmp_path / "run")).resolved()
+    out = tmp_path / "run"
+    runs.begin(out, "train")
+    write_config(opts, fresh=True)
+    runs.release(out)
+    (out / "checkpoint-2").mkdir()
+    checkpoints.mark_complete(out / "checkpoint-2", step=2, metrics_lines=0)
+    runs.write_json(out / "summary.json", {"written": "by the run"})
+    assert train(opts, resume=True, keep_checkpoints=keep) == {"written": "by the run"}
+    assert (out / "checkpoint-2").exists() == keep

@@ -141,10 +141,25 @@ def train(opts: RunOptions, *, resume: bool = False, keep_checkpoints: bool = Fa
     start = time.time()
     torch.set_num_threads(opts.threads)
     out = Path(opts.out)
+
+    def prepare():
+        config, finished = protocol.prepare(
+            opts,
+            out,
+            command=COMMAND,
+            resume=resume,
+            saved=_saved,
+            kind="GRPO",
+            runtime=(*RESUMABLE_FIELDS, "out"),
+            finished=lambda o: _finished(out, o),
+        )
+        if finished and not keep_checkpoints:  # killed after its summary, before its checkpoints were removed
+            checkpoints.remove_all(out)
+        return config, finished
+
     return protocol.run(
         out,
-        lambda: protocol.prepare(opts, out, command=COMMAND, resume=resume, saved=_saved, kind="GRPO",
-                                 runtime=(*RESUMABLE_FIELDS, "out"), finished=lambda o: _finished(out, o)),
+        prepare,
         lambda o: _train(o, out, start, resume=resume, keep_checkpoints=keep_checkpoints, save_model=save_model),
     )  # fmt: skip
 
