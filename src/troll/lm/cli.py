@@ -22,7 +22,6 @@ from troll.lm.flags import (
     DEPRECATED_EPS,
     KL_BOUND_HELP,
     LOSS_HELP,
-    RESUMABLE,
     RUN_ARGS,
     STUDY_DOC,
     TRAIN_DOC,
@@ -32,7 +31,7 @@ from troll.lm.flags import (
     train_bound,
     troll_bound,
 )
-from troll.lm.options import DEFAULT_LOSSES, LOSSES, RunOptions
+from troll.lm.options import DEFAULT_LOSSES, LOSSES, RESUMABLE_FIELDS, RunOptions
 from troll.runs.files import CONFIG_FILE, UsageError
 from troll.study import executors
 
@@ -134,13 +133,14 @@ def resume_options(args: argparse.Namespace) -> RunOptions:
         f.name
         for f in dataclasses.fields(RunOptions)
         if hasattr(args, f.name)
-        and f.name not in RESUMABLE | {"out"}
+        and f.name not in (*RESUMABLE_FIELDS, "out")
         and getattr(args, f.name) != getattr(saved, f.name)
     ]
     if changed:
         names = ", ".join("--" + c.replace("_", "-") for c in changed)
         raise UsageError(f"--resume continues the saved run; {names} differ from its config.json. Drop them.")
-    return dataclasses.replace(saved, **{k: getattr(args, k) for k in RESUMABLE if hasattr(args, k)}, out=args.out)
+    given = {k: getattr(args, k) for k in RESUMABLE_FIELDS if hasattr(args, k)}
+    return dataclasses.replace(saved, **given, out=args.out)
 
 
 def validate(opts: RunOptions) -> None:

@@ -16,7 +16,6 @@ from pathlib import Path
 from troll.lm.options import (
     BOUNDS,
     LOSSES,
-    RESUMABLE_FIELDS,
     TROLL_LOSSES,
     RunOptions,
     bound_name,
@@ -57,10 +56,6 @@ def troll_bound(args: argparse.Namespace) -> None:
         warn_deprecated("--eps", "--kl-bound", f"{args.eps:g}")
         args.kl_bound = args.eps
         del args.eps
-
-
-# Options that may differ from the saved config when resuming (they do not change what was already trained).
-RESUMABLE = set(RESUMABLE_FIELDS)
 
 
 d = DEFAULTS

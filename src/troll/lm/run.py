@@ -148,7 +148,7 @@ def train(opts: RunOptions, *, resume: bool = False, keep_checkpoints: bool = Fa
             out,
             command=COMMAND,
             resume=resume,
-            saved=_saved,
+            saved=saved_options,  # UsageError naming what is wrong in a damaged config.json
             kind="GRPO",
             runtime=(*RESUMABLE_FIELDS, "out"),
             finished=lambda o: _finished(out, o),
@@ -162,12 +162,6 @@ def train(opts: RunOptions, *, resume: bool = False, keep_checkpoints: bool = Fa
         prepare,
         lambda o: _train(o, out, start, resume=resume, keep_checkpoints=keep_checkpoints, save_model=save_model),
     )  # fmt: skip
-
-
-def _saved(out: Path) -> RunOptions:
-    """The options of a run folder of ``troll train``; UsageError saying what is wrong when its config.json is
-    damaged (every run of ``troll train`` is a GRPO run: there is no other kind it could hold)."""
-    return saved_options(out)
 
 
 def _finished(out: Path, opts: RunOptions) -> bool:
