@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -25,6 +26,19 @@ from troll.categorical.distributed import (
 from troll.categorical.sparse import SparseLogProbs
 from troll.output import LossOutput
 
+
+def _two_processes(script: str, args: list[str], *, process_timeout: int, timeout: int) -> dict:
+    """``tests/support/<script>`` under torchrun on 2 gloo processes (one thread each, offline), the result.pt it
+    leaves in ``args[0]``; skipped where torchrun cannot start its process group, failed on any other error."""
+    out = Path(args[0])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
+    env.update(OMP_NUM_THREADS="1", TROLL_TORCHRUN_TIMEOUT=str(process_timeout), HF_HUB_OFFLINE="1")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    code, err = run_script([*torchrun, str(SUPPORT / script), *args], env, timeout=timeout)
+    check_torchrun(code, err, out / "ready")
+    return torch.load(out / "result.pt")
+
+
 # ---------------------------------------------------------------- FSDP2 (fully_shard)
 
 
@@ -32,12 +46,7 @@ from troll.output import LossOutput
 def test_fsdp2_chunked_matches_dense(tmp_path):
     """fully_shard over 2 processes, the LM head its own (resharded) unit: the chunked loss of each share, the
     hidden states' gradient and every parameter's gathered gradient equal the dense fp64 path in one process."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
-    env.update(OMP_NUM_THREADS="1", TROLL_TORCHRUN_TIMEOUT="120", HF_HUB_OFFLINE="1")
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    code, err = run_script([*torchrun, str(SUPPORT / "_torchrun_fsdp.py"), str(tmp_path)], env, timeout=150)
-    check_torchrun(code, err, tmp_path / "ready")
-    result = torch.load(tmp_path / "result.pt")
+    result = _two_processes("_torchrun_fsdp.py", [str(tmp_path)], process_timeout=120, timeout=150)
     assert result["projected_frac"] > 0  # the projection engaged
     assert result["loss"] < 1e-12
     assert result["hidden"] < 1e-12
@@ -53,12 +62,7 @@ def test_fsdp2_trainer_keeps_chunked(tmp_path):
     """TrollGRPOTrainer on a fully_shard model over 2 processes: "chunked" is kept (no fallback), the old policy is
     captured through the gathered head, and the chunked loss and gradients equal the dense path's (fp32)."""
     pytest.importorskip("trl")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
-    env.update(OMP_NUM_THREADS="1", TROLL_TORCHRUN_TIMEOUT="150", HF_HUB_OFFLINE="1")
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    code, err = run_script([*torchrun, str(SUPPORT / "_torchrun_fsdp_trainer.py"), str(tmp_path)], env, timeout=200)
-    check_torchrun(code, err, tmp_path / "ready")
-    result = torch.load(tmp_path / "result.pt")
+    result = _two_processes("_torchrun_fsdp_trainer.py", [str(tmp_path)], process_timeout=150, timeout=200)
     assert result["projected_frac"] > 0
     assert result["loss"] < 1e-5
     assert result["hook_capture"] < 1e-6  # the capture on TRL's scoring forward gathers the sharded head
@@ -82,13 +86,8 @@ def test_zero3_trainer_keeps_chunked(tmp_path, tied):
     released after the backward; and a real train() step goes through."""
     pytest.importorskip("trl")
     pytest.importorskip("deepspeed")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
-    env.update(OMP_NUM_THREADS="1", TROLL_TORCHRUN_TIMEOUT="150", HF_HUB_OFFLINE="1")
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    script = [str(SUPPORT / "_torchrun_zero3_trainer.py"), str(tmp_path)] + (["--tied"] if tied else [])
-    code, err = run_script([*torchrun, *script], env, timeout=200)
-    check_torchrun(code, err, tmp_path / "ready")
-    result = torch.load(tmp_path / "result.pt")
+    args = [str(tmp_path)] + (["--tied"] if tied else [])
+    result = _two_processes("_torchrun_zero3_trainer.py", args, process_timeout=150, timeout=200)
     assert result["fallback_warnings"] == 0
     assert result["capture"] < 1e-5 and result["hook_capture"] < 1e-5
     for loss_type in ("troll", "troll_seq"):
