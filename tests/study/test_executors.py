@@ -215,17 +215,38 @@ def cluster(_booting, monkeypatch):
     return address, _booting.root
 
 
+def _parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
 def _kill_node_of(out: Path, cell: str) -> int:
-    """SIGKILL the raylet of the node running ``cell`` once its first checkpoint exists; returns its pid."""
+    """Lose the node running ``cell`` once its first checkpoint exists, as a machine that dies loses it: every
+    process of the cell at once. Returns the pid of the node's raylet.
+
+    The cell's command is frozen first (SIGSTOP): a Ray worker notices its raylet's death only after about a second,
+    time in which a tiny cell could finish and hand its result back, and the node would not have been lost at all.
+    Then the raylet and the worker are killed; the frozen command dies with the worker (its parent-death signal)."""
     deadline = time.monotonic() + 120
     while not any((out / cell).glob("checkpoint-*.pt")):  # a run keeps only its newest checkpoint
         assert time.monotonic() < deadline, "the cell never wrote its first checkpoint"
         time.sleep(0.01)
     holder = json.loads((out / f"{cell}.lease").read_text())["pid"]  # the Ray worker running the cell
-    raylet = int(Path(f"/proc/{holder}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    commands = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _safe_parent(p.name) == holder]
+    assert len(commands) == 1, f"the worker {holder} runs {len(commands)} commands, not one"
+    os.kill(commands[0], signal.SIGSTOP)
+    raylet = _parent_of(holder)
     assert "raylet" in Path(f"/proc/{raylet}/cmdline").read_bytes().decode(), "the worker's parent is not a raylet"
     os.kill(raylet, signal.SIGKILL)
+    os.kill(holder, signal.SIGKILL)
     return raylet
+
+
+def _safe_parent(pid: str) -> int | None:
+    """The parent of a process that may end while it is read (None then)."""
+    try:
+        return _parent_of(int(pid))
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 # ---------------------------------------------------------------- the sbatch script
