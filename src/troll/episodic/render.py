@@ -67,8 +67,10 @@ def check_gl() -> None:
 
 class FrameGrabber:
     """Frames of one MuJoCo simulator ``sim`` (``model``, ``data``) at ``width`` x ``height``, from its first
-    named camera of :data:`CAMERAS`, or else a free camera looking 60 degrees down at the bodies' centre from
-    2.5 times their spread (at least 0.5 m; MuJoCo's default frames the whole floor, where Reacher is a speck)."""
+    named camera of :data:`CAMERAS`; else from the free camera the simulator names as ``VIEW`` (lookat, distance,
+    elevation, azimuth), for a scene whose bodies' spread is not where the task happens (box pushing's cage); else
+    a free camera looking 60 degrees down at the bodies' centre from 2.5 times their spread (at least 0.5 m;
+    MuJoCo's default frames the whole floor, where Reacher is a speck)."""
 
     def __init__(self, sim, *, width: int, height: int):
         import mujoco
@@ -83,11 +85,15 @@ class FrameGrabber:
         names = [sim.model.camera(i).name for i in range(sim.model.ncam)]
         self.camera = next((c for c in CAMERAS if c in names), None)
         if self.camera is None:
-            bodies = np.asarray(sim.data.xpos[1:]) if sim.model.nbody > 1 else np.zeros((1, 3))
             self.camera = mujoco.MjvCamera()
-            self.camera.lookat[:] = bodies.mean(0)
-            self.camera.distance = max(0.5, 2.5 * float(np.ptp(bodies, axis=0).max()))
-            self.camera.elevation, self.camera.azimuth = -60.0, 90.0
+            if getattr(sim, "VIEW", None) is not None:
+                lookat, self.camera.distance, self.camera.elevation, self.camera.azimuth = sim.VIEW
+                self.camera.lookat[:] = lookat
+            else:
+                bodies = np.asarray(sim.data.xpos[1:]) if sim.model.nbody > 1 else np.zeros((1, 3))
+                self.camera.lookat[:] = bodies.mean(0)
+                self.camera.distance = max(0.5, 2.5 * float(np.ptp(bodies, axis=0).max()))
+                self.camera.elevation, self.camera.azimuth = -60.0, 90.0
 
     def grab(self) -> np.ndarray:
         """(height, width, 3) uint8 of the simulator's current state."""
