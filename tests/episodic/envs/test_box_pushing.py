@@ -283,3 +283,58 @@ def test_missing_or_damaged_assets_name_the_install_step(monkeypatch):
     monkeypatch.setattr(sim_mod, "asset_files", lambda: (root, {**files, "push_box.xml": "0" * 43}))
     with pytest.raises(AssetError, match=r"push_box\.xml is damaged.*--force-reinstall --no-deps fancy-gym==0\.3\.0"):
         sim_mod.load_model()
+
+
+REINSTALL = "pip install --force-reinstall --no-deps fancy-gym==0.3.0"  # pip skips an installed 0.3.0 without it
+
+
+@pytest.fixture
+def wheel_copy(tmp_path, monkeypatch):
+    """A copy of the installed fancy-gym wheel's dist-info and box-pushing assets, laid out as in site-packages under
+    tmp_path / "site", which importlib.metadata.distribution("fancy-gym") then returns: a test damages the copy."""
+    import importlib.metadata
+    import shutil
+
+    real = importlib.metadata.distribution
+    dist = real("fancy-gym")
+    info = next(f for f in dist.files if f.name == "RECORD").parent
+    site = tmp_path / "site"
+    shutil.copytree(Path(str(dist.locate_file(info))), site / info)
+    shutil.copytree(Path(str(dist.locate_file(sim_mod.ASSETS))), site / sim_mod.ASSETS)
+    copy = importlib.metadata.PathDistribution(site / info)
+    monkeypatch.setattr(importlib.metadata, "distribution", lambda name: copy if name == "fancy-gym" else real(name))
+    sim_mod.read_assets()  # the intact copy loads
+    return site, site / info / "RECORD"
+
+
+def _train_fails_before_writing(tmp_path, capsys, message: str) -> None:
+    from troll.cli import main
+
+    out = tmp_path / "run"
+    code = main(["tce", "train", "--env", NAMES[0], "--workers", "0", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and not out.exists(), err
+    assert message in err and REINSTALL in err, err
+
+
+def test_a_deleted_mesh_names_the_reinstall_command(wheel_copy, tmp_path, capsys):
+    site, _ = wheel_copy
+    mesh = site / sim_mod.ASSETS / "meshes/panda/link3.stl"
+    mesh.unlink()
+    with pytest.raises(AssetError, match=rf"link3\.stl cannot be read .*{REINSTALL}"):
+        sim_mod.load_model()
+    _train_fails_before_writing(tmp_path, capsys, "link3.stl cannot be read")
+    assert not mesh.exists()  # nothing restored or written in its place
+
+
+@pytest.mark.parametrize("damage", ["no RECORD", "no model in RECORD"])
+def test_a_record_without_the_model_names_the_reinstall_command(wheel_copy, tmp_path, capsys, damage):
+    _, record = wheel_copy
+    if damage == "no RECORD":
+        record.unlink()
+    else:
+        lines = record.read_text().splitlines(keepends=True)
+        record.write_text("".join(line for line in lines if "box_pushing/assets/box_pushing.xml" not in line))
+    with pytest.raises(AssetError, match=rf"record lists no .*box_pushing\.xml; reinstall: {REINSTALL}"):
+        sim_mod.asset_files()
+    _train_fails_before_writing(tmp_path, capsys, "record lists no")
