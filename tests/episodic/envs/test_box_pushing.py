@@ -260,8 +260,13 @@ def test_make_env_runs_episodes_in_workers():
 def test_options_are_checked():
     assert check_options(NAMES[0], {"context": "full", "random_init": False}) == {"context": "full",
                                                                                   "random_init": False}  # fmt: skip
-    for bad in ({"context": "all"}, {"random_init": 1}, {"kp": 2.0}, {"backend": "envpool"}):
-        with pytest.raises(ValueError, match="box-pushing"):
+    wrong = [({"context": "all"}, "option 'context' must be 'mask' or 'full', got 'all'"),
+             ({"random_init": 1}, "option 'random_init' must be true or false, got 1"),
+             ({"kp": 2.0}, "unknown option 'kp'. This env takes: random_init, context, backend"),
+             ({"backend": "envpool"}, r"has one backend, 'python': troll's own Python env \(box_pushing_sim\.py\) "
+                                      "steps MuJoCo")]  # fmt: skip
+    for bad, words in wrong:
+        with pytest.raises(ValueError, match=f"^{NAMES[0]}: .*{words}"):
             make_env(NAMES[0], num_episodes=1, workers=0, **bad)
     runner = BoxPushingRunner(BoxPushingConfig(random_init=False))
     context, _, _ = runner.reset(0, 5)

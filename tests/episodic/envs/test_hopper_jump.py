@@ -197,7 +197,8 @@ def test_registry_builds_it_with_the_documented_sizes():
 @pytest.mark.parametrize(
     "options, words",
     [({"kp": -1.0}, "'kp'"), ({"kd": float("nan")}, "'kd'"), ({"context": "all"}, "'context'"),
-     ({"gain": 1.0}, "unknown option 'gain'"), ({"backend": "envpool"}, "backend")],
+     ({"gain": 1.0}, "unknown option 'gain'"),
+     ({"backend": "envpool"}, r"one backend, 'python': troll's own Python env \(hopper_jump_sim\.py\) steps MuJoCo")],
 )  # fmt: skip
 def test_options_are_checked(options, words):
     with pytest.raises(ValueError, match=words):
