@@ -1,10 +1,9 @@
 """Box pushing (envs/box_pushing.py, box_pushing_sim.py) against fancy_gym 0.3.0 itself, term by term, and in use.
 
 The golden data (tests/episodic/envs/data/box_pushing_golden.npz) was recorded from fancy_gym 0.3.0 on mujoco 2.3.3 by
-tests/support/record_box_pushing.py. Run on mujoco 2.3.3 beside fancy_gym, this code gives the same observations to
-the last bit and the same rewards to 1e-13 (checked when it was recorded); here it runs on mujoco 3.3, whose solver
-differs in rounding. The tolerances below are the
-differences measured on mujoco 3.3.0 with a margin, each with its reason.
+tests/support/record_box_pushing.py. This code runs on mujoco 3.3.0, whose solver rounds differently, and is compared
+with the recording at every step; the tolerances below are the differences measured on mujoco 3.3.0 with a margin,
+each with its reason.
 """
 
 import numpy as np

@@ -296,8 +296,8 @@ def offline_ik(model, data, body: int, pos_d: np.ndarray, quat_d: np.ndarray) ->
         high, low = q > Q_MAX - IK_LIMIT_MARGIN, q < Q_MIN + IK_LIMIT_MARGIN
         null[high] += IK_LIMIT_GAIN * (Q_MAX - IK_LIMIT_MARGIN - q)[high]
         null[low] += IK_LIMIT_GAIN * (Q_MIN + IK_LIMIT_MARGIN - q)[low]
-        # J W J^T and W J^T with fancy_gym's weight W = I written out: the products then round as its do (a
-        # transposed view and a copy sum in different orders), and the reset matches it to the last bit
+        # J W J^T and W J^T with fancy_gym's weight W = I written out: the products then round as fancy_gym's do
+        # (a transposed view and a copy sum in different orders)
         eye = np.eye(7)
         task = np.linalg.solve((jac @ eye) @ jac.T + IK_DAMPING * np.eye(6), IK_GAIN * err - jac @ null)
         qd_d = (eye @ jac.T) @ task + null
