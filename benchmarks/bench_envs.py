@@ -1,4 +1,4 @@
-"""Environment throughput: env steps per second of each episodic environment, on both backends (EnvPool and the
+r"""Environment throughput: env steps per second of each episodic environment, on both backends (EnvPool and the
 Python package, for Reacher and Meta-World), on one core and on N.
 
 For each environment, backend and mode (python: ``workers=0``, every episode in this process, or ``workers=N``
@@ -8,19 +8,23 @@ each round (so that a change of a shared machine's load falls on all of them ali
 and run seconds, the whole batch (what a TCE iteration spends in the environment; on EnvPool it includes building
 the pool, which every reset does: envpool_backend.py), env steps per second of the run (E * T / run seconds) and of
 the batch (E * T / batch seconds); for the one-core modes also per CPU second of this process (EnvPool's threads
-included), of the run and of the batch (reset + run, a pool build included): what one idle core would do whatever
-else the machine runs. The desired trajectory is a smooth move away from the start (the toy: its hand-made
-via-point solution), so that the controllers work as in training. The toy env is vectorised in-process and has a
-single mode. With envpool among the backends each env also gets a row of EnvPool alone (its own pool stepped with
-random actions on one thread, no project code): the simulator's ceiling against which the EnvPool rows' overhead shows.
-Hopper jump (one simulator, the Python package) gets a row of MuJoCo alone on its model instead (mj_step with random
-commands, no project code): its "python, one process" row per CPU second should stay within 20 % of it.
-Box pushing (Python only) gets a row of MuJoCo alone instead: the same episodes' joint torques replayed by
-``mj_step`` from the same starts, no controller, rewards or observations; the line printed after the table gives
-the env's run steps per CPU second as a share of it (the env code's overhead).
+included), of the run and of the batch (reset + run, a pool build included; the desired trajectory, the algorithm's
+work, is not counted), and the reset's share of the batch's CPU time: what one idle core would do whatever else the
+machine runs. The desired trajectory is a smooth move away from the start (the toy: its hand-made via-point
+solution), so that the controllers work as in training. The toy env is vectorised in-process and has a single mode.
+With envpool among the backends each env also gets a row of EnvPool alone (its own pool stepped with random actions
+on one thread, no project code): the simulator's ceiling against which the EnvPool rows' overhead shows.
+Hopper jump and box pushing (Python only) get a row of MuJoCo alone instead: the commands the env's own episodes
+(the same seeds and trajectory) gave MuJoCo, recorded in an untimed pass, replayed by ``mj_step`` from the same
+starts (ending in the env's final states, checked), without the controller, observations, rewards or reset. The
+lines printed after the table give the env's one-process steps per CPU second as shares of it, of the run alone and
+of whole episodes (reset + run), and the reset's share of an episode (box pushing's reset runs fancy_gym's inverse
+kinematics: docs/tce-tasks.md).
 
     OMP_NUM_THREADS=1 python benchmarks/bench_envs.py                       # all, E = 16 (toy: 1024), 2 workers
     OMP_NUM_THREADS=1 python benchmarks/bench_envs.py --quick               # push, reach, reacher: E = 4, 1 core
+    OMP_NUM_THREADS=1 python benchmarks/bench_envs.py --envs fancy/hopper-jump fancy/box-pushing-dense \
+        fancy/box-pushing-sparse --workers 0 --repeats 5                      # the fancy/* envs, one process
 Writes benchmarks/results/bench_envs.csv (--quick: bench_envs-quick.csv) and prints a markdown table. The load
 average printed with each row says how busy the machine was: on a shared machine the figures are preliminary.
 """
@@ -51,7 +55,7 @@ DEFAULT_ENVS = (
     "fancy/box-pushing-dense",
     "fancy/box-pushing-sparse",
 )
-BOX = ("fancy/box-pushing-dense", "fancy/box-pushing-sparse")
+FANCY = ("fancy/hopper-jump", "fancy/box-pushing-dense", "fancy/box-pushing-sparse")  # Python only, vs MuJoCo alone
 QUICK_ENVS = ("metaworld/push-v3", "metaworld/reach-v3", "gym/reacher", "fancy/hopper-jump")
 
 
@@ -89,27 +93,28 @@ def measure(name: str, cells: list[tuple[str, int]], *, episodes: int, repeats: 
             options = {} if name.startswith("toy/") else {"backend": backend}
             envs.append(make_env(name, num_episodes=episodes, workers=workers, **options))
             builds.append(time.perf_counter() - t0)
-        times = [{"reset": [], "run": [], "cpu": [], "batch_cpu": [], "load": []} for _ in cells]
+        times = [{"reset": [], "run": [], "cpu": [], "reset_cpu": [], "load": []} for _ in cells]
         for r in range(repeats + 1):
             for k in range(len(cells)):
                 i = (k + r) % len(cells)
                 t0, c0 = time.perf_counter(), time.process_time()
                 start = envs[i].reset(seed=r)
-                t1 = time.perf_counter()
-                pos, vel = trajectory(envs[i], start)
+                t1, c1 = time.perf_counter(), time.process_time()
+                pos, vel = trajectory(envs[i], start)  # not timed: the algorithm's work, not the env's
                 t2, c2 = time.perf_counter(), time.process_time()
                 envs[i].run(pos, vel)
                 t3, c3 = time.perf_counter(), time.process_time()
                 if r:
-                    values = (t1 - t0, t3 - t2, c3 - c2, c3 - c0, os.getloadavg()[0])
-                    for key, value in zip(("reset", "run", "cpu", "batch_cpu", "load"), values):
+                    values = (t1 - t0, t3 - t2, c3 - c2, c1 - c0, os.getloadavg()[0])
+                    for key, value in zip(("reset", "run", "cpu", "reset_cpu", "load"), values):
                         times[i][key].append(value)
     finally:
         for env in envs:
             env.close()
     rows = []
     for (backend, workers), env, build, t in zip(cells, envs, builds, times):
-        reset_s, run_s, cpu_s, batch_cpu_s = (statistics.median(t[k]) for k in ("reset", "run", "cpu", "batch_cpu"))
+        reset_s, run_s, cpu_s, reset_cpu_s = (statistics.median(t[k]) for k in ("reset", "run", "cpu", "reset_cpu"))
+        batch_cpu_s = statistics.median(a + b for a, b in zip(t["reset_cpu"], t["cpu"]))
         mode, one_core = _mode(name, backend, workers)
         steps = episodes * env.horizon
         rows.append({
@@ -126,6 +131,8 @@ def measure(name: str, cells: list[tuple[str, int]], *, episodes: int, repeats: 
             # one-core modes only: CPU time of this process, i.e. what the run would take on an idle core
             "steps_per_cpu_s": round(steps / cpu_s) if one_core else "",
             "batch_steps_per_cpu_s": round(steps / batch_cpu_s) if one_core else "",
+            "reset_share_cpu": round(statistics.median(a / (a + b) for a, b in zip(t["reset_cpu"], t["cpu"])), 3)
+                               if one_core else "",
             "load_avg_1min": round(statistics.median(t["load"]), 2),
         })  # fmt: skip
     return rows
@@ -140,7 +147,7 @@ def alone_row(name: str, mode: str, workers: int, episodes: int, horizon: int, w
         "env": name, "mode": mode, "workers": workers,
         "episodes x steps": f"{episodes} x {horizon}", "build_s": "", "reset_s": "", "run_s": round(wall, 3),
         "batch_s": "", "steps_per_s": round(steps / wall), "batch_steps_per_s": "",
-        "steps_per_cpu_s": round(steps / cpu), "batch_steps_per_cpu_s": "",
+        "steps_per_cpu_s": round(steps / cpu), "batch_steps_per_cpu_s": "", "reset_share_cpu": "",
         "load_avg_1min": round(statistics.median(loads), 2),
     }  # fmt: skip
 
@@ -177,87 +184,98 @@ def raw_envpool(name: str, *, episodes: int, repeats: int) -> dict:
     return alone_row(name, "EnvPool alone, random actions, 1 thread", 1, episodes, horizon - 1, walls, cpus, loads)
 
 
-def raw_mujoco_hopper(*, episodes: int, repeats: int) -> dict:
-    """MuJoCo alone on hopper jump's model, no project code: ``episodes`` episodes of 250 steps (4 substeps each)
-    from the 1.5 m start, each step setting a uniform random command in [-1, 1] and calling mj_step, ``repeats``
-    times after a warm-up; the ceiling of the "python, one process" row (medians, per CPU second)."""
+def _runner(name: str):
+    """The episodic runner of a fancy/* env, in this process (what a worker of make_env builds)."""
+    if name == "fancy/hopper-jump":
+        from troll.episodic.envs.hopper_jump import HopperJumpConfig
+        from troll.episodic.envs.hopper_jump_sim import HopperJumpRunner
+
+        return HopperJumpRunner(HopperJumpConfig())
+    from troll.episodic.envs.box_pushing import BoxPushingConfig, BoxPushingRunner
+
+    return BoxPushingRunner(BoxPushingConfig(sparse=name.endswith("-sparse")))
+
+
+def _commands(runner, seeds: list[int], pos, vel) -> tuple[list[list[tuple]], list]:
+    """The (command, substeps) of every mj_step call of the runner's episodes (E, T+1, D desired trajectories),
+    recorded by wrapping mujoco.mj_step for one untimed pass (both simulators look it up when they step), and the
+    qpos each episode ends in."""
     import mujoco
-    import numpy as np
 
-    from troll.episodic.envs import hopper_jump as hj
+    real, calls, ends = mujoco.mj_step, [], []
 
-    model = mujoco.MjModel.from_xml_path(str(hj.model_path()))
-    data = mujoco.MjData(model)
-    actions = np.random.default_rng(0).uniform(-1, 1, (hj.HORIZON, 3))
-    walls, cpus, loads = [], [], []
-    for r in range(repeats + 1):
-        t0, c0 = time.perf_counter(), time.process_time()
-        for _ in range(episodes):
-            mujoco.mj_resetData(model, data)
-            data.qpos[1] = hj.START_Z
-            mujoco.mj_forward(model, data)
-            for t in range(hj.HORIZON):
-                data.ctrl[:] = actions[t]
-                mujoco.mj_step(model, data, 4)
-        if r:
-            walls.append(time.perf_counter() - t0)
-            cpus.append(time.process_time() - c0)
-            loads.append(os.getloadavg()[0])
-    mode = "MuJoCo alone, random commands, one process"
-    return alone_row("fancy/hopper-jump", mode, 0, episodes, hj.HORIZON, walls, cpus, loads)
+    def record(model, data, nstep=1):
+        calls[-1].append((data.ctrl.copy(), nstep))
+        real(model, data, nstep)
+
+    mujoco.mj_step = record
+    try:
+        for e, seed in enumerate(seeds):
+            calls.append([])
+            runner.run(e, seed, pos[e], vel[e])
+            ends.append(runner.sim.data.qpos.copy())
+    finally:
+        mujoco.mj_step = real
+    return calls, ends
 
 
 def raw_mujoco(name: str, *, episodes: int, repeats: int) -> dict:
-    """MuJoCo alone on the box-pushing model: the episodes the env's rows run (the same seeds and trajectory), their
-    joint torques recorded in an untimed pass, then replayed from the same starts by ``mj_step`` (10 substeps) with
-    nothing else: the same physics without the env code (controller, bias forces, observations, rewards, checks)."""
+    """MuJoCo alone on a fancy/* env's own model: the episodes the env's rows run (the same seeds and trajectory),
+    their commands recorded in an untimed pass, then replayed from the same starts by ``mj_step`` (the same
+    substeps) with nothing else: the same physics without the env code (controller, bias forces, observations,
+    rewards, checks) and without the reset (box pushing's inverse kinematics), which the row does not time."""
     import types
 
     import mujoco
     import numpy as np
 
     from troll.episodic.envs.base import EpisodeStart, episode_seeds
-    from troll.episodic.envs.box_pushing import BoxPushingConfig, BoxPushingTask, pd_action
-    from troll.episodic.envs.box_pushing_sim import DT, FRAME_SKIP, HORIZON
 
-    task = BoxPushingTask(BoxPushingConfig(sparse=name.endswith("-sparse")))
-    d, shape = task.sim.data, types.SimpleNamespace(name=name, dof=7, horizon=HORIZON, dt=DT)
+    runner = _runner(name)
+    spec = runner.spec
+    model, data = runner.sim.model, runner.sim.data
+    shape = types.SimpleNamespace(name=name, dof=spec.dof, horizon=spec.horizon, dt=spec.dt)
     walls, cpus, loads = [], [], []
-    for r in range(repeats + 1):
-        seeds = episode_seeds(r, episodes)
-        q0 = torch.tensor(np.stack([task.start(s)[:7] for s in seeds]))
-        pos, vel = (x.numpy() for x in trajectory(shape, EpisodeStart(q0, q0, torch.zeros_like(q0))))
-        torques = np.empty((episodes, HORIZON, 7))
-        for e, s in enumerate(seeds):  # untimed: the torques the env applies
-            task.start(s)
-            for t in range(HORIZON):
-                task.step(pd_action(pos[e, t + 1], vel[e, t + 1], d.qpos[:7], d.qvel[:7]))
-                torques[e, t] = d.ctrl
-        wall = cpu = 0.0
-        for e, s in enumerate(seeds):
-            task.start(s)
-            t0, c0 = time.perf_counter(), time.process_time()
-            for t in range(HORIZON):
-                d.ctrl[:] = torques[e, t]
-                mujoco.mj_step(task.sim.model, d, nstep=FRAME_SKIP)
-            wall, cpu = wall + time.perf_counter() - t0, cpu + time.process_time() - c0
-        if r:
-            walls.append(wall)
-            cpus.append(cpu)
-            loads.append(os.getloadavg()[0])
-    return alone_row(name, "MuJoCo alone, the same torques, one process", 0, episodes, HORIZON, walls, cpus, loads)
+    try:
+        for r in range(repeats + 1):
+            seeds = episode_seeds(r, episodes)
+            q0 = torch.tensor(np.stack([runner.reset(e, s)[1] for e, s in enumerate(seeds)]))
+            pos, vel = (x.numpy() for x in trajectory(shape, EpisodeStart(q0, q0, torch.zeros_like(q0))))
+            commands, ends = _commands(runner, seeds, pos, vel)
+            wall = cpu = 0.0
+            for e, seed in enumerate(seeds):
+                runner.reset(e, seed)
+                t0, c0 = time.perf_counter(), time.process_time()
+                for command, nstep in commands[e]:
+                    data.ctrl[:] = command
+                    mujoco.mj_step(model, data, nstep)
+                wall, cpu = wall + time.perf_counter() - t0, cpu + time.process_time() - c0
+                if not np.array_equal(data.qpos, ends[e]):  # the replay is the env's episode, to the bit
+                    raise RuntimeError(f"{name}: replaying episode {e}'s commands ended elsewhere than the env")
+            if r:
+                walls.append(wall)
+                cpus.append(cpu)
+                loads.append(os.getloadavg()[0])
+    finally:
+        runner.close()
+    mode = "MuJoCo alone, the env's commands, one process"
+    return alone_row(name, mode, 0, episodes, spec.horizon, walls, cpus, loads)
 
 
 def overhead_lines(rows: list[dict]) -> list[str]:
-    """For each box-pushing env: its one-process run steps per CPU second as a share of MuJoCo alone's."""
+    """For each fancy/* env: its one-process steps per CPU second, stepping alone (run) and in whole episodes (reset
+    + run), as shares of MuJoCo alone's, and the reset's share of an episode's CPU time."""
     lines = []
-    for name in BOX:
+    for name in FANCY:
         env = [r for r in rows if r["env"] == name and r["mode"] == "python, one process"]
         raw = [r for r in rows if r["env"] == name and r["mode"].startswith("MuJoCo alone")]
         if env and raw:
-            share = env[0]["steps_per_cpu_s"] / raw[0]["steps_per_cpu_s"]
-            lines.append(f"{name}: the env runs {env[0]['steps_per_cpu_s']} steps per CPU second, MuJoCo alone "
-                         f"{raw[0]['steps_per_cpu_s']}: {share:.0%} of it ({1 - share:+.0%} overhead)")  # fmt: skip
+            (env,), ceiling = env, raw[0]["steps_per_cpu_s"]
+            run, whole = env["steps_per_cpu_s"], env["batch_steps_per_cpu_s"]
+            lines.append(f"{name}: steps per CPU second, MuJoCo alone {ceiling}; the env's run {run} "
+                         f"({run / ceiling:.0%} of it), its whole episodes (reset + run) {whole} "
+                         f"({whole / ceiling:.0%}); the reset takes {env['reset_share_cpu']:.1%} of an episode's CPU "
+                         "time")  # fmt: skip
     return lines
 
 
@@ -266,7 +284,8 @@ def main() -> None:
     parser.add_argument("--envs", nargs="+", default=list(DEFAULT_ENVS))
     parser.add_argument("--episodes", type=int, default=16, help="E for the MuJoCo envs (TCE: 16 on Meta-World)")
     parser.add_argument("--toy-episodes", type=int, default=1024)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=2, help="processes of the multi-process rows (0: none, "
+                        "the one-process rows alone)")  # fmt: skip
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads in this process")
     parser.add_argument("--backends", default="envpool,python", help="backends of gym/* and metaworld/* "
@@ -274,7 +293,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="push-v3, reach-v3, reacher; E = 4, one core, 1 repeat")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    envs, modes, repeats = args.envs, (0, args.workers), args.repeats
+    envs, modes, repeats = args.envs, (0, args.workers) if args.workers else (0,), args.repeats
     if args.quick:
         envs, modes, repeats, args.episodes = QUICK_ENVS, (0,), 1, 4
     rows = []
@@ -282,7 +301,7 @@ def main() -> None:
         if name.startswith("toy/"):
             rows += measure(name, [("python", 0)], episodes=args.toy_episodes, repeats=repeats)
             continue
-        if name in BOX:  # Python only: compared with MuJoCo stepping the same model
+        if name in FANCY:  # Python only: compared with MuJoCo stepping the same model with the same commands
             rows += measure(name, [("python", w) for w in modes], episodes=args.episodes, repeats=repeats)
             rows.append(raw_mujoco(name, episodes=args.episodes, repeats=repeats))
             continue
@@ -291,8 +310,6 @@ def main() -> None:
         rows += measure(name, list(dict.fromkeys(cells)), episodes=args.episodes, repeats=repeats)
         if "envpool" in backends:
             rows.append(raw_envpool(name, episodes=args.episodes, repeats=repeats))
-        if name == "fancy/hopper-jump":
-            rows.append(raw_mujoco_hopper(episodes=args.episodes, repeats=repeats))
     out = quick_path(RESULTS / "bench_envs.csv") if args.quick else RESULTS / "bench_envs.csv"
     write_results(rows, out, f"# episodic env throughput ({os.cpu_count()} cores)")
     for line in overhead_lines(rows):

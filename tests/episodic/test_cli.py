@@ -180,6 +180,28 @@ def test_bad_input_exits_2_naming_the_flag_and_writes_nothing(tmp_path, capsys, 
     assert not out.exists()
 
 
+def test_ppo_refusals_name_exactly_the_envs_ppo_runs_on():
+    """Every env --algo ppo refuses names, in its message, the envs check_env lets ppo run on (Meta-World's as
+    metaworld/<task>), and only those."""
+    import re
+
+    from troll.episodic.envs.registry import ENV_NAMES, METAWORLD
+    from troll.runs.files import UsageError
+
+    accepted, refusals = set(), []
+    for name in ENV_NAMES:
+        try:
+            opts.check_env(name, "ppo")
+            accepted.add("metaworld/<task>" if name in METAWORLD else name)
+        except UsageError as err:
+            refusals.append(str(err))
+    assert len(refusals) == len(opts.TOY_ENVS + opts.TCE_ONLY_ENVS) and "fancy/box-pushing-dense" in accepted
+    for message in refusals:
+        listed = re.search(r"troll's PPO steps (.+?) only", message)
+        assert listed, message
+        assert set(re.split(r", | and ", listed[1])) == accepted, message
+
+
 def test_resume_needs_out_and_out_may_not_be_empty(tmp_path, capsys, monkeypatch):
     code, _, err = cli(capsys, "train", "--resume")
     assert code == 2 and "--resume needs --out, the run folder to continue" in err

@@ -39,7 +39,7 @@ def action_sequences() -> np.ndarray:
     zeros = np.zeros((250, 3))
     uniform = rng.uniform(-1, 1, (250, 3))
     push = 0.6 * rng.uniform(-1, 1, (250, 3))
-    push[60:90] = [-1.0, -1.0, 1.0]  # crouch, then extend: a jump with a landing
+    push[60:90] = [-1.0, -1.0, 1.0]  # crouch, then extend: a hop that lands (under the start)
     push[90:110] = [1.0, 1.0, -1.0]
     return np.stack([zeros, uniform, push])
 

@@ -134,6 +134,15 @@ def check_algo(name: str, option: str = "--algo") -> str:
     return name
 
 
+def ppo_envs() -> str:
+    """The envs :func:`check_env` lets ppo run on, as its messages name them: every env but TOY_ENVS and
+    TCE_ONLY_ENVS, Meta-World's 50 as one entry."""
+    from troll.episodic.envs.registry import ENV_NAMES, METAWORLD
+
+    names = [n for n in ENV_NAMES if n not in TOY_ENVS + TCE_ONLY_ENVS + METAWORLD]
+    return ", ".join(names) + " and metaworld/<task>"
+
+
 def check_env(name: str, algo: str | None = None) -> str:
     """A known env name (with a close match otherwise); ppo needs a step interface (not the toy task)."""
     from troll.episodic.envs.registry import ENV_NAMES, METAWORLD_TASKS
@@ -150,11 +159,11 @@ def check_env(name: str, algo: str | None = None) -> str:
     if algo == "ppo" and name in TOY_ENVS:
         raise UsageError(
             f"--algo ppo needs a step-based env, and {name} has none (the toy task simulates whole trajectories in "
-            "torch); run ppo on gym/* or metaworld/*, or tce / bbrl here."
+            f"torch); troll's PPO steps {ppo_envs()} only: run ppo there, or tce / bbrl here."
         )
     if algo == "ppo" and name in TCE_ONLY_ENVS:
-        raise UsageError(f"--algo ppo is not available on {name} (troll's PPO steps gym/* and metaworld/* only); run "
-                         "tce, bbrl or bbrl-cov there.")  # fmt: skip
+        raise UsageError(f"--algo ppo is not available on {name} (troll's PPO steps {ppo_envs()} only); run tce, bbrl "
+                         "or bbrl-cov there.")  # fmt: skip
     return name
 
 

@@ -161,6 +161,8 @@ def test_make_env_errors():
         make_env("metaworld/push-v3", num_episodes=2, gian=10.0)
     with pytest.raises(ValueError, match="kp"):
         make_env("gym/reacher", num_episodes=2, workers=0, kp=-1.0)
+    with pytest.raises(ValueError, match=r"toy/viapoint has one backend, 'python': the task is torch code"):
+        make_env("toy/viapoint", num_episodes=2, backend="envpool")
     assert len(ENV_NAMES) == 57
 
 

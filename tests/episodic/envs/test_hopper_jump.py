@@ -80,10 +80,15 @@ def test_steps_match_fancy_gym(golden, sim, k):
                                rtol=0, atol=1e-15)  # fmt: skip
 
 
-def test_recordings_cover_a_landing_and_a_jump(golden):
-    """The recorded sequences exercise every term: a first landing (d_land set) in each, and the max height."""
+def test_recordings_cover_a_landing_but_no_jump(golden):
+    """Every recorded action sequence lands (d_land set at its end), so the landing term is compared step by step.
+    None jumps: every recorded episode, tracked ones included, peaks at its first step's height, under the 1.5 m start,
+    so the max-height term is compared below the start only. Comparing a jump needs a new recording, made by
+    tests/support/record_hopper_jump.py in fancy_gym's own environment; the search test below jumps, unrecorded."""
     assert np.all(golden["step_info_contact_dist"][:, -1] > 0)
-    assert golden["track_rewards"].shape == (3, 250)
+    np.testing.assert_array_equal(golden["step_info_max_height"][:, -1], golden["step_info_height"][:, 0])
+    assert np.all(golden["track_obs"][:, :, 1].argmax(1) == 0)  # the states after each step: first step highest
+    assert np.all(golden["step_info_max_height"] < hj.START_Z) and np.all(golden["track_obs"][:, :, 1] < hj.START_Z)
 
 
 @pytest.mark.parametrize("k", [0, 1, 2])
@@ -197,7 +202,8 @@ def test_registry_builds_it_with_the_documented_sizes():
 @pytest.mark.parametrize(
     "options, words",
     [({"kp": -1.0}, "'kp'"), ({"kd": float("nan")}, "'kd'"), ({"context": "all"}, "'context'"),
-     ({"gain": 1.0}, "unknown option 'gain'"), ({"backend": "envpool"}, "backend")],
+     ({"gain": 1.0}, "unknown option 'gain'"),
+     ({"backend": "envpool"}, r"one backend, 'python': troll's own Python env \(hopper_jump_sim\.py\) steps MuJoCo")],
 )  # fmt: skip
 def test_options_are_checked(options, words):
     with pytest.raises(ValueError, match=words):
@@ -286,7 +292,11 @@ def test_ppo_is_refused_and_a_study_defaults_to_tce_and_bbrl():
     from troll.episodic import flags as opts
     from troll.runs.files import UsageError
 
-    with pytest.raises(UsageError, match="--algo ppo is not available on fancy/hopper-jump"):
+    with pytest.raises(
+        UsageError,
+        match=r"--algo ppo is not available on fancy/hopper-jump \(troll's PPO steps "
+        r"gym/reacher, .*fancy/box-pushing-sparse and metaworld/<task> only\)",
+    ):
         opts.check_env("fancy/hopper-jump", "ppo")
     assert opts.check_env("fancy/hopper-jump", "bbrl") == "fancy/hopper-jump"
     from argparse import Namespace

@@ -32,9 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
+from troll.episodic.envs.fancy_wheel import INSTALL_STEP, REINSTALL_STEP, WHEEL, WHEEL_VERSION
+
 HORIZON, FRAME_SKIP, DT = 100, 10, 0.02  # fancy_gym's MAX_EPISODE_STEPS_BOX_PUSHING, frame_skip, 10 x 2 ms
-INSTALL = "pip install --no-deps fancy-gym==0.3.0 (`make` installs it into .venv)"
-WHEEL, WHEEL_VERSION = "fancy-gym", "0.3.0"
 ASSETS = "fancy_gym/envs/mujoco/box_pushing/assets"
 ACTION_SCALE = 10.0
 Q_MAX = np.array([2.8973, 1.7628, 2.8973, -0.0698, 2.8973, 3.7525, 2.8973])
@@ -61,15 +61,19 @@ def asset_files() -> tuple[Path, dict[str, str]]:
     try:
         dist = importlib.metadata.distribution(WHEEL)
     except importlib.metadata.PackageNotFoundError:
-        msg = f"box pushing needs the MuJoCo assets of the fancy-gym 0.3.0 wheel, which is not installed: {INSTALL}."
+        msg = (
+            f"box pushing needs the MuJoCo assets of the fancy-gym 0.3.0 wheel, which is not installed: {INSTALL_STEP}."
+        )
         raise AssetError(msg) from None
     if dist.version != WHEEL_VERSION:
-        raise AssetError(f"box pushing needs fancy-gym {WHEEL_VERSION}'s assets, found {dist.version}: {INSTALL}.")
+        raise AssetError(f"box pushing needs fancy-gym {WHEEL_VERSION}'s assets, found {dist.version}: {INSTALL_STEP}.")
     prefix = ASSETS + "/"
     files = {str(f)[len(prefix) :]: f.hash.value for f in dist.files or () if str(f).startswith(prefix) and f.hash}
     root = Path(str(dist.locate_file(ASSETS)))
     if "box_pushing.xml" not in files:
-        raise AssetError(f"the fancy-gym wheel's record lists no {ASSETS}/box_pushing.xml; reinstall: {INSTALL}.")
+        raise AssetError(
+            f"the fancy-gym wheel's record lists no {ASSETS}/box_pushing.xml; reinstall: {REINSTALL_STEP}."
+        )
     return root, files
 
 
@@ -86,12 +90,14 @@ def read_assets() -> dict[str, bytes]:
         try:
             data = (root / name).read_bytes()
         except OSError as err:
-            raise AssetError(f"box-pushing asset {root / name} cannot be read ({err}); reinstall: {INSTALL}.") from None
+            raise AssetError(
+                f"box-pushing asset {root / name} cannot be read ({err}); reinstall: {REINSTALL_STEP}."
+            ) from None
         got = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
         if got != digest:
             raise AssetError(
                 f"box-pushing asset {root / name} is damaged (its sha256 differs from the wheel's "
-                f"record); reinstall: pip install --force-reinstall --no-deps fancy-gym==0.3.0."
+                f"record); reinstall: {REINSTALL_STEP}."
             )
         out[name] = data
     return out
@@ -111,7 +117,9 @@ def load_model():
     assets = read_assets()
     xml = assets.pop("box_pushing.xml").decode()
     if xml.count(' collision="all"') != 1:
-        raise AssetError(f"fancy-gym's box_pushing.xml is not the 0.3.0 file this code patches; reinstall: {INSTALL}.")
+        raise AssetError(
+            f"fancy-gym's box_pushing.xml is not the 0.3.0 file this code patches; reinstall: {REINSTALL_STEP}."
+        )
     model = mujoco.MjModel.from_xml_string(xml.replace(' collision="all"', ""), assets)
     native = getattr(mujoco.mjtDisableBit, "mjDSBL_NATIVECCD", None)  # none before 3.2: libccd is the only one
     if native is not None:
@@ -288,8 +296,8 @@ def offline_ik(model, data, body: int, pos_d: np.ndarray, quat_d: np.ndarray) ->
         high, low = q > Q_MAX - IK_LIMIT_MARGIN, q < Q_MIN + IK_LIMIT_MARGIN
         null[high] += IK_LIMIT_GAIN * (Q_MAX - IK_LIMIT_MARGIN - q)[high]
         null[low] += IK_LIMIT_GAIN * (Q_MIN + IK_LIMIT_MARGIN - q)[low]
-        # J W J^T and W J^T with fancy_gym's weight W = I written out: the products then round as its do (a
-        # transposed view and a copy sum in different orders), and the reset matches it to the last bit
+        # J W J^T and W J^T with fancy_gym's weight W = I written out: the products then round as fancy_gym's do
+        # (a transposed view and a copy sum in different orders)
         eye = np.eye(7)
         task = np.linalg.solve((jac @ eye) @ jac.T + IK_DAMPING * np.eye(6), IK_GAIN * err - jac @ null)
         qd_d = (eye @ jac.T) @ task + null

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from troll.episodic.envs.fancy_wheel import INSTALL_STEP, REINSTALL_STEP
 from troll.episodic.envs.options import Option
 
 HORIZON, DT = 250, 0.008  # fancy_gym's MAX_EPISODE_STEPS_HOPPERJUMP; frame_skip 4 x the model's 0.002 s
@@ -57,8 +58,6 @@ JOINT_NOISE_HIGH = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 0.785])
 # the asset, from fancy-gym's wheel (its RECORD's hash): a different file is refused rather than simulated
 ASSET = "envs/mujoco/hopper_jump/assets/hopper_jump.xml"
 ASSET_SHA256 = "47ad7e3fdac1a6a46027412b1ff7efc08b4969e79694250e4699eb80f47924b4"
-INSTALL_STEP = "pip install --no-deps fancy-gym==0.3.0 (a step of `make`'s install of .venv)"
-REINSTALL_STEP = INSTALL_STEP.replace("--no-deps", "--no-deps --force-reinstall")
 
 OPTIONS = {
     "kp": Option("float", 0.0, 100.0, help="P gain per rad (fancy_gym: 1)"),

@@ -86,6 +86,14 @@ def has_backends(name: str) -> bool:
     return name in GYM or name in METAWORLD
 
 
+def _simulator(name: str) -> str:
+    """What simulates ``name``, an env without a choice of backends (its one backend is "python")."""
+    if name in TOY:
+        return "the task is torch code, vectorised in this process"
+    module = "hopper_jump_sim.py" if name in HOPPER else "box_pushing_sim.py"
+    return f"troll's own Python env ({module}) steps MuJoCo through its Python bindings"
+
+
 def default_backend(name: str) -> str:
     """The simulator ``name`` runs on when the options do not say: EnvPool for Reacher (1.6-2x the Python
     backend's batches: docs/tce.md, "Speed") and Meta-World (but :data:`PYTHON_DEFAULT`; docs/tce.md, "Backends"),
@@ -150,8 +158,8 @@ def check_options(name: str, options: dict) -> dict:
         raise _unknown(name)
     if isinstance(options, dict) and options.get("backend") == "envpool" and not has_backends(name):
         raise ValueError(
-            f"{name}: backend 'envpool' is available for gym/* and metaworld/* only; {name} runs in torch "
-            "(drop the option or pass backend 'python')."
+            f"{name}: backend 'envpool' is available for gym/* and metaworld/* only. {name} has one backend, "
+            f"'python': {_simulator(name)}. Drop the option or pass backend 'python'."
         )
     checked = opts.check(name, options, option_table(name))
     if has_backends(name):
