@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -48,21 +49,49 @@ def use_offscreen_gl() -> None:
 
 
 def check_gl() -> None:
-    """Draw one frame of an empty scene; RenderError naming the GL packages if that fails."""
-    use_offscreen_gl()
-    try:
-        import mujoco
+    """Draw one frame of an empty scene; RenderError naming the GL packages if that fails.
 
-        model = mujoco.MjModel.from_xml_string("<mujoco><worldbody><geom size='1'/></worldbody></mujoco>")
-        renderer = mujoco.Renderer(model, 8, 8)
+    The probe builds the GL context, MuJoCo's render context and the scene itself (MuJoCo's public API:
+    GLContext, MjrContext, mjr_render, mjr_readPixels) rather than through ``mujoco.Renderer``: a Renderer whose
+    constructor fails is left half-built, and its destructor then prints an unrelated AttributeError
+    (``_mjr_context``) after the real error. The GL backend's warnings (GLFW's) become part of the message."""
+    use_offscreen_gl()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         try:
-            renderer.update_scene(mujoco.MjData(model))
-            renderer.render()
-        finally:
-            renderer.close()
-    except Exception as err:  # whatever the GL backend raises (ImportError, RuntimeError, EGL / GLFW errors)
-        raise RenderError(f"offscreen rendering is unavailable with MUJOCO_GL={os.environ.get('MUJOCO_GL')!r}: "
-                          f"{type(err).__name__}: {err}. {GL_PACKAGES}.") from None  # fmt: skip
+            _draw_one_frame()
+            return
+        except Exception as err:  # whatever the GL backend raises (ImportError, RuntimeError, EGL / GLFW errors)
+            error = f"{type(err).__name__}: {err}"
+    said = "; ".join(dict.fromkeys(str(w.message) for w in caught))
+    raise RenderError(f"offscreen rendering is unavailable with MUJOCO_GL={os.environ.get('MUJOCO_GL')!r}: {error}"
+                      f"{f' ({said})' if said else ''}. {GL_PACKAGES}.") from None  # fmt: skip
+
+
+def _draw_one_frame() -> None:
+    """One 8 x 8 frame of a one-geom scene, every context freed before returning or raising."""
+    import mujoco
+
+    model = mujoco.MjModel.from_xml_string("<mujoco><worldbody><geom size='1'/></worldbody></mujoco>")
+    data = mujoco.MjData(model)
+    if mujoco.GLContext is None:
+        raise RenderError("MuJoCo has no GL context (MUJOCO_GL disables it)")
+    gl = mujoco.GLContext(8, 8)
+    render = None
+    try:
+        gl.make_current()
+        render = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_150)
+        mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, render)
+        scene = mujoco.MjvScene(model, maxgeom=10)
+        mujoco.mjv_updateScene(model, data, mujoco.MjvOption(), None, mujoco.MjvCamera(), mujoco.mjtCatBit.mjCAT_ALL,
+                               scene)  # fmt: skip
+        viewport = mujoco.MjrRect(0, 0, 8, 8)
+        mujoco.mjr_render(viewport, scene, render)
+        mujoco.mjr_readPixels(np.empty((8, 8, 3), np.uint8), None, viewport, render)
+    finally:
+        if render is not None:
+            render.free()
+        gl.free()
 
 
 class FrameGrabber:
