@@ -151,6 +151,34 @@ def test_without_offscreen_gl_the_error_names_the_packages(hopper_run, tmp_path,
     assert "libegl1" in capsys.readouterr().err and not (tmp_path / "v.gif").exists()
 
 
+def _without_gl() -> dict:
+    """The environment of a process on a machine without offscreen OpenGL: MUJOCO_GL=glfw and no display."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
+    return env | {"MUJOCO_GL": "glfw", "PYTHONPATH": os.pathsep.join(sys.path)}
+
+
+def test_a_study_with_videos_without_offscreen_gl_writes_nothing(tmp_path):
+    """``tce study --videos`` checks offscreen OpenGL before anything is written: exit 2, the packages named, no
+    config.json, no cell log, no traceback of a half-built renderer."""
+    out = tmp_path / "study"
+    argv = ["-m", "troll.cli", "tce", "study", "--env", "gym/reacher", "--algos", "tce", "--seeds", "1", "--steps",
+            "800", "--out", str(out), "--videos"]  # fmt: skip
+    done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=_without_gl(), timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("troll tce study: error: --videos: offscreen rendering is unavailable")
+    assert "libegl1" in done.stderr and "libosmesa6" in done.stderr
+    assert "Traceback" not in done.stderr and "_mjr_context" not in done.stderr, done.stderr
+    assert not out.exists()
+
+
+def test_a_study_with_videos_on_the_toy_task_is_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(render, "check_gl", lambda: pytest.fail("no GL check is needed to refuse the toy task"))
+    out = tmp_path / "study"
+    assert main(["tce", "study", "--env", "toy/viapoint", "--out", str(out), "--videos"]) == 2
+    assert "--videos renders MuJoCo tasks; toy/viapoint is torch code" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_a_study_links_its_cells_videos(tmp_path):
     from troll.episodic import study
     from troll.study import Cell

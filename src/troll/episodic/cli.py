@@ -316,6 +316,19 @@ def _render(out: Path, path: Path | None, **sizes) -> int:
 # ---------------------------------------------------------------------------------------------- study
 
 
+def _check_videos(env: str, option: str) -> None:
+    """UsageError, before anything is written, when the runs of ``env`` cannot render a video here: the toy task
+    (no scene), or a machine without offscreen OpenGL (the message names the packages)."""
+    if env in opts.TOY_ENVS:
+        raise UsageError(f"{option} renders MuJoCo tasks; {env} is torch code with no scene: drop it.")
+    from troll.episodic.render import RenderError, check_gl
+
+    try:
+        check_gl()
+    except RenderError as err:
+        raise UsageError(f"{option}: {err}") from None
+
+
 def cmd_study(args: argparse.Namespace) -> int:
     from troll.episodic import study
     from troll.study import check_folder
@@ -334,6 +347,8 @@ def cmd_study(args: argparse.Namespace) -> int:
 
         require_sb3()
     clear = check_folder(out, command=study.COMMAND, overwrite=args.overwrite, resume=args.resume)
+    if spec.videos and executor.name == "local":  # the cells render here: refused before anything is written
+        _check_videos(spec.env, "--videos")
     engine = study.frontend(spec)
     executor = executors.prepare(executor, out, engine, cells)
     script = executors.script(executor, engine, cells)
