@@ -180,7 +180,7 @@ def _started_backend(out: Path) -> str | None:
 
 
 def _fresh_spec(args, given: dict, env: str) -> StudySpec:
-    toy = env in opts.TOY_ENVS + opts.TCE_ONLY_ENVS  # no PPO there: tce and bbrl by default
+    toy = env in opts.TOY_ENVS  # no PPO there (no step interface): tce and bbrl by default
     algos = ("tce", "bbrl") if toy else opts.ALGOS
     if hasattr(args, "algos"):
         algos = grid_lib.parse_arms(args.algos, opts.ALGOS, flag="--algos", noun="algorithm", example="tce,bbrl,ppo")
@@ -376,10 +376,10 @@ def frontend(spec: StudySpec) -> Frontend:
         arm="algo",
         cell_argv=lambda cell, resume: cell_argv(cell, spec, resume=resume),
         numbers=lambda cell, summary, rows: cell_numbers(summary, rows),
-        table=TABLE + (HEIGHT_TABLE if spec.env in opts.TCE_ONLY_ENVS else ()),
-        paired=PAIRED + (HEIGHT_TABLE[:1] if spec.env in opts.TCE_ONLY_ENVS else ()),
+        table=TABLE + (HEIGHT_TABLE if spec.env in opts.HOPPER_ENVS else ()),
+        paired=PAIRED + (HEIGHT_TABLE[:1] if spec.env in opts.HOPPER_ENVS else ()),
         pairing=PAIRING,
-        curves=CURVES + ((HEIGHT_CURVE,) if spec.env in opts.TCE_ONLY_ENVS else ()),
+        curves=CURVES + ((HEIGHT_CURVE,) if spec.env in opts.HOPPER_ENVS else ()),
         x_key="env_steps",
         x_label="environment steps",
         can_resume=_can_resume,
