@@ -37,9 +37,10 @@ STUDY_DOC = (
 )
 
 RENDER_DOC = (
-    "Renders a run's newest checkpoint on its first evaluation episodes (the mean trajectory, no sampling; the "
-    "episodes every evaluation of the run uses) with MuJoCo's offscreen renderer (EGL, or MUJOCO_GL=osmesa), and "
-    "writes a GIF or an MP4. gym/* and metaworld/* are drawn on their Python simulators (EnvPool has no renderer)."
+    "Renders a run's newest checkpoint on its first evaluation episodes (TCE / BBRL: the mean trajectory, PPO: the "
+    "mean action at every step, no sampling; the episodes every evaluation of the run uses) with MuJoCo's offscreen "
+    "renderer (EGL, or MUJOCO_GL=osmesa), and writes a GIF or an MP4. gym/* and metaworld/* are drawn on their "
+    "Python simulators (EnvPool has no renderer)."
 )
 VIDEO_FILE = "video.mp4"  # troll.episodic.render.VIDEO_FILE (not imported here: it would import numpy)
 
@@ -64,7 +65,7 @@ def add_commands(sub) -> None:
     train.add_argument("--overwrite", action="store_true", help="replace the run in --out (only a folder of this "
                        "command holding nothing else is deleted)")  # fmt: skip
     train.add_argument("--video", action="store_true", help=f"at the end, render the evaluation episodes into "
-                       f"<out>/{VIDEO_FILE} (MuJoCo tasks, TCE / BBRL; see 'troll tce render')")  # fmt: skip
+                       f"<out>/{VIDEO_FILE} (MuJoCo tasks; see 'troll tce render')")  # fmt: skip
     _add_run_flags(train)
     train.set_defaults(run=cmd_train, name="tce train")
 
@@ -86,14 +87,14 @@ def add_commands(sub) -> None:
         "--resume", action="store_true", help="continue the study in --out (--algos and --seeds may add to its grid)"
     )
     study.add_argument("--overwrite", action="store_true", help="replace the study in --out")
-    study.add_argument("--videos", action="store_true", help=f"each TCE / BBRL cell renders its evaluation episodes "
-                       f"into <cell>/{VIDEO_FILE} when it ends, and study.md links them")  # fmt: skip
+    study.add_argument("--videos", action="store_true", help=f"each cell renders its evaluation episodes into "
+                       f"<cell>/{VIDEO_FILE} when it ends, and study.md links them")  # fmt: skip
     _add_run_flags(study, study=True)
     executors.add_flags(study)
     study.set_defaults(run=cmd_study, name="tce study")
 
     render = tce_sub.add_parser("render", help="a video of a run's policy", description=RENDER_DOC)
-    render.add_argument("run_folder", metavar="RUN", help="a run folder of 'troll tce train' (TCE / BBRL)")
+    render.add_argument("run_folder", metavar="RUN", help="a run folder of 'troll tce train' (TCE, BBRL or PPO)")
     render.add_argument("--out", default=None, help=f"the video, .gif or .mp4 (default: RUN/{VIDEO_FILE})")
     render.add_argument("--episodes", default="3", help="evaluation episodes shown one after the other (default: 3)")
     render.add_argument("--width", default="320", help="pixels (default: 320)")
@@ -241,8 +242,6 @@ def _train_command(args: argparse.Namespace, out: Path | None) -> int:
 
         require_sb3()
     if args.video:  # checked before the folder is touched
-        if config.algo == "ppo":
-            raise UsageError("--video renders TCE / BBRL runs (a ProDMP policy); drop it for --algo ppo.")
         if config.env in opts.TOY_ENVS:
             raise UsageError(f"--video renders MuJoCo tasks; {config.env} is torch code with no scene: drop it.")
         from troll.episodic.render import RenderError, check_gl

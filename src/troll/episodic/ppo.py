@@ -185,15 +185,18 @@ class PPOConfig:
         return {k: (a[k], b[k]) for k in a if k not in ignore and a[k] != b[k]}
 
 
-def play(model, task, seed: int, on_step: Callable[[], None] | None = None) -> dict:
+def play(model, task, seed: int, on_step: Callable[[int], None] | None = None) -> dict:
     """One episode of the deterministic policy (the mean action) from episode seed ``seed``; its last step's info.
-    ``on_step`` (None), when set, is called after every step (the renderer's frames)."""
+    ``on_step(t)`` (None), when set, is called after the reset (t = 0) and after every step t = 1..T (the
+    renderer's frames)."""
     obs, _ = task.reset(options={"episode_seed": seed})
-    for _ in range(task.horizon):
+    if on_step is not None:
+        on_step(0)
+    for t in range(1, task.horizon + 1):
         action, _ = model.predict(obs, deterministic=True)
         obs, _, _, _, info = task.step(action)
         if on_step is not None:
-            on_step()
+            on_step(t)
     return info
 
 
