@@ -235,6 +235,8 @@ def test_a_study_links_its_cells_videos(tmp_path):
     assert "--video" in study.cell_argv(cells[0], spec, resume=False)
     assert "--video" in study.cell_argv(cells[0], spec, resume=True)
     ppo = Cell(None, "ppo", 0, tmp_path / "ppo" / "seed0", {"algo": "ppo", "seed": 0, "steps": None, "options": {}})
-    assert "--video" not in study.cell_argv(ppo, spec, resume=False)
+    assert "--video" in study.cell_argv(ppo, spec, resume=False)
+    assert "--video" in study.cell_argv(ppo, spec, resume=True)
+    assert "--video" not in study.cell_argv(ppo, dataclasses.replace(spec, videos=False), resume=True)
     assert render.VIDEO_FILE == study.VIDEO_FILE
     assert Path(render.VIDEO_FILE).suffix in render.FORMATS

@@ -55,7 +55,7 @@ class StudySpec:
     sweep_values: list = field(default_factory=list)
     workers: int = STUDY_WORKERS
     threads: int = 1
-    videos: bool = False  # each TCE / BBRL cell renders <cell>/video.mp4 when it ends (a runtime choice)
+    videos: bool = False  # each cell renders <cell>/video.mp4 when it ends (a runtime choice)
 
     @property
     def grid(self) -> Grid:
@@ -246,7 +246,7 @@ def cell_argv(cell: Cell, spec: StudySpec, *, resume: bool) -> list[str]:
     o = cell.options
     # the runtime, which a resumed study may change: a resumed cell takes it too
     runtime = ["--threads", str(spec.threads)] + (["--workers", str(spec.workers)] if o["algo"] != "ppo" else [])
-    runtime += ["--video"] if spec.videos and o["algo"] != "ppo" else []
+    runtime += ["--video"] if spec.videos else []
     if resume:
         return argv + ["--resume"] + runtime
     argv += ["--env", spec.env, "--algo", o["algo"], "--seed", str(o["seed"])] + runtime
@@ -358,7 +358,8 @@ def _videos(spec: StudySpec, cells: list[Cell]) -> str:
         for c in cells
         if (c.folder / VIDEO_FILE).is_file()
     ]
-    return f"\nVideos (the mean trajectory on the first evaluation episodes): {', '.join(links)}.\n" if links else ""
+    shown = "the mean trajectory (TCE, BBRL) or the mean action (PPO) on the first evaluation episodes"
+    return f"\nVideos ({shown}): {', '.join(links)}.\n" if links else ""
 
 
 def _can_resume(cell: Cell) -> bool:
