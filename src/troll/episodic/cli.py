@@ -263,8 +263,8 @@ def _run(config, out: Path, *, resume: bool, progress: bool, video: bool = False
 
     def line(row: dict) -> None:
         if row.get("eval/return") is not None:
-            shown = ", ".join(f"{k[5:]} {row[k]:.4g}" for k in ("eval/success_rate", "eval/return", "eval/distance")
-                              if row.get(k) is not None)  # fmt: skip
+            keys = ("eval/success_rate", "eval/return", "eval/distance", "eval/max_height")
+            shown = ", ".join(f"{k[5:]} {row[k]:.4g}" for k in keys if row.get(k) is not None)
             print(f"{row['env_steps']} env steps: eval {shown}", flush=True)
 
     hook = None if progress else line

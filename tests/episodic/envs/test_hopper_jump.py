@@ -335,6 +335,8 @@ def test_ppo_trains_end_to_end(tmp_path, capsys):
             "--ppo-n-steps", "250", "--ppo-batch-size", "50", "--ppo-n-epochs", "1", "--eval-episodes", "2",
             "--eval-every", "1", "--episodes", "1", "--no-progress"]  # fmt: skip
     assert main(argv) == 0, capsys.readouterr().err
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("500 env steps: eval ")]
+    assert len(lines) == 1 and "distance" in lines[0] and "max_height" in lines[0] and "success" not in lines[0]
     assert {p.name for p in out.iterdir()} == {".troll-run.json", "config.json", "metrics.jsonl", "summary.json",
                                                "plots.png", "checkpoint-500.zip"}  # fmt: skip
     config = json.loads((out / "config.json").read_text())["config"]
