@@ -1,12 +1,15 @@
 """``troll tce render``: the frames show each MuJoCo task's scene (not a blank image) and change as it moves, a run
-renders end to end into GIF and MP4 (``tce train --video`` and ``troll tce render``), a study links its cells'
-videos, and a machine without offscreen OpenGL gets an error naming the packages.
+(TCE or PPO) renders end to end into GIF and MP4 (``tce train --video`` and ``troll tce render``), a study links its
+cells' videos and asks every cell for one, and a machine without offscreen OpenGL gets an error naming the packages
+before anything is written.
 
 Tiny on purpose: 48 x 64 pixels, a handful of frames per episode.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -118,9 +121,12 @@ def test_train_video_renders_the_run_at_its_end(hopper_run, tmp_path, monkeypatc
     assert main(["tce", "train", "--out", str(hopper_run), "--resume", "--video"]) == 0
     assert calls == [(hopper_run, None, {"episodes": 3, "width": 320, "height": 240, "fps": 30})]
     assert f"wrote {hopper_run / render.VIDEO_FILE}: 3 evaluation episode(s)" in capsys.readouterr().out
-    assert main(["tce", "train", "--env", "gym/reacher", "--algo", "ppo", "--out", str(tmp_path / "p"),
-                 "--video"]) == 2  # fmt: skip
-    assert "--video renders TCE / BBRL runs" in capsys.readouterr().err
+    calls.clear()
+    ppo = tmp_path / "p"
+    assert main(["tce", "train", "--env", "gym/reacher", "--algo", "ppo", "--out", str(ppo), "--steps", "64",
+                 "--ppo-n-steps", "64", "--ppo-batch-size", "32", "--ppo-n-epochs", "1", "--eval-episodes", "1",
+                 "--no-progress", "--video"]) == 0  # fmt: skip
+    assert calls == [(ppo, None, {"episodes": 3, "width": 320, "height": 240, "fps": 30})]
 
 
 def test_a_run_renders_end_to_end(hopper_run, tmp_path, capsys):
@@ -153,6 +159,42 @@ def test_a_run_renders_to_mp4(hopper_run, tmp_path, capsys):
     assert not list(tmp_path.glob(".*tmp*"))  # the temporary name was renamed
 
 
+@pytest.fixture(scope="module")
+def ppo_hopper_run(tmp_path_factory):
+    """PPO on fancy/hopper-jump: one rollout of 250 env steps (one episode), evaluated on 2 episodes at its end."""
+    pytest.importorskip("stable_baselines3")
+    from troll.episodic.ppo import PPOConfig, train
+
+    out = tmp_path_factory.mktemp("render") / "ppo"
+    config = PPOConfig(env="fancy/hopper-jump", total_env_steps=250, eval_every_steps=250, eval_episodes=2,
+                       n_steps=250, batch_size=50, n_epochs=1, net_arch=(8,))  # fmt: skip
+    train(config, out, progress=False, plot=False)
+    return out
+
+
+def test_a_ppo_run_renders_its_evaluation_episodes(ppo_hopper_run, tmp_path, capsys):
+    """``troll tce render`` on a PPO run: its saved policy's mean action on the run's evaluation episodes, drawn as
+    a TCE run's are (the frames show the scene); the episodes are the run's last evaluation's (the same return)."""
+    gif = tmp_path / "ppo.gif"
+    assert main(["tce", "render", str(ppo_hopper_run), "--out", str(gif), "--episodes", "2", "--width", "64",
+                 "--height", "48", "--fps", "5"]) == 0  # fmt: skip
+    assert "2 evaluation episode(s), 22 frames at 5 fps" in capsys.readouterr().out
+    from PIL import Image
+
+    with Image.open(gif) as image:
+        frames = []
+        for i in range(image.n_frames):
+            image.seek(i)
+            frames.append(np.array(image.convert("RGB")))
+    assert len(frames) == 2 * (1 + 250 // 25)  # the start, then every 25th step of 8 ms: 5 frames per second
+    _blank_checks(frames)
+    done = render.render_run(ppo_hopper_run, path=tmp_path / "ppo.mp4", episodes=2, **SIZE)
+    assert (tmp_path / "ppo.mp4").stat().st_size > 0 and done["frames"] == 2 * (1 + 250 // 4)
+    last = [json.loads(line) for line in (ppo_hopper_run / "metrics.jsonl").read_text().splitlines()][-1]
+    assert np.mean([f["return"] for f in done["final"]]) == pytest.approx(last["eval/return"], abs=1e-9)
+    assert np.mean([f["max_height"] for f in done["final"]]) == pytest.approx(last["eval/max_height"], abs=1e-9)
+
+
 @pytest.mark.parametrize(
     ("argv", "words"),
     [(["--out", "x.avi"], "must end in .gif or .mp4"), (["--episodes", "0"], "--episodes must be an integer")],
@@ -171,6 +213,8 @@ def test_without_offscreen_gl_the_error_names_the_packages(hopper_run, tmp_path,
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 1 and "RenderError" in done.stderr, done.stderr
     assert "MUJOCO_GL='glfw'" in done.stderr and "libegl1" in done.stderr and "libosmesa6" in done.stderr
+    # the probe leaves no half-built mujoco.Renderer whose destructor reports an unrelated error
+    assert "Exception ignored" not in done.stderr and "_mjr_context" not in done.stderr, done.stderr
 
     def no_gl():
         raise render.RenderError("offscreen rendering is unavailable: libegl1")
@@ -179,6 +223,34 @@ def test_without_offscreen_gl_the_error_names_the_packages(hopper_run, tmp_path,
     monkeypatch.setattr(render, "_render", lambda *a, **k: pytest.fail("an episode ran without GL"))
     assert main(["tce", "render", str(hopper_run), "--out", str(tmp_path / "v.gif")]) == 1
     assert "libegl1" in capsys.readouterr().err and not (tmp_path / "v.gif").exists()
+
+
+def _without_gl() -> dict:
+    """The environment of a process on a machine without offscreen OpenGL: MUJOCO_GL=glfw and no display."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
+    return env | {"MUJOCO_GL": "glfw", "PYTHONPATH": os.pathsep.join(sys.path)}
+
+
+def test_a_study_with_videos_without_offscreen_gl_writes_nothing(tmp_path):
+    """``tce study --videos`` checks offscreen OpenGL before anything is written: exit 2, the packages named, no
+    config.json, no cell log, no traceback of a half-built renderer."""
+    out = tmp_path / "study"
+    argv = ["-m", "troll.cli", "tce", "study", "--env", "gym/reacher", "--algos", "tce", "--seeds", "1", "--steps",
+            "800", "--out", str(out), "--videos"]  # fmt: skip
+    done = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=_without_gl(), timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("troll tce study: error: --videos: offscreen rendering is unavailable")
+    assert "libegl1" in done.stderr and "libosmesa6" in done.stderr
+    assert "Traceback" not in done.stderr and "_mjr_context" not in done.stderr, done.stderr
+    assert not out.exists()
+
+
+def test_a_study_with_videos_on_the_toy_task_is_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(render, "check_gl", lambda: pytest.fail("no GL check is needed to refuse the toy task"))
+    out = tmp_path / "study"
+    assert main(["tce", "study", "--env", "toy/viapoint", "--out", str(out), "--videos"]) == 2
+    assert "--videos renders MuJoCo tasks; toy/viapoint is torch code" in capsys.readouterr().err
+    assert not out.exists()
 
 
 def test_a_study_links_its_cells_videos(tmp_path):
@@ -195,6 +267,8 @@ def test_a_study_links_its_cells_videos(tmp_path):
     assert "--video" in study.cell_argv(cells[0], spec, resume=False)
     assert "--video" in study.cell_argv(cells[0], spec, resume=True)
     ppo = Cell(None, "ppo", 0, tmp_path / "ppo" / "seed0", {"algo": "ppo", "seed": 0, "steps": None, "options": {}})
-    assert "--video" not in study.cell_argv(ppo, spec, resume=False)
+    assert "--video" in study.cell_argv(ppo, spec, resume=False)
+    assert "--video" in study.cell_argv(ppo, spec, resume=True)
+    assert "--video" not in study.cell_argv(ppo, dataclasses.replace(spec, videos=False), resume=True)
     assert render.VIDEO_FILE == study.VIDEO_FILE
     assert Path(render.VIDEO_FILE).suffix in render.FORMATS

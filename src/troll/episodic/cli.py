@@ -37,9 +37,10 @@ STUDY_DOC = (
 )
 
 RENDER_DOC = (
-    "Renders a run's newest checkpoint on its first evaluation episodes (the mean trajectory, no sampling; the "
-    "episodes every evaluation of the run uses) with MuJoCo's offscreen renderer (EGL, or MUJOCO_GL=osmesa), and "
-    "writes a GIF or an MP4. gym/* and metaworld/* are drawn on their Python simulators (EnvPool has no renderer)."
+    "Renders a run's newest checkpoint on its first evaluation episodes (TCE / BBRL: the mean trajectory, PPO: the "
+    "mean action at every step, no sampling; the episodes every evaluation of the run uses) with MuJoCo's offscreen "
+    "renderer (EGL, or MUJOCO_GL=osmesa), and writes a GIF or an MP4. gym/* and metaworld/* are drawn on their "
+    "Python simulators (EnvPool has no renderer)."
 )
 VIDEO_FILE = "video.mp4"  # troll.episodic.render.VIDEO_FILE (not imported here: it would import numpy)
 
@@ -50,7 +51,8 @@ def add_commands(sub) -> None:
     tce_sub = tce.add_subparsers(dest="tce_command", required=True, metavar="{train,study,render}")
     train = tce_sub.add_parser("train", help="one run", description=TRAIN_DOC)
     train.add_argument("--env", default=argparse.SUPPRESS, help="toy/viapoint[-sparse], gym/reacher[-sparse], "
-                       "metaworld/<task>-v3 or fancy/box-pushing-{dense,sparse} (needed unless --resume)")  # fmt: skip
+                       "metaworld/<task>-v3, fancy/box-pushing-{dense,sparse} or fancy/hopper-jump (needed unless "
+                       "--resume)")  # fmt: skip
     train.add_argument(
         "--algo",
         default=argparse.SUPPRESS,
@@ -63,7 +65,7 @@ def add_commands(sub) -> None:
     train.add_argument("--overwrite", action="store_true", help="replace the run in --out (only a folder of this "
                        "command holding nothing else is deleted)")  # fmt: skip
     train.add_argument("--video", action="store_true", help=f"at the end, render the evaluation episodes into "
-                       f"<out>/{VIDEO_FILE} (MuJoCo tasks, TCE / BBRL; see 'troll tce render')")  # fmt: skip
+                       f"<out>/{VIDEO_FILE} (MuJoCo tasks; see 'troll tce render')")  # fmt: skip
     _add_run_flags(train)
     train.set_defaults(run=cmd_train, name="tce train")
 
@@ -85,14 +87,14 @@ def add_commands(sub) -> None:
         "--resume", action="store_true", help="continue the study in --out (--algos and --seeds may add to its grid)"
     )
     study.add_argument("--overwrite", action="store_true", help="replace the study in --out")
-    study.add_argument("--videos", action="store_true", help=f"each TCE / BBRL cell renders its evaluation episodes "
-                       f"into <cell>/{VIDEO_FILE} when it ends, and study.md links them")  # fmt: skip
+    study.add_argument("--videos", action="store_true", help=f"each cell renders its evaluation episodes into "
+                       f"<cell>/{VIDEO_FILE} when it ends, and study.md links them")  # fmt: skip
     _add_run_flags(study, study=True)
     executors.add_flags(study)
     study.set_defaults(run=cmd_study, name="tce study")
 
     render = tce_sub.add_parser("render", help="a video of a run's policy", description=RENDER_DOC)
-    render.add_argument("run_folder", metavar="RUN", help="a run folder of 'troll tce train' (TCE / BBRL)")
+    render.add_argument("run_folder", metavar="RUN", help="a run folder of 'troll tce train' (TCE, BBRL or PPO)")
     render.add_argument("--out", default=None, help=f"the video, .gif or .mp4 (default: RUN/{VIDEO_FILE})")
     render.add_argument("--episodes", default="3", help="evaluation episodes shown one after the other (default: 3)")
     render.add_argument("--width", default="320", help="pixels (default: 320)")
@@ -240,8 +242,6 @@ def _train_command(args: argparse.Namespace, out: Path | None) -> int:
 
         require_sb3()
     if args.video:  # checked before the folder is touched
-        if config.algo == "ppo":
-            raise UsageError("--video renders TCE / BBRL runs (a ProDMP policy); drop it for --algo ppo.")
         if config.env in opts.TOY_ENVS:
             raise UsageError(f"--video renders MuJoCo tasks; {config.env} is torch code with no scene: drop it.")
         from troll.episodic.render import RenderError, check_gl
@@ -263,8 +263,8 @@ def _run(config, out: Path, *, resume: bool, progress: bool, video: bool = False
 
     def line(row: dict) -> None:
         if row.get("eval/return") is not None:
-            shown = ", ".join(f"{k[5:]} {row[k]:.4g}" for k in ("eval/success_rate", "eval/return", "eval/distance")
-                              if row.get(k) is not None)  # fmt: skip
+            keys = ("eval/success_rate", "eval/return", "eval/distance", "eval/max_height")
+            shown = ", ".join(f"{k[5:]} {row[k]:.4g}" for k in keys if row.get(k) is not None)
             print(f"{row['env_steps']} env steps: eval {shown}", flush=True)
 
     hook = None if progress else line
@@ -316,6 +316,19 @@ def _render(out: Path, path: Path | None, **sizes) -> int:
 # ---------------------------------------------------------------------------------------------- study
 
 
+def _check_videos(env: str, option: str) -> None:
+    """UsageError, before anything is written, when the runs of ``env`` cannot render a video here: the toy task
+    (no scene), or a machine without offscreen OpenGL (the message names the packages)."""
+    if env in opts.TOY_ENVS:
+        raise UsageError(f"{option} renders MuJoCo tasks; {env} is torch code with no scene: drop it.")
+    from troll.episodic.render import RenderError, check_gl
+
+    try:
+        check_gl()
+    except RenderError as err:
+        raise UsageError(f"{option}: {err}") from None
+
+
 def cmd_study(args: argparse.Namespace) -> int:
     from troll.episodic import study
     from troll.study import check_folder
@@ -334,6 +347,8 @@ def cmd_study(args: argparse.Namespace) -> int:
 
         require_sb3()
     clear = check_folder(out, command=study.COMMAND, overwrite=args.overwrite, resume=args.resume)
+    if spec.videos and executor.name == "local":  # the cells render here: refused before anything is written
+        _check_videos(spec.env, "--videos")
     engine = study.frontend(spec)
     executor = executors.prepare(executor, out, engine, cells)
     script = executors.script(executor, engine, cells)

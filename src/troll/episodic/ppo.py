@@ -4,11 +4,13 @@ docs/tce.md, "How to run".
 
 PPO acts every step: it sees the simulator's own observation and sends the simulator's own action (Reacher's two
 joint torques, Meta-World's hand displacement and gripper command, box pushing's seven joint torques, gravity
-compensated); there is no movement primitive and no tracking controller. :mod:`troll.episodic.envs.step` is the
-episodic task as a gymnasium env: the same simulator, T steps, the same rewards (gym/reacher-sparse pays the whole
-episode at its last step, as the episodic env does), the same success rule at the end of an episode, the same
-non-finite checks. The toy task has no step interface (it is a batched torch simulation of whole trajectories), so
-PPO runs on gym/*, metaworld/* and fancy/box-pushing-* only.
+compensated, hopper jump's three motor commands); there is no movement primitive and no tracking controller (the PD
+gains of box pushing and hopper jump track a desired trajectory, which a step-based policy does not have).
+:mod:`troll.episodic.envs.step` is the episodic task as a gymnasium env: the same simulator, T steps, the same
+rewards (gym/reacher-sparse pays the whole episode at its last step, as the episodic env does), the same success
+rule at the end of an episode, the same non-finite checks, the same final metrics (hopper jump: no success rule; max
+height, final and landing distance). The toy task has no step interface (it is a batched torch simulation of whole
+trajectories), so PPO runs on gym/*, metaworld/*, fancy/box-pushing-* and fancy/hopper-jump only.
 
 Settings: ``stable_baselines3.PPO("MlpPolicy")`` with SB3's defaults (2.x): 2048 steps a rollout, 10 epochs of
 minibatches of 64, Adam 3e-4, gamma 0.99, GAE lambda 0.95, clip 0.2, no entropy bonus, value weight 0.5, gradient
@@ -68,8 +70,12 @@ from troll.runs.files import (
 from troll.runs.numbers import FieldError, check_int, check_real, check_seed, is_int
 
 INSTALL = "pip install 'troll[baselines]' (stable-baselines3)"
-# the episodic envs' T (Reacher-v5's time limit, Meta-World's path length, fancy_gym's box-pushing episode)
-HORIZON = {"gym": 50, "metaworld": 500, "box-pushing": 100}
+# the episodic envs' T (Reacher-v5's time limit, Meta-World's path length, fancy_gym's box-pushing and hopper-jump
+# episodes)
+HORIZON = {"gym": 50, "metaworld": 500, "box-pushing": 100, "hopper": 250}
+# an episode's final metrics in the step env's info -> the name of their mean in rollout/* and eval/*
+FINAL_METRICS = {"episode_return": "return", "is_success": "success_rate", "distance": "distance",
+                 "max_height": "max_height"}  # fmt: skip
 CHECKPOINT = "checkpoint-{}.zip"
 RUNTIME_FIELDS = ("threads",)
 # PPOConfig fields passed to stable_baselines3.PPO as they are (net_arch goes into policy_kwargs)
@@ -118,7 +124,8 @@ class PPOConfig:
         if family == "toy":
             raise ValueError(
                 f"env {self.env!r} has no step-based interface (the toy task simulates whole trajectories in torch): "
-                "PPO runs on gym/*, metaworld/* and fancy/box-pushing-* only; use --algo tce or bbrl there."
+                "PPO runs on gym/*, metaworld/*, fancy/box-pushing-* and fancy/hopper-jump only; use --algo tce or "
+                "bbrl there."
             )
         ints = ("total_env_steps", "eval_every_steps", "eval_episodes", "threads", "checkpoint_every", "n_steps")
         for name in (*ints, "batch_size", "n_epochs"):
@@ -178,19 +185,25 @@ class PPOConfig:
         return {k: (a[k], b[k]) for k in a if k not in ignore and a[k] != b[k]}
 
 
+def play(model, task, seed: int, on_step: Callable[[int], None] | None = None) -> dict:
+    """One episode of the deterministic policy (the mean action) from episode seed ``seed``; its last step's info.
+    ``on_step(t)`` (None), when set, is called after the reset (t = 0) and after every step t = 1..T (the
+    renderer's frames)."""
+    obs, _ = task.reset(options={"episode_seed": seed})
+    if on_step is not None:
+        on_step(0)
+    for t in range(1, task.horizon + 1):
+        action, _ = model.predict(obs, deterministic=True)
+        obs, _, _, _, info = task.step(action)
+        if on_step is not None:
+            on_step(t)
+    return info
+
+
 def evaluate(model, task, seeds: list[int]) -> dict[str, float]:
-    """The deterministic policy on the episodes of ``seeds``: mean return, success rate, final distance."""
-    returns, successes, distances = [], [], []
-    for s in seeds:
-        obs, _ = task.reset(options={"episode_seed": s})
-        for _ in range(task.horizon):
-            action, _ = model.predict(obs, deterministic=True)
-            obs, _, _, _, info = task.step(action)
-        returns.append(info["episode_return"])
-        successes.append(float(info["is_success"]))
-        distances.append(info["distance"])
-    return {"eval/return": float(np.mean(returns)), "eval/success_rate": float(np.mean(successes)),
-            "eval/distance": float(np.mean(distances))}  # fmt: skip
+    """The deterministic policy on the episodes of ``seeds``: the mean of each final metric the task reports
+    (:data:`FINAL_METRICS`: return, and success rate, final distance, max height where the task has them)."""
+    return _means([play(model, task, s) for s in seeds], "eval")
 
 
 # ---------------------------------------------------------------------------------------------- the run
@@ -263,10 +276,10 @@ def _build(config: PPOConfig, out: Path):
     from stable_baselines3 import PPO
     from stable_baselines3.common.logger import configure
 
-    try:  # a missing simulator or box pushing's assets: refused before anything is written
+    try:  # a missing simulator or fancy-gym's assets: refused before anything is written
         task = make_step_task(config.env, seed=config.seed)
         eval_task = make_step_task(config.env, seed=config.seed)
-    except ImportError as err:
+    except (ImportError, FileNotFoundError) as err:
         raise UsageError(str(err)) from err
     runs.begin(out, COMMAND)  # the manifest first; stale temporary files of a killed process go
     found = checkpoints(out)
@@ -362,9 +375,10 @@ def _episode_metrics(episodes: list[dict]) -> dict[str, float]:
     """rollout/* over the episodes that ended in a rollout (none: no keys)."""
     if not episodes:
         return {}
-    return {
-        "rollout/return": float(np.mean([e["episode_return"] for e in episodes])),
-        "rollout/success_rate": float(np.mean([float(e["is_success"]) for e in episodes])),
-        "rollout/distance": float(np.mean([e["distance"] for e in episodes])),
-        "rollout/episodes": len(episodes),
-    }
+    return _means(episodes, "rollout") | {"rollout/episodes": len(episodes)}
+
+
+def _means(infos: list[dict], prefix: str) -> dict[str, float]:
+    """<prefix>/<name>: the mean over episodes of each final metric of :data:`FINAL_METRICS` their infos hold."""
+    return {f"{prefix}/{name}": float(np.mean([float(i[key]) for i in infos]))
+            for key, name in FINAL_METRICS.items() if key in infos[0]}  # fmt: skip

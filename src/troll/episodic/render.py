@@ -2,7 +2,9 @@
 
 What is shown: the run's newest checkpoint, its mean trajectory (no sampling, as the evaluations run it) on the
 first ``episodes`` episodes of the evaluation set (the reset seed every evaluation of the run uses), one after the
-other, each tracked by the env's own controller. Every MuJoCo task renders: the runner that plays an episode in
+other, each tracked by the env's own controller; for a PPO run, its saved policy's mean action at every step in its
+step env (:mod:`troll.episodic.envs.step`, whose ``physics`` is drawn) on the same episode seeds, as its evaluations
+play them. Every MuJoCo task renders: the runner that plays an episode in
 this process exposes its simulator as ``runner.sim`` (a gymnasium MuJoCo env: ``model``, ``data``, ``step``) or as
 ``runner.env`` (whose unwrapped env is taken), and a frame is taken after every k-th call of ``sim.step``, or of
 ``runner.step_hook`` that a runner stepping MuJoCo itself calls after each step (hopper jump's); k = round(1 / (fps
@@ -21,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -48,21 +51,49 @@ def use_offscreen_gl() -> None:
 
 
 def check_gl() -> None:
-    """Draw one frame of an empty scene; RenderError naming the GL packages if that fails."""
-    use_offscreen_gl()
-    try:
-        import mujoco
+    """Draw one frame of an empty scene; RenderError naming the GL packages if that fails.
 
-        model = mujoco.MjModel.from_xml_string("<mujoco><worldbody><geom size='1'/></worldbody></mujoco>")
-        renderer = mujoco.Renderer(model, 8, 8)
+    The probe builds the GL context, MuJoCo's render context and the scene itself (MuJoCo's public API:
+    GLContext, MjrContext, mjr_render, mjr_readPixels) rather than through ``mujoco.Renderer``: a Renderer whose
+    constructor fails is left half-built, and its destructor then prints an unrelated AttributeError
+    (``_mjr_context``) after the real error. The GL backend's warnings (GLFW's) become part of the message."""
+    use_offscreen_gl()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         try:
-            renderer.update_scene(mujoco.MjData(model))
-            renderer.render()
-        finally:
-            renderer.close()
-    except Exception as err:  # whatever the GL backend raises (ImportError, RuntimeError, EGL / GLFW errors)
-        raise RenderError(f"offscreen rendering is unavailable with MUJOCO_GL={os.environ.get('MUJOCO_GL')!r}: "
-                          f"{type(err).__name__}: {err}. {GL_PACKAGES}.") from None  # fmt: skip
+            _draw_one_frame()
+            return
+        except Exception as err:  # whatever the GL backend raises (ImportError, RuntimeError, EGL / GLFW errors)
+            error = f"{type(err).__name__}: {err}"
+    said = "; ".join(dict.fromkeys(str(w.message) for w in caught))
+    raise RenderError(f"offscreen rendering is unavailable with MUJOCO_GL={os.environ.get('MUJOCO_GL')!r}: {error}"
+                      f"{f' ({said})' if said else ''}. {GL_PACKAGES}.") from None  # fmt: skip
+
+
+def _draw_one_frame() -> None:
+    """One 8 x 8 frame of a one-geom scene, every context freed before returning or raising."""
+    import mujoco
+
+    model = mujoco.MjModel.from_xml_string("<mujoco><worldbody><geom size='1'/></worldbody></mujoco>")
+    data = mujoco.MjData(model)
+    if mujoco.GLContext is None:
+        raise RenderError("MuJoCo has no GL context (MUJOCO_GL disables it)")
+    gl = mujoco.GLContext(8, 8)
+    render = None
+    try:
+        gl.make_current()
+        render = mujoco.MjrContext(model, mujoco.mjtFontScale.mjFONTSCALE_150)
+        mujoco.mjr_setBuffer(mujoco.mjtFramebuffer.mjFB_OFFSCREEN, render)
+        scene = mujoco.MjvScene(model, maxgeom=10)
+        mujoco.mjv_updateScene(model, data, mujoco.MjvOption(), None, mujoco.MjvCamera(), mujoco.mjtCatBit.mjCAT_ALL,
+                               scene)  # fmt: skip
+        viewport = mujoco.MjrRect(0, 0, 8, 8)
+        mujoco.mjr_render(viewport, scene, render)
+        mujoco.mjr_readPixels(np.empty((8, 8, 3), np.uint8), None, viewport, render)
+    finally:
+        if render is not None:
+            render.free()
+        gl.free()
 
 
 class FrameGrabber:
@@ -169,7 +200,7 @@ def render_run(out: Path, *, path: Path | None = None, episodes: int = 3, width:
     """Render the run in ``out`` (module docstring) into ``path`` (default <out>/video.mp4); returns
     {"path", "frames", "episodes", "fps", "final": [per-episode final metrics]}. RenderError / UsageError for what
     cannot be rendered, before any episode runs."""
-    from troll.episodic.run import checkpoints, saved_config
+    from troll.episodic import ppo, run
     from troll.runs.files import UsageError
 
     out = Path(out)
@@ -179,16 +210,18 @@ def render_run(out: Path, *, path: Path | None = None, episodes: int = 3, width:
     for name, value, low in (("episodes", episodes, 1), ("width", width, 16), ("height", height, 16), ("fps", fps, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= 4096:
             raise UsageError(f"--{name} must be an integer in [{low}, 4096], got {value!r}.")
-    config = saved_config(out)
+    config = ppo.saved_config(out) or run.saved_config(out)  # a PPO config first: TCE's reader refuses its fields
     if config is None:
-        raise UsageError(f"{out} holds no run of 'troll tce train' (TCE / BBRL) to render.")
-    found = checkpoints(out)
+        raise UsageError(f"{out} holds no run of 'troll tce train' (TCE, BBRL or PPO) to render.")
+    found = (ppo.checkpoints if config.algo == "ppo" else run.checkpoints)(out)
     if checkpoint is None and not found:
-        raise UsageError(f"{out} holds no checkpoint yet: a run writes one every {config.checkpoint_every} iterations.")
+        every = "rollouts" if config.algo == "ppo" else "iterations"
+        raise UsageError(f"{out} holds no checkpoint yet: a run writes one every {config.checkpoint_every} {every}.")
     if config.env.startswith("toy/"):
         raise RenderError(f"{config.env} is torch code, not a MuJoCo simulation: there is no scene to render.")
     check_gl()
-    return _render(config, checkpoint or found[-1][1], path, episodes=episodes, width=width, height=height, fps=fps)
+    draw = _render_ppo if config.algo == "ppo" else _render
+    return draw(config, checkpoint or found[-1][1], path, episodes=episodes, width=width, height=height, fps=fps)
 
 
 def _render(config, checkpoint: Path, path: Path, *, episodes: int, width: int, height: int, fps: int) -> dict:
@@ -214,7 +247,49 @@ def _render(config, checkpoint: Path, path: Path, *, episodes: int, width: int, 
                                         width=width, height=height)  # fmt: skip
             frames += got
             finals.append(final)
-    rate = 1 / (every * env.dt)
+    return _write(path, frames, finals, every * env.dt, episodes)
+
+
+def _render_ppo(config, checkpoint: Path, path: Path, *, episodes: int, width: int, height: int, fps: int) -> dict:
+    """A PPO run: its saved policy's mean action, step by step in its step env (:mod:`troll.episodic.envs.step`,
+    the Python simulators), on the first ``episodes`` episode seeds of its evaluations."""
+    from stable_baselines3 import PPO
+
+    from troll.episodic.envs.base import episode_seeds
+    from troll.episodic.envs.step import make_step_task
+    from troll.episodic.ppo import play
+    from troll.episodic.tce.agent import EVAL_STREAM, reset_seed
+
+    model = PPO.load(checkpoint, device="cpu")
+    task = make_step_task(config.env, seed=config.seed)
+    every = max(1, round(1 / (fps * task.dt)))
+    frames, finals = [], []
+    try:
+        for seed in episode_seeds(reset_seed(config.seed, EVAL_STREAM), episodes):
+            grabber = None
+
+            def grab(t: int) -> None:
+                nonlocal grabber
+                if t == 0:  # after the reset: the free camera frames the bodies where the episode starts
+                    grabber = FrameGrabber(task.physics, width=width, height=height)
+                if t % every == 0:
+                    frames.append(grabber.grab())
+
+            try:
+                info = play(model, task, seed, on_step=grab)
+            finally:
+                if grabber is not None:
+                    grabber.close()
+            names = {"episode_return": "return", "is_success": "success"}
+            finals.append({names.get(k, k): float(v) for k, v in info.items()})
+    finally:
+        task.close()
+    return _write(path, frames, finals, every * task.dt, episodes)
+
+
+def _write(path: Path, frames: list[np.ndarray], finals: list[dict], seconds: float, episodes: int) -> dict:
+    """The video of ``frames`` taken every ``seconds`` of simulated time, played in real time; render_run's dict."""
+    rate = 1 / seconds
     path.parent.mkdir(parents=True, exist_ok=True)
     write_video(path, frames, rate)
     return {"path": str(path), "frames": len(frames), "episodes": episodes, "fps": round(rate, 3),

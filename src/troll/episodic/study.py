@@ -55,7 +55,7 @@ class StudySpec:
     sweep_values: list = field(default_factory=list)
     workers: int = STUDY_WORKERS
     threads: int = 1
-    videos: bool = False  # each TCE / BBRL cell renders <cell>/video.mp4 when it ends (a runtime choice)
+    videos: bool = False  # each cell renders <cell>/video.mp4 when it ends (a runtime choice)
 
     @property
     def grid(self) -> Grid:
@@ -180,7 +180,7 @@ def _started_backend(out: Path) -> str | None:
 
 
 def _fresh_spec(args, given: dict, env: str) -> StudySpec:
-    toy = env in opts.TOY_ENVS + opts.TCE_ONLY_ENVS  # no PPO there: tce and bbrl by default
+    toy = env in opts.TOY_ENVS  # no PPO there (no step interface): tce and bbrl by default
     algos = ("tce", "bbrl") if toy else opts.ALGOS
     if hasattr(args, "algos"):
         algos = grid_lib.parse_arms(args.algos, opts.ALGOS, flag="--algos", noun="algorithm", example="tce,bbrl,ppo")
@@ -246,7 +246,7 @@ def cell_argv(cell: Cell, spec: StudySpec, *, resume: bool) -> list[str]:
     o = cell.options
     # the runtime, which a resumed study may change: a resumed cell takes it too
     runtime = ["--threads", str(spec.threads)] + (["--workers", str(spec.workers)] if o["algo"] != "ppo" else [])
-    runtime += ["--video"] if spec.videos and o["algo"] != "ppo" else []
+    runtime += ["--video"] if spec.videos else []
     if resume:
         return argv + ["--resume"] + runtime
     argv += ["--env", spec.env, "--algo", o["algo"], "--seed", str(o["seed"])] + runtime
@@ -358,7 +358,8 @@ def _videos(spec: StudySpec, cells: list[Cell]) -> str:
         for c in cells
         if (c.folder / VIDEO_FILE).is_file()
     ]
-    return f"\nVideos (the mean trajectory on the first evaluation episodes): {', '.join(links)}.\n" if links else ""
+    shown = "the mean trajectory (TCE, BBRL) or the mean action (PPO) on the first evaluation episodes"
+    return f"\nVideos ({shown}): {', '.join(links)}.\n" if links else ""
 
 
 def _can_resume(cell: Cell) -> bool:
@@ -376,10 +377,10 @@ def frontend(spec: StudySpec) -> Frontend:
         arm="algo",
         cell_argv=lambda cell, resume: cell_argv(cell, spec, resume=resume),
         numbers=lambda cell, summary, rows: cell_numbers(summary, rows),
-        table=TABLE + (HEIGHT_TABLE if spec.env in opts.TCE_ONLY_ENVS else ()),
-        paired=PAIRED + (HEIGHT_TABLE[:1] if spec.env in opts.TCE_ONLY_ENVS else ()),
+        table=TABLE + (HEIGHT_TABLE if spec.env in opts.HOPPER_ENVS else ()),
+        paired=PAIRED + (HEIGHT_TABLE[:1] if spec.env in opts.HOPPER_ENVS else ()),
         pairing=PAIRING,
-        curves=CURVES + ((HEIGHT_CURVE,) if spec.env in opts.TCE_ONLY_ENVS else ()),
+        curves=CURVES + ((HEIGHT_CURVE,) if spec.env in opts.HOPPER_ENVS else ()),
         x_key="env_steps",
         x_label="environment steps",
         can_resume=_can_resume,

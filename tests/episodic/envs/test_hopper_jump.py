@@ -288,19 +288,88 @@ def test_presets_are_the_authors_hopper_config():
     assert TCEConfig.preset("fancy/hopper-jump", algo="bbrl-cov").covariance == "full"
 
 
-def test_ppo_is_refused_and_a_study_defaults_to_tce_and_bbrl():
-    from troll.episodic import flags as opts
-    from troll.runs.files import UsageError
+# ------------------------------------------------------------------------------------------------ PPO's step env
 
-    with pytest.raises(
-        UsageError,
-        match=r"--algo ppo is not available on fancy/hopper-jump \(troll's PPO steps "
-        r"gym/reacher, .*fancy/box-pushing-sparse and metaworld/<task> only\)",
-    ):
-        opts.check_env("fancy/hopper-jump", "ppo")
-    assert opts.check_env("fancy/hopper-jump", "bbrl") == "fancy/hopper-jump"
+
+def test_step_env_replays_the_episodic_episode(runner):
+    """PPO's step env (the simulator's own action, no PD controller) fed the actions the episodic env's PD controller
+    sent on a jump with a landing: the same 250 steps (never terminated, truncated at the last), observations,
+    rewards and final metrics, and the episodic env's final metrics in the last step's info."""
+    from troll.episodic.envs.step import make_step_task
+
+    actions = []
+    runner.step_hook = lambda: actions.append(np.clip(runner.sim.data.ctrl, -1.0, 1.0).copy())  # what MuJoCo applied
+    try:
+        result = runner.run(0, 11, *_phases(np.array([70.0, 25.0, -1.5, -1.5, 0.5, 0.3, 0.3, -0.6, -0.5, -0.5, 0.0])))
+    finally:
+        runner.step_hook = None
+    task = make_step_task("fancy/hopper-jump", seed=0)
+    try:
+        assert task.horizon == hj.HORIZON and task.dt == hj.DT
+        assert task.observation_space.shape == (16,) and task.action_space.shape == (3,)
+        assert (task.action_space.low == -1).all() and (task.action_space.high == 1).all()
+        obs, info = task.reset(options={"episode_seed": 11})
+        states, rewards, ends = [obs], [], []
+        for action in actions:
+            obs, reward, terminated, truncated, info = task.step(action)
+            states.append(obs)
+            rewards.append(reward)
+            ends.append((terminated, truncated))
+    finally:
+        task.close()
+    assert len(actions) == hj.HORIZON and ends == [(False, False)] * (hj.HORIZON - 1) + [(False, True)]
+    np.testing.assert_allclose(np.array(states), result.states, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(np.array(rewards), result.rewards, rtol=0, atol=1e-12)
+    final = {k: info[k] for k in ("max_height", "distance", "landing_distance", "healthy")}
+    assert set(info) == {*final, "episode_return"} and final["landing_distance"] > 0
+    assert final == pytest.approx({k: result.final[k] for k in final}, abs=1e-12)
+    assert info["episode_return"] == pytest.approx(result.final["return"], abs=1e-9)
+
+
+def test_ppo_trains_end_to_end(tmp_path, capsys):
+    """``troll tce train --algo ppo`` on hopper jump: 500 env steps (two rollouts of one 250-step episode), evaluated
+    on 2 episodes after each; the run folder of a PPO run, and the metrics TCE's hopper runs report, all finite."""
+    pytest.importorskip("stable_baselines3")
+    import json
+    import math
+
+    from troll.cli import main
+    from troll.runs.files import read_jsonl
+
+    out = tmp_path / "ppo"
+    argv = ["tce", "train", "--env", "fancy/hopper-jump", "--algo", "ppo", "--out", str(out), "--steps", "500",
+            "--ppo-n-steps", "250", "--ppo-batch-size", "50", "--ppo-n-epochs", "1", "--eval-episodes", "2",
+            "--eval-every", "1", "--episodes", "1", "--no-progress"]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("500 env steps: eval ")]
+    assert len(lines) == 1 and "distance" in lines[0] and "max_height" in lines[0] and "success" not in lines[0]
+    assert {p.name for p in out.iterdir()} == {".troll-run.json", "config.json", "metrics.jsonl", "summary.json",
+                                               "plots.png", "checkpoint-500.zip"}  # fmt: skip
+    config = json.loads((out / "config.json").read_text())["config"]
+    assert (config["algo"], config["env"], config["eval_every_steps"]) == ("ppo", "fancy/hopper-jump", 250)
+    rows = read_jsonl(out / "metrics.jsonl")
+    assert [r["env_steps"] for r in rows] == [250, 500]
+    for row in rows:
+        assert {"eval/return", "eval/distance", "eval/max_height", "rollout/return", "rollout/max_height"} <= set(row)
+        assert "eval/success_rate" not in row and "rollout/success_rate" not in row  # no success rule
+        assert row["rollout/episodes"] == 1 and 0 < row["eval/max_height"] < 3
+        assert all(math.isfinite(v) for v in row.values() if isinstance(v, float)), row
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["max_height"] == rows[-1]["eval/max_height"] and summary["success_rate"] is None
+    assert summary["return"] == rows[-1]["eval/return"] and summary["env_steps"] == 500
+
+
+def test_every_algorithm_runs_here_and_a_study_defaults_to_all_of_them():
     from argparse import Namespace
 
+    from troll.episodic import flags as opts
     from troll.episodic import study
+    from troll.episodic.ppo import PPOConfig
 
-    assert study._fresh_spec(Namespace(), {}, "fancy/hopper-jump").algos == ["tce", "bbrl"]
+    for algo in opts.ALGOS:
+        assert opts.check_env("fancy/hopper-jump", algo) == "fancy/hopper-jump"
+    assert study._fresh_spec(Namespace(), {}, "fancy/hopper-jump").algos == list(opts.ALGOS)
+    # PPO's budget and evaluations follow the hopper preset's: 10M env steps, 64 episodes every 25 x 64 x 250 steps
+    ppo = PPOConfig.preset("fancy/hopper-jump")
+    assert (ppo.total_env_steps, ppo.eval_episodes, ppo.eval_every_steps) == (10_000_000, 64, 400_000)
+    assert ppo.horizon == hj.HORIZON == registry.horizon("fancy/hopper-jump")
