@@ -195,6 +195,36 @@ def test_a_ppo_run_renders_its_evaluation_episodes(ppo_hopper_run, tmp_path, cap
     assert np.mean([f["max_height"] for f in done["final"]]) == pytest.approx(last["eval/max_height"], abs=1e-9)
 
 
+def test_a_runs_video_is_its_own_file(hopper_run, tmp_path):
+    """The video rendered into a run folder (its default name) is the run's: ``--overwrite`` may replace the run,
+    where a file the run did not write would be refused."""
+    import shutil
+
+    from troll import runs
+
+    out = tmp_path / "run"
+    shutil.copytree(hopper_run, out)
+    runs.begin(out, "tce train")  # the manifest of the current layout, as a resumed run records it
+    runs.release(out)
+    render.render_run(out, episodes=1, width=32, height=32, fps=2)
+    assert (out / render.VIDEO_FILE).is_file() and runs.foreign(out, "tce train") == []
+    assert runs.check_folder(out, "tce train", resume=False, overwrite=True) == "replace"
+
+
+def test_a_ppo_run_without_stable_baselines3_is_refused_by_name(ppo_hopper_run, tmp_path, monkeypatch, capsys):
+    import importlib.util
+
+    from troll.episodic import ppo
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(ppo.importlib.util, "find_spec", lambda n, *a: None if n == "stable_baselines3" else
+                        find_spec(n, *a))  # fmt: skip
+    monkeypatch.setattr(render, "check_gl", lambda: pytest.fail("refused before the GL check"))
+    assert main(["tce", "render", str(ppo_hopper_run), "--out", str(tmp_path / "v.gif")]) == 2
+    assert "--algo ppo needs stable-baselines3, which is not installed" in capsys.readouterr().err
+    assert not (tmp_path / "v.gif").exists()
+
+
 @pytest.mark.parametrize(
     ("argv", "words"),
     [(["--out", "x.avi"], "must end in .gif or .mp4"), (["--episodes", "0"], "--episodes must be an integer")],
@@ -225,6 +255,29 @@ def test_without_offscreen_gl_the_error_names_the_packages(hopper_run, tmp_path,
     assert "libegl1" in capsys.readouterr().err and not (tmp_path / "v.gif").exists()
 
 
+@pytest.mark.parametrize(
+    ("gl", "words"),
+    [
+        (
+            {"MUJOCO_GL": "egl", "MUJOCO_EGL_DEVICE_ID": "99"},
+            "backend mujoco.egl: RuntimeError: The MUJOCO_EGL_DEVICE_ID",
+        ),
+        ({"MUJOCO_GL": "disable"}, "RenderError: MuJoCo has no GL context (MUJOCO_GL disables it)"),
+    ],
+    ids=["egl-without-its-device", "gl-disabled"],
+)
+def test_a_failing_gl_backend_gives_one_clear_error(gl, words):
+    """An EGL context whose constructor fails (a device that does not exist) is half-built like the Renderer above:
+    its destructor's AttributeError (``_context``) is not printed after the real error. MUJOCO_GL=disable leaves
+    mujoco without a GLContext at all: the message says so, not an AttributeError of the mujoco module."""
+    env = {**os.environ, **gl, "PYTHONPATH": os.pathsep.join(sys.path)}
+    code = "from troll.episodic.render import check_gl; check_gl()"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 1 and words in done.stderr, done.stderr
+    assert "libegl1" in done.stderr and ".." not in done.stderr, done.stderr
+    assert "Exception ignored" not in done.stderr and "AttributeError" not in done.stderr, done.stderr
+
+
 def _without_gl() -> dict:
     """The environment of a process on a machine without offscreen OpenGL: MUJOCO_GL=glfw and no display."""
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
@@ -249,6 +302,12 @@ def test_a_study_with_videos_on_the_toy_task_is_refused(tmp_path, monkeypatch, c
     monkeypatch.setattr(render, "check_gl", lambda: pytest.fail("no GL check is needed to refuse the toy task"))
     out = tmp_path / "study"
     assert main(["tce", "study", "--env", "toy/viapoint", "--out", str(out), "--videos"]) == 2
+    assert "--videos renders MuJoCo tasks; toy/viapoint is torch code" in capsys.readouterr().err
+    assert not out.exists()
+    # the cells of a cluster render on its nodes (no GL check here), yet the toy task has nothing to render anywhere
+    argv = ["tce", "study", "--env", "toy/viapoint", "--out", str(out), "--videos", "--executor", "slurm",
+            "--slurm-local"]  # fmt: skip
+    assert main(argv) == 2
     assert "--videos renders MuJoCo tasks; toy/viapoint is torch code" in capsys.readouterr().err
     assert not out.exists()
 

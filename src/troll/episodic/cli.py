@@ -316,11 +316,14 @@ def _render(out: Path, path: Path | None, **sizes) -> int:
 # ---------------------------------------------------------------------------------------------- study
 
 
-def _check_videos(env: str, option: str) -> None:
-    """UsageError, before anything is written, when the runs of ``env`` cannot render a video here: the toy task
-    (no scene), or a machine without offscreen OpenGL (the message names the packages)."""
+def _check_videos(env: str, option: str, *, here: bool = True) -> None:
+    """UsageError, before anything is written, when the runs of ``env`` cannot render a video: the toy task (no
+    scene), or, when they render ``here`` (not on a cluster's nodes), a machine without offscreen OpenGL (the message
+    names the packages)."""
     if env in opts.TOY_ENVS:
         raise UsageError(f"{option} renders MuJoCo tasks; {env} is torch code with no scene: drop it.")
+    if not here:
+        return
     from troll.episodic.render import RenderError, check_gl
 
     try:
@@ -347,8 +350,8 @@ def cmd_study(args: argparse.Namespace) -> int:
 
         require_sb3()
     clear = check_folder(out, command=study.COMMAND, overwrite=args.overwrite, resume=args.resume)
-    if spec.videos and executor.name == "local":  # the cells render here: refused before anything is written
-        _check_videos(spec.env, "--videos")
+    if spec.videos:  # refused before anything is written; GL is checked where the cells render (here, if local)
+        _check_videos(spec.env, "--videos", here=executor.name == "local")
     engine = study.frontend(spec)
     executor = executors.prepare(executor, out, engine, cells)
     script = executors.script(executor, engine, cells)

@@ -21,8 +21,10 @@ libosmesa6). Without a working one, :class:`RenderError` names the packages befo
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 import os
+import sys
 import warnings
 from pathlib import Path
 
@@ -56,18 +58,28 @@ def check_gl() -> None:
     The probe builds the GL context, MuJoCo's render context and the scene itself (MuJoCo's public API:
     GLContext, MjrContext, mjr_render, mjr_readPixels) rather than through ``mujoco.Renderer``: a Renderer whose
     constructor fails is left half-built, and its destructor then prints an unrelated AttributeError
-    (``_mjr_context``) after the real error. The GL backend's warnings (GLFW's) become part of the message."""
+    (``_mjr_context``) after the real error. A GL context whose constructor fails (EGL without a device) is
+    half-built too: its destructor's error is dropped while the probe runs (``sys.unraisablehook``). The GL backend's
+    warnings (GLFW's) become part of the message, which names the backend mujoco loaded."""
     use_offscreen_gl()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            _draw_one_frame()
-            return
-        except Exception as err:  # whatever the GL backend raises (ImportError, RuntimeError, EGL / GLFW errors)
-            error = f"{type(err).__name__}: {err}"
-    said = "; ".join(dict.fromkeys(str(w.message) for w in caught))
-    raise RenderError(f"offscreen rendering is unavailable with MUJOCO_GL={os.environ.get('MUJOCO_GL')!r}: {error}"
-                      f"{f' ({said})' if said else ''}. {GL_PACKAGES}.") from None  # fmt: skip
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda unraisable: None
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                _draw_one_frame()
+                return
+            except Exception as err:  # whatever the GL backend raises (ImportError, RuntimeError, EGL / GLFW errors)
+                error = f"{type(err).__name__}: {str(err).rstrip('. ')}"
+            gc.collect()  # a half-built context in a reference cycle: its destructor runs now, not after the hook
+    finally:
+        sys.unraisablehook = hook
+    said = "; ".join(dict.fromkeys(str(w.message).rstrip(". ") for w in caught))
+    loaded = getattr(sys.modules.get("mujoco"), "GLContext", None)
+    backend = f", backend {loaded.__module__}" if loaded is not None else ""
+    raise RenderError(f"offscreen rendering is unavailable with MUJOCO_GL={os.environ.get('MUJOCO_GL')!r}{backend}: "
+                      f"{error}{f' ({said})' if said else ''}. {GL_PACKAGES}.") from None  # fmt: skip
 
 
 def _draw_one_frame() -> None:
@@ -76,7 +88,7 @@ def _draw_one_frame() -> None:
 
     model = mujoco.MjModel.from_xml_string("<mujoco><worldbody><geom size='1'/></worldbody></mujoco>")
     data = mujoco.MjData(model)
-    if mujoco.GLContext is None:
+    if getattr(mujoco, "GLContext", None) is None:
         raise RenderError("MuJoCo has no GL context (MUJOCO_GL disables it)")
     gl = mujoco.GLContext(8, 8)
     render = None
@@ -213,6 +225,8 @@ def render_run(out: Path, *, path: Path | None = None, episodes: int = 3, width:
     config = ppo.saved_config(out) or run.saved_config(out)  # a PPO config first: TCE's reader refuses its fields
     if config is None:
         raise UsageError(f"{out} holds no run of 'troll tce train' (TCE, BBRL or PPO) to render.")
+    if config.algo == "ppo":
+        ppo.require_sb3()
     found = (ppo.checkpoints if config.algo == "ppo" else run.checkpoints)(out)
     if checkpoint is None and not found:
         every = "rollouts" if config.algo == "ppo" else "iterations"
@@ -259,9 +273,13 @@ def _render_ppo(config, checkpoint: Path, path: Path, *, episodes: int, width: i
     from troll.episodic.envs.step import make_step_task
     from troll.episodic.ppo import play
     from troll.episodic.tce.agent import EVAL_STREAM, reset_seed
+    from troll.runs.files import UsageError
 
+    try:  # a missing simulator or fancy-gym's assets, as a PPO run refuses them
+        task = make_step_task(config.env, seed=config.seed)
+    except (ImportError, FileNotFoundError) as err:
+        raise UsageError(str(err)) from err
     model = PPO.load(checkpoint, device="cpu")
-    task = make_step_task(config.env, seed=config.seed)
     every = max(1, round(1 / (fps * task.dt)))
     frames, finals = [], []
     try:
