@@ -62,7 +62,7 @@ _TMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)$")
 RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "plots.png")
 LAYOUTS: dict[str, tuple[str, ...]] = {
     "train": (*RUN_FILES, "model/", "checkpoint-{n}/"),
-    "tce train": (*RUN_FILES, "checkpoint-{n}.pt", "checkpoint-{n}.zip"),
+    "tce train": (*RUN_FILES, "checkpoint-{n}.pt", "checkpoint-{n}.zip", "video.mp4"),  # the video: troll tce render
     "compare": ("config.json", "compare.png", "compare.md"),
     "study": ("config.json", "study.json", "study.md", "study.png"),
     "tce study": ("config.json", "study.json", "study.md", "study.png"),
