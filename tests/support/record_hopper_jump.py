@@ -18,6 +18,12 @@ What it records (float64 unless noted):
   the seeds ``track_seeds`` and ProDMP parameters drawn from N(0, 1): its desired positions and velocities
   ``track_pos``, ``track_vel`` (K, 250, 3) (sample k at time (k + 1) dt), the clipped actions ``track_actions``
   (K, 250, 3), observations ``track_obs`` (K, 250, 16) after each step, and rewards ``track_rewards`` (K, 250).
+- a jump: from the seed ``jump_seed``, a PD controller (p = 1, d = 0.1, as above) tracking three phases of constant
+  joint targets ``jump_pos`` (251, 3) (sample k at time k dt; zero desired velocity) sends the clipped actions
+  ``jump_actions`` (250, 3): the foot touches down from the drop and stays down until the hopper takes off, the torso
+  climbs above its 1.5 m start, and the foot first lands after the peak. Those actions replayed from the same reset
+  give the observations ``jump_obs`` (251, 16), rewards ``jump_rewards`` (250) and every info entry
+  (``jump_info_<key>`` (250, ...), healthy as 0 or 1).
 """
 
 from __future__ import annotations
@@ -30,8 +36,16 @@ import mujoco
 import numpy as np
 
 INFO_KEYS = ("height", "max_height", "goal_dist", "contact_dist", "healthy_reward")
+ALL_INFO_KEYS = ("height", "x_pos", "max_height", "goal", "goal_dist", "height_rew", "healthy_reward", "healthy",
+                 "contact_dist")  # fmt: skip
 STEP_SEEDS = (0, 1, 2)
 TRACK_SEEDS = (3, 4, 5)
+JUMP_SEED = 0
+# joint targets (thigh, leg, foot) before sample 15, before sample 40, then to the end: a cross-entropy search over
+# three phases of constant targets in troll's rebuild of the env (the highest peak whose first landing follows it),
+# rounded to 0.01
+JUMP_SWITCHES = (15, 40)
+JUMP_TARGETS = ((2.4, 5.07, 2.37), (1.47, 0.19, 0.44), (-0.11, 1.72, -3.49))
 
 
 def action_sequences() -> np.ndarray:
@@ -69,6 +83,47 @@ def record_steps(actions: np.ndarray) -> dict:
     return out
 
 
+def jump_targets() -> np.ndarray:
+    """The desired joint positions (251, 3): sample k is the target at time k dt."""
+    pos = np.empty((251, 3))
+    (s1, s2), (a, b, c) = JUMP_SWITCHES, JUMP_TARGETS
+    pos[:s1], pos[s1:s2], pos[s2:] = a, b, c
+    return pos
+
+
+def jump_actions(env, pos: np.ndarray) -> np.ndarray:
+    """The clipped actions of the PD controller p = 1, d = 0.1 tracking ``pos`` with zero desired velocity, step t
+    tracking sample t + 1 (fancy_gym's black-box wrapper), from the reset of ``JUMP_SEED``."""
+    env.reset(seed=JUMP_SEED)
+    actions = []
+    for target in pos[1:]:
+        a = np.clip(1.0 * (target - env.data.qpos[3:6]) + 0.1 * (0.0 - env.data.qvel[3:6]), -1.0, 1.0)
+        env.step(a)
+        actions.append(a)
+    return np.array(actions)
+
+
+def record_jump() -> dict:
+    """The PD controller's actions on :func:`jump_targets`, replayed: observations, rewards, every info entry."""
+    env = gym.make("fancy/HopperJumpSparse-v0").unwrapped
+    pos = jump_targets()
+    actions = jump_actions(env, pos)
+    obs, _ = env.reset(seed=JUMP_SEED)
+    obs_seq, rew_seq, per = [obs], [], {k: [] for k in ALL_INFO_KEYS}
+    for a in actions:
+        obs, r, terminated, truncated, info = env.step(a)
+        assert not terminated and not truncated
+        obs_seq.append(obs)
+        rew_seq.append(r)
+        for k in per:
+            per[k].append(np.array(info[k], dtype=np.float64))
+    assert per["max_height"][-1] > 1.5 and per["contact_dist"][-1] > 0, "no jump above the start with a landing"
+    out = {"jump_seed": np.array(JUMP_SEED), "jump_pos": pos, "jump_actions": actions, "jump_obs": np.array(obs_seq),
+           "jump_rewards": np.array(rew_seq)}  # fmt: skip
+    out.update({f"jump_info_{k}": np.array(v) for k, v in per.items()})
+    return out
+
+
 def record_tracking() -> dict:
     env = gym.make("fancy_ProDMP/HopperJumpSparse-v0", mp_config_override={"black_box_kwargs": {"verbose": 2}})
     rng = np.random.default_rng(7)
@@ -91,7 +146,7 @@ def record_tracking() -> dict:
 def main(path: str) -> None:
     env = gym.make("fancy/HopperJumpSparse-v0").unwrapped
     reset_obs = np.array([env.reset(seed=s)[0] for s in range(10)])
-    data = {"reset_obs": reset_obs, **record_steps(action_sequences()), **record_tracking()}
+    data = {"reset_obs": reset_obs, **record_steps(action_sequences()), **record_tracking(), **record_jump()}
     data["versions"] = np.array([f"fancy_gym 0.3.0, mujoco {mujoco.__version__}, gymnasium {gym.__version__}"])
     np.savez_compressed(path, **data)
     for k, v in data.items():
