@@ -111,3 +111,30 @@ def test_prepare_starts_resumes_and_refuses_a_changed_config(tmp_path):
     # a run that can be extended past its end says when it is finished
     assert _prepare(out, _Config(steps=20), resume=True, finished=lambda c: c.steps <= 10) == (_Config(steps=20), False)
     assert protocol.run(out, lambda: _prepare(out, None, resume=True), lambda c: {"ran": True}) == {"done": True}
+
+
+def test_stop_requests_note_the_first_signal_and_restore_the_handlers():
+    import os
+    import signal
+    import threading
+
+    before = signal.getsignal(signal.SIGTERM)
+    with protocol.stop_requests() as stop:
+        assert stop.signal is None
+        os.kill(os.getpid(), signal.SIGUSR1)
+        os.kill(os.getpid(), signal.SIGTERM)  # noted, not obeyed: the process lives on
+        assert stop.signal == "SIGUSR1"  # the first one
+    assert signal.getsignal(signal.SIGTERM) is before and signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
+    seen = []
+
+    def in_a_thread():  # Python runs handlers in the main thread only: nothing is installed here
+        with protocol.stop_requests() as request:
+            seen.append((request.signal, signal.getsignal(signal.SIGTERM)))
+
+    thread = threading.Thread(target=in_a_thread)
+    thread.start()
+    thread.join()
+    assert seen == [(None, before)]
+    stopped = protocol.Stopped("SIGTERM", 7, "run/checkpoint-7.pt")
+    assert (stopped.exit_code, protocol.Stopped("SIGUSR1", 7, "c").exit_code) == (128 + 15, 128 + 10)
+    assert str(stopped) == "stopped by SIGTERM after step 7; the checkpoint is run/checkpoint-7.pt"

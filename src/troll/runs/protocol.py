@@ -11,6 +11,9 @@ or PPO), on top of the folder rules of :mod:`troll.runs.folder`:
 - :func:`resume_metrics`: metrics.jsonl cut back to the lines the newest checkpoint belongs to;
 - :func:`save_checkpoint`: a numbered checkpoint file written whole (temporary file, fsync, rename), the older ones
   removed only then, so one is kept;
+- :func:`stop_requests` and :class:`Stopped`: SIGTERM or SIGUSR1 (a cluster's notice before it preempts or ends a
+  job, or a user's ``kill``) asks a run to stop at its next iteration's end with a checkpoint, so that ``--resume``
+  loses nothing; the command then exits with 128 + the signal's number, as a process the signal ended;
 - checkpoint *folders* written in place by another library (transformers' Trainer writes ``checkpoint-N/`` file by
   file): :func:`mark_checkpoint` marks one whole once its writer is done, then removes the older ones;
   :func:`last_marked` finds the newest marked one; :func:`resume_from_marked` removes the unmarked remains of an
@@ -21,11 +24,14 @@ Torch-free: what a checkpoint holds is written by the caller (``write(file)``, o
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import shutil
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -128,6 +134,53 @@ def save_checkpoint(out: Path, template: str, number: int, write: Callable[[Bina
         if n != number:
             old.unlink(missing_ok=True)
     return path
+
+
+STOP_SIGNALS = ("SIGTERM", "SIGUSR1")
+
+
+class StopRequest:
+    """``signal``: the name of the first stop signal received while :func:`stop_requests` is active, or None."""
+
+    def __init__(self):
+        self.signal: str | None = None
+
+
+class Stopped(Exception):
+    """A run stopped on ``signal`` at the end of step ``step`` (an iteration, or env steps for PPO), its state in
+    ``checkpoint``: resuming continues as if it had not stopped."""
+
+    def __init__(self, signal_name: str, step: int, checkpoint: Path):
+        super().__init__(f"stopped by {signal_name} after step {step}; the checkpoint is {checkpoint}")
+        self.signal, self.step, self.checkpoint = signal_name, step, Path(checkpoint)
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal's number: what a shell reports for a process the signal ended (143 for SIGTERM)."""
+        return 128 + int(getattr(signal, self.signal))
+
+
+@contextlib.contextmanager
+def stop_requests() -> Iterator[StopRequest]:
+    """While inside, SIGTERM and SIGUSR1 only note their name in the yielded :class:`StopRequest` (the loop checks
+    it at each iteration's end, saves a checkpoint and raises :class:`Stopped`); the handlers before are restored
+    on leaving. Python runs signal handlers in the main thread only: elsewhere (a run in a thread) nothing is
+    installed, and the signals keep their handlers (the default one ends the process)."""
+    request = StopRequest()
+    if threading.current_thread() is not threading.main_thread():
+        yield request
+        return
+
+    def note(signum, frame) -> None:
+        if request.signal is None:
+            request.signal = signal.Signals(signum).name
+
+    before = {name: signal.signal(getattr(signal, name), note) for name in STOP_SIGNALS}
+    try:
+        yield request
+    finally:
+        for name, handler in before.items():
+            signal.signal(getattr(signal, name), handler)
 
 
 MARK = "troll_complete.json"  # in a checkpoint folder: {"step": N, "metrics_lines": K}, written after its last file
