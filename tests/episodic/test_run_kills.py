@@ -114,3 +114,59 @@ def test_a_kill_at_every_write_resumes_to_the_same_end(reference, capsys, kill, 
     assert _summary(out) == _summary(full)
     assert not [n for n in os.listdir(out) if ".tmp-" in n]  # the command's temporary files are gone
     assert runs.foreign(out) == []
+
+
+def _stopped_run(out: Path, signame: str, argv: list[str]) -> int:
+    """Run ``troll tce train`` in a fork that sends itself ``signame`` while its first metrics line is written (the
+    first iteration's, or PPO's first rollout's); its exit code."""
+    pid = os.fork()
+    if pid == 0:  # the child never returns into pytest
+        code = 3
+        try:
+            write = os.write
+
+            def signalled(fd, data):
+                done = write(fd, data)
+                if os.readlink(f"/proc/self/fd/{fd}").endswith("metrics.jsonl"):
+                    os.write = write
+                    os.kill(os.getpid(), getattr(signal, signame))
+                return done
+
+            os.write = signalled
+            code = main(["tce", "train", "--out", str(out), *argv])
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+@pytest.mark.parametrize(("signame", "code"), [("SIGTERM", 143), ("SIGUSR1", 138)])
+def test_a_stop_signal_checkpoints_its_iteration_and_resumes_to_the_same_end(reference, capsys, signame, code):
+    """SIGTERM or SIGUSR1 during the first iteration (of 3; checkpoints due after 2 and 3): the run ends that
+    iteration, saves checkpoint-1.pt and exits with 128 + the signal's number; ``--resume`` ends as the uninterrupted
+    run does."""
+    out = reference / f"stopped-{signame}"
+    assert _stopped_run(out, signame, ARGV) == code
+    assert sorted(p.name for p in out.iterdir()) == [".troll-run.json", "checkpoint-1.pt", "config.json",
+                                                     "metrics.jsonl"]  # fmt: skip
+    assert [r["iteration"] for r in read_jsonl(out / "metrics.jsonl")] == [1]
+    assert main(["tce", "train", "--out", str(out), *ARGV, "--resume"]) == 0, capsys.readouterr().err
+    full = reference / "full"
+    assert _steady(read_jsonl(out / "metrics.jsonl")) == _steady(read_jsonl(full / "metrics.jsonl"))
+    assert _summary(out) == _summary(full)
+
+
+def test_a_stop_signal_ends_ppo_after_its_rollout_with_a_checkpoint(tmp_path, capsys):
+    """PPO (gym/reacher, rollouts of 100 steps, a checkpoint due every 10): SIGTERM while the first rollout's row is
+    written saves checkpoint-100.zip and exits 143; ``--resume`` runs the other rollouts from it. (SB3 saves no random
+    state, so the resumed run is not the uninterrupted one number for number.)"""
+    pytest.importorskip("stable_baselines3")
+    argv = ["--env", "gym/reacher", "--algo", "ppo", "--steps", "300", "--ppo-n-steps", "100", "--no-progress",
+            "--eval-episodes", "2", "--ppo-batch-size", "50", "--ppo-n-epochs", "1",
+            "--checkpoint-every", "10"]  # fmt: skip
+    out = tmp_path / "ppo"
+    assert _stopped_run(out, "SIGTERM", argv) == 143
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-100.zip"]
+    assert [r["env_steps"] for r in read_jsonl(out / "metrics.jsonl")] == [100]
+    assert main(["tce", "train", "--out", str(out), *argv, "--resume"]) == 0, capsys.readouterr().err
+    assert [r["env_steps"] for r in read_jsonl(out / "metrics.jsonl")] == [100, 200, 300]

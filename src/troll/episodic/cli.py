@@ -16,6 +16,7 @@ from pathlib import Path
 
 from troll import runs
 from troll.episodic import flags as opts
+from troll.runs import protocol
 from troll.runs.files import CONFIG_FILE, UsageError, read_config
 from troll.study import executors
 
@@ -285,6 +286,9 @@ def _run(config, out: Path, *, resume: bool, progress: bool, video: bool = False
     except KeyboardInterrupt:
         print(f"interrupted; continue with: troll tce train --out {out} --resume", file=sys.stderr)
         return 130
+    except protocol.Stopped as stopped:  # SIGTERM / SIGUSR1: a checkpoint of the last whole iteration
+        print(f"troll tce train: {stopped}; continue with: troll tce train --out {out} --resume", file=sys.stderr)
+        return stopped.exit_code
     keys = ("algo", "env", "seed", "env_steps", "success_rate", "return", "distance", "best_success_rate", "seconds")
     print(json.dumps({k: summary.get(k) for k in keys}))
     print(f"run folder: {out}")

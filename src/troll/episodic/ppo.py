@@ -329,6 +329,8 @@ def _run(config: PPOConfig, out: Path, progress: bool, on_row) -> None:
         def _on_rollout_start(self) -> None:
             if self.model.num_timesteps > start:
                 self._row(last=False)
+                if stop.signal is not None:  # after the update and its row: the checkpoint resumes from here
+                    raise protocol.Stopped(stop.signal, int(self.model.num_timesteps), save_checkpoint(out, self.model))
 
         def _on_rollout_end(self) -> None:
             self.rollout_t = time.perf_counter() - self.t0
@@ -364,7 +366,8 @@ def _run(config: PPOConfig, out: Path, progress: bool, on_row) -> None:
     try:
         remaining = config.total_env_steps - start
         if remaining > 0:
-            model.learn(total_timesteps=remaining, callback=Log(), reset_num_timesteps=False)
+            with protocol.stop_requests() as stop:  # SIGTERM / SIGUSR1: stop after this rollout's update, resumable
+                model.learn(total_timesteps=remaining, callback=Log(), reset_num_timesteps=False)
     finally:
         bar.close()
         task.close()

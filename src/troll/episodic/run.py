@@ -183,6 +183,9 @@ def _clean(row: dict) -> dict:
 
 
 def _loop(agent, env, eval_env, out: Path, start: int, iterations: int, progress: bool, on_iteration) -> None:
+    """Iterations ``start`` to ``iterations``. A stop request (SIGTERM, SIGUSR1: :func:`troll.runs.protocol.
+    stop_requests`) ends them after the iteration it came in, with a checkpoint of that iteration
+    (:class:`troll.runs.protocol.Stopped`)."""
     from tqdm.auto import tqdm
 
     cfg = agent.config
@@ -190,27 +193,30 @@ def _loop(agent, env, eval_env, out: Path, start: int, iterations: int, progress
     bar = tqdm(
         total=iterations, initial=start, desc=f"{cfg.algo} {cfg.env}", unit="it", file=sys.stderr, disable=not progress
     )
-    try:
-        for it in range(start, iterations):
-            t0 = time.perf_counter()
-            batch = agent.rollout(env, reset_seed(cfg.seed, it))
-            t1 = time.perf_counter()
-            row = {"iteration": it + 1, "env_steps": (it + 1) * steps_per_iteration}
-            row |= agent.update(batch)
-            row["time/rollout"] = t1 - t0
-            if (it + 1) % cfg.eval_every == 0 or it + 1 == iterations:
-                t2 = time.perf_counter()
-                row |= agent.evaluate(eval_env, reset_seed(cfg.seed, EVAL_STREAM))
-                row["time/eval"] = time.perf_counter() - t2
-            row["time/iteration"] = time.perf_counter() - t0
-            row = _clean(row)
-            append_jsonl(out / METRICS_FILE, row)
-            if on_iteration is not None:
-                on_iteration(row)
-            if (it + 1) % cfg.checkpoint_every == 0 or it + 1 == iterations:
-                save_checkpoint(out, agent, it + 1)
-            bar.update(1)
-            shown = {k: row[k] for k in ("eval/success_rate", "rollout/return") if row.get(k) is not None}
-            bar.set_postfix({k.split("/")[-1]: f"{v:.3g}" for k, v in shown.items()}, refresh=False)
-    finally:
-        bar.close()
+    with protocol.stop_requests() as stop:
+        try:
+            for it in range(start, iterations):
+                t0 = time.perf_counter()
+                batch = agent.rollout(env, reset_seed(cfg.seed, it))
+                t1 = time.perf_counter()
+                row = {"iteration": it + 1, "env_steps": (it + 1) * steps_per_iteration}
+                row |= agent.update(batch)
+                row["time/rollout"] = t1 - t0
+                if (it + 1) % cfg.eval_every == 0 or it + 1 == iterations:
+                    t2 = time.perf_counter()
+                    row |= agent.evaluate(eval_env, reset_seed(cfg.seed, EVAL_STREAM))
+                    row["time/eval"] = time.perf_counter() - t2
+                row["time/iteration"] = time.perf_counter() - t0
+                row = _clean(row)
+                append_jsonl(out / METRICS_FILE, row)
+                if on_iteration is not None:
+                    on_iteration(row)
+                if (it + 1) % cfg.checkpoint_every == 0 or it + 1 == iterations or stop.signal is not None:
+                    path = save_checkpoint(out, agent, it + 1)
+                    if stop.signal is not None and it + 1 < iterations:  # the last iteration just ends the run
+                        raise protocol.Stopped(stop.signal, it + 1, path)
+                bar.update(1)
+                shown = {k: row[k] for k in ("eval/success_rate", "rollout/return") if row.get(k) is not None}
+                bar.set_postfix({k.split("/")[-1]: f"{v:.3g}" for k, v in shown.items()}, refresh=False)
+        finally:
+            bar.close()
