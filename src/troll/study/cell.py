@@ -11,17 +11,13 @@ It owns the cell through a lease (:mod:`troll.study.lease`), then, from what the
 
 The command runs as a subprocess of the entry point (so that it is exactly the command a user would type, as with
 ``--executor local``), killed with it (``PR_SET_PDEATHSIG``): when the entry point dies, so does its cell, and its
-heartbeat stops. A stop signal (SIGTERM or SIGUSR1, :func:`troll.runs.protocol.stop_requests`: a cluster's notice
-to every process of a job) is passed on to the command, which checkpoints and exits, and the entry point waits for
-it instead of dying first (which would kill the command before its checkpoint). The result is a small dict
-({"label", "code", "status"}), never an exception for a failed cell: executors do not retry a cell that failed by
-itself, only one whose machine was lost.
+heartbeat stops. The result is a small dict ({"label", "code", "status"}), never an exception for a failed cell:
+executors do not retry a cell that failed by itself, only one whose machine was lost.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import time
@@ -29,7 +25,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from troll import runs
-from troll.runs import protocol
 from troll.runs.files import SUMMARY_FILE, UsageError
 from troll.study import lease as lease_lib
 from troll.study.grid import Cell
@@ -105,11 +100,9 @@ def _owned(job: CellJob, lease: lease_lib.Lease) -> dict:
             return _result(job, 1, f"failed (in use: {err})")
         except UsageError as err:
             return _result(job, 1, f"failed (foreign files: {err})")
-        code, stopped = _run(job, lease, job.resume_argv if again else job.argv)
+        code = _run(job, lease, job.resume_argv if again else job.argv)
         if code == 0:
             return _result(job, 0, "done")
-        if stopped is not None and code != LOST:
-            return _result(job, code, f"stopped ({stopped}, exit {code}): resumes from its checkpoint")
         return _result(job, code, "failed (lease lost)" if code == LOST else f"failed (exit {code})")
     finally:
         lease.release()
@@ -135,32 +128,27 @@ def _log(cell: Cell, text: str) -> None:
         log.write(text)
 
 
-def _run(job: CellJob, lease: lease_lib.Lease, argv: tuple[str, ...]) -> tuple[int, str | None]:
-    """The cell's command as a subprocess, beating the lease while it runs; (its exit code, or :data:`LOST` when the
-    lease was lost; the stop signal passed on to it, or None)."""
+def _run(job: CellJob, lease: lease_lib.Lease, argv: tuple[str, ...]) -> int:
+    """The cell's command as a subprocess, beating the lease while it runs; :data:`LOST` when the lease was lost."""
     from troll.study.runner import die_with_parent
 
-    with job.cell.log.open("a") as log, protocol.stop_requests() as stop:
+    with job.cell.log.open("a") as log:
         log.write(f"$ {' '.join(argv)}\n")
         log.flush()
         proc = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env={**os.environ, **job.env}, preexec_fn=die_with_parent())  # fmt: skip
-        passed = None
         try:
             while proc.poll() is None:
-                if stop.signal is not None and passed is None:  # the command checkpoints and exits; we wait for it
-                    passed = stop.signal
-                    proc.send_signal(getattr(signal, passed))
                 if not lease.beat():
                     proc.kill()
                     proc.wait()
-                    return LOST, passed
+                    return LOST
                 time.sleep(min(0.25, job.beat_s / 4))
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-    return proc.returncode, passed
+    return proc.returncode
 
 
 def run_cells(jobs: list[CellJob]) -> list[dict]:
