@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from functools import partial
 
 import numpy as np
@@ -236,6 +237,22 @@ def test_pool_parallel_equals_serial_and_closes():
     assert not any(p.is_alive() for p in procs)
     with pytest.raises(RuntimeError, match="closed"):
         parallel.reset(0)
+
+
+def test_pool_workers_leave_stop_signals_to_the_run():
+    """A cluster may signal every process of a job: SIGTERM and SIGUSR1 to the workers (as to SIGINT) change
+    nothing, the run that owns them stops them after its checkpoint (troll.runs.protocol.stop_requests)."""
+    import signal
+
+    pos = torch.arange(5.0)[:, None, None].expand(5, 6, 1).contiguous()
+    with _fake_env(workers=0) as serial, _fake_env(workers=2) as parallel:
+        for proc in parallel._pool.procs:
+            for name in ("SIGTERM", "SIGUSR1", "SIGINT"):
+                os.kill(proc.pid, getattr(signal, name))
+        time.sleep(0.5)
+        assert all(p.is_alive() for p in parallel._pool.procs)
+        serial.reset(7), parallel.reset(7)
+        assert torch.equal(serial.run(pos, pos).states, parallel.run(pos, pos).states)
 
 
 @pytest.mark.parametrize(

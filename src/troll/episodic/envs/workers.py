@@ -88,7 +88,10 @@ class EpisodeRunner(Protocol):
 
 def _serve(conn: Connection, factory: Callable[[], EpisodeRunner]) -> None:
     """Worker main loop: build the runner, then answer ("reset" | "run" | "close", ...) messages until closed."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's to handle: it stops us
+    # Ctrl-C and the stop signals (troll.runs.protocol.STOP_SIGNALS) are the caller's to handle: it stops us, after a
+    # checkpoint for the latter (a cluster may signal every process of a job)
+    for name in ("SIGINT", "SIGTERM", "SIGUSR1"):
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
     torch.set_num_threads(1)  # in case this process (or its forkserver) was started before one_thread_children
     runner = None
     try:
