@@ -247,7 +247,8 @@ def train(
     plot: bool = True,
     on_row: Callable[[dict], None] | None = None,
 ) -> dict:
-    """Run PPO into ``out`` (same arguments and refusals as :func:`troll.episodic.run.train`); the summary."""
+    """Run PPO into ``out`` (same arguments, refusals and stop signals as :func:`troll.episodic.run.train`: a stop
+    comes after the rollout's update); the summary."""
     require_sb3()
     out = Path(out)
     return protocol.run(

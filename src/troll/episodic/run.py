@@ -75,7 +75,8 @@ def train(
     plot:         draw plots.png at the end (matplotlib; skipped when it is not installed).
     on_iteration: called with each iteration's metrics row after it is logged (e.g. a command line's report).
     Raises :class:`troll.study.UsageError` (a ValueError) for a folder or config that cannot be used, before
-    anything is written.
+    anything is written; :class:`troll.runs.protocol.Stopped` after a checkpoint when SIGTERM or SIGUSR1 came during
+    an iteration but the last (their handlers are this function's while it iterates, in the main thread).
     """
     out = Path(out)
     return protocol.run(
