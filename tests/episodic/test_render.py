@@ -129,9 +129,9 @@ def test_train_video_renders_the_run_at_its_end(hopper_run, tmp_path, monkeypatc
     assert calls == [(ppo, None, {"episodes": 3, "width": 320, "height": 240, "fps": 30})]
 
 
-def test_a_run_renders_end_to_end(hopper_run, tmp_path, capsys):
-    gif = tmp_path / "hopper.gif"
-    assert main(["tce", "render", str(hopper_run), "--out", str(gif), "--episodes", "2", "--width", "64",
+def _two_hopper_episodes_as_gif(run: Path, gif: Path, capsys) -> None:
+    """``troll tce render`` of two hopper episodes into a GIF at 5 fps, read back: 22 frames, each a scene."""
+    assert main(["tce", "render", str(run), "--out", str(gif), "--episodes", "2", "--width", "64",
                  "--height", "48", "--fps", "5"]) == 0  # fmt: skip
     assert "2 evaluation episode(s), 22 frames at 5 fps" in capsys.readouterr().out
     from PIL import Image
@@ -143,6 +143,10 @@ def test_a_run_renders_end_to_end(hopper_run, tmp_path, capsys):
             frames.append(np.array(image.convert("RGB")))
     assert len(frames) == 2 * (1 + 250 // 25)  # the start, then every 25th step of 8 ms: 5 frames per second
     _blank_checks(frames)
+
+
+def test_a_run_renders_end_to_end(hopper_run, tmp_path, capsys):
+    _two_hopper_episodes_as_gif(hopper_run, tmp_path / "hopper.gif", capsys)
 
 
 def test_a_run_renders_to_mp4(hopper_run, tmp_path, capsys):
@@ -175,19 +179,7 @@ def ppo_hopper_run(tmp_path_factory):
 def test_a_ppo_run_renders_its_evaluation_episodes(ppo_hopper_run, tmp_path, capsys):
     """``troll tce render`` on a PPO run: its saved policy's mean action on the run's evaluation episodes, drawn as
     a TCE run's are (the frames show the scene); the episodes are the run's last evaluation's (the same return)."""
-    gif = tmp_path / "ppo.gif"
-    assert main(["tce", "render", str(ppo_hopper_run), "--out", str(gif), "--episodes", "2", "--width", "64",
-                 "--height", "48", "--fps", "5"]) == 0  # fmt: skip
-    assert "2 evaluation episode(s), 22 frames at 5 fps" in capsys.readouterr().out
-    from PIL import Image
-
-    with Image.open(gif) as image:
-        frames = []
-        for i in range(image.n_frames):
-            image.seek(i)
-            frames.append(np.array(image.convert("RGB")))
-    assert len(frames) == 2 * (1 + 250 // 25)  # the start, then every 25th step of 8 ms: 5 frames per second
-    _blank_checks(frames)
+    _two_hopper_episodes_as_gif(ppo_hopper_run, tmp_path / "ppo.gif", capsys)
     done = render.render_run(ppo_hopper_run, path=tmp_path / "ppo.mp4", episodes=2, **SIZE)
     assert (tmp_path / "ppo.mp4").stat().st_size > 0 and done["frames"] == 2 * (1 + 250 // 4)
     last = [json.loads(line) for line in (ppo_hopper_run / "metrics.jsonl").read_text().splitlines()][-1]
