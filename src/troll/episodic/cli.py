@@ -242,13 +242,11 @@ def _train_command(args: argparse.Namespace, out: Path | None) -> int:
         from troll.episodic.ppo import require_sb3
 
         require_sb3()
-    if args.video:  # checked before the folder is touched
-        if config.env in opts.TOY_ENVS:
-            raise UsageError(f"--video renders MuJoCo tasks; {config.env} is torch code with no scene: drop it.")
-        from troll.episodic.render import RenderError, check_gl
+    if args.video:  # checked before the folder is touched, and before any simulator imports mujoco (its GL backend)
+        from troll.episodic.render import RenderError
 
-        try:  # before any simulator imports mujoco: it picks its GL backend then
-            check_gl()
+        try:
+            _check_videos(config.env, "--video")
         except RenderError as err:
             print(f"troll tce train: error: --video: {err}", file=sys.stderr)
             return 1
@@ -321,19 +319,15 @@ def _render(out: Path, path: Path | None, **sizes) -> int:
 
 
 def _check_videos(env: str, option: str, *, here: bool = True) -> None:
-    """UsageError, before anything is written, when the runs of ``env`` cannot render a video: the toy task (no
-    scene), or, when they render ``here`` (not on a cluster's nodes), a machine without offscreen OpenGL (the message
-    names the packages)."""
+    """Before anything is written, when the runs of ``env`` cannot render a video: UsageError for the toy task (no
+    scene); RenderError (naming the packages) when they render ``here`` (not on a cluster's nodes) on a machine
+    without offscreen OpenGL."""
     if env in opts.TOY_ENVS:
         raise UsageError(f"{option} renders MuJoCo tasks; {env} is torch code with no scene: drop it.")
-    if not here:
-        return
-    from troll.episodic.render import RenderError, check_gl
+    if here:
+        from troll.episodic.render import check_gl
 
-    try:
         check_gl()
-    except RenderError as err:
-        raise UsageError(f"{option}: {err}") from None
 
 
 def cmd_study(args: argparse.Namespace) -> int:
@@ -355,7 +349,12 @@ def cmd_study(args: argparse.Namespace) -> int:
         require_sb3()
     clear = check_folder(out, command=study.COMMAND, overwrite=args.overwrite, resume=args.resume)
     if spec.videos:  # refused before anything is written; GL is checked where the cells render (here, if local)
-        _check_videos(spec.env, "--videos", here=executor.name == "local")
+        from troll.episodic.render import RenderError
+
+        try:
+            _check_videos(spec.env, "--videos", here=executor.name == "local")
+        except RenderError as err:
+            raise UsageError(f"--videos: {err}") from None
     engine = study.frontend(spec)
     executor = executors.prepare(executor, out, engine, cells)
     script = executors.script(executor, engine, cells)
