@@ -272,16 +272,21 @@ def _train(config: PPOConfig, out: Path, *, progress: bool, plot: bool, on_row) 
     return summary
 
 
+def step_task(config: PPOConfig):
+    """The step env of ``config``'s env and seed; a missing simulator or fancy-gym's assets is a UsageError (refused
+    before anything is written)."""
+    try:
+        return make_step_task(config.env, seed=config.seed)
+    except (ImportError, FileNotFoundError) as err:
+        raise UsageError(str(err)) from err
+
+
 def _build(config: PPOConfig, out: Path):
     """(model, training task, evaluation task): from the newest checkpoint, or new (writing config.json)."""
     from stable_baselines3 import PPO
     from stable_baselines3.common.logger import configure
 
-    try:  # a missing simulator or fancy-gym's assets: refused before anything is written
-        task = make_step_task(config.env, seed=config.seed)
-        eval_task = make_step_task(config.env, seed=config.seed)
-    except (ImportError, FileNotFoundError) as err:
-        raise UsageError(str(err)) from err
+    task, eval_task = step_task(config), step_task(config)
     runs.begin(out, COMMAND)  # the manifest first; stale temporary files of a killed process go
     found = checkpoints(out)
     if found:

@@ -270,15 +270,10 @@ def _render_ppo(config, checkpoint: Path, path: Path, *, episodes: int, width: i
     from stable_baselines3 import PPO
 
     from troll.episodic.envs.base import episode_seeds
-    from troll.episodic.envs.step import make_step_task
-    from troll.episodic.ppo import play
+    from troll.episodic.ppo import play, step_task
     from troll.episodic.tce.agent import EVAL_STREAM, reset_seed
-    from troll.runs.files import UsageError
 
-    try:  # a missing simulator or fancy-gym's assets, as a PPO run refuses them
-        task = make_step_task(config.env, seed=config.seed)
-    except (ImportError, FileNotFoundError) as err:
-        raise UsageError(str(err)) from err
+    task = step_task(config)
     model = PPO.load(checkpoint, device="cpu")
     every = max(1, round(1 / (fps * task.dt)))
     frames, finals = [], []
