@@ -138,3 +138,24 @@ def test_stop_requests_note_the_first_signal_and_restore_the_handlers():
     stopped = protocol.Stopped("SIGTERM", 7, "run/checkpoint-7.pt")
     assert (stopped.exit_code, protocol.Stopped("SIGUSR1", 7, "c").exit_code) == (128 + 15, 128 + 10)
     assert str(stopped) == "stopped by SIGTERM after step 7; the checkpoint is run/checkpoint-7.pt"
+
+
+def test_a_second_ctrl_c_stops_at_once_and_stop_codes_name_their_signal():
+    import os
+    import signal
+
+    import pytest
+
+    with protocol.stop_requests(("SIGTERM", "SIGINT")) as stop:
+        os.kill(os.getpid(), signal.SIGINT)  # the first Ctrl-C is a stop request like SIGTERM
+        assert stop.signal == "SIGINT"
+        os.kill(os.getpid(), signal.SIGTERM)  # a repeated SIGTERM changes nothing
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with protocol.stop_requests() as stop:  # SIGINT is not a stop signal unless asked for
+        os.kill(os.getpid(), signal.SIGTERM)
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    names = [protocol.stop_signal_of(code) for code in (143, -15, 138, -10, 130, -2, -9, 137, 0, 1, 15)]
+    assert names == ["SIGTERM", "SIGTERM", "SIGUSR1", "SIGUSR1", None, None, None, None, None, None, None]

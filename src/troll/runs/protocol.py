@@ -161,26 +161,42 @@ class Stopped(Exception):
 
 
 @contextlib.contextmanager
-def stop_requests() -> Iterator[StopRequest]:
-    """While inside, SIGTERM and SIGUSR1 only note their name in the yielded :class:`StopRequest` (the loop checks
-    it at each iteration's end, saves a checkpoint and raises :class:`Stopped`); the handlers before are restored
-    on leaving. Python runs signal handlers in the main thread only: elsewhere (a run in a thread) nothing is
-    installed, and the signals keep their handlers (the default one ends the process)."""
+def stop_requests(signals: tuple[str, ...] = STOP_SIGNALS) -> Iterator[StopRequest]:
+    """While inside, ``signals`` (SIGTERM and SIGUSR1) only note their name in the yielded :class:`StopRequest` (the
+    loop checks it at each iteration's end, saves a checkpoint and raises :class:`Stopped`); the handlers before are
+    restored on leaving. When SIGINT is among ``signals``, a second SIGINT after any stop request raises
+    KeyboardInterrupt (Ctrl-C twice stops at once). Python runs signal handlers in the main thread only: elsewhere
+    (a run in a thread) nothing is installed, and the signals keep their handlers (the default one ends the
+    process)."""
     request = StopRequest()
     if threading.current_thread() is not threading.main_thread():
         yield request
         return
 
     def note(signum, frame) -> None:
+        name = signal.Signals(signum).name
         if request.signal is None:
-            request.signal = signal.Signals(signum).name
+            request.signal = name
+        elif name == "SIGINT":
+            raise KeyboardInterrupt
 
-    before = {name: signal.signal(getattr(signal, name), note) for name in STOP_SIGNALS}
+    before = {name: signal.signal(getattr(signal, name), note) for name in signals}
     try:
         yield request
     finally:
         for name, handler in before.items():
             signal.signal(getattr(signal, name), handler)
+
+
+def stop_signal_of(code: int) -> str | None:
+    """The stop signal (:data:`STOP_SIGNALS`) that ended a command with exit status ``code``: 128 + its number (a
+    run that saved a checkpoint on it, :attr:`Stopped.exit_code`) or minus its number (a command the signal ended,
+    as subprocess reports it); None for any other status."""
+    for name in STOP_SIGNALS:
+        number = int(getattr(signal, name))
+        if code in (128 + number, -number):
+            return name
+    return None
 
 
 MARK = "troll_complete.json"  # in a checkpoint folder: {"step": N, "metrics_lines": K}, written after its last file
