@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -26,6 +27,8 @@ from troll.study import Grid, Study, UsageError, check_folder, load_spec, plan, 
 # A cell: writes one metrics row per "environment step" block and a checkpoint after each, then summary.json.
 # argv: folder arm seed value [--resume]. FAKE_KILL="<arm>/seed<k>:<rows>:<how>" makes that cell, on its first
 # attempt, SIGKILL itself ("self") or the study ("parent") after <rows> rows; FAKE_FAIL="<arm>" makes it exit 3.
+# FAKE_SLOW=<seconds> makes each row take that long and the cell stop as `troll tce train` does: SIGTERM ends it
+# after its row's checkpoint with exit 143; the signals that reach it are noted in the files "sigterm" and "sigint".
 CELL = r"""
 import json, os, signal, sys, time
 from pathlib import Path
@@ -39,13 +42,20 @@ if os.environ.get("FAKE_FAIL") == arm:
 start = json.loads((folder / "ckpt.json").read_text())["rows"] if resume else 0
 if not resume:
     (folder / "metrics.jsonl").unlink(missing_ok=True)
+stop = []
+if os.environ.get("FAKE_SLOW"):
+    signal.signal(signal.SIGTERM, lambda *_: (stop.append(1), (folder / "sigterm").write_text("")))
+    signal.signal(signal.SIGINT, lambda *_: (folder / "sigint").write_text(""))
 quality = {"base": 0.2, "tce": 0.7}.get(arm, 0.0) + 0.01 * seed + (0.0 if value == "None" else float(value))
 kill = os.environ.get("FAKE_KILL", "")
 for i in range(start, 4):
+    time.sleep(float(os.environ.get("FAKE_SLOW", 0)))
     row = {"env_steps": 1000 * (i + 1), "success": quality * (i + 1) / 4}
     with open(folder / "metrics.jsonl", "a") as f:
         f.write(json.dumps(row) + "\n")
     (folder / "ckpt.json").write_text(json.dumps({"rows": i + 1}))
+    if stop and i + 1 < 4:
+        sys.exit(143)
     target, _, rest = kill.partition(":")
     rows, _, how = rest.partition(":")
     first = not (folder.parent / (folder.name + ".killed")).exists()
@@ -100,6 +110,24 @@ status = run_study(Study(out, FAKE, grid, {"arms": grid.arms}, cells), clear=cle
 sys.exit(1 if any(s.startswith("failed") for s in status.values()) else 0)
 """
 
+# The same study through the study command (its exit status and messages): python command.py OUT [--resume]
+COMMAND = r"""
+import sys
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).parent))
+from fakefront import FAKE
+from troll.study import Grid, Study, check_folder, plan, run_study
+from troll.study.command import cmd_study
+from troll.study.executors import Executor
+out, resume = Path(sys.argv[1]), "--resume" in sys.argv
+grid = Grid(["base", "tce"], [0, 1])
+cells = plan(grid, out, lambda value, arm, seed, folder: None)
+clear = check_folder(out, command=FAKE.command, overwrite=False, resume=resume)
+study = Study(out, FAKE, grid, {"arms": grid.arms}, cells)
+run = lambda report: run_study(study, clear=clear, jobs=2, report=report)
+sys.exit(cmd_study("fake study", out, len(cells), 2, run, executor=Executor()))
+"""
+
 
 @pytest.fixture
 def fake(tmp_path, monkeypatch):
@@ -109,9 +137,11 @@ def fake(tmp_path, monkeypatch):
     (code / "cell.py").write_text(CELL)
     (code / "fakefront.py").write_text(FRONTEND)
     (code / "study.py").write_text(DRIVER)
+    (code / "command.py").write_text(COMMAND)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.delenv("FAKE_KILL", raising=False)
     monkeypatch.delenv("FAKE_FAIL", raising=False)
+    monkeypatch.delenv("FAKE_SLOW", raising=False)
     spec = importlib.util.spec_from_file_location("fakefront", code / "fakefront.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -232,6 +262,97 @@ def test_killed_study_takes_its_cells_along_and_resumes(tmp_path, fake):
     assert [r["env_steps"] for r in read_jsonl(cut / "metrics.jsonl")] == [1000, 2000, 3000, 4000]
     data = json.loads((out / "study.json").read_text())
     assert [c["status"] for c in data["cells"]] == ["kept", "done", "done", "done"]
+
+
+def _command(tmp_path, out: Path, *more: str, slow: float) -> subprocess.Popen:
+    """The fake study through the study command, in a session of its own (as a terminal's foreground job)."""
+    argv = [sys.executable, str(tmp_path / "code" / "command.py"), str(out), *more]
+    env = {**os.environ, "FAKE_SLOW": str(slow)}
+    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+
+
+def _when_running(out: Path, count: int, proc: subprocess.Popen) -> list[Path]:
+    """The folders of the first ``count`` cells, once each has written its pid."""
+    deadline = time.time() + 60
+    while time.time() < deadline and proc.poll() is None:
+        started = sorted(p.parent for p in out.glob("*/seed*/pid"))
+        if len(started) >= count:
+            return started
+        time.sleep(0.05)
+    raise AssertionError(f"{count} cells did not start: {proc.communicate()}")
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "Ctrl-C"])
+def test_a_stopped_study_stops_its_cells_with_a_checkpoint_and_resumes(tmp_path, fake, how):
+    """SIGTERM to the study, or Ctrl-C at a terminal (SIGINT to its whole process group): no cell is started after
+    it, the running cells get SIGTERM (never the terminal's SIGINT), save their row and exit 143; the study writes
+    its report, names the command that continues it and exits 143 or 130. Resumed, each cell ends with every row
+    once."""
+    out = tmp_path / "st"
+    proc = _command(tmp_path, out, slow=0.6)
+    running = _when_running(out, 2, proc)
+    if how == "SIGTERM":
+        os.kill(proc.pid, signal.SIGTERM)
+    else:
+        os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == (143 if how == "SIGTERM" else 130), err
+    signal_name = "SIGTERM" if how == "SIGTERM" else "SIGINT"
+    assert f"{signal_name}: stopping; 2 running cell(s) end their iteration and save a checkpoint" in err
+    assert f"continue with: troll fake study --out {out} --resume" in err
+    assert sorted(p.parent for p in out.glob("*/seed*/pid")) == running  # nothing started after the signal
+    data = {c["folder"]: c["status"] for c in json.loads((out / "study.json").read_text())["cells"]}
+    names = sorted(data)
+    assert [data[n] for n in names].count("stopped (SIGTERM)") == 2 and [data[n] for n in names].count("not run") == 2
+    for folder in running:
+        assert not (folder / "sigint").exists() and not (folder / "summary.json").exists()
+        rows = json.loads((folder / "ckpt.json").read_text())["rows"]
+        assert 1 <= rows < 4 and len(read_jsonl(folder / "metrics.jsonl")) == rows
+    proc = _command(tmp_path, out, "--resume", slow=0.0)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    for cell in json.loads((out / "study.json").read_text())["cells"]:
+        assert cell["status"] == "done"
+    for folder in out.glob("*/seed*"):
+        if folder.is_dir():
+            assert [r["env_steps"] for r in read_jsonl(folder / "metrics.jsonl")] == [1000, 2000, 3000, 4000]
+
+
+def test_a_cell_stopped_by_hand_is_stopped_not_failed_and_the_others_go_on(tmp_path, fake):
+    out = tmp_path / "st"
+    proc = _command(tmp_path, out, slow=0.3)
+    first = _when_running(out, 1, proc)[0]
+    os.kill(int((first / "pid").read_text()), signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    assert f"stopped {first.as_posix()} (SIGTERM)" in err and "failed" not in err
+    assert f"1 cell(s) were stopped before their end: {first.as_posix()}; continue with: troll fake study" in err
+    status = [c["status"] for c in json.loads((out / "study.json").read_text())["cells"]]
+    assert sorted(status) == ["done", "done", "done", "stopped (SIGTERM)"]
+
+
+def test_a_second_ctrl_c_kills_the_cells_at_once(tmp_path, fake):
+    out = tmp_path / "st"
+    proc = _command(tmp_path, out, slow=30.0)  # a row takes 30 s: the first Ctrl-C alone would wait for it
+    running = _when_running(out, 2, proc)
+    start = time.time()
+    os.killpg(proc.pid, signal.SIGINT)
+    deadline = time.time() + 10
+    while time.time() < deadline and not all((folder / "sigterm").exists() for folder in running):
+        time.sleep(0.05)  # the study passes the first Ctrl-C on as SIGTERM
+    assert all((folder / "sigterm").exists() for folder in running)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 130 and time.time() - start < 10, err
+    assert f"interrupted; continue with: troll fake study --out {out} --resume" in err
+    pids = [int((folder / "pid").read_text()) for folder in running]
+    deadline = time.time() + 10
+    while any(_alive(pid) for pid in pids) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(pid) for pid in pids)
+    assert not any((folder / "ckpt.json").exists() for folder in running)  # killed within their first row
+    assert not list(out.glob("*/seed*.lease"))
 
 
 def _alive(pid: int) -> bool:

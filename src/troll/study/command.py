@@ -1,9 +1,10 @@
 """The study command of every application (``troll study``, ``troll tce study``): once a frontend has planned its
 cells and checked its folder, :func:`cmd_study` runs them and reports, the same way for both.
 
-It prints timestamped progress to stderr (``[HH:MM:SS +M.m min] ...``), stops on Ctrl-C with the command that
-continues the study (exit status 130), names the files it wrote, and exits with 1 when a cell failed (why is above
-and in the cell's .log file), else 0. :func:`check_jobs` is the one rule of ``--jobs``.
+It prints timestamped progress to stderr (``[HH:MM:SS +M.m min] ...``), names the files it wrote, and exits with 1
+when a cell failed (why is above and in the cell's .log file) or was stopped before its end, else 0. Stopped by
+SIGTERM, SIGUSR1 or Ctrl-C (:func:`troll.study.runner.run_cells`), it prints the command that continues the study
+and exits with 128 + the signal's number (143, 138, 130). :func:`check_jobs` is the one rule of ``--jobs``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from troll.runs.files import UsageError
 from troll.runs.numbers import is_int
 from troll.study import executors
 from troll.study.report import JSON_FILE, PLOT_FILE, TABLE_FILE
+from troll.study.runner import StudyStopped
 
 
 def check_jobs(jobs) -> int:
@@ -38,15 +40,23 @@ def cmd_study(name: str, out: Path, cells: int, jobs: int, run: Callable[[Callab
         print(f"{stamp} {text}", file=sys.stderr, flush=True)
 
     report(f"study of {cells} cells in {out}, {executors.describe(executor, jobs)}")
+    again = f"troll {name} --out {out} --resume"
     try:
         status = run(report)
     except KeyboardInterrupt:
-        report(f"interrupted; continue with: troll {name} --out {out} --resume")
+        report(f"interrupted; continue with: {again}")
         return 130
+    except StudyStopped as stopped:
+        cells = [label for label, s in stopped.status.items() if s.startswith("stopped")]
+        report(f"stopped by {stopped.signal} ({len(cells)} cell(s) stopped); continue with: {again}")
+        return stopped.exit_code
     print(f"wrote {out / JSON_FILE}, {out / TABLE_FILE} and {out / PLOT_FILE}")
     failed = [label for label, s in status.items() if s.startswith("failed")]
+    stopped = [label for label, s in status.items() if s.startswith("stopped")]
     if failed:
         print(f"troll {name}: {len(failed)} cell(s) failed: {', '.join(failed)}; why is above and in their .log files",
               file=sys.stderr)  # fmt: skip
-        return 1
-    return 0
+    if stopped:
+        print(f"troll {name}: {len(stopped)} cell(s) were stopped before their end: {', '.join(stopped)}; continue "
+              f"with: {again}", file=sys.stderr)  # fmt: skip
+    return 1 if failed or stopped else 0

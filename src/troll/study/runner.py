@@ -27,6 +27,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from troll import runs
+from troll.runs import protocol
 from troll.runs.files import (
     CONFIG_FILE,
     SUMMARY_FILE,
@@ -101,7 +103,11 @@ def _run(study: Study, *, jobs: int, report: Callable[[str], None], executor=Non
         except Exception as err:  # noqa: BLE001 -- a report must never stop the cells
             report(f"could not update {report_lib.JSON_FILE}: {err!r}")
 
-    status = run_cells(study.frontend, study.cells, jobs=jobs, report=report, on_finish=partial, executor=executor)
+    try:
+        status = run_cells(study.frontend, study.cells, jobs=jobs, report=report, on_finish=partial, executor=executor)
+    except StudyStopped as stopped:
+        report_lib.write(study, stopped.status)
+        raise
     report_lib.write(study, status)
     return status
 
@@ -115,14 +121,37 @@ class _Running:
     lease: lease_lib.Lease
 
 
+class StudyStopped(Exception):
+    """A local study stopped on ``signal`` (SIGTERM, SIGUSR1, or Ctrl-C's SIGINT) once its running cells had stopped;
+    ``status`` is every cell's status then (a stopped cell's "stopped (SIGTERM)")."""
+
+    def __init__(self, signal_name: str, status: dict[str, str]):
+        super().__init__(f"stopped by {signal_name}")
+        self.signal, self.status = signal_name, status
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal's number, as for a process the signal ended (130 for Ctrl-C, 143 for SIGTERM)."""
+        return 128 + int(getattr(signal, self.signal))
+
+
+STUDY_STOP_SIGNALS = (*protocol.STOP_SIGNALS, "SIGINT")
+
+
 def run_cells(
     frontend: Frontend, cells: list[Cell], *, jobs: int, report: Callable[[str], None], on_finish=None, executor=None
 ) -> dict[str, str]:
-    """Run the unfinished cells, ``jobs`` at a time; returns label -> "done" | "kept" | "failed (exit N)".
+    """Run the unfinished cells, ``jobs`` at a time; returns label -> "done" | "kept" | "failed (exit N)" | "stopped
+    (SIGTERM)" (a cell whose command a stop signal ended: :func:`troll.runs.protocol.stop_signal_of`).
 
     A finished cell is kept (and tidied); a failed one is reported and the others go on. ``on_finish(status)`` is
-    called after each cell ends. Interrupted (KeyboardInterrupt), the running cells are stopped; they resume later.
-    With an ``executor`` other than local, the cells to run are handed to it (:mod:`troll.study.executors`).
+    called after each cell ends. With an ``executor`` other than local, the cells to run are handed to it
+    (:mod:`troll.study.executors`).
+
+    Stopping (local): SIGTERM, SIGUSR1 or Ctrl-C (SIGINT) starts no more cells and sends SIGTERM to every running
+    one at once; a ``troll tce train`` cell then ends its iteration and saves a checkpoint of it. Once they have all
+    ended, :class:`StudyStopped` is raised (the report is written first, by :func:`run_study`). A second Ctrl-C kills
+    the cells at once. The cells run in sessions of their own, so that a terminal's Ctrl-C reaches only the study.
     """
     status, unfinished = {}, []
     for cell in cells:
@@ -136,30 +165,44 @@ def run_cells(
     todo = runnable_cells(frontend, unfinished, status, report)
     env = {**os.environ, **frontend.env}
     running: list[_Running] = []
-    try:
-        while todo or running:
-            while todo and len(running) < jobs:
-                cell = todo.pop(0)
-                try:
-                    running.append(_start(frontend, cell, env, report))
-                except UsageError as err:  # another process took the cell's folder, or wrote in it, since
-                    report(f"FAILED {cell.label}: {err}")
-                    status[cell.label] = "failed (in use)" if isinstance(err, runs.Busy) else "failed (foreign files)"
-            time.sleep(POLL_S)
-            for item in [r for r in running if r.proc.poll() is None and not r.lease.beat()]:
-                item.proc.kill()  # another attempt took the cell over (its heartbeat here stopped for too long)
+    stopping = False
+    with protocol.stop_requests(STUDY_STOP_SIGNALS) as stop:
+        try:
+            while todo or running:
+                while todo and len(running) < jobs and stop.signal is None:
+                    cell = todo.pop(0)
+                    try:
+                        running.append(_start(frontend, cell, env, report))
+                    except UsageError as err:  # another process took the cell's folder, or wrote in it, since
+                        report(f"FAILED {cell.label}: {err}")
+                        busy = isinstance(err, runs.Busy)
+                        status[cell.label] = "failed (in use)" if busy else "failed (foreign files)"
+                if stop.signal is not None and not stopping:
+                    stopping, todo = True, []
+                    again = " (Ctrl-C again: at once, losing their iteration)" if running else ""
+                    report(f"{stop.signal}: stopping; {len(running)} running cell(s) end their iteration and save a "
+                           f"checkpoint{again}")  # fmt: skip
+                    for item in running:
+                        item.proc.send_signal(signal.SIGTERM)
+                    continue
+                time.sleep(POLL_S)
+                for item in [r for r in running if r.proc.poll() is None and not r.lease.beat()]:
+                    item.proc.kill()  # another attempt took the cell over (its heartbeat here stopped for too long)
+                    item.proc.wait()
+                for item in [r for r in running if r.proc.poll() is not None]:
+                    running.remove(item)
+                    status[item.cell.label] = _finish(item, report)
+                    if on_finish is not None:
+                        on_finish(status)
+        finally:
+            for item in running:  # an error, or a second Ctrl-C: the cells end now
+                item.proc.kill()
+            for item in running:
                 item.proc.wait()
-            for item in [r for r in running if r.proc.poll() is not None]:
-                running.remove(item)
-                status[item.cell.label] = _finish(item, report)
-                if on_finish is not None:
-                    on_finish(status)
-    finally:
-        for item in running:
-            item.proc.terminate()
-            item.proc.wait()
-            item.log.close()
-            item.lease.release()
+                item.log.close()
+                item.lease.release()
+    if stop.signal is not None and any(c.label not in status or status[c.label] not in ("done", "kept") for c in cells):
+        raise StudyStopped(stop.signal, status)
     return status
 
 
@@ -229,9 +272,8 @@ def _start_owned(frontend: Frontend, cell: Cell, env: dict, report, lease: lease
     log = cell.log.open("a")
     log.write(f"$ {' '.join(argv)}\n")
     log.flush()
-    proc = subprocess.Popen(
-        argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, preexec_fn=die_with_parent()
-    )
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                            preexec_fn=die_with_parent(), start_new_session=True)  # fmt: skip
     report(f"started {cell.label}{' (resuming)' if again else ''}")
     return _Running(cell, proc, log, time.time(), lease)
 
@@ -244,6 +286,11 @@ def _finish(item: _Running, report) -> str:
     if code == 0:
         report(f"finished {item.cell.label} in {minutes:.1f} min")
         return "done"
+    stopped = protocol.stop_signal_of(code)
+    if stopped is not None:
+        report(f"stopped {item.cell.label} ({stopped}) after {minutes:.1f} min; --resume continues it from its "
+               "newest checkpoint")  # fmt: skip
+        return f"stopped ({stopped})"
     tail = item.cell.log.read_text(errors="replace").splitlines()[-5:]
     lines = "\n  ".join(tail)
     report(f"FAILED {item.cell.label} (exit {code}) after {minutes:.1f} min; see {item.cell.log}:\n  {lines}")
