@@ -22,6 +22,7 @@ which would end every Ray process of the machine). The SLURM path runs through s
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -338,10 +339,18 @@ def test_a_relative_path_a_cell_reads_is_refused_and_the_study_folder_resolved(t
 def _study_until(argv: list[str], cell: Path) -> subprocess.Popen:
     """The study as a process of its own session (with the array tasks it starts), once ``cell`` has a checkpoint
     (any: a run keeps only its newest, so on a fast machine checkpoint-1.pt may be gone before a poll sees it)."""
-    study = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    log = cell.parents[2] / f"{cell.parents[1].name}-{time.monotonic_ns()}.log"  # beside the study folder
+    # without what an in-process Ray driver of an earlier test left in os.environ (RAY_AUTH_MODE=token, which the
+    # module's cluster does not use)
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_CLIENT_MODE")}
+    with log.open("w") as sink:
+        study = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     deadline = time.monotonic() + 120
     while not any(cell.glob("checkpoint-*.pt")):
-        assert study.poll() is None and time.monotonic() < deadline, f"the study ended before {cell} had a checkpoint"
+        ended = study.poll() is not None
+        assert not ended and time.monotonic() < deadline, f"the study ended before {cell} had a checkpoint:\n" + (
+            log.read_text()[-3000:] if ended else ""
+        )
         time.sleep(0.01)
     return study
 
@@ -375,6 +384,95 @@ def test_killed_studies_resume_only_unfinished_cells_and_reattach(tmp_path, caps
     assert again.endswith("--resume --threads 1 --workers 0")
     assert not list(out.glob("*/*.lease"))  # every attempt gave its cell back
     assert_same_study(out, reference)  # a SLURM array's study is the local one
+
+
+def _freeze(pid: int) -> None:
+    """SIGSTOP ``pid`` and wait until it has stopped: a signal sent to it after that waits (:func:`_pending`),
+    where one that came while the SIGSTOP was still pending would be taken first (lower signals first)."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+        assert time.monotonic() < deadline, f"{pid} did not stop"
+        time.sleep(0.01)
+
+
+def _pending(pid: int, signum: int) -> bool:
+    """True when signal ``signum`` waits to be delivered to the (stopped) process ``pid``; False when it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    fields = dict(line.split(":\t") for line in text.splitlines() if ":\t" in line)
+    return any(int(fields[key], 16) >> (signum - 1) & 1 for key in ("SigPnd", "ShdPnd"))
+
+
+def test_a_time_limit_notice_checkpoints_the_running_cell_and_requeues(tmp_path, reference):
+    """submitit's notice before a time limit (SIGUSR2 to the array task) reaches the running cell as SIGTERM: it
+    saves a checkpoint of the iteration it is in and exits 143, and the task is requeued (submitit's local executor
+    restarts it as SLURM would). The cell continues from that checkpoint, the task's next cell runs once, and the
+    study is the local one. The cell is frozen while the notice arrives, so that it cannot be in its last
+    iteration."""
+    out = tmp_path / "study"
+    slurm = ["--executor", "slurm", "--slurm-local", "--slurm-cells-per-task", "2"]
+    study = _study_until([sys.executable, "-m", "troll.cli", "tce", "study", "--out", str(out), *TINY, *slurm],
+                         out / "tce/seed0")  # fmt: skip
+    (cell,) = [pid for pid in _processes_under(str(out / "tce/seed0")) if _cmdline(pid)[3:5] == ["tce", "train"]]
+    _freeze(cell)
+    try:
+        done = [int(p.stem.split("-")[1]) for p in (out / "tce/seed0").glob("checkpoint-*.pt")]
+        assert max(done) < 5  # of 6 iterations: the one it is in is not the last
+        task = int(Path(f"/proc/{cell}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        assert "submitit" in " ".join(_cmdline(task))
+        os.kill(task, signal.SIGUSR2)
+        deadline = time.monotonic() + 30
+        while not _pending(cell, signal.SIGTERM) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        logs = "".join(f"{f}:\n{f.read_text()[-1500:]}\n" for f in sorted((out / "slurm").glob("*.err")))
+        logs += (out / "tce/seed0.log").read_text()[-1500:]
+        assert _pending(cell, signal.SIGTERM), logs  # the task passed the notice on
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(cell, signal.SIGCONT)
+    assert study.wait(timeout=180) == 0
+    log = (out / "tce/seed0.log").read_text()
+    assert "troll tce train: stopped by SIGTERM after step" in log and "# troll cell: stopped (SIGTERM)" in log
+    assert starts(out, "tce/seed0") == 2 and starts(out, "bbrl/seed0") == 1
+    assert not list(out.glob("*/*.lease"))
+    assert_same_study(out, reference)
+
+
+def _cmdline(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+
+
+def test_a_cell_stopped_by_a_signal_ends_its_task(tmp_path):
+    """A cell whose command a stop signal ends (SLURM signals every process of a job it preempts) is "stopped",
+    not failed, and its task starts none of its other cells: they are left for the requeue, their logs say why."""
+    from troll.study import cell as cell_lib
+
+    script = ("import os, pathlib, signal, sys, time; f = pathlib.Path(sys.argv[1]); f.mkdir(parents=True, "
+              "exist_ok=True); signal.signal(signal.SIGTERM, lambda *_: sys.exit(143)); "
+              "(f / 'pid').write_text(str(os.getpid())); time.sleep(60)")  # fmt: skip
+    argv = lambda cell, resume: [sys.executable, "-c", script, str(cell.folder)]  # noqa: E731
+    front = dataclasses.replace(_fake_frontend(tmp_path), cell_argv=argv)
+    cells = [Cell(None, "a", s, tmp_path / "a" / f"seed{s}") for s in (0, 1)]
+    jobs = [cell_lib.job_for(front, c) for c in cells]
+
+    def stop_the_first() -> None:
+        pid_file = cells[0].folder / "pid"
+        while not pid_file.is_file() or not pid_file.read_text():
+            time.sleep(0.02)
+        os.kill(int(pid_file.read_text()), signal.SIGTERM)
+
+    threading.Thread(target=stop_the_first, daemon=True).start()
+    results = cell_lib.run_cells(jobs)
+    assert [r["status"] for r in results] == ["stopped (SIGTERM)"] and results[0]["code"] == 143
+    assert starts(tmp_path, "a/seed1") == 0 and not cells[1].folder.exists()
+    assert "# troll cell: stopped (not started: its task was stopped)" in (tmp_path / "a/seed1.log").read_text()
+    assert on_slurm._ended(cells[1], {"id": "1"}) == "stopped (not started: its task was stopped)"
+    assert (
+        on_slurm._ending(cells[0], "stopped (SIGTERM)") == f"stopped {cells[0].label} (SIGTERM); --resume continues it"
+    )
 
 
 LM_CELL = """
@@ -479,6 +577,41 @@ def test_a_failing_cell_fails_alone_once(tmp_path, where, request, monkeypatch):
 
 
 # ---------------------------------------------------------------- Ray, losing a node
+
+
+def test_a_stopped_study_on_ray_checkpoints_its_cells(tmp_path, capsys, cluster, reference):
+    """SIGTERM to a study on Ray cancels its tasks gracefully: each passes SIGTERM to its cell, which saves a
+    checkpoint of its iteration, and the study exits 143 once they have ended. ``--resume`` gives the local study.
+    The cell is frozen while the stop arrives, so that it cannot be in its last iteration."""
+    address, _ = cluster
+    out = tmp_path / "study"
+    argv = [sys.executable, "-m", "troll.cli", "tce", "study", "--out", str(out), *TINY, "--executor", "ray",
+            "--ray-address", address]  # fmt: skip
+    study = _study_until(argv, out / "tce/seed0")
+    (cell,) = [pid for pid in _processes_under(str(out / "tce/seed0")) if _cmdline(pid)[3:5] == ["tce", "train"]]
+    _freeze(cell)
+    try:
+        done = [int(p.stem.split("-")[1]) for p in (out / "tce/seed0").glob("checkpoint-*.pt")]
+        assert max(done) < 5  # of 6 iterations: the one it is in is not the last
+        study.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while not _pending(cell, signal.SIGTERM) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _pending(cell, signal.SIGTERM)  # Ray's cancel reached the entry point, which passed it on
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(cell, signal.SIGCONT)
+    assert study.wait(timeout=120) == 143
+    log = (out / "tce/seed0.log").read_text()
+    assert "troll tce train: stopped by SIGTERM after step" in log and "# troll cell: stopped (SIGTERM)" in log
+    status = {c["folder"]: c["status"] for c in json.loads((out / "study.json").read_text())["cells"]}
+    assert status[(out / "tce/seed0").as_posix()] == "stopped (SIGTERM)"
+    assert status[(out / "bbrl/seed0").as_posix()] in ("done", "stopped (SIGTERM)")
+    assert not list(out.glob("*/*.lease"))
+    code, _, err = cli(capsys, "--out", str(out), "--resume", "--executor", "ray", "--ray-address", address)
+    assert code == 0, err
+    assert starts(out, "tce/seed0") == 2
+    assert_same_study(out, reference)
 
 
 def test_ray_survives_a_lost_node_and_matches_local(tmp_path, capsys, cluster, reference):

@@ -13,11 +13,18 @@ The command runs as a subprocess of the entry point (so that it is exactly the c
 ``--executor local``), killed with it (``PR_SET_PDEATHSIG``): when the entry point dies, so does its cell, and its
 heartbeat stops. The result is a small dict ({"label", "code", "status"}), never an exception for a failed cell:
 executors do not retry a cell that failed by itself, only one whose machine was lost.
+
+Stopping. A command that a stop signal ended (exit 143 or 138: ``troll tce train`` saved a checkpoint of its
+iteration; :func:`troll.runs.protocol.stop_signal_of`) leaves its cell "stopped (SIGTERM)", not failed, and
+:func:`run_cells` then starts none of its task's remaining cells: the signal was meant for the whole task (a
+cluster's notice before it ends or preempts a job). :func:`stop_running` is how a task's own handler passes such a
+notice on: SIGTERM to the running command, then a wait for its checkpoint (``troll.study.on_slurm.CellTask``).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -25,6 +32,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from troll import runs
+from troll.runs import protocol
 from troll.runs.files import SUMMARY_FILE, UsageError
 from troll.study import lease as lease_lib
 from troll.study.grid import Cell
@@ -103,6 +111,8 @@ def _owned(job: CellJob, lease: lease_lib.Lease) -> dict:
         code = _run(job, lease, job.resume_argv if again else job.argv)
         if code == 0:
             return _result(job, 0, "done")
+        if protocol.stop_signal_of(code) is not None:
+            return _result(job, code, f"stopped ({protocol.stop_signal_of(code)})")
         return _result(job, code, "failed (lease lost)" if code == LOST else f"failed (exit {code})")
     finally:
         lease.release()
@@ -123,6 +133,19 @@ def _prepare(job: CellJob) -> bool:
     return again
 
 
+def last_status(cell: Cell, after: int = 0) -> str | None:
+    """The status the cell's last attempt wrote at its end (its log's last :data:`STATUS_LINE`, in the part after
+    the first ``after`` bytes), None when none did."""
+    try:
+        with cell.log.open("rb") as log:
+            log.seek(after)
+            text = log.read().decode(errors="replace")
+    except OSError:
+        return None
+    lines = [line for line in text.splitlines() if line.startswith(STATUS_LINE)]
+    return lines[-1][len(STATUS_LINE) :].split(" (attempt ")[0] if lines else None
+
+
 def _log(cell: Cell, text: str) -> None:
     with cell.log.open("a") as log:
         log.write(text)
@@ -137,6 +160,7 @@ def _run(job: CellJob, lease: lease_lib.Lease, argv: tuple[str, ...]) -> int:
         log.flush()
         proc = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env={**os.environ, **job.env}, preexec_fn=die_with_parent())  # fmt: skip
+        _RUNNING.append((job, lease, proc))
         try:
             while proc.poll() is None:
                 if not lease.beat():
@@ -144,13 +168,61 @@ def _run(job: CellJob, lease: lease_lib.Lease, argv: tuple[str, ...]) -> int:
                     proc.wait()
                     return LOST
                 time.sleep(min(0.25, job.beat_s / 4))
+        except KeyboardInterrupt:  # a task cancelled gracefully (Ray's cancel without force): a checkpoint first
+            stop_running(STOP_GRACE_S)
+            raise
         finally:
+            _RUNNING.remove((job, lease, proc))
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
     return proc.returncode
 
 
+_RUNNING: list[tuple] = []  # (job, lease, process) of the command this process runs now, for stop_running
+STOP_GRACE_S = 60.0  # how long a stopped task waits for its cell's checkpoint (a box-pushing iteration: 10-40 s)
+
+
+def stop_running(grace_s: float) -> None:
+    """Send SIGTERM to the cell command this process runs (if any) and wait up to ``grace_s`` seconds for it to end
+    (``troll tce train`` ends its iteration and saves a checkpoint); its log then ends with the cell's status.
+
+    Safe in a signal handler of the main thread, which may have interrupted :func:`_run` anywhere, even inside the
+    command's ``Popen.poll``: the end is watched without reaping the process (``waitid`` with ``WNOWAIT``), which is
+    left to its Popen."""
+    for _, _, proc in list(_RUNNING):
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for job, lease, proc in list(_RUNNING):
+        code = proc.returncode
+        while code is None and time.monotonic() < deadline:
+            try:
+                ended = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:  # reaped by its Popen this instant
+                code = proc.returncode
+                break
+            if ended is not None:
+                code = ended.si_status if ended.si_code == os.CLD_EXITED else -ended.si_status
+            else:
+                time.sleep(0.05)
+        if code is None:
+            continue  # still running: killed with the task, from its newest checkpoint
+        name = protocol.stop_signal_of(code)
+        status = f"stopped ({name})" if name is not None else ("done" if code == 0 else f"failed (exit {code})")
+        _log(job.cell, f"{STATUS_LINE}{status} (attempt {lease.attempt} on {socket.gethostname()})\n")
+
+
 def run_cells(jobs: list[CellJob]) -> list[dict]:
-    """The cells of one array task, one after the other (each alone: a failed one does not stop the next)."""
-    return [run_cell(job) for job in jobs]
+    """The cells of one array task, one after the other (each alone: a failed one does not stop the next, a stopped
+    one does: the rest are left for the task's requeue or the study's ``--resume``, their logs saying so)."""
+    results = []
+    for k, job in enumerate(jobs):
+        results.append(run_cell(job))
+        if results[-1]["status"].startswith("stopped"):
+            for later in jobs[k + 1 :]:
+                later.cell.folder.parent.mkdir(parents=True, exist_ok=True)
+                _log(later.cell, f"{STATUS_LINE}stopped (not started: its task was stopped) (attempt - on "
+                                 f"{socket.gethostname()})\n")  # fmt: skip
+            break
+    return results

@@ -2,11 +2,15 @@
 
 Each array task runs ``--slurm-cells-per-task`` cells in turn through the cell entry point
 (:func:`troll.study.cell.run_cells`), as a submitit ``Checkpointable``: a task stopped by its time limit or a
-preemption is requeued by submitit with the same cells, which continue from their checkpoints. The study folder
-holds submitit's files (``slurm/``: the pickled tasks, the sbatch script, each task's stdout and stderr) and the
-record of the job ids (``slurm-jobs.json``), written right after the submission. The study process only waits for
-the array: killed, it leaves the jobs running, and ``--resume`` reattaches to those still alive (their cells are
-not submitted again) and submits only the unfinished cells no live job holds.
+preemption is requeued by submitit with the same cells, which continue from their checkpoints. submitit's notice
+(SIGUSR2, 90 s before the time limit by default) is passed on to the running cell first: it gets SIGTERM and up to
+:data:`troll.study.cell.STOP_GRACE_S` seconds to save a checkpoint of its iteration. A cell whose command SLURM
+itself ends with SIGTERM (exit 143 after its checkpoint) is "stopped", and its task starts no further cell.
+
+The study folder holds submitit's files (``slurm/``: the pickled tasks, the sbatch script, each task's stdout and
+stderr) and the record of the job ids (``slurm-jobs.json``), written right after the submission. The study process
+only waits for the array: killed, it leaves the jobs running, and ``--resume`` reattaches to those still alive
+(their cells are not submitted again) and submits only the unfinished cells no live job holds.
 
 ``--slurm-local`` runs the tasks on this machine through submitit's ``LocalExecutor`` (each task a process that
 outlives the study, as a SLURM job does; its id is its process id), and ``--slurm-script`` prints the sbatch script
@@ -33,14 +37,19 @@ JOBS_FILE = "slurm-jobs.json"  # the record of submitted job ids, in the study f
 SLURM_FOLDER = "slurm"  # submitit's pickles and logs, in the study folder
 POLL_LOCAL_S = 0.5
 POLL_SLURM_S = 30.0  # sacct is the cluster's: ask it rarely
-STATUS_PREFIX = cell_lib.STATUS_LINE
 
 
 class CellTask(submitit.helpers.Checkpointable):
-    """An array task: its cells in turn. Requeued as it is (its cells resume), hence the default checkpoint()."""
+    """An array task: its cells in turn. Requeued as it is (its cells resume from their checkpoints)."""
 
     def __call__(self, jobs: list) -> list[dict]:
         return cell_lib.run_cells(jobs)
+
+    def checkpoint(self, *args, **kwargs):
+        """submitit's handler of a time limit's or a preemption's notice, before it requeues the task: the running
+        cell is stopped with a checkpoint of its iteration first."""
+        cell_lib.stop_running(cell_lib.STOP_GRACE_S)  # of submitit's 90 s notice
+        return super().checkpoint(*args, **kwargs)
 
 
 def parameters(executor, cores: int) -> dict:
@@ -115,13 +124,16 @@ def _ended(cell, entry: dict) -> str:
     """A cell's status once the task that held it has ended: its entry point's last word in its log."""
     if (cell.folder / "summary.json").is_file():
         return "done"
-    try:
-        lines = [line for line in cell.log.read_text(errors="replace").splitlines() if line.startswith(STATUS_PREFIX)]
-    except OSError:
-        lines = []
-    if lines:
-        return lines[-1][len(STATUS_PREFIX) :].split(" (attempt ")[0]
-    return f"failed (job {entry['id']} ended before the cell did)"
+    return cell_lib.last_status(cell) or f"failed (job {entry['id']} ended before the cell did)"
+
+
+def _ending(cell, status: str) -> str:
+    """The progress line of a cell whose task has ended."""
+    if status == "done":
+        return f"finished {cell.label}"
+    if status.startswith("stopped"):
+        return f"{status.replace('stopped', 'stopped ' + cell.label, 1)}; --resume continues it"
+    return f"FAILED {cell.label}: {status}"
 
 
 def run(executor, frontend, cells, status: dict, *, report, on_finish=None) -> dict[str, str]:
@@ -161,8 +173,7 @@ def run(executor, frontend, cells, status: dict, *, report, on_finish=None) -> d
                     if name in rel:
                         cell = rel[name]
                         status[cell.label] = _ended(cell, entry)
-                        ok = status[cell.label] == "done"
-                        report(f"finished {cell.label}" if ok else f"FAILED {cell.label}: {status[cell.label]}")
+                        report(_ending(cell, status[cell.label]))
                         if on_finish is not None:
                             on_finish(status)
             if pending:
