@@ -181,11 +181,12 @@ def test_bad_input_exits_2_naming_the_flag_and_writes_nothing(tmp_path, capsys, 
 
 
 def test_ppo_refusals_name_exactly_the_envs_ppo_runs_on():
-    """Every env --algo ppo refuses names, in its message, the envs check_env lets ppo run on (Meta-World's as
-    metaworld/<task>), and only those."""
+    """Every env --algo ppo refuses (and PPOConfig, for a caller from Python) names, in its message, the envs
+    check_env lets ppo run on (Meta-World's as metaworld/<task>), and only those."""
     import re
 
     from troll.episodic.envs.registry import ENV_NAMES, METAWORLD
+    from troll.episodic.ppo import PPOConfig
     from troll.runs.files import UsageError
 
     accepted, refusals = set(), []
@@ -195,7 +196,10 @@ def test_ppo_refusals_name_exactly_the_envs_ppo_runs_on():
             accepted.add("metaworld/<task>" if name in METAWORLD else name)
         except UsageError as err:
             refusals.append(str(err))
-    assert len(refusals) == len(opts.TOY_ENVS) and {"fancy/box-pushing-dense", "fancy/hopper-jump"} <= accepted
+            with pytest.raises(ValueError) as config_err:
+                PPOConfig(env=name)
+            refusals.append(str(config_err.value).replace("PPO runs on", "troll's PPO steps"))
+    assert len(refusals) == 2 * len(opts.TOY_ENVS) and {"fancy/box-pushing-dense", "fancy/hopper-jump"} <= accepted
     for message in refusals:
         listed = re.search(r"troll's PPO steps (.+?) only", message)
         assert listed, message

@@ -134,18 +134,9 @@ def check_algo(name: str, option: str = "--algo") -> str:
     return name
 
 
-def ppo_envs() -> str:
-    """The envs :func:`check_env` lets ppo run on, as its messages name them: every env but TOY_ENVS, Meta-World's
-    50 as one entry."""
-    from troll.episodic.envs.registry import ENV_NAMES, METAWORLD
-
-    names = [n for n in ENV_NAMES if n not in TOY_ENVS + METAWORLD]
-    return ", ".join(names) + " and metaworld/<task>"
-
-
 def check_env(name: str, algo: str | None = None) -> str:
     """A known env name (with a close match otherwise); ppo needs a step interface (not the toy task)."""
-    from troll.episodic.envs.registry import ENV_NAMES, METAWORLD_TASKS
+    from troll.episodic.envs.registry import ENV_NAMES, METAWORLD_TASKS, ppo_envs
 
     if name not in ENV_NAMES:
         close = difflib.get_close_matches(name, ENV_NAMES, n=2, cutoff=0.6)

@@ -51,6 +51,7 @@ import numpy as np
 
 from troll import runs
 from troll.episodic.envs.base import episode_seeds
+from troll.episodic.envs.registry import ppo_envs
 from troll.episodic.envs.step import make_step_task
 from troll.episodic.report import plot_run, summarise
 from troll.episodic.run import COMMAND, PLOT_FILE, numbered_files
@@ -124,8 +125,7 @@ class PPOConfig:
         if family == "toy":
             raise ValueError(
                 f"env {self.env!r} has no step-based interface (the toy task simulates whole trajectories in torch): "
-                "PPO runs on gym/*, metaworld/*, fancy/box-pushing-* and fancy/hopper-jump only; use --algo tce or "
-                "bbrl there."
+                f"PPO runs on {ppo_envs()} only; use --algo tce or bbrl there."
             )
         ints = ("total_env_steps", "eval_every_steps", "eval_episodes", "threads", "checkpoint_every", "n_steps")
         for name in (*ints, "batch_size", "n_epochs"):

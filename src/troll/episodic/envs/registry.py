@@ -37,6 +37,12 @@ BOX_PUSHING = ("fancy/box-pushing-dense", "fancy/box-pushing-sparse")  # box_pus
 ENV_NAMES = TOY + GYM + METAWORLD + HOPPER + BOX_PUSHING
 
 
+def ppo_envs() -> str:
+    """The envs troll's PPO steps, as messages name them: every env but the toy task (a batched torch simulation of
+    whole trajectories, with no step interface), Meta-World's 50 as one entry."""
+    return ", ".join(n for n in ENV_NAMES if n not in TOY + METAWORLD) + " and metaworld/<task>"
+
+
 def _unknown(name: str) -> ValueError:
     close = difflib.get_close_matches(name, ENV_NAMES, n=3, cutoff=0.6)
     hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
