@@ -58,28 +58,28 @@ def action_sequences() -> np.ndarray:
     return np.stack([zeros, uniform, push])
 
 
+def replay(env, seed: int, actions: np.ndarray, keys: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray, dict]:
+    """From the reset of ``seed``, step ``actions``: the observations (T + 1, 16), rewards (T,) and the info entries
+    ``keys`` (each (T, ...), float64 copies: x_pos is a view of MjData)."""
+    obs, _ = env.reset(seed=seed)
+    obs_seq, rew_seq, per = [obs], [], {k: [] for k in keys}
+    for a in actions:
+        obs, r, terminated, truncated, info = env.step(a)
+        assert not terminated and not truncated
+        obs_seq.append(obs)
+        rew_seq.append(r)
+        for k in keys:
+            per[k].append(np.array(info[k], dtype=np.float64))
+    return np.array(obs_seq), np.array(rew_seq), {k: np.array(v) for k, v in per.items()}
+
+
 def record_steps(actions: np.ndarray) -> dict:
     env = gym.make("fancy/HopperJumpSparse-v0").unwrapped
-    obs_all, rew_all = [], []
-    infos = {k: [] for k in (*INFO_KEYS, "x_pos")}
-    for seed, seq in zip(STEP_SEEDS, actions):
-        obs, _ = env.reset(seed=seed)
-        obs_seq, rew_seq = [obs], []
-        per = {k: [] for k in infos}
-        for a in seq:
-            obs, r, terminated, truncated, info = env.step(a)
-            assert not terminated and not truncated
-            obs_seq.append(obs)
-            rew_seq.append(r)
-            for k in per:
-                per[k].append(np.array(info[k], dtype=np.float64))  # a copy: x_pos is a view of MjData
-        obs_all.append(obs_seq)
-        rew_all.append(rew_seq)
-        for k in infos:
-            infos[k].append(per[k])
-    out = {"step_seeds": np.array(STEP_SEEDS), "step_actions": actions, "step_obs": np.array(obs_all),
-           "step_rewards": np.array(rew_all)}  # fmt: skip
-    out.update({f"step_info_{k}": np.array(v) for k, v in infos.items()})
+    keys = (*INFO_KEYS, "x_pos")
+    runs = [replay(env, seed, seq, keys) for seed, seq in zip(STEP_SEEDS, actions)]
+    out = {"step_seeds": np.array(STEP_SEEDS), "step_actions": actions, "step_obs": np.array([r[0] for r in runs]),
+           "step_rewards": np.array([r[1] for r in runs])}  # fmt: skip
+    out.update({f"step_info_{k}": np.array([r[2][k] for r in runs]) for k in keys})
     return out
 
 
@@ -108,19 +108,11 @@ def record_jump() -> dict:
     env = gym.make("fancy/HopperJumpSparse-v0").unwrapped
     pos = jump_targets()
     actions = jump_actions(env, pos)
-    obs, _ = env.reset(seed=JUMP_SEED)
-    obs_seq, rew_seq, per = [obs], [], {k: [] for k in ALL_INFO_KEYS}
-    for a in actions:
-        obs, r, terminated, truncated, info = env.step(a)
-        assert not terminated and not truncated
-        obs_seq.append(obs)
-        rew_seq.append(r)
-        for k in per:
-            per[k].append(np.array(info[k], dtype=np.float64))
-    assert per["max_height"][-1] > 1.5 and per["contact_dist"][-1] > 0, "no jump above the start with a landing"
-    out = {"jump_seed": np.array(JUMP_SEED), "jump_pos": pos, "jump_actions": actions, "jump_obs": np.array(obs_seq),
-           "jump_rewards": np.array(rew_seq)}  # fmt: skip
-    out.update({f"jump_info_{k}": np.array(v) for k, v in per.items()})
+    obs, rewards, info = replay(env, JUMP_SEED, actions, ALL_INFO_KEYS)
+    assert info["max_height"][-1] > 1.5 and info["contact_dist"][-1] > 0, "no jump above the start with a landing"
+    out = {"jump_seed": np.array(JUMP_SEED), "jump_pos": pos, "jump_actions": actions, "jump_obs": obs,
+           "jump_rewards": rewards}  # fmt: skip
+    out.update({f"jump_info_{k}": v for k, v in info.items()})
     return out
 
 
