@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 import pytest
+import submitit
 
 from troll.cli import main
 from troll.runs.files import read_jsonl
@@ -473,6 +474,52 @@ def test_a_cell_stopped_by_a_signal_ends_its_task(tmp_path):
     assert (
         on_slurm._ending(cells[0], "stopped (SIGTERM)") == f"stopped {cells[0].label} (SIGTERM); --resume continues it"
     )
+
+
+def test_the_entry_point_s_parts_that_a_stop_relies_on(tmp_path, monkeypatch):
+    """- a cell's command ignores SIGUSR2 (SLURM sends submitit's notice to every process of the job step);
+    - a cell that does not stop within the grace is killed, and its log says so (beats kept its lease meanwhile);
+    - the last status of a log is the last attempt's: none when a command started after the last status line;
+    - submitit's notice comes :data:`on_slurm.NOTICE_S` before the time limit, on SLURM and with --slurm-local,
+      30 s more than the grace."""
+    from troll.study import cell as cell_lib
+
+    script = ("import pathlib, signal, sys, time; f = pathlib.Path(sys.argv[1]); f.mkdir(parents=True, "
+              "exist_ok=True); (f / 'usr2').write_text(str(signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN)); "
+              "signal.signal(signal.SIGTERM, signal.SIG_IGN); (f / 'ready').write_text(''); "
+              "time.sleep(60)")  # fmt: skip
+    argv = lambda cell, resume: [sys.executable, "-c", script, str(cell.folder)]  # noqa: E731
+    front = dataclasses.replace(_fake_frontend(tmp_path), cell_argv=argv)
+    cell = Cell(None, "a", 0, tmp_path / "a" / "seed0")
+    job = cell_lib.job_for(front, cell)
+    took = []
+
+    def stop_it() -> None:  # as a task's handler would, once the command runs
+        while not (cell.folder / "ready").exists():
+            time.sleep(0.02)
+        start = time.monotonic()
+        cell_lib.stop_running(1.0)
+        took.append(time.monotonic() - start)
+
+    threading.Thread(target=stop_it, daemon=True).start()
+    result = cell_lib.run_cell(job)
+    assert (cell.folder / "usr2").read_text() == "True"
+    assert result["code"] == -signal.SIGKILL and 1.0 <= took[0] < 5
+    assert "# troll cell: stopped (killed: no checkpoint within 1 s)" in cell.log.read_text()
+    assert cell_lib.last_status(cell) == "failed (exit -9)"  # what run_cell adds when no exception ends the task
+    assert not list(tmp_path.glob("a/*.lease"))
+    with cell.log.open("a") as log:
+        log.write("$ the next attempt, killed with its machine\n")
+    assert cell_lib.last_status(cell) is None
+    assert on_slurm._ended(cell, {"id": "7"}) == "failed (job 7 ended before the cell did)"
+    seen = {}
+    monkeypatch.setattr(submitit.LocalExecutor, "update_parameters", lambda self, **kw: seen.update(kw))
+    monkeypatch.setattr(submitit.LocalExecutor, "batch", lambda self: contextlib.nullcontext())
+    monkeypatch.setattr(submitit.LocalExecutor, "submit", lambda self, *a: None)
+    local = executors.Executor("slurm", slurm=executors.SlurmOptions(local=True), out=tmp_path)
+    on_slurm.submit(local, [[job]], cores=1)
+    assert seen["signal_delay_s"] == on_slurm.parameters(local, 1)["signal_delay_s"] == on_slurm.NOTICE_S
+    assert on_slurm.NOTICE_S >= cell_lib.STOP_GRACE_S + 30
 
 
 LM_CELL = """

@@ -135,15 +135,21 @@ def _prepare(job: CellJob) -> bool:
 
 def last_status(cell: Cell, after: int = 0) -> str | None:
     """The status the cell's last attempt wrote at its end (its log's last :data:`STATUS_LINE`, in the part after
-    the first ``after`` bytes), None when none did."""
+    the first ``after`` bytes), None when none did: also when a command was started after the last status line
+    (an attempt that ended without writing one, e.g. killed with its machine)."""
     try:
         with cell.log.open("rb") as log:
             log.seek(after)
             text = log.read().decode(errors="replace")
     except OSError:
         return None
-    lines = [line for line in text.splitlines() if line.startswith(STATUS_LINE)]
-    return lines[-1][len(STATUS_LINE) :].split(" (attempt ")[0] if lines else None
+    status = None
+    for line in text.splitlines():
+        if line.startswith(STATUS_LINE):
+            status = line[len(STATUS_LINE) :].split(" (attempt ")[0]
+        elif line.startswith("$ "):  # an attempt started after it: its status, if it wrote one, follows
+            status = None
+    return status
 
 
 def _log(cell: Cell, text: str) -> None:
@@ -152,16 +158,21 @@ def _log(cell: Cell, text: str) -> None:
 
 
 def _run(job: CellJob, lease: lease_lib.Lease, argv: tuple[str, ...]) -> int:
-    """The cell's command as a subprocess, beating the lease while it runs; :data:`LOST` when the lease was lost."""
+    """The cell's command as a subprocess, beating the lease while it runs; :data:`LOST` when the lease was lost.
+
+    The command ignores SIGUSR2: SLURM sends submitit's notice before a time limit to every process of the job step,
+    and the task's handler passes it on as SIGTERM (:func:`stop_running`), which the command would not live to see.
+    """
     from troll.study.runner import die_with_parent
 
+    proc, arm = None, die_with_parent((signal.SIGUSR2,))
     with job.cell.log.open("a") as log:
         log.write(f"$ {' '.join(argv)}\n")
         log.flush()
-        proc = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**os.environ, **job.env}, preexec_fn=die_with_parent())  # fmt: skip
-        _RUNNING.append((job, lease, proc))
         try:
+            proc = subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env={**os.environ, **job.env}, preexec_fn=arm)  # fmt: skip
+            _RUNNING.append((job, lease, proc))
             while proc.poll() is None:
                 if not lease.beat():
                     proc.kill()
@@ -172,20 +183,24 @@ def _run(job: CellJob, lease: lease_lib.Lease, argv: tuple[str, ...]) -> int:
             stop_running(STOP_GRACE_S)
             raise
         finally:
-            _RUNNING.remove((job, lease, proc))
-            if proc.poll() is None:
+            if (job, lease, proc) in _RUNNING:
+                _RUNNING.remove((job, lease, proc))
+            if proc is not None and proc.poll() is None:
                 proc.kill()
                 proc.wait()
     return proc.returncode
 
 
 _RUNNING: list[tuple] = []  # (job, lease, process) of the command this process runs now, for stop_running
-STOP_GRACE_S = 60.0  # how long a stopped task waits for its cell's checkpoint (a box-pushing iteration: 10-40 s)
+# how long a stopped task waits for its cell's checkpoint (a box-pushing iteration: 10-40 s, longer under load);
+# SLURM's notice comes troll.study.on_slurm.NOTICE_S before the time limit, 30 s more than this
+STOP_GRACE_S = 60.0
 
 
 def stop_running(grace_s: float) -> None:
     """Send SIGTERM to the cell command this process runs (if any) and wait up to ``grace_s`` seconds for it to end
-    (``troll tce train`` ends its iteration and saves a checkpoint); its log then ends with the cell's status.
+    (``troll tce train`` ends its iteration and saves a checkpoint), beating its lease; then kill it if it still
+    runs. Its log ends with the cell's status either way.
 
     Safe in a signal handler of the main thread, which may have interrupted :func:`_run` anywhere, even inside the
     command's ``Popen.poll``: the end is watched without reaping the process (``waitid`` with ``WNOWAIT``), which is
@@ -197,6 +212,7 @@ def stop_running(grace_s: float) -> None:
     for job, lease, proc in list(_RUNNING):
         code = proc.returncode
         while code is None and time.monotonic() < deadline:
+            lease.beat()
             try:
                 ended = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:  # reaped by its Popen this instant
@@ -207,9 +223,11 @@ def stop_running(grace_s: float) -> None:
             else:
                 time.sleep(0.05)
         if code is None:
-            continue  # still running: killed with the task, from its newest checkpoint
-        name = protocol.stop_signal_of(code)
-        status = f"stopped ({name})" if name is not None else ("done" if code == 0 else f"failed (exit {code})")
+            proc.kill()  # reaped by its Popen later
+            status = f"stopped (killed: no checkpoint within {grace_s:g} s)"
+        else:
+            name = protocol.stop_signal_of(code)
+            status = f"stopped ({name})" if name is not None else ("done" if code == 0 else f"failed (exit {code})")
         _log(job.cell, f"{STATUS_LINE}{status} (attempt {lease.attempt} on {socket.gethostname()})\n")
 
 

@@ -3,9 +3,10 @@
 Each array task runs ``--slurm-cells-per-task`` cells in turn through the cell entry point
 (:func:`troll.study.cell.run_cells`), as a submitit ``Checkpointable``: a task stopped by its time limit or a
 preemption is requeued by submitit with the same cells, which continue from their checkpoints. submitit's notice
-(SIGUSR2, 90 s before the time limit by default) is passed on to the running cell first: it gets SIGTERM and up to
-:data:`troll.study.cell.STOP_GRACE_S` seconds to save a checkpoint of its iteration. A cell whose command SLURM
-itself ends with SIGTERM (exit 143 after its checkpoint) is "stopped", and its task starts no further cell.
+(SIGUSR2, :data:`NOTICE_S` = 90 s before the time limit, here and with ``--slurm-local``) is passed on to the
+running cell first: it gets SIGTERM and up to :data:`troll.study.cell.STOP_GRACE_S` seconds to save a checkpoint of
+its iteration. A cell whose command SLURM itself ends with SIGTERM (exit 143 after its checkpoint) is "stopped", and
+its task starts no further cell.
 
 The study folder holds submitit's files (``slurm/``: the pickled tasks, the sbatch script, each task's stdout and
 stderr) and the record of the job ids (``slurm-jobs.json``), written right after the submission. The study process
@@ -37,6 +38,7 @@ JOBS_FILE = "slurm-jobs.json"  # the record of submitted job ids, in the study f
 SLURM_FOLDER = "slurm"  # submitit's pickles and logs, in the study folder
 POLL_LOCAL_S = 0.5
 POLL_SLURM_S = 30.0  # sacct is the cluster's: ask it rarely
+NOTICE_S = 90  # submitit's notice (SIGUSR2) comes this long before a time limit: the cell's grace, and 30 s to spare
 
 
 class CellTask(submitit.helpers.Checkpointable):
@@ -48,14 +50,15 @@ class CellTask(submitit.helpers.Checkpointable):
     def checkpoint(self, *args, **kwargs):
         """submitit's handler of a time limit's or a preemption's notice, before it requeues the task: the running
         cell is stopped with a checkpoint of its iteration first."""
-        cell_lib.stop_running(cell_lib.STOP_GRACE_S)  # of submitit's 90 s notice
+        cell_lib.stop_running(cell_lib.STOP_GRACE_S)  # of the NOTICE_S before the time limit
         return super().checkpoint(*args, **kwargs)
 
 
 def parameters(executor, cores: int) -> dict:
     """submitit's SlurmExecutor parameters (sbatch's names) from the ``--slurm-*`` options."""
     s = executor.slurm
-    params = {"job_name": "troll-study", "time": s.time_min, "cpus_per_task": s.cpus_per_task or cores}
+    params = {"job_name": "troll-study", "time": s.time_min, "cpus_per_task": s.cpus_per_task or cores,
+              "signal_delay_s": NOTICE_S}  # fmt: skip
     if s.partition:
         params["partition"] = s.partition
     if s.mem_gb is not None:
@@ -84,7 +87,7 @@ def submit(executor, groups: list[list], cores: int) -> list:
     folder = executor.out / SLURM_FOLDER
     if executor.slurm.local:
         ex = submitit.LocalExecutor(folder=folder)
-        ex.update_parameters(timeout_min=executor.slurm.time_min)
+        ex.update_parameters(timeout_min=executor.slurm.time_min, signal_delay_s=NOTICE_S)
     else:
         ex = submitit.SlurmExecutor(folder=folder)
         ex.update_parameters(**parameters(executor, cores))
