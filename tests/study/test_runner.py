@@ -9,6 +9,7 @@ a lower layer to a higher one, no module over 600 lines). Seconds in all.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -264,12 +265,26 @@ def test_killed_study_takes_its_cells_along_and_resumes(tmp_path, fake):
     assert [c["status"] for c in data["cells"]] == ["kept", "done", "done", "done"]
 
 
-def _command(tmp_path, out: Path, *more: str, slow: float) -> subprocess.Popen:
-    """The fake study through the study command, in a session of its own (as a terminal's foreground job)."""
-    argv = [sys.executable, str(tmp_path / "code" / "command.py"), str(out), *more]
-    env = {**os.environ, "FAKE_SLOW": str(slow)}
-    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # fmt: skip
+@pytest.fixture
+def command(tmp_path):
+    """``command(out, *more, slow=seconds)``: the fake study through the study command, in a session of its own
+    (as a terminal's foreground job); killed at the end if a failed test left it running or paused."""
+    started: list[subprocess.Popen] = []
+
+    def start(out: Path, *more: str, slow: float) -> subprocess.Popen:
+        argv = [sys.executable, str(tmp_path / "code" / "command.py"), str(out), *more]
+        env = {**os.environ, "FAKE_SLOW": str(slow)}
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)  # fmt: skip
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:  # its cells die with it (their parent-death signal)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
 
 
 def _when_running(out: Path, count: int, proc: subprocess.Popen) -> list[Path]:
@@ -284,13 +299,13 @@ def _when_running(out: Path, count: int, proc: subprocess.Popen) -> list[Path]:
 
 
 @pytest.mark.parametrize("how", ["SIGTERM", "Ctrl-C"])
-def test_a_stopped_study_stops_its_cells_with_a_checkpoint_and_resumes(tmp_path, fake, how):
+def test_a_stopped_study_stops_its_cells_with_a_checkpoint_and_resumes(tmp_path, fake, command, how):
     """SIGTERM to the study, or Ctrl-C at a terminal (SIGINT to its whole process group): no cell is started after
     it, the running cells get SIGTERM (never the terminal's SIGINT), save their row and exit 143; the study writes
     its report, names the command that continues it and exits 143 or 130. Resumed, each cell ends with every row
     once."""
     out = tmp_path / "st"
-    proc = _command(tmp_path, out, slow=0.6)
+    proc = command(out, slow=0.6)
     running = _when_running(out, 2, proc)
     if how == "SIGTERM":
         os.kill(proc.pid, signal.SIGTERM)
@@ -309,7 +324,7 @@ def test_a_stopped_study_stops_its_cells_with_a_checkpoint_and_resumes(tmp_path,
         assert not (folder / "sigint").exists() and not (folder / "summary.json").exists()
         rows = json.loads((folder / "ckpt.json").read_text())["rows"]
         assert 1 <= rows < 4 and len(read_jsonl(folder / "metrics.jsonl")) == rows
-    proc = _command(tmp_path, out, "--resume", slow=0.0)
+    proc = command(out, "--resume", slow=0.0)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     for cell in json.loads((out / "study.json").read_text())["cells"]:
@@ -319,9 +334,9 @@ def test_a_stopped_study_stops_its_cells_with_a_checkpoint_and_resumes(tmp_path,
             assert [r["env_steps"] for r in read_jsonl(folder / "metrics.jsonl")] == [1000, 2000, 3000, 4000]
 
 
-def test_a_cell_stopped_by_hand_is_stopped_not_failed_and_the_others_go_on(tmp_path, fake):
+def test_a_cell_stopped_by_hand_is_stopped_not_failed_and_the_others_go_on(tmp_path, fake, command):
     out = tmp_path / "st"
-    proc = _command(tmp_path, out, slow=0.3)
+    proc = command(out, slow=0.3)
     first = _when_running(out, 1, proc)[0]
     os.kill(int((first / "pid").read_text()), signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
@@ -332,9 +347,9 @@ def test_a_cell_stopped_by_hand_is_stopped_not_failed_and_the_others_go_on(tmp_p
     assert sorted(status) == ["done", "done", "done", "stopped (SIGTERM)"]
 
 
-def test_a_second_ctrl_c_kills_the_cells_at_once(tmp_path, fake):
+def test_a_second_ctrl_c_kills_the_cells_at_once(tmp_path, fake, command):
     out = tmp_path / "st"
-    proc = _command(tmp_path, out, slow=30.0)  # a row takes 30 s: the first Ctrl-C alone would wait for it
+    proc = command(out, slow=30.0)  # a row takes 30 s: the first Ctrl-C alone would wait for it
     running = _when_running(out, 2, proc)
     start = time.time()
     os.killpg(proc.pid, signal.SIGINT)
@@ -353,6 +368,39 @@ def test_a_second_ctrl_c_kills_the_cells_at_once(tmp_path, fake):
     assert not any(_alive(pid) for pid in pids)
     assert not any((folder / "ckpt.json").exists() for folder in running)  # killed within their first row
     assert not list(out.glob("*/seed*.lease"))
+
+
+def _state(pid: int) -> str:
+    """The process state letter of ``pid`` (T: stopped), "" once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return ""
+
+
+def _until(predicate, what: str, seconds: float = 20.0) -> None:
+    deadline = time.time() + seconds
+    while not predicate():
+        assert time.time() < deadline, what
+        time.sleep(0.02)
+
+
+def test_ctrl_z_pauses_the_study_with_its_cells_and_fg_resumes_them(tmp_path, fake, command):
+    """The cells run in sessions of their own, so a terminal's Ctrl-Z (SIGTSTP to the study's process group) does
+    not reach them: the study stops them, then itself; SIGCONT to the study (``fg``) continues them too."""
+    out = tmp_path / "st"
+    proc = command(out, slow=0.3)
+    running = _when_running(out, 2, proc)
+    pids = [int((folder / "pid").read_text()) for folder in running]
+    os.killpg(proc.pid, signal.SIGTSTP)
+    _until(lambda: _state(proc.pid) == "T" and all(_state(pid) == "T" for pid in pids), "study and cells paused")
+    rows = [read_jsonl(folder / "metrics.jsonl") if (folder / "metrics.jsonl").exists() else [] for folder in running]
+    time.sleep(1.0)  # three rows' time: nothing is written while paused
+    assert [read_jsonl(f / "metrics.jsonl") if (f / "metrics.jsonl").exists() else [] for f in running] == rows
+    os.kill(proc.pid, signal.SIGCONT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert sorted(c["status"] for c in json.loads((out / "study.json").read_text())["cells"]) == ["done"] * 4
 
 
 def _alive(pid: int) -> bool:

@@ -48,6 +48,9 @@ def cmd_study(name: str, out: Path, cells: int, jobs: int, run: Callable[[Callab
         return 130
     except StudyStopped as stopped:
         cells = [label for label, s in stopped.status.items() if s.startswith("stopped")]
+        failed = [label for label, s in stopped.status.items() if s.startswith("failed")]
+        if failed:
+            report(f"{len(failed)} cell(s) failed: {', '.join(failed)}; why is above and in their .log files")
         report(f"stopped by {stopped.signal} ({len(cells)} cell(s) stopped); continue with: {again}")
         return stopped.exit_code
     print(f"wrote {out / JSON_FILE}, {out / TABLE_FILE} and {out / PLOT_FILE}")

@@ -24,12 +24,14 @@ cell left running by the one before it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -151,7 +153,8 @@ def run_cells(
     Stopping (local): SIGTERM, SIGUSR1 or Ctrl-C (SIGINT) starts no more cells and sends SIGTERM to every running
     one at once; a ``troll tce train`` cell then ends its iteration and saves a checkpoint of it. Once they have all
     ended, :class:`StudyStopped` is raised (the report is written first, by :func:`run_study`). A second Ctrl-C kills
-    the cells at once. The cells run in sessions of their own, so that a terminal's Ctrl-C reaches only the study.
+    the cells at once. The cells run in sessions of their own, so that a terminal's Ctrl-C reaches only the study;
+    Ctrl-Z (SIGTSTP) pauses the study and its running cells together, and ``fg`` or ``bg`` resumes them.
     """
     status, unfinished = {}, []
     for cell in cells:
@@ -166,7 +169,7 @@ def run_cells(
     env = {**os.environ, **frontend.env}
     running: list[_Running] = []
     stopping = False
-    with protocol.stop_requests(STUDY_STOP_SIGNALS) as stop:
+    with protocol.stop_requests(STUDY_STOP_SIGNALS) as stop, _pausing_with(running):
         try:
             while todo or running:
                 while todo and len(running) < jobs and stop.signal is None:
@@ -190,8 +193,8 @@ def run_cells(
                     item.proc.kill()  # another attempt took the cell over (its heartbeat here stopped for too long)
                     item.proc.wait()
                 for item in [r for r in running if r.proc.poll() is not None]:
-                    running.remove(item)
                     status[item.cell.label] = _finish(item, report)
+                    running.remove(item)
                     if on_finish is not None:
                         on_finish(status)
         finally:
@@ -204,6 +207,30 @@ def run_cells(
     if stop.signal is not None and any(c.label not in status or status[c.label] not in ("done", "kept") for c in cells):
         raise StudyStopped(stop.signal, status)
     return status
+
+
+@contextlib.contextmanager
+def _pausing_with(running: list[_Running]):
+    """While inside (in the main thread), SIGTSTP (a terminal's Ctrl-Z) stops the ``running`` cells, then the study;
+    once the study is continued (SIGCONT: ``fg``, ``bg``), so are they."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def pause(signum, frame) -> None:
+        for item in running:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(item.proc.pid, signal.SIGSTOP)
+        os.kill(os.getpid(), signal.SIGSTOP)  # returns once the study is continued
+        for item in running:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(item.proc.pid, signal.SIGCONT)
+
+    before = signal.signal(signal.SIGTSTP, pause)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTSTP, before)
 
 
 def runnable_cells(frontend: Frontend, cells: list[Cell], status: dict, report, probe_leases: bool = True) -> list:
@@ -297,16 +324,20 @@ def _finish(item: _Running, report) -> str:
     return f"failed (exit {code})"
 
 
-def die_with_parent():
-    """A ``preexec_fn`` asking Linux to SIGKILL the child when its parent dies; None elsewhere."""
+def die_with_parent(ignore: tuple[int, ...] = ()):
+    """A ``preexec_fn`` asking Linux to SIGKILL the child when its parent dies, and to ignore the signals ``ignore``
+    (kept through exec and by the child's own children); None elsewhere."""
     if not sys.platform.startswith("linux"):
         return None
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc.signal.argtypes, libc.signal.restype = (ctypes.c_int, ctypes.c_void_p), ctypes.c_void_p
     parent = os.getpid()
-    pr_set_pdeathsig, sigkill = 1, 9
+    pr_set_pdeathsig, sigkill, sig_ign = 1, 9, ctypes.c_void_p(1)
 
     def arm() -> None:  # runs in the child between fork and exec: async-signal-safe calls only
         libc.prctl(pr_set_pdeathsig, sigkill)
+        for signum in ignore:
+            libc.signal(int(signum), sig_ign)
         if os.getppid() != parent:  # the parent died before prctl took effect
             os._exit(1)
 
