@@ -478,7 +478,8 @@ def test_a_cell_stopped_by_a_signal_ends_its_task(tmp_path):
 
 def test_the_entry_point_s_parts_that_a_stop_relies_on(tmp_path, monkeypatch):
     """- a cell's command ignores SIGUSR2 (SLURM sends submitit's notice to every process of the job step);
-    - a cell that does not stop within the grace is killed, and its log says so (beats kept its lease meanwhile);
+    - a cell that does not stop within the grace is killed, and its log says so; the wait beats the cell's lease
+      (a handler's wait blocks the loop that beats it otherwise);
     - the last status of a log is the last attempt's: none when a command started after the last status line;
     - submitit's notice comes :data:`on_slurm.NOTICE_S` before the time limit, on SLURM and with --slurm-local,
       30 s more than the grace."""
@@ -506,6 +507,27 @@ def test_the_entry_point_s_parts_that_a_stop_relies_on(tmp_path, monkeypatch):
     assert (cell.folder / "usr2").read_text() == "True"
     assert result["code"] == -signal.SIGKILL and 1.0 <= took[0] < 5
     assert "# troll cell: stopped (killed: no checkpoint within 1 s)" in cell.log.read_text()
+    # the wait in the main thread, as in a handler: the heartbeat still moves
+    from troll.study import lease as lease_lib
+
+    other = Cell(None, "a", 1, tmp_path / "a" / "seed1")
+    lease = lease_lib.Lease(other.folder, beat_s=0.1)
+    lease.acquire()
+    stubborn = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
+                                 "signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"],
+                                stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert stubborn.stdout.readline() == "ready\n"
+    cell_lib._RUNNING.append((cell_lib.job_for(front, other), lease, stubborn))
+    try:
+        before = lease_lib._read_beat(lease.beat_file)
+        cell_lib.stop_running(1.0)
+        after = lease_lib._read_beat(lease.beat_file)
+    finally:
+        cell_lib._RUNNING.clear()
+        stubborn.kill()
+        stubborn.wait()
+        lease.release()
+    assert before is not None and after is not None and int(after) >= int(before) + 5
     assert cell_lib.last_status(cell) == "failed (exit -9)"  # what run_cell adds when no exception ends the task
     assert not list(tmp_path.glob("a/*.lease"))
     with cell.log.open("a") as log:

@@ -29,7 +29,8 @@ from troll.study import Grid, Study, UsageError, check_folder, load_spec, plan, 
 # argv: folder arm seed value [--resume]. FAKE_KILL="<arm>/seed<k>:<rows>:<how>" makes that cell, on its first
 # attempt, SIGKILL itself ("self") or the study ("parent") after <rows> rows; FAKE_FAIL="<arm>" makes it exit 3.
 # FAKE_SLOW=<seconds> makes each row take that long and the cell stop as `troll tce train` does: SIGTERM ends it
-# after its row's checkpoint with exit 143; the signals that reach it are noted in the files "sigterm" and "sigint".
+# after its row's checkpoint with exit 143; the signals that reach it are noted in the files "sigterm" and "sigint";
+# it starts a worker process of its own (its pid in the file "worker"), as a run starts env workers.
 CELL = r"""
 import json, os, signal, sys, time
 from pathlib import Path
@@ -47,6 +48,10 @@ stop = []
 if os.environ.get("FAKE_SLOW"):
     signal.signal(signal.SIGTERM, lambda *_: (stop.append(1), (folder / "sigterm").write_text("")))
     signal.signal(signal.SIGINT, lambda *_: (folder / "sigint").write_text(""))
+    import subprocess
+    watch = "import os, sys, time\nwhile os.getppid() == int(sys.argv[1]): time.sleep(0.05)"  # ends with its cell
+    worker = subprocess.Popen([sys.executable, "-c", watch, str(os.getpid())])
+    (folder / "worker").write_text(str(worker.pid))
 quality = {"base": 0.2, "tce": 0.7}.get(arm, 0.0) + 0.01 * seed + (0.0 if value == "None" else float(value))
 kill = os.environ.get("FAKE_KILL", "")
 for i in range(start, 4):
@@ -56,6 +61,7 @@ for i in range(start, 4):
         f.write(json.dumps(row) + "\n")
     (folder / "ckpt.json").write_text(json.dumps({"rows": i + 1}))
     if stop and i + 1 < 4:
+        worker.kill()
         sys.exit(143)
     target, _, rest = kill.partition(":")
     rows, _, how = rest.partition(":")
@@ -67,6 +73,8 @@ for i in range(start, 4):
             time.sleep(30)  # PR_SET_PDEATHSIG ends this sleep at once
         os.kill(os.getpid(), signal.SIGKILL)
 (folder / "summary.json").write_text(json.dumps({"score": quality, "resumed": resume}))
+if os.environ.get("FAKE_SLOW"):
+    worker.kill()
 """
 
 # The frontend, as a module of its own so that a study process started by a test can import it too.
@@ -387,17 +395,20 @@ def _until(predicate, what: str, seconds: float = 20.0) -> None:
 
 def test_ctrl_z_pauses_the_study_with_its_cells_and_fg_resumes_them(tmp_path, fake, command):
     """The cells run in sessions of their own, so a terminal's Ctrl-Z (SIGTSTP to the study's process group) does
-    not reach them: the study stops them, then itself; SIGCONT to the study (``fg``) continues them too."""
+    not reach them: the study stops them with their workers, then itself; SIGCONT to the study (``fg``) continues
+    them too."""
     out = tmp_path / "st"
     proc = command(out, slow=0.3)
     running = _when_running(out, 2, proc)
-    pids = [int((folder / "pid").read_text()) for folder in running]
+    _until(lambda: all((folder / "worker").exists() for folder in running), "workers started")
+    pids = [int((folder / name).read_text()) for folder in running for name in ("pid", "worker")]
     os.killpg(proc.pid, signal.SIGTSTP)
-    _until(lambda: _state(proc.pid) == "T" and all(_state(pid) == "T" for pid in pids), "study and cells paused")
+    _until(lambda: _state(proc.pid) == "T" and all(_state(pid) == "T" for pid in pids), "study, cells, workers paused")
     rows = [read_jsonl(folder / "metrics.jsonl") if (folder / "metrics.jsonl").exists() else [] for folder in running]
     time.sleep(1.0)  # three rows' time: nothing is written while paused
     assert [read_jsonl(f / "metrics.jsonl") if (f / "metrics.jsonl").exists() else [] for f in running] == rows
     os.kill(proc.pid, signal.SIGCONT)
+    _until(lambda: all(_state(pid) not in ("T", "") for pid in pids[1::2]), "workers continued")
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert sorted(c["status"] for c in json.loads((out / "study.json").read_text())["cells"]) == ["done"] * 4

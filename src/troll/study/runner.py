@@ -211,20 +211,23 @@ def run_cells(
 
 @contextlib.contextmanager
 def _pausing_with(running: list[_Running]):
-    """While inside (in the main thread), SIGTSTP (a terminal's Ctrl-Z) stops the ``running`` cells, then the study;
-    once the study is continued (SIGCONT: ``fg``, ``bg``), so are they."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
+    """While inside (in the main thread), SIGTSTP (a terminal's Ctrl-Z) stops the ``running`` cells (each with the
+    processes of its group: its env workers), then the study; once the study is continued (SIGCONT: ``fg``, ``bg``),
+    so are they."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTSTP) == signal.SIG_IGN:
+        yield  # Python handles signals in the main thread only; an ignored Ctrl-Z stays ignored
         return
 
+    def each_cell(signum: int) -> None:  # a cell leads its session: its process group holds its env workers too
+        for item in running:
+            if item.proc.returncode is None:  # not yet reaped: its pid is still its own
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(item.proc.pid, signum)
+
     def pause(signum, frame) -> None:
-        for item in running:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(item.proc.pid, signal.SIGSTOP)
+        each_cell(signal.SIGSTOP)
         os.kill(os.getpid(), signal.SIGSTOP)  # returns once the study is continued
-        for item in running:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(item.proc.pid, signal.SIGCONT)
+        each_cell(signal.SIGCONT)
 
     before = signal.signal(signal.SIGTSTP, pause)
     try:
