@@ -479,7 +479,7 @@ def test_a_cell_stopped_by_a_signal_ends_its_task(tmp_path):
 def test_the_entry_point_s_parts_that_a_stop_relies_on(tmp_path, monkeypatch):
     """- a cell's command ignores SIGUSR2 (SLURM sends submitit's notice to every process of the job step);
     - a cell that does not stop within the grace is killed, and its log says so; the wait beats the cell's lease
-      (a handler's wait blocks the loop that beats it otherwise);
+      (a handler's wait blocks the loop that beats it otherwise), and ends the cell at once if it was taken over;
     - the last status of a log is the last attempt's: none when a command started after the last status line;
     - submitit's notice comes :data:`on_slurm.NOTICE_S` before the time limit, on SLURM and with --slurm-local,
       30 s more than the grace."""
@@ -528,6 +528,25 @@ def test_the_entry_point_s_parts_that_a_stop_relies_on(tmp_path, monkeypatch):
         stubborn.wait()
         lease.release()
     assert before is not None and after is not None and int(after) >= int(before) + 5
+    # a lease another attempt took over meanwhile: the cell is theirs, and this attempt's command ends at once
+    lease = lease_lib.Lease(other.folder, beat_s=0.1)
+    lease.acquire()
+    stubborn = subprocess.Popen(stubborn.args, stdout=subprocess.PIPE, text=True)
+    assert stubborn.stdout.readline() == "ready\n"
+    lease.path.write_bytes(lease_lib.Lease(other.folder)._record())  # another attempt's record
+    cell_lib._RUNNING.append((cell_lib.job_for(front, other), lease, stubborn))
+    try:
+        start = time.monotonic()
+        cell_lib.stop_running(30.0)
+        assert time.monotonic() - start < 5 and stubborn.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        cell_lib._RUNNING.clear()
+        stubborn.kill()
+        stubborn.wait()
+    assert cell_lib.last_status(other) == "failed (lease lost)"
+    lease.release()
+    assert lease.path.is_file()  # the other attempt's lease is left to it
+    lease.path.unlink()
     assert cell_lib.last_status(cell) == "failed (exit -9)"  # what run_cell adds when no exception ends the task
     assert not list(tmp_path.glob("a/*.lease"))
     with cell.log.open("a") as log:

@@ -212,7 +212,10 @@ def stop_running(grace_s: float) -> None:
     for job, lease, proc in list(_RUNNING):
         code = proc.returncode
         while code is None and time.monotonic() < deadline:
-            lease.beat()
+            if not lease.beat():  # another attempt took the cell over: it is theirs now
+                proc.kill()
+                code = LOST
+                break
             try:
                 ended = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:  # reaped by its Popen this instant
@@ -225,6 +228,8 @@ def stop_running(grace_s: float) -> None:
         if code is None:
             proc.kill()  # reaped by its Popen later
             status = f"stopped (killed: no checkpoint within {grace_s:g} s)"
+        elif code == LOST:
+            status = "failed (lease lost)"
         else:
             name = protocol.stop_signal_of(code)
             status = f"stopped ({name})" if name is not None else ("done" if code == 0 else f"failed (exit {code})")
