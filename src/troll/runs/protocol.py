@@ -156,8 +156,13 @@ class Stopped(Exception):
 
     @property
     def exit_code(self) -> int:
-        """128 + the signal's number: what a shell reports for a process the signal ended (143 for SIGTERM)."""
-        return 128 + int(getattr(signal, self.signal))
+        return exit_code(self.signal)
+
+
+def exit_code(signal_name: str) -> int:
+    """128 + the signal's number: what a shell reports for a process the signal ended (143 for SIGTERM, 130 for
+    SIGINT); the exit status of a command that stopped on it."""
+    return 128 + int(getattr(signal, signal_name))
 
 
 @contextlib.contextmanager

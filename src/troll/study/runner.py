@@ -133,8 +133,7 @@ class StudyStopped(Exception):
 
     @property
     def exit_code(self) -> int:
-        """128 + the signal's number, as for a process the signal ended (130 for Ctrl-C, 143 for SIGTERM)."""
-        return 128 + int(getattr(signal, self.signal))
+        return protocol.exit_code(self.signal)
 
 
 STUDY_STOP_SIGNALS = (*protocol.STOP_SIGNALS, "SIGINT")

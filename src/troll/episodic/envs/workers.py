@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from troll.episodic.envs.base import Episodes, EpisodeStart, EpisodicEnv, NonFiniteError, episode_seeds
+from troll.runs.protocol import STOP_SIGNALS
 
 _THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
@@ -90,7 +91,7 @@ def _serve(conn: Connection, factory: Callable[[], EpisodeRunner]) -> None:
     """Worker main loop: build the runner, then answer ("reset" | "run" | "close", ...) messages until closed."""
     # Ctrl-C and the stop signals (troll.runs.protocol.STOP_SIGNALS) are the caller's to handle: it stops us, after a
     # checkpoint for the latter (a cluster may signal every process of a job)
-    for name in ("SIGINT", "SIGTERM", "SIGUSR1"):
+    for name in ("SIGINT", *STOP_SIGNALS):
         signal.signal(getattr(signal, name), signal.SIG_IGN)
     torch.set_num_threads(1)  # in case this process (or its forkserver) was started before one_thread_children
     runner = None
