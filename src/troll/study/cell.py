@@ -109,16 +109,31 @@ def _owned(job: CellJob, lease: lease_lib.Lease) -> dict:
         except UsageError as err:
             return _result(job, 1, f"failed (foreign files: {err})")
         code = _run(job, lease, job.resume_argv if again else job.argv)
-        if code == 0:
-            return _result(job, 0, "done")
-        if protocol.stop_signal_of(code) is not None:
-            return _result(job, code, f"stopped ({protocol.stop_signal_of(code)})")
-        return _result(job, code, "failed (lease lost)" if code == LOST else f"failed (exit {code})")
+        return _result(job, code, _status_of(code))
     finally:
         lease.release()
 
 
 LOST = -1000  # the code of an attempt that lost its lease (its command was killed)
+
+
+def _status_of(code: int) -> str:
+    """A cell's status from its command's exit code (or :data:`LOST`)."""
+    if code == 0:
+        return "done"
+    if code == LOST:
+        return "failed (lease lost)"
+    name = protocol.stop_signal_of(code)
+    return f"stopped ({name})" if name is not None else f"failed (exit {code})"
+
+
+def progress_line(cell: Cell, status: str, failed_hint: str = "") -> str:
+    """What a study reports when ``cell`` has ended with ``status`` (``failed_hint`` follows a failure's)."""
+    if status == "done":
+        return f"finished {cell.label}"
+    if status.startswith("stopped"):
+        return f"{status.replace('stopped', 'stopped ' + cell.label, 1)}; --resume continues it"
+    return f"FAILED {cell.label}: {status}{failed_hint}"
 
 
 def _prepare(job: CellJob) -> bool:
@@ -228,11 +243,8 @@ def stop_running(grace_s: float) -> None:
         if code is None:
             proc.kill()  # reaped by its Popen later
             status = f"stopped (killed: no checkpoint within {grace_s:g} s)"
-        elif code == LOST:
-            status = "failed (lease lost)"
         else:
-            name = protocol.stop_signal_of(code)
-            status = f"stopped ({name})" if name is not None else ("done" if code == 0 else f"failed (exit {code})")
+            status = _status_of(code)
         _log(job.cell, f"{STATUS_LINE}{status} (attempt {lease.attempt} on {socket.gethostname()})\n")
 
 

@@ -62,7 +62,7 @@ def run(executor, frontend, cells, status: dict, *, report, on_finish=None) -> d
                 for ref in done:
                     job = refs.pop(ref)
                     status[job.label] = _status(ray, ref, job, logged[job.label])
-                    _report(job, status[job.label], report)
+                    report(cell_lib.progress_line(job.cell, status[job.label], f"; see {job.cell.log}"))
                     if on_finish is not None:
                         on_finish(status)
         finally:
@@ -83,12 +83,3 @@ def _status(ray, ref, job, logged: int) -> str:
         return cell_lib.last_status(job.cell, after=logged) or "stopped (not started)"
     except ray.exceptions.RayError as err:  # its node lost more often than RETRIES, or Ray failed
         return f"failed (ray: {type(err).__name__})"
-
-
-def _report(job, status: str, report) -> None:
-    if status == "done":
-        report(f"finished {job.label}")
-    elif status.startswith("stopped"):
-        report(f"{status.replace('stopped', 'stopped ' + job.label, 1)}; --resume continues it")
-    else:
-        report(f"FAILED {job.label}: {status}; see {job.cell.log}")

@@ -130,15 +130,6 @@ def _ended(cell, entry: dict) -> str:
     return cell_lib.last_status(cell) or f"failed (job {entry['id']} ended before the cell did)"
 
 
-def _ending(cell, status: str) -> str:
-    """The progress line of a cell whose task has ended."""
-    if status == "done":
-        return f"finished {cell.label}"
-    if status.startswith("stopped"):
-        return f"{status.replace('stopped', 'stopped ' + cell.label, 1)}; --resume continues it"
-    return f"FAILED {cell.label}: {status}"
-
-
 def run(executor, frontend, cells, status: dict, *, report, on_finish=None) -> dict[str, str]:
     out = executor.out
     rel = {c.folder.relative_to(out).as_posix(): c for c in cells}
@@ -176,7 +167,7 @@ def run(executor, frontend, cells, status: dict, *, report, on_finish=None) -> d
                     if name in rel:
                         cell = rel[name]
                         status[cell.label] = _ended(cell, entry)
-                        report(_ending(cell, status[cell.label]))
+                        report(cell_lib.progress_line(cell, status[cell.label]))
                         if on_finish is not None:
                             on_finish(status)
             if pending:
