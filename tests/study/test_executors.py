@@ -397,6 +397,13 @@ def _freeze(pid: int) -> None:
         time.sleep(0.01)
 
 
+def _await_pending(pid: int, signum: int, seconds: float = 30.0) -> None:
+    """Wait until signal ``signum`` waits for the stopped process ``pid`` (:func:`_pending`), ``seconds`` at most."""
+    deadline = time.monotonic() + seconds
+    while not _pending(pid, signum) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def _pending(pid: int, signum: int) -> bool:
     """True when signal ``signum`` waits to be delivered to the (stopped) process ``pid``; False when it is gone."""
     try:
@@ -425,9 +432,7 @@ def test_a_time_limit_notice_checkpoints_the_running_cell_and_requeues(tmp_path,
         task = int(Path(f"/proc/{cell}/stat").read_text().rsplit(")", 1)[1].split()[1])
         assert "submitit" in " ".join(_cmdline(task))
         os.kill(task, signal.SIGUSR2)
-        deadline = time.monotonic() + 30
-        while not _pending(cell, signal.SIGTERM) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _await_pending(cell, signal.SIGTERM)
         logs = "".join(f"{f}:\n{f.read_text()[-1500:]}\n" for f in sorted((out / "slurm").glob("*.err")))
         logs += (out / "tce/seed0.log").read_text()[-1500:]
         assert _pending(cell, signal.SIGTERM), logs  # the task passed the notice on
@@ -471,9 +476,8 @@ def test_a_cell_stopped_by_a_signal_ends_its_task(tmp_path):
     assert starts(tmp_path, "a/seed1") == 0 and not cells[1].folder.exists()
     assert "# troll cell: stopped (not started: its task was stopped)" in (tmp_path / "a/seed1.log").read_text()
     assert on_slurm._ended(cells[1], {"id": "1"}) == "stopped (not started: its task was stopped)"
-    assert (
-        on_slurm._ending(cells[0], "stopped (SIGTERM)") == f"stopped {cells[0].label} (SIGTERM); --resume continues it"
-    )
+    line = cell_lib.progress_line(cells[0], "stopped (SIGTERM)")
+    assert line == f"stopped {cells[0].label} (SIGTERM); --resume continues it"
 
 
 def test_the_entry_point_s_parts_that_a_stop_relies_on(tmp_path, monkeypatch):
@@ -682,9 +686,7 @@ def test_a_stopped_study_on_ray_checkpoints_its_cells(tmp_path, capsys, cluster,
         done = [int(p.stem.split("-")[1]) for p in (out / "tce/seed0").glob("checkpoint-*.pt")]
         assert max(done) < 5  # of 6 iterations: the one it is in is not the last
         study.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 30
-        while not _pending(cell, signal.SIGTERM) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _await_pending(cell, signal.SIGTERM)
         assert _pending(cell, signal.SIGTERM)  # Ray's cancel reached the entry point, which passed it on
     finally:
         with contextlib.suppress(ProcessLookupError):

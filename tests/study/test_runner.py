@@ -104,23 +104,9 @@ FAKE = Frontend(
 )
 """
 
-# A study process: python study.py OUT [--resume]
+# A study process: python study.py OUT [--resume] [--command]: run_study (jobs=1, progress on stdout, exit 1 when a
+# cell failed) or, with --command, the study command around it (jobs=2, its exit status and messages).
 DRIVER = r"""
-import sys
-from pathlib import Path
-sys.path.insert(0, str(Path(__file__).parent))
-from fakefront import FAKE
-from troll.study import Grid, Study, check_folder, plan, run_study
-out, resume = Path(sys.argv[1]), "--resume" in sys.argv
-grid = Grid(["base", "tce"], [0, 1])
-cells = plan(grid, out, lambda value, arm, seed, folder: None)
-clear = check_folder(out, command=FAKE.command, overwrite=False, resume=resume)
-status = run_study(Study(out, FAKE, grid, {"arms": grid.arms}, cells), clear=clear, jobs=1, report=print)
-sys.exit(1 if any(s.startswith("failed") for s in status.values()) else 0)
-"""
-
-# The same study through the study command (its exit status and messages): python command.py OUT [--resume]
-COMMAND = r"""
 import sys
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
@@ -133,8 +119,11 @@ grid = Grid(["base", "tce"], [0, 1])
 cells = plan(grid, out, lambda value, arm, seed, folder: None)
 clear = check_folder(out, command=FAKE.command, overwrite=False, resume=resume)
 study = Study(out, FAKE, grid, {"arms": grid.arms}, cells)
-run = lambda report: run_study(study, clear=clear, jobs=2, report=report)
-sys.exit(cmd_study("fake study", out, len(cells), 2, run, executor=Executor()))
+if "--command" in sys.argv:
+    run = lambda report: run_study(study, clear=clear, jobs=2, report=report)
+    sys.exit(cmd_study("fake study", out, len(cells), 2, run, executor=Executor()))
+status = run_study(study, clear=clear, jobs=1, report=print)
+sys.exit(1 if any(s.startswith("failed") for s in status.values()) else 0)
 """
 
 
@@ -146,7 +135,6 @@ def fake(tmp_path, monkeypatch):
     (code / "cell.py").write_text(CELL)
     (code / "fakefront.py").write_text(FRONTEND)
     (code / "study.py").write_text(DRIVER)
-    (code / "command.py").write_text(COMMAND)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.delenv("FAKE_KILL", raising=False)
     monkeypatch.delenv("FAKE_FAIL", raising=False)
@@ -280,7 +268,7 @@ def command(tmp_path):
     started: list[subprocess.Popen] = []
 
     def start(out: Path, *more: str, slow: float) -> subprocess.Popen:
-        argv = [sys.executable, str(tmp_path / "code" / "command.py"), str(out), *more]
+        argv = [sys.executable, str(tmp_path / "code" / "study.py"), str(out), "--command", *more]
         env = {**os.environ, "FAKE_SLOW": str(slow)}
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)  # fmt: skip
