@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -383,11 +384,16 @@ def test_overwrite_replaces_only_a_folder_of_this_command(tmp_path, capsys):
 # ---------------------------------------------------------------- PPO
 
 
-def test_ppo_short_run_writes_the_run_folder(tmp_path, capsys):
+def test_ppo_short_run_writes_the_run_folder(tmp_path, capsys, monkeypatch):
     out = tmp_path / "ppo"
+    system_tmp = tmp_path / "system-tmp"  # the temporary directory the run sees: it must leave nothing there
+    system_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(system_tmp))
     code, stdout, err = cli(capsys, "train", "--out", str(out), *PPO_TINY, "--steps", "128")
     assert code == 0, err
     assert {p.name for p in out.iterdir()} == RUN_FILES | {"checkpoint-128.zip"}
+    # torch makes its compiler cache there (torchinductor_<user>) when an optimiser is built: one per user, reused
+    assert [p.name for p in system_tmp.iterdir() if not p.name.startswith("torchinductor_")] == []
     saved = json.loads((out / "config.json").read_text())
     assert saved["command"] == "tce train"
     config = PPOConfig.from_dict(saved["config"])

@@ -284,7 +284,7 @@ def step_task(config: PPOConfig):
 def _build(config: PPOConfig, out: Path):
     """(model, training task, evaluation task): from the newest checkpoint, or new (writing config.json)."""
     from stable_baselines3 import PPO
-    from stable_baselines3.common.logger import configure
+    from stable_baselines3.common.logger import Logger
 
     task, eval_task = step_task(config), step_task(config)
     runs.begin(out, COMMAND)  # the manifest first; stale temporary files of a killed process go
@@ -304,7 +304,9 @@ def _build(config: PPOConfig, out: Path):
         sb3 = {k: getattr(config, k) for k in SB3_FIELDS}
         model = PPO("MlpPolicy", task, seed=config.seed, device="cpu", verbose=0,
                     policy_kwargs={"net_arch": {"pi": arch, "vf": arch}}, **sb3)  # fmt: skip
-    model.set_logger(configure(None, []))  # values are kept for our rows; SB3 writes nothing
+    # values are kept for our rows; with no folder and no outputs SB3 writes nothing (its configure() would still
+    # make an empty SB3-<date> folder in the system's temporary directory on every run)
+    model.set_logger(Logger(folder=None, output_formats=[]))
     return model, task, eval_task
 
 
