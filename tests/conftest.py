@@ -148,6 +148,13 @@ def mass_needed(logits: torch.Tensor, delta: float = 1e-5) -> torch.Tensor:
     return (before < 1 - delta).sum(-1)
 
 
+def torchrun(procs: int, log_dir: Path) -> list[str]:
+    """torchrun's command line for ``procs`` local processes, its logs in ``log_dir`` (without one it makes a
+    torchelastic_* folder in the system's temporary directory on every run and leaves it there)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(procs),
+            "--log-dir", str(log_dir)]  # fmt: skip
+
+
 def run_script(cmd: list[str], env: dict, timeout: float = 300) -> tuple[int, str]:
     """Run ``cmd`` in its own session; on timeout kill the whole group (torchrun's workers included)."""
     proc = subprocess.Popen(

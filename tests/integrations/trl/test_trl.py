@@ -27,7 +27,7 @@ from troll.integrations.trl import TrollGRPOConfig, TrollGRPOTrainer, check_trl_
 
 OLD_KEYS = tuple(OLD_PREFIX + k for k in ("ids", "logp", "mask", "log_rest", "vocab"))  # SparseLogProbs.to_dict
 
-from conftest import SRC, SUPPORT, check_torchrun, run_script  # noqa: E402
+from conftest import SRC, SUPPORT, check_torchrun, run_script, torchrun  # noqa: E402
 from tiny import PROMPTS, reward_letter_a, tiny_dataset, tiny_model, tiny_tokenizer  # noqa: E402
 
 
@@ -324,8 +324,7 @@ def test_two_processes_match_one(tmp_path):
     import _torchrun_trl
 
     _torchrun_trl.main(tmp_path / "one")
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    code, err = run_script([*torchrun, script, str(tmp_path / "two")], env)
+    code, err = run_script([*torchrun(2, tmp_path / "torchrun"), script, str(tmp_path / "two")], env)
     check_torchrun(code, err, tmp_path / "two" / "ready")
     one, two = torch.load(tmp_path / "one" / "result.pt"), torch.load(tmp_path / "two" / "result.pt")
     assert one["troll/metric/troll/projected_frac"] > 0  # the projection engaged on the fixed batch

@@ -9,11 +9,10 @@ reference is troll's own float32 functions on an unsharded copy of the same mode
 
 import ast
 import os
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, SRC, SUPPORT, run_script
+from conftest import ROOT, SRC, SUPPORT, run_script, torchrun
 
 SCRIPT = SUPPORT / "_torchrun_verl_engine.py"
 
@@ -62,8 +61,8 @@ def run(request, tmp_path_factory):
         "VERL_PLATFORM": "cpu",
         "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]),
     }
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(procs)]
-    code, err = run_script([*torchrun, str(SCRIPT), str(model), str(out), lm_head], env, timeout=300)
+    command = [*torchrun(procs, out / "torchrun"), str(SCRIPT), str(model), str(out), lm_head]
+    code, err = run_script(command, env, timeout=300)
     assert code == 0, err[-3000:]
     result = {**json.loads((out / "result.json").read_text()), "lm_head": lm_head}
     update, extras = result["update"], result["extras"]
