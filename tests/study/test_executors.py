@@ -39,7 +39,7 @@ import pytest
 import submitit
 
 from troll.cli import main
-from troll.runs.files import read_jsonl
+from troll.runs.files import UsageError, read_jsonl
 from troll.study import executors, on_slurm, runner
 from troll.study.frontend import Frontend, Pairing, against
 from troll.study.grid import Cell
@@ -304,6 +304,8 @@ def _slurm_from(argv: list[str]) -> executors.Executor:
         (["--slurm-partition", "cpu"], {}, "--slurm-partition applies to --executor slurm"),
         (["--executor", "slurm"], {"PATH": "/nonexistent"}, "--executor slurm: there is no sbatch on this machine"),
         (["--executor", "slurm", "--slurm-mem-gb", "0"], {}, "--slurm-mem-gb must be a number of GB > 0"),
+        (["--executor", "slurm", "--slurm-time", "1"], {}, "--slurm-time must be at least 2 minutes, got 1: each"),
+        (["--executor", "slurm", "--slurm-time", "1h"], {}, "--slurm-time must be a whole number of minutes, got '1h'"),
         (["--executor", "slurm", "--slurm-sbatch", "account"], {}, "--slurm-sbatch 'account': write KEY=VALUE"),
         (["--executor", "slurm", "--slurm-local"], {"PYTHONPATH": "src"}, "PYTHONPATH entry 'src', a relative path"),
     ],
@@ -565,6 +567,9 @@ def test_the_entry_point_s_parts_that_a_stop_relies_on(tmp_path, monkeypatch):
     on_slurm.submit(local, [[job]], cores=1)
     assert seen["signal_delay_s"] == on_slurm.parameters(local, 1)["signal_delay_s"] == on_slurm.NOTICE_S
     assert on_slurm.NOTICE_S >= cell_lib.STOP_GRACE_S + 30
+    assert executors.SLURM_TIME_LOW * 60 > on_slurm.NOTICE_S  # the shortest task allowed gets its notice
+    with pytest.raises(UsageError, match=f"its stop notice {on_slurm.NOTICE_S} s before its time limit"):
+        _slurm_from(["--executor", "slurm", "--slurm-time", str(executors.SLURM_TIME_LOW - 1)])
 
 
 LM_CELL = """

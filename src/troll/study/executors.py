@@ -31,6 +31,9 @@ from troll.runs.files import UsageError
 
 EXECUTORS = ("local", "ray", "slurm")
 SLURM_TIME_MIN = 60
+# the fewest minutes --slurm-time takes: a cell's stop notice comes troll.study.on_slurm.NOTICE_S (90 s) before the
+# time limit, and a shorter task would get it before it started
+SLURM_TIME_LOW = 2
 RAY_CONNECT_S = 5.0
 
 
@@ -94,7 +97,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--ray-address", default=s, help="the Ray cluster's address, e.g. 10.0.0.1:6379 or auto "
                        "(default: start one on this machine)")  # fmt: skip
     group.add_argument("--slurm-partition", default=s, help="partition of the job array (default: the cluster's)")
-    group.add_argument("--slurm-time", default=s, help=f"minutes per array task (default: {SLURM_TIME_MIN})")
+    time_help = f"minutes per array task, at least {SLURM_TIME_LOW} (default: {SLURM_TIME_MIN})"
+    group.add_argument("--slurm-time", default=s, help=time_help)
     group.add_argument("--slurm-cpus-per-task", default=s, help="cores per array task (default: a cell's cores)")
     group.add_argument("--slurm-mem-gb", default=s, help="memory per array task in GB (default: the cluster's)")
     group.add_argument("--slurm-array-parallelism", default=s, help="array tasks running at once (default: all)")
@@ -126,6 +130,17 @@ def _int(args, name: str, low: int):
         raise UsageError(f"{flag} must be an integer >= {low}, got {text!r}.") from None
     if value < low:
         raise UsageError(f"{flag} must be an integer >= {low}, got {value}.")
+    return value
+
+
+def _slurm_time(text: str) -> int:
+    try:
+        value = int(text)
+    except (TypeError, ValueError):
+        raise UsageError(f"--slurm-time must be a whole number of minutes, got {text!r}.") from None
+    if value < SLURM_TIME_LOW:
+        raise UsageError(f"--slurm-time must be at least {SLURM_TIME_LOW} minutes, got {value}: each array task gets "
+                         "its stop notice 90 s before its time limit, for its cell to save a checkpoint.")  # fmt: skip
     return value
 
 
@@ -166,7 +181,7 @@ def from_args(args) -> Executor:
         raise UsageError("--slurm-partition is empty; give a partition name or leave the flag out.")
     slurm = SlurmOptions(
         partition=partition,
-        time_min=_int(args, "slurm_time", 1) if has("slurm_time") else SLURM_TIME_MIN,
+        time_min=_slurm_time(args.slurm_time) if has("slurm_time") else SLURM_TIME_MIN,
         cpus_per_task=_int(args, "slurm_cpus_per_task", 1) if has("slurm_cpus_per_task") else None,
         mem_gb=mem,
         array_parallelism=_int(args, "slurm_array_parallelism", 1) if has("slurm_array_parallelism") else None,
