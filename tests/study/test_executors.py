@@ -482,6 +482,46 @@ def test_a_cell_stopped_by_a_signal_ends_its_task(tmp_path):
     assert line == f"stopped {cells[0].label} (SIGTERM); --resume continues it"
 
 
+def test_a_stop_request_stops_the_cell_an_entry_point_runs(tmp_path, monkeypatch):
+    """A study on Ray stops its cells through the shared folder: the entry point that finds a cell's stop request
+    passes SIGTERM to the command and waits for it (a checkpoint: exit 143, "stopped (SIGTERM)"); a command that
+    outlives the grace is killed; a task that starts after the request runs nothing. The next study removes it."""
+    from troll.study import cell as cell_lib
+
+    script = ("import pathlib, signal, sys, time; f = pathlib.Path(sys.argv[1]); f.mkdir(parents=True, "
+              "exist_ok=True); stubborn = f.parent.name == 'stubborn'; signal.signal(signal.SIGTERM, signal.SIG_IGN "
+              "if stubborn else lambda *_: ((f / 'sigterm').write_text(''), sys.exit(143))); "
+              "(f / 'ready').write_text(''); time.sleep(60)")  # fmt: skip
+    argv = lambda cell, resume: [sys.executable, "-c", script, str(cell.folder)]  # noqa: E731
+    front = dataclasses.replace(_fake_frontend(tmp_path), cell_argv=argv)
+    monkeypatch.setattr(cell_lib, "STOP_GRACE_S", 0.5)
+
+    def request_stop(cell: Cell) -> None:  # as the study does, once the command runs
+        while not (cell.folder / "ready").exists():
+            time.sleep(0.02)
+        cell.stop_request.write_text("SIGTERM\n")
+
+    killed = "stopped (killed: no checkpoint within 0.5 s)"
+    for arm, code, status in (("a", 143, "stopped (SIGTERM)"), ("stubborn", cell_lib.KILLED, killed)):
+        cell = Cell(None, arm, 0, tmp_path / arm / "seed0")
+        threading.Thread(target=request_stop, args=(cell,), daemon=True).start()
+        start = time.monotonic()
+        assert cell_lib.run_cell(cell_lib.job_for(front, cell)) == {"label": cell.label, "code": code, "status": status}
+        assert time.monotonic() - start < 15
+        assert (cell.folder / "sigterm").exists() == (arm == "a")
+        assert cell_lib.last_status(cell) == status and not cell_lib.lease_lib.lease_path(cell.folder).exists()
+    later = Cell(None, "a", 2, tmp_path / "a" / "seed2")
+    later.folder.parent.mkdir(parents=True, exist_ok=True)
+    later.stop_request.write_text("SIGTERM\n")
+    assert cell_lib.run_cell(cell_lib.job_for(front, later))["status"] == "stopped (not started)"
+    assert not later.folder.exists() and cell_lib.last_status(later) == "stopped (not started)"
+    assert "$ " not in later.log.read_text()
+    # a request that a study killed outright left behind does not stop the next study's cell
+    assert runner.run_cells(_fake_frontend(tmp_path), [later], jobs=1, report=lambda text: None) == {
+        later.label: "done"}  # fmt: skip
+    assert not later.stop_request.exists()
+
+
 def test_the_entry_point_s_parts_that_a_stop_relies_on(tmp_path, monkeypatch):
     """- a cell's command ignores SIGUSR2 (SLURM sends submitit's notice to every process of the job step);
     - a cell that does not stop within the grace is killed, and its log says so; the wait beats the cell's lease
@@ -707,6 +747,46 @@ def test_a_stopped_study_on_ray_checkpoints_its_cells(tmp_path, capsys, cluster,
     assert code == 0, err
     assert starts(out, "tce/seed0") == 2
     assert_same_study(out, reference)
+
+
+def test_a_second_ctrl_c_on_ray_ends_the_cells_at_once(tmp_path, capsys, cluster, reference):
+    """Ctrl-C twice to a study on Ray: the first cancels its tasks gracefully (their cells get SIGTERM), the second
+    cancels them by force, without waiting for a checkpoint. The cell stays frozen throughout, so only a kill can end
+    it; the study exits 130 at once, the cell is gone, and ``--resume`` gives the local study."""
+    address, _ = cluster
+    out = tmp_path / "study"
+    argv = [sys.executable, "-m", "troll.cli", "tce", "study", "--out", str(out), *TINY, "--executor", "ray",
+            "--ray-address", address]  # fmt: skip
+    study = _study_until(argv, out / "tce/seed0")
+    (cell,) = [pid for pid in _processes_under(str(out / "tce/seed0")) if _cmdline(pid)[3:5] == ["tce", "train"]]
+    _freeze(cell)
+    try:
+        study.send_signal(signal.SIGINT)
+        _await_pending(cell, signal.SIGTERM)
+        assert _pending(cell, signal.SIGTERM)  # the first Ctrl-C: a graceful cancel, passed on as SIGTERM
+        start = time.monotonic()
+        study.send_signal(signal.SIGINT)
+        assert study.wait(timeout=60) == 130
+        deadline = time.monotonic() + 30
+        while _state(cell) not in ("", "Z") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _state(cell) in ("", "Z"), "the frozen cell outlived a second Ctrl-C"
+        assert time.monotonic() - start < 30
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(cell, signal.SIGCONT)
+    assert "stopped by SIGTERM after step" not in (out / "tce/seed0.log").read_text()  # no checkpoint of its step
+    code, _, err = cli(capsys, "--out", str(out), "--resume", "--executor", "ray", "--ray-address", address)
+    assert code == 0, err
+    assert_same_study(out, reference)
+
+
+def _state(pid: int) -> str:
+    """The process state letter of ``pid`` (T: stopped, Z: ended, not yet reaped), "" once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return ""
 
 
 def test_ray_survives_a_lost_node_and_matches_local(tmp_path, capsys, cluster, reference):

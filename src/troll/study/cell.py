@@ -19,6 +19,9 @@ iteration; :func:`troll.runs.protocol.stop_signal_of`) leaves its cell "stopped 
 :func:`run_cells` then starts none of its task's remaining cells: the signal was meant for the whole task (a
 cluster's notice before it ends or preempts a job). :func:`stop_running` is how a task's own handler passes such a
 notice on: SIGTERM to the running command, then a wait for its checkpoint (``troll.study.on_slurm.CellTask``).
+A study stops its cells from afar through the shared folder instead (``--executor ray``): it writes each cell's
+:attr:`~troll.study.grid.Cell.stop_request` file, and the entry point, which looks for it while the command runs,
+stops the command the same way; one that finds it before starting leaves its cell "stopped (not started)".
 """
 
 from __future__ import annotations
@@ -88,6 +91,10 @@ def run_cell(job: CellJob) -> dict:
     log also ends with (a :data:`STATUS_LINE`, read by a study that reattached to the task)."""
     if (job.cell.folder / SUMMARY_FILE).is_file():
         return _result(job, 0, "done")
+    if job.cell.stop_request.exists():  # its study stopped before this task started
+        job.cell.folder.parent.mkdir(parents=True, exist_ok=True)
+        _log(job.cell, f"{STATUS_LINE}{NOT_STARTED} (attempt - on {socket.gethostname()})\n")
+        return _result(job, 1, NOT_STARTED)
     lease = lease_lib.Lease(job.cell.folder, beat_s=job.beat_s, stale_s=job.stale_s)
     result = _owned(job, lease)
     _log(job.cell, f"{STATUS_LINE}{result['status']} (attempt {lease.attempt} on {socket.gethostname()})\n")
@@ -115,14 +122,18 @@ def _owned(job: CellJob, lease: lease_lib.Lease) -> dict:
 
 
 LOST = -1000  # the code of an attempt that lost its lease (its command was killed)
+KILLED = -1001  # the code of a command stopped but killed after STOP_GRACE_S without its checkpoint
+NOT_STARTED = "stopped (not started)"
 
 
 def _status_of(code: int) -> str:
-    """A cell's status from its command's exit code (or :data:`LOST`)."""
+    """A cell's status from its command's exit code (or :data:`LOST`, :data:`KILLED`)."""
     if code == 0:
         return "done"
     if code == LOST:
         return "failed (lease lost)"
+    if code == KILLED:
+        return f"stopped (killed: no checkpoint within {STOP_GRACE_S:g} s)"
     name = protocol.stop_signal_of(code)
     return f"stopped ({name})" if name is not None else f"failed (exit {code})"
 
@@ -148,14 +159,12 @@ def _prepare(job: CellJob) -> bool:
     return again
 
 
-def last_status(cell: Cell, after: int = 0) -> str | None:
-    """The status the cell's last attempt wrote at its end (its log's last :data:`STATUS_LINE`, in the part after
-    the first ``after`` bytes), None when none did: also when a command was started after the last status line
-    (an attempt that ended without writing one, e.g. killed with its machine)."""
+def last_status(cell: Cell) -> str | None:
+    """The status the cell's last attempt wrote at its end (its log's last :data:`STATUS_LINE`), None when none did:
+    also when a command was started after the last status line (an attempt that ended without writing one, e.g.
+    killed with its machine)."""
     try:
-        with cell.log.open("rb") as log:
-            log.seek(after)
-            text = log.read().decode(errors="replace")
+        text = cell.log.read_bytes().decode(errors="replace")
     except OSError:
         return None
     status = None
@@ -174,6 +183,8 @@ def _log(cell: Cell, text: str) -> None:
 
 def _run(job: CellJob, lease: lease_lib.Lease, argv: tuple[str, ...]) -> int:
     """The cell's command as a subprocess, beating the lease while it runs; :data:`LOST` when the lease was lost.
+    When the cell's stop request appears, the command gets SIGTERM and :data:`STOP_GRACE_S` to end (:data:`KILLED`
+    after that).
 
     The command ignores SIGUSR2: SLURM sends submitit's notice before a time limit to every process of the job step,
     and the task's handler passes it on as SIGTERM (:func:`stop_running`), which the command would not live to see.
@@ -193,10 +204,11 @@ def _run(job: CellJob, lease: lease_lib.Lease, argv: tuple[str, ...]) -> int:
                     proc.kill()
                     proc.wait()
                     return LOST
+                if job.cell.stop_request.exists():  # its study is stopping (from another machine, maybe)
+                    proc.send_signal(signal.SIGTERM)
+                    code = _end_of(proc, lease, time.monotonic() + STOP_GRACE_S)
+                    return KILLED if code is None else code  # killed, if it still runs, below
                 time.sleep(min(0.25, job.beat_s / 4))
-        except KeyboardInterrupt:  # a task cancelled gracefully (Ray's cancel without force): a checkpoint first
-            stop_running(STOP_GRACE_S)
-            raise
         finally:
             if (job, lease, proc) in _RUNNING:
                 _RUNNING.remove((job, lease, proc))
@@ -225,27 +237,32 @@ def stop_running(grace_s: float) -> None:
             proc.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     for job, lease, proc in list(_RUNNING):
-        code = proc.returncode
-        while code is None and time.monotonic() < deadline:
-            if not lease.beat():  # another attempt took the cell over: it is theirs now
-                proc.kill()
-                code = LOST
-                break
-            try:
-                ended = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-            except ChildProcessError:  # reaped by its Popen this instant
-                code = proc.returncode
-                break
-            if ended is not None:
-                code = ended.si_status if ended.si_code == os.CLD_EXITED else -ended.si_status
-            else:
-                time.sleep(0.05)
+        code = _end_of(proc, lease, deadline)
         if code is None:
             proc.kill()  # reaped by its Popen later
             status = f"stopped (killed: no checkpoint within {grace_s:g} s)"
         else:
             status = _status_of(code)
         _log(job.cell, f"{STATUS_LINE}{status} (attempt {lease.attempt} on {socket.gethostname()})\n")
+
+
+def _end_of(proc: subprocess.Popen, lease: lease_lib.Lease, deadline: float) -> int | None:
+    """The exit code of ``proc`` once it ends (:data:`LOST`, after killing it, when another attempt takes the cell
+    over), beating the lease meanwhile; None if it still runs at ``deadline``. The process is left unreaped."""
+    code = proc.returncode
+    while code is None and time.monotonic() < deadline:
+        if not lease.beat():  # another attempt took the cell over: it is theirs now
+            proc.kill()
+            return LOST
+        try:
+            ended = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:  # reaped by its Popen this instant
+            return proc.returncode
+        if ended is not None:
+            code = ended.si_status if ended.si_code == os.CLD_EXITED else -ended.si_status
+        else:
+            time.sleep(0.05)
+    return code
 
 
 def run_cells(jobs: list[CellJob]) -> list[dict]:

@@ -54,6 +54,11 @@ class Cell:
         return self.folder.with_name(self.folder.name + ".log")
 
     @property
+    def stop_request(self) -> Path:
+        """Beside its folder: while this file exists, the cell's entry point stops it (:mod:`troll.study.cell`)."""
+        return self.folder.with_name(self.folder.name + ".stop")
+
+    @property
     def label(self) -> str:
         return self.folder.as_posix()
 

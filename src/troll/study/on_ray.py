@@ -3,7 +3,7 @@
 The task is :func:`troll.study.cell.run_cell`, imported by the worker (every node needs troll installed, the same
 version as the study's). A task whose node dies is rerun by Ray on another node, :data:`RETRIES` times at most; the
 rerun owns the cell once the dead attempt's lease is stale and continues from its newest checkpoint. A cell that
-fails by itself returns its status and is not retried. SIGTERM, SIGUSR1 or Ctrl-C to the study cancels its tasks
+fails by itself returns its status and is not retried. SIGTERM, SIGUSR1 or Ctrl-C to the study stops its tasks
 gracefully: their cells save a checkpoint of their iteration first (:func:`run`). A kill of the study ends its tasks
 at once, as Ray ends a driver's tasks. Either way ``--resume`` then submits the unfinished cells again.
 """
@@ -31,9 +31,12 @@ def _connect(address: str | None) -> None:
 
 
 def run(executor, frontend, cells, status: dict, *, report, on_finish=None) -> dict[str, str]:
-    """Run the cells as Ray tasks. SIGTERM, SIGUSR1 or Ctrl-C cancels them gracefully: each task's entry point
-    passes SIGTERM to its cell and waits for its checkpoint (:func:`troll.study.cell.stop_running`), and once they
-    have ended :class:`troll.study.runner.StudyStopped` is raised; a second Ctrl-C ends them at once."""
+    """Run the cells as Ray tasks. SIGTERM, SIGUSR1 or Ctrl-C stops them through the shared folder, not through Ray:
+    the study writes each cell's stop request (:attr:`troll.study.grid.Cell.stop_request`), the task's entry point
+    passes SIGTERM to its cell and waits for its checkpoint, and a task that had not started yet ends at once. Once
+    every task has returned, :class:`troll.study.runner.StudyStopped` is raised. A second Ctrl-C ends the study, and
+    with it, as Ray ends a driver's tasks, the tasks and their cells. (Ray's own cancel is not used: in Ray 2.60 a
+    cancel that meets a task just ending can abort the driver on an internal check.)"""
     import ray
 
     cells = runner.runnable_cells(frontend, cells, status, report, probe_leases=True)
@@ -41,13 +44,11 @@ def run(executor, frontend, cells, status: dict, *, report, on_finish=None) -> d
         return status
     _connect(executor.ray_address)
     refs: dict = {}
-    logged: dict[str, int] = {}  # each cell's log size at its submission: what this study's attempt wrote follows
     with protocol.stop_requests(runner.STUDY_STOP_SIGNALS) as stop:
         try:
             task = ray.remote(cell_lib.run_cell)
             for cell in cells:
                 job = cell_lib.job_for(frontend, cell)
-                logged[job.label] = job.cell.log.stat().st_size if job.cell.log.is_file() else 0
                 ref = task.options(num_cpus=job.cores, max_retries=RETRIES, retry_exceptions=False).remote(job)
                 refs[ref] = job
                 report(f"submitted {job.label} to Ray ({job.cores} core{'s' if job.cores > 1 else ''})")
@@ -55,31 +56,30 @@ def run(executor, frontend, cells, status: dict, *, report, on_finish=None) -> d
             while refs:
                 if stop.signal is not None and not stopping:
                     stopping = True
-                    report(f"{stop.signal}: stopping; {len(refs)} task(s) stop their cells, which save a checkpoint")
-                    for ref in refs:
-                        ray.cancel(ref, force=False)  # a KeyboardInterrupt in the task: troll.study.cell._run
+                    report(f"{stop.signal}: stopping; {len(refs)} task(s) stop their cells, which save a checkpoint "
+                           "(Ctrl-C again: at once, losing their iteration)")  # fmt: skip
+                    for job in refs.values():
+                        job.cell.stop_request.write_text(f"{stop.signal}\n")
                 done, _ = ray.wait(list(refs), num_returns=1, timeout=1.0)
                 for ref in done:
                     job = refs.pop(ref)
-                    status[job.label] = _status(ray, ref, job, logged[job.label])
+                    status[job.label] = _status(ray, ref)
+                    job.cell.stop_request.unlink(missing_ok=True)
                     report(cell_lib.progress_line(job.cell, status[job.label], f"; see {job.cell.log}"))
                     if on_finish is not None:
                         on_finish(status)
         finally:
-            for ref in refs:
-                ray.cancel(ref, force=True)
-            ray.shutdown()
+            ray.shutdown()  # tasks still running (an error, a second Ctrl-C) end with the driver
+            for job in refs.values():
+                job.cell.stop_request.unlink(missing_ok=True)
     if stop.signal is not None and any(s not in ("done", "kept") for s in status.values()):
         raise runner.StudyStopped(stop.signal, status)
     return status
 
 
-def _status(ray, ref, job, logged: int) -> str:
-    """A finished task's cell status: its result, or for a cancelled task what its cell's log says since the
-    ``logged`` bytes it held at the submission."""
+def _status(ray, ref) -> str:
+    """A finished task's cell status: its result, or why Ray could not give it."""
     try:
         return ray.get(ref)["status"]
-    except ray.exceptions.TaskCancelledError:
-        return cell_lib.last_status(job.cell, after=logged) or "stopped (not started)"
     except ray.exceptions.RayError as err:  # its node lost more often than RETRIES, or Ray failed
         return f"failed (ray: {type(err).__name__})"

@@ -87,7 +87,7 @@ def run_study(study: Study, *, clear: bool, jobs: int, report: Callable[[str], N
         runs.clear(study.out, command)
     cells = tuple(c.folder.relative_to(study.out).as_posix() for c in study.cells)
     files = (*runs.LAYOUTS.get(command, STUDY_FILES), *(c.log.relative_to(study.out).as_posix() for c in study.cells))
-    files += tuple(e for c in cells for e in lease_lib.manifest_entries(c))
+    files += tuple(e for c in cells for e in (*lease_lib.manifest_entries(c), f"{c}.stop"))  # Cell.stop_request
     files += tuple(executor.files) if executor is not None else ()
     if study.frontend.run_command is None:  # cells that keep no manifest of their own are the study's whole
         files, cells = files + tuple(f"{c}/" for c in cells), ()
@@ -162,6 +162,7 @@ def run_cells(
             frontend.tidy(cell)
         else:
             unfinished.append(cell)
+            cell.stop_request.unlink(missing_ok=True)  # left by a stopped study that ended before it could remove it
     if executor is not None and executor.name != "local":
         return executor.run(frontend, unfinished, status, report=report, on_finish=on_finish)
     todo = runnable_cells(frontend, unfinished, status, report)
