@@ -522,6 +522,96 @@ def test_a_stop_request_stops_the_cell_an_entry_point_runs(tmp_path, monkeypatch
     assert not later.stop_request.exists()
 
 
+class _OneSlotRay:
+    """Stands in for the ``ray`` module in :func:`troll.study.on_ray.run`: one task at a time, each in a thread of
+    this process; with ``schedules_after_stop=False`` a task still queued when the study stops is never started (a
+    busy cluster)."""
+
+    class exceptions:  # noqa: N801 -- as ray.exceptions
+        RayError = RuntimeError
+
+    def __init__(self, stopping: threading.Event, schedules_after_stop: bool):
+        self.queue, self.results, self.started = [], {}, []
+        self.stopping, self.schedules_after_stop, self.thread = stopping, schedules_after_stop, None
+        self.shut = False
+
+    def remote(self, fn):
+        ray = self
+
+        class Task:
+            def options(self, **_):
+                return self
+
+            def remote(self, job):
+                ref = object()
+                ray.queue.append((ref, fn, job))
+                return ref
+
+        return Task()
+
+    def _schedule(self) -> None:
+        if (self.thread is None or not self.thread.is_alive()) and self.queue:
+            if self.stopping.is_set() and not self.schedules_after_stop:
+                return
+            ref, fn, job = self.queue.pop(0)
+            self.started.append(job.label)
+            self.thread = threading.Thread(target=lambda: self.results.__setitem__(ref, fn(job)), daemon=True)
+            self.thread.start()
+
+    def wait(self, refs, num_returns, timeout):
+        self._schedule()
+        done = [r for r in refs if r in self.results][:num_returns]
+        if not done:
+            time.sleep(timeout / 10)
+        return done, [r for r in refs if r not in done]
+
+    def get(self, ref):
+        return self.results[ref]
+
+    def shutdown(self):
+        self.shut = True
+
+
+@pytest.mark.parametrize("schedules_after_stop", [True, False])
+def test_a_stopping_study_on_ray_stops_started_and_queued_tasks(tmp_path, monkeypatch, schedules_after_stop):
+    """The stop reaches a cell whose task runs (SIGTERM, its checkpoint) and one whose task is queued, whose arm has
+    no folder yet: its task, if Ray starts it, runs nothing; if Ray never starts it, the study ends all the same
+    once :data:`on_ray.STOP_WAIT_S` has passed. No stop request is left behind."""
+    from troll.study import cell as cell_lib
+    from troll.study import on_ray
+
+    script = ("import pathlib, signal, sys, time; f = pathlib.Path(sys.argv[1]); f.mkdir(parents=True, "
+              "exist_ok=True); signal.signal(signal.SIGTERM, lambda *_: sys.exit(143)); "
+              "(f / 'ready').write_text(''); time.sleep(60)")  # fmt: skip
+    front = dataclasses.replace(_fake_frontend(tmp_path), cell_argv=lambda cell, resume: [sys.executable, "-c",
+                                script, str(cell.folder)])  # fmt: skip
+    cells = [Cell(None, arm, 0, tmp_path / arm / "seed0") for arm in ("a", "b")]
+    stopping = threading.Event()
+    ray = _OneSlotRay(stopping, schedules_after_stop)
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.setattr(on_ray, "_connect", lambda address: None)
+    monkeypatch.setattr(on_ray, "STOP_WAIT_S", 3.0)
+
+    def stop_when_running() -> None:
+        while not (cells[0].folder / "ready").exists():
+            time.sleep(0.02)
+        assert not (tmp_path / "b").exists()  # the queued cell's arm: nothing made it yet
+        stopping.set()
+        os.kill(os.getpid(), signal.SIGTERM)  # to the study, in this process's main thread
+
+    threading.Thread(target=stop_when_running, daemon=True).start()
+    executor = executors.Executor("ray", out=tmp_path)
+    lines = []
+    with pytest.raises(runner.StudyStopped) as stopped:
+        runner.run_cells(front, cells, jobs=1, report=lines.append, executor=executor)
+    queued = "stopped (not started)" if schedules_after_stop else "stopped (its task had not ended 3 s after the stop)"
+    assert stopped.value.status == {cells[0].label: "stopped (SIGTERM)", cells[1].label: queued}
+    assert ray.started == [c.label for c in cells][: 2 if schedules_after_stop else 1] and ray.shut
+    assert not list(tmp_path.glob("*/*.stop")) and not list(tmp_path.glob("*/*.lease"))
+    assert not cells[1].folder.exists()  # its command never ran
+    assert cell_lib.last_status(cells[0]) == "stopped (SIGTERM)"
+
+
 def test_the_entry_point_s_parts_that_a_stop_relies_on(tmp_path, monkeypatch):
     """- a cell's command ignores SIGUSR2 (SLURM sends submitit's notice to every process of the job step);
     - a cell that does not stop within the grace is killed, and its log says so; the wait beats the cell's lease
@@ -717,7 +807,7 @@ def test_a_failing_cell_fails_alone_once(tmp_path, where, request, monkeypatch):
 
 
 def test_a_stopped_study_on_ray_checkpoints_its_cells(tmp_path, capsys, cluster, reference):
-    """SIGTERM to a study on Ray cancels its tasks gracefully: each passes SIGTERM to its cell, which saves a
+    """SIGTERM to a study on Ray stops its tasks gracefully: each passes SIGTERM to its cell, which saves a
     checkpoint of its iteration, and the study exits 143 once they have ended. ``--resume`` gives the local study.
     The cell is frozen while the stop arrives, so that it cannot be in its last iteration."""
     address, _ = cluster
@@ -732,7 +822,7 @@ def test_a_stopped_study_on_ray_checkpoints_its_cells(tmp_path, capsys, cluster,
         assert max(done) < 5  # of 6 iterations: the one it is in is not the last
         study.send_signal(signal.SIGTERM)
         _await_pending(cell, signal.SIGTERM)
-        assert _pending(cell, signal.SIGTERM)  # Ray's cancel reached the entry point, which passed it on
+        assert _pending(cell, signal.SIGTERM)  # the stop request reached the entry point, which passed it on
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(cell, signal.SIGCONT)
@@ -742,7 +832,7 @@ def test_a_stopped_study_on_ray_checkpoints_its_cells(tmp_path, capsys, cluster,
     status = {c["folder"]: c["status"] for c in json.loads((out / "study.json").read_text())["cells"]}
     assert status[(out / "tce/seed0").as_posix()] == "stopped (SIGTERM)"
     assert status[(out / "bbrl/seed0").as_posix()] in ("done", "stopped (SIGTERM)")
-    assert not list(out.glob("*/*.lease"))
+    assert not list(out.glob("*/*.lease")) and not list(out.glob("*/*.stop"))
     code, _, err = cli(capsys, "--out", str(out), "--resume", "--executor", "ray", "--ray-address", address)
     assert code == 0, err
     assert starts(out, "tce/seed0") == 2
@@ -750,9 +840,9 @@ def test_a_stopped_study_on_ray_checkpoints_its_cells(tmp_path, capsys, cluster,
 
 
 def test_a_second_ctrl_c_on_ray_ends_the_cells_at_once(tmp_path, capsys, cluster, reference):
-    """Ctrl-C twice to a study on Ray: the first cancels its tasks gracefully (their cells get SIGTERM), the second
-    cancels them by force, without waiting for a checkpoint. The cell stays frozen throughout, so only a kill can end
-    it; the study exits 130 at once, the cell is gone, and ``--resume`` gives the local study."""
+    """Ctrl-C twice to a study on Ray: the first stops its tasks gracefully (their cells get SIGTERM), the second
+    ends the study, and Ray its tasks, without waiting for a checkpoint. The cell stays frozen throughout, so only a
+    kill can end it; the study exits 130 at once, the cell is gone, and ``--resume`` gives the local study."""
     address, _ = cluster
     out = tmp_path / "study"
     argv = [sys.executable, "-m", "troll.cli", "tce", "study", "--out", str(out), *TINY, "--executor", "ray",
@@ -763,7 +853,7 @@ def test_a_second_ctrl_c_on_ray_ends_the_cells_at_once(tmp_path, capsys, cluster
     try:
         study.send_signal(signal.SIGINT)
         _await_pending(cell, signal.SIGTERM)
-        assert _pending(cell, signal.SIGTERM)  # the first Ctrl-C: a graceful cancel, passed on as SIGTERM
+        assert _pending(cell, signal.SIGTERM)  # the first Ctrl-C: a stop request, passed on as SIGTERM
         start = time.monotonic()
         study.send_signal(signal.SIGINT)
         assert study.wait(timeout=60) == 130

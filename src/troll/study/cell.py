@@ -91,7 +91,7 @@ def run_cell(job: CellJob) -> dict:
     log also ends with (a :data:`STATUS_LINE`, read by a study that reattached to the task)."""
     if (job.cell.folder / SUMMARY_FILE).is_file():
         return _result(job, 0, "done")
-    if job.cell.stop_request.exists():  # its study stopped before this task started
+    if stop_requested(job.cell):  # its study stopped before this task started
         job.cell.folder.parent.mkdir(parents=True, exist_ok=True)
         _log(job.cell, f"{STATUS_LINE}{NOT_STARTED} (attempt - on {socket.gethostname()})\n")
         return _result(job, 1, NOT_STARTED)
@@ -109,6 +109,8 @@ def _owned(job: CellJob, lease: lease_lib.Lease) -> dict:
     try:
         if (job.cell.folder / SUMMARY_FILE).is_file():  # finished by the attempt whose lease this one took over
             return _result(job, 0, "done")
+        if stop_requested(job.cell):  # while it waited for a stale lease
+            return _result(job, 1, NOT_STARTED)
         try:
             again = _prepare(job)
         except runs.Busy as err:  # a writer on this host holds the folder's own lock (a run resumed by hand)
@@ -136,6 +138,25 @@ def _status_of(code: int) -> str:
         return f"stopped (killed: no checkpoint within {STOP_GRACE_S:g} s)"
     name = protocol.stop_signal_of(code)
     return f"stopped ({name})" if name is not None else f"failed (exit {code})"
+
+
+def stop_requested(cell: Cell) -> bool:
+    """Whether the cell's stop request exists (False when the shared file system cannot say, e.g. ESTALE on NFS:
+    the next look, a quarter of a second later, will)."""
+    try:
+        return cell.stop_request.exists()
+    except OSError:
+        return False
+
+
+def request_stop(cell: Cell, signal_name: str) -> str | None:
+    """Write the cell's stop request (its arm's folder too, for a cell not started yet); None, or why it could not."""
+    try:
+        cell.stop_request.parent.mkdir(parents=True, exist_ok=True)
+        cell.stop_request.write_text(f"{signal_name}\n")
+    except OSError as err:
+        return f"could not write {cell.stop_request}: {err}"
+    return None
 
 
 def progress_line(cell: Cell, status: str, failed_hint: str = "") -> str:
@@ -204,7 +225,7 @@ def _run(job: CellJob, lease: lease_lib.Lease, argv: tuple[str, ...]) -> int:
                     proc.kill()
                     proc.wait()
                     return LOST
-                if job.cell.stop_request.exists():  # its study is stopping (from another machine, maybe)
+                if stop_requested(job.cell):  # its study is stopping (from another machine, maybe)
                     proc.send_signal(signal.SIGTERM)
                     code = _end_of(proc, lease, time.monotonic() + STOP_GRACE_S)
                     return KILLED if code is None else code  # killed, if it still runs, below

@@ -5,6 +5,7 @@ Layout of the study folder ``<out>``::
     config.json                      {"command": ..., "spec": ..., "argv": ...}: the grid (written first)
     <key>=<value>/<arm>/seed<k>/     one run folder per cell (no ``<key>=<value>/`` level unswept)
     <key>=<value>/<arm>/seed<k>.log  that run's console output, one ``$ command`` line per start
+    <key>=<value>/<arm>/seed<k>.stop while it exists, the cell's entry point stops it (a study on Ray stopping)
     study.json, study.md, study.png  the report (:mod:`troll.study.report`), rewritten as cells finish
 
 Why subprocesses: a cell is then exactly the command a user would type, a crash of one leaves the others running,
@@ -162,7 +163,6 @@ def run_cells(
             frontend.tidy(cell)
         else:
             unfinished.append(cell)
-            cell.stop_request.unlink(missing_ok=True)  # left by a stopped study that ended before it could remove it
     if executor is not None and executor.name != "local":
         return executor.run(frontend, unfinished, status, report=report, on_finish=on_finish)
     todo = runnable_cells(frontend, unfinished, status, report)
@@ -253,6 +253,7 @@ def runnable_cells(frontend: Frontend, cells: list[Cell], status: dict, report, 
             report(f"FAILED {cell.label}: {problem}")
             status[cell.label] = "failed (foreign files)"
         else:
+            cell.stop_request.unlink(missing_ok=True)  # a stopped study's, if it ended before it could remove it
             todo.append(cell)
     return todo
 
