@@ -7,13 +7,12 @@ call_in_forward, with_lm_head)."""
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import SRC, SUPPORT, check_torchrun, run_script
+from conftest import SRC, SUPPORT, check_torchrun, run_script, torchrun
 
 from troll.categorical.distributed import (
     call_in_forward,
@@ -33,8 +32,7 @@ def _two_processes(script: str, args: list[str], *, process_timeout: int, timeou
     out = Path(args[0])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
     env.update(OMP_NUM_THREADS="1", TROLL_TORCHRUN_TIMEOUT=str(process_timeout), HF_HUB_OFFLINE="1")
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    code, err = run_script([*torchrun, str(SUPPORT / script), *args], env, timeout=timeout)
+    code, err = run_script([*torchrun(2, out / "torchrun"), str(SUPPORT / script), *args], env, timeout=timeout)
     check_torchrun(code, err, out / "ready")
     return torch.load(out / "result.pt")
 

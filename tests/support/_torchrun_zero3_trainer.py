@@ -21,6 +21,7 @@ the deviations to OUT/result.pt. Usage: torchrun --nproc_per_node 2 THIS OUT [--
 from __future__ import annotations
 
 import faulthandler
+import importlib
 import os
 import sys
 import warnings
@@ -179,6 +180,12 @@ def main(out: Path, tied: bool) -> None:
     world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
     # accelerate picks no backend for DeepSpeed on a machine without GPUs; the trainer takes this state instead.
     os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
+    # DeepSpeed's CPU backend compiles a shared-memory kernel at start-up (a C++ build of minutes on a busy 2-core
+    # machine, in every fresh environment) that only its inference_all_reduce uses; training reduces through
+    # torch.distributed (gloo here) either way, so the build is skipped.
+    ds_torch = importlib.import_module("deepspeed.comm.torch")  # the submodule (the package's .torch is torch)
+    assert callable(ds_torch.build_shm_op), "DeepSpeed's start-up moved: revisit this helper"
+    ds_torch.build_shm_op = lambda: None
     from accelerate import PartialState
 
     PartialState(backend="gloo")
