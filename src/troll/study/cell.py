@@ -92,12 +92,11 @@ def run_cell(job: CellJob) -> dict:
     if (job.cell.folder / SUMMARY_FILE).is_file():
         return _result(job, 0, "done")
     if stop_requested(job.cell):  # its study stopped before this task started
-        job.cell.folder.parent.mkdir(parents=True, exist_ok=True)
-        _log(job.cell, f"{STATUS_LINE}{NOT_STARTED} (attempt - on {socket.gethostname()})\n")
+        _log_status(job.cell, NOT_STARTED, "-")
         return _result(job, 1, NOT_STARTED)
     lease = lease_lib.Lease(job.cell.folder, beat_s=job.beat_s, stale_s=job.stale_s)
     result = _owned(job, lease)
-    _log(job.cell, f"{STATUS_LINE}{result['status']} (attempt {lease.attempt} on {socket.gethostname()})\n")
+    _log_status(job.cell, result["status"], lease.attempt)
     return result
 
 
@@ -202,6 +201,13 @@ def _log(cell: Cell, text: str) -> None:
         log.write(text)
 
 
+def _log_status(cell: Cell, status: str, attempt: str) -> None:
+    """End the cell's log with its :data:`STATUS_LINE` (the one format :func:`last_status` reads); ``attempt`` is the
+    lease's attempt id, "-" for a cell that never ran. Creates the arm folder of a cell that never started."""
+    cell.log.parent.mkdir(parents=True, exist_ok=True)
+    _log(cell, f"{STATUS_LINE}{status} (attempt {attempt} on {socket.gethostname()})\n")
+
+
 def _run(job: CellJob, lease: lease_lib.Lease, argv: tuple[str, ...]) -> int:
     """The cell's command as a subprocess, beating the lease while it runs; :data:`LOST` when the lease was lost.
     When the cell's stop request appears, the command gets SIGTERM and :data:`STOP_GRACE_S` to end (:data:`KILLED`
@@ -264,7 +270,7 @@ def stop_running(grace_s: float) -> None:
             status = f"stopped (killed: no checkpoint within {grace_s:g} s)"
         else:
             status = _status_of(code)
-        _log(job.cell, f"{STATUS_LINE}{status} (attempt {lease.attempt} on {socket.gethostname()})\n")
+        _log_status(job.cell, status, lease.attempt)
 
 
 def _end_of(proc: subprocess.Popen, lease: lease_lib.Lease, deadline: float) -> int | None:
@@ -294,8 +300,6 @@ def run_cells(jobs: list[CellJob]) -> list[dict]:
         results.append(run_cell(job))
         if results[-1]["status"].startswith("stopped"):
             for later in jobs[k + 1 :]:
-                later.cell.folder.parent.mkdir(parents=True, exist_ok=True)
-                _log(later.cell, f"{STATUS_LINE}stopped (not started: its task was stopped) (attempt - on "
-                                 f"{socket.gethostname()})\n")  # fmt: skip
+                _log_status(later.cell, "stopped (not started: its task was stopped)", "-")
             break
     return results
