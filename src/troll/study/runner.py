@@ -87,8 +87,9 @@ def run_study(study: Study, *, clear: bool, jobs: int, report: Callable[[str], N
     if clear:
         runs.clear(study.out, command)
     cells = tuple(c.folder.relative_to(study.out).as_posix() for c in study.cells)
-    files = (*runs.LAYOUTS.get(command, STUDY_FILES), *(c.log.relative_to(study.out).as_posix() for c in study.cells))
-    files += tuple(e for c in cells for e in (*lease_lib.manifest_entries(c), f"{c}.stop"))  # Cell.stop_request
+    beside = tuple(p.relative_to(study.out).as_posix() for c in study.cells for p in (c.log, c.stop_request))
+    files = (*runs.LAYOUTS.get(command, STUDY_FILES), *beside)
+    files += tuple(e for c in cells for e in lease_lib.manifest_entries(c))
     files += tuple(executor.files) if executor is not None else ()
     if study.frontend.run_command is None:  # cells that keep no manifest of their own are the study's whole
         files, cells = files + tuple(f"{c}/" for c in cells), ()
