@@ -257,3 +257,21 @@ def busy_elsewhere(out: Path) -> bool:
     """What another process sees: is ``out`` held by someone else?"""
     probe = "import sys; from troll import runs; print(runs.busy(sys.argv[1]))"
     return subprocess.run([sys.executable, "-c", probe, str(out)], capture_output=True, text=True).stdout == "True\n"
+
+
+def _proc_stat(pid: int) -> list[str]:
+    """The fields of /proc/<pid>/stat after the command name (which may hold spaces and parentheses)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def process_state(pid: int) -> str:
+    """The state letter of process ``pid`` (R, S, D; T: stopped; Z: ended, not yet reaped), "" once it is gone."""
+    try:
+        return _proc_stat(pid)[0]
+    except (OSError, IndexError):  # no such file, or ESRCH: reaped between open and read
+        return ""
+
+
+def parent_pid(pid: int) -> int:
+    """The parent of the live process ``pid``."""
+    return int(_proc_stat(pid)[1])

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import process_state
 from sandbox_attacks import ATTACKS, FORK_BOMB, PARTIAL, STEPS, attacks
 from sandbox_helpers import Recording, descendants, fenced, processes_of_uids
 
@@ -229,12 +230,4 @@ def test_sigkill_of_the_scorer_leaves_no_sandbox_process():
 
 def _alive(pids: set[int]) -> set[int]:
     """The pids still running (a zombie has ended)."""
-    alive = set()
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] != "Z":
-                    alive.add(pid)
-        except OSError:
-            pass
-    return alive
+    return {pid for pid in pids if process_state(pid) not in ("Z", "")}

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import pytest
 import submitit
+from conftest import parent_pid, process_state
 
 from troll.cli import main
 from troll.runs.files import UsageError, read_jsonl
@@ -217,10 +218,6 @@ def cluster(_booting, monkeypatch):
     return address, _booting.root
 
 
-def _parent_of(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-
-
 def _kill_node_of(out: Path, cell: str) -> int:
     """Lose the node running ``cell`` once its first checkpoint exists, as a machine that dies loses it: every
     process of the cell at once. Returns the pid of the node's raylet.
@@ -236,7 +233,7 @@ def _kill_node_of(out: Path, cell: str) -> int:
     commands = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _safe_parent(p.name) == holder]
     assert len(commands) == 1, f"the worker {holder} runs {len(commands)} commands, not one"
     os.kill(commands[0], signal.SIGSTOP)
-    raylet = _parent_of(holder)
+    raylet = parent_pid(holder)
     assert "raylet" in Path(f"/proc/{raylet}/cmdline").read_bytes().decode(), "the worker's parent is not a raylet"
     os.kill(raylet, signal.SIGKILL)
     os.kill(holder, signal.SIGKILL)
@@ -246,7 +243,7 @@ def _kill_node_of(out: Path, cell: str) -> int:
 def _safe_parent(pid: str) -> int | None:
     """The parent of a process that may end while it is read (None then)."""
     try:
-        return _parent_of(int(pid))
+        return parent_pid(int(pid))
     except (OSError, ValueError, IndexError):
         return None
 
@@ -394,7 +391,7 @@ def _freeze(pid: int) -> None:
     where one that came while the SIGSTOP was still pending would be taken first (lower signals first)."""
     os.kill(pid, signal.SIGSTOP)
     deadline = time.monotonic() + 30
-    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+    while process_state(pid) != "T":
         assert time.monotonic() < deadline, f"{pid} did not stop"
         time.sleep(0.01)
 
@@ -431,7 +428,7 @@ def test_a_time_limit_notice_checkpoints_the_running_cell_and_requeues(tmp_path,
     try:
         done = [int(p.stem.split("-")[1]) for p in (out / "tce/seed0").glob("checkpoint-*.pt")]
         assert max(done) < 5  # of 6 iterations: the one it is in is not the last
-        task = int(Path(f"/proc/{cell}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        task = parent_pid(cell)
         assert "submitit" in " ".join(_cmdline(task))
         os.kill(task, signal.SIGUSR2)
         _await_pending(cell, signal.SIGTERM)
@@ -806,17 +803,24 @@ def test_a_failing_cell_fails_alone_once(tmp_path, where, request, monkeypatch):
 # ---------------------------------------------------------------- Ray, losing a node
 
 
+def _ray_study_with_frozen_cell(out: Path, address: str) -> tuple[subprocess.Popen, int]:
+    """The toy study on the Ray cluster at ``address``, started until tce/seed0 has a checkpoint, and that cell's
+    ``tce train`` process, frozen (:func:`_freeze`); the caller sends it SIGCONT."""
+    argv = [sys.executable, "-m", "troll.cli", "tce", "study", "--out", str(out), *TINY, "--executor", "ray",
+            "--ray-address", address]  # fmt: skip
+    study = _study_until(argv, out / "tce/seed0")
+    (cell,) = [pid for pid in _processes_under(str(out / "tce/seed0")) if _cmdline(pid)[3:5] == ["tce", "train"]]
+    _freeze(cell)
+    return study, cell
+
+
 def test_a_stopped_study_on_ray_checkpoints_its_cells(tmp_path, capsys, cluster, reference):
     """SIGTERM to a study on Ray stops its tasks gracefully: each passes SIGTERM to its cell, which saves a
     checkpoint of its iteration, and the study exits 143 once they have ended. ``--resume`` gives the local study.
     The cell is frozen while the stop arrives, so that it cannot be in its last iteration."""
     address, _ = cluster
     out = tmp_path / "study"
-    argv = [sys.executable, "-m", "troll.cli", "tce", "study", "--out", str(out), *TINY, "--executor", "ray",
-            "--ray-address", address]  # fmt: skip
-    study = _study_until(argv, out / "tce/seed0")
-    (cell,) = [pid for pid in _processes_under(str(out / "tce/seed0")) if _cmdline(pid)[3:5] == ["tce", "train"]]
-    _freeze(cell)
+    study, cell = _ray_study_with_frozen_cell(out, address)
     try:
         done = [int(p.stem.split("-")[1]) for p in (out / "tce/seed0").glob("checkpoint-*.pt")]
         assert max(done) < 5  # of 6 iterations: the one it is in is not the last
@@ -845,11 +849,7 @@ def test_a_second_ctrl_c_on_ray_ends_the_cells_at_once(tmp_path, capsys, cluster
     kill can end it; the study exits 130 at once, the cell is gone, and ``--resume`` gives the local study."""
     address, _ = cluster
     out = tmp_path / "study"
-    argv = [sys.executable, "-m", "troll.cli", "tce", "study", "--out", str(out), *TINY, "--executor", "ray",
-            "--ray-address", address]  # fmt: skip
-    study = _study_until(argv, out / "tce/seed0")
-    (cell,) = [pid for pid in _processes_under(str(out / "tce/seed0")) if _cmdline(pid)[3:5] == ["tce", "train"]]
-    _freeze(cell)
+    study, cell = _ray_study_with_frozen_cell(out, address)
     try:
         study.send_signal(signal.SIGINT)
         _await_pending(cell, signal.SIGTERM)
@@ -858,9 +858,9 @@ def test_a_second_ctrl_c_on_ray_ends_the_cells_at_once(tmp_path, capsys, cluster
         study.send_signal(signal.SIGINT)
         assert study.wait(timeout=60) == 130
         deadline = time.monotonic() + 30
-        while _state(cell) not in ("", "Z") and time.monotonic() < deadline:
+        while process_state(cell) not in ("", "Z") and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert _state(cell) in ("", "Z"), "the frozen cell outlived a second Ctrl-C"
+        assert process_state(cell) in ("", "Z"), "the frozen cell outlived a second Ctrl-C"
         assert time.monotonic() - start < 30
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -869,14 +869,6 @@ def test_a_second_ctrl_c_on_ray_ends_the_cells_at_once(tmp_path, capsys, cluster
     code, _, err = cli(capsys, "--out", str(out), "--resume", "--executor", "ray", "--ray-address", address)
     assert code == 0, err
     assert_same_study(out, reference)
-
-
-def _state(pid: int) -> str:
-    """The process state letter of ``pid`` (T: stopped, Z: ended, not yet reaped), "" once it is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
-        return ""
 
 
 def test_ray_survives_a_lost_node_and_matches_local(tmp_path, capsys, cluster, reference):

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SRC
+from conftest import SRC, process_state
 
 from troll.runs.files import append_jsonl, read_jsonl, truncate_jsonl, write_json
 from troll.study import Grid, Study, UsageError, check_folder, load_spec, plan, run_study
@@ -366,14 +366,6 @@ def test_a_second_ctrl_c_kills_the_cells_at_once(tmp_path, fake, command):
     assert not list(out.glob("*/seed*.lease"))
 
 
-def _state(pid: int) -> str:
-    """The process state letter of ``pid`` (T: stopped), "" once it is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
-        return ""
-
-
 def _until(predicate, what: str, seconds: float = 20.0) -> None:
     deadline = time.time() + seconds
     while not predicate():
@@ -391,12 +383,15 @@ def test_ctrl_z_pauses_the_study_with_its_cells_and_fg_resumes_them(tmp_path, fa
     _until(lambda: all((folder / "worker").exists() for folder in running), "workers started")
     pids = [int((folder / name).read_text()) for folder in running for name in ("pid", "worker")]
     os.killpg(proc.pid, signal.SIGTSTP)
-    _until(lambda: _state(proc.pid) == "T" and all(_state(pid) == "T" for pid in pids), "study, cells, workers paused")
+    _until(
+        lambda: process_state(proc.pid) == "T" and all(process_state(pid) == "T" for pid in pids),
+        "study, cells, workers paused",
+    )
     rows = [read_jsonl(folder / "metrics.jsonl") if (folder / "metrics.jsonl").exists() else [] for folder in running]
     time.sleep(1.0)  # three rows' time: nothing is written while paused
     assert [read_jsonl(f / "metrics.jsonl") if (f / "metrics.jsonl").exists() else [] for f in running] == rows
     os.kill(proc.pid, signal.SIGCONT)
-    _until(lambda: all(_state(pid) not in ("T", "") for pid in pids[1::2]), "workers continued")
+    _until(lambda: all(process_state(pid) not in ("T", "") for pid in pids[1::2]), "workers continued")
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert sorted(c["status"] for c in json.loads((out / "study.json").read_text())["cells"]) == ["done"] * 4
@@ -404,10 +399,7 @@ def test_ctrl_z_pauses_the_study_with_its_cells_and_fg_resumes_them(tmp_path, fa
 
 def _alive(pid: int) -> bool:
     """True while ``pid`` runs (a zombie, dead but not yet reaped by init, counts as gone)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
+    return process_state(pid) not in ("Z", "")
 
 
 # ---------------------------------------------------------------- files written whole
