@@ -7,6 +7,9 @@ troll's (the output, tests/episodic/envs/data/box_pushing_golden.npz, is what th
     /tmp/fancy-venv/bin/pip install fancy-gym==0.3.0 mujoco==2.3.3 gymnasium==0.29.1 "numpy<2"
     /tmp/fancy-venv/bin/python tests/support/record_box_pushing.py
 
+with torch's default threads (two on the machine that made the file): on one thread, fancy_gym's ProDMP rounds its
+desired trajectory differently (1e-7), and the black-box episodes, chaotic, end elsewhere.
+
 It records, on fancy_gym's ``fancy/BoxPushingRandomInit{Dense,TemporalSparse}-v0`` (the TCE paper's box pushing):
 
 - ``reset_obs`` (10, 28): the reset observation of seeds 0-9;
@@ -16,6 +19,15 @@ It records, on fancy_gym's ``fancy/BoxPushingRandomInit{Dense,TemporalSparse}-v0
 - ``bb_*``: seeds 2 and 3 through fancy_gym's black-box ProDMP wrapper (``fancy_ProDMP/...``) with fixed parameters:
   the desired positions and velocities it tracked (2, 100, 7; entry t is the target of step t, at time (t + 1) dt),
   the observations after each step (2, 100, 28), the step rewards of both variants and the last infos.
+
+- ``push_*``: seeds 4 and 9 pushed to the goal by :func:`scripted_push` (closed loop, on fancy_gym's own state;
+  both end about 2 cm from the goal, seed 4 turned 3.0 rad from it, a failure, seed 9 0.3 rad, a success). Of seeds
+  4-43 (12 successes), 38 replay on mujoco 3.3.0 with the box pose within 2.6e-6 at every step; in seeds 8 and 11 a
+  contact parts the two simulators (7e-4 in one step) and the open-loop replay drifts away (in 11, success lost):
+its torque commands (2, 100, 7), the observations (2, 101, 28), the rewards of both variants (2, 100), every
+  step's ``is_success`` (2, 100) and the last step's infos. fancy_gym fills the distances and the energy only at the
+  last step (0 before it), so the last step is where the other infos are compared;
+- ``context_mask`` (28,): the observation entries fancy_gym's ProDMP wrapper passes to the policy (random starts).
 
 The dense and the sparse variants share their physics: the script checks that their observations are identical.
 The inputs (actions, desired trajectories) are stored as float64: contacts make the runs sensitive to 1e-8
@@ -32,7 +44,7 @@ import numpy as np
 
 VARIANTS = {"dense": "BoxPushingRandomInitDense-v0", "sparse": "BoxPushingRandomInitTemporalSparse-v0"}
 INFO_KEYS = ("box_goal_pos_dist", "box_goal_rot_dist", "episode_energy", "is_success")
-RAW_SEEDS, RAW_AMPLITUDES, BB_SEEDS = (0, 1), (0.1, 0.0), (2, 3)
+RAW_SEEDS, RAW_AMPLITUDES, BB_SEEDS, PUSH_SEEDS = (0, 1), (0.1, 0.0), (2, 3), (4, 9)
 OUT = Path(__file__).parents[1] / "episodic" / "envs" / "data" / "box_pushing_golden.npz"
 
 
@@ -56,6 +68,66 @@ def record_raw(gym, variant: str, seed: int, actions: np.ndarray):
     last = [float(info[k]) for k in INFO_KEYS] + [float(terminated), float(truncated)]
     env.close()
     return np.array(states), np.array(rewards), np.array(last)
+
+
+def orientation_error(current: np.ndarray, desired: np.ndarray) -> np.ndarray:
+    """w_c v_d - w_d v_c - v_d x v_c of unit quaternions (w, x, y, z): about half the rotation vector from
+    ``current`` to ``desired`` (world frame) for small errors (Siciliano et al., Robotics, eq. 3.91)."""
+    return current[0] * desired[1:] - desired[0] * current[1:] - np.cross(desired[1:], current[1:])
+
+
+def scripted_push(mujoco, model, data, tip: int, rod: int, obs: np.ndarray, step) -> tuple[np.ndarray, list]:
+    """Push the box to the goal by Jacobian-transpose control of the rod tip, whatever simulates it: ``model`` and
+    ``data`` are the live MuJoCo state that ``step(action)`` advances; ``tip`` and ``rod`` the ids of the rod-tip
+    site and the rod body; ``obs`` the reset observation (box at 14:16, goal at 21:23). The rod starts inside the
+    box, whose walls it drags: the tip follows a smoothstep from the box to 3 cm past the goal (the wall gap the box
+    lags by) in 70 steps at its first height, the rod held pointing down; torque = J_p^T f + J_r^T m - q' (divided by
+    the env's action scale, 10). Returns the 100 actions (100, 7) and what ``step`` returned for each."""
+    down = np.array([0.0, 1.0, 0.0, 0.0])
+    box0, goal = obs[14:16].copy(), obs[21:23].copy()
+    lead = 0.03 * (goal - box0) / np.linalg.norm(goal - box0)
+    height = data.site_xpos[tip][2]
+    jacp, jacr = np.zeros((3, model.nv)), np.zeros((3, model.nv))
+    actions, outputs = [], []
+    for t in range(100):
+        s = min(1.0, t / 70)
+        x_d = np.r_[box0 + (goal + lead - box0) * (3 * s**2 - 2 * s**3), height]
+        mujoco.mj_jacSite(model, data, jacp, jacr, tip)
+        jp, jr, qd = jacp[:, :7], jacr[:, :7], data.qvel[:7]
+        force = 800.0 * (x_d - data.site_xpos[tip]) - 60.0 * (jp @ qd)
+        quat = data.xquat[rod] * np.sign(data.xquat[rod] @ down)
+        moment = 40.0 * orientation_error(quat, down) - 4.0 * (jr @ qd)
+        actions.append((jp.T @ force + jr.T @ moment - qd) / 10.0)
+        outputs.append(step(actions[-1]))
+    return np.array(actions), outputs
+
+
+def record_push(gym, mujoco, variant: str, seed: int, actions: np.ndarray | None):
+    """One pushed episode: closed loop (``actions`` None), or replaying the given ``actions`` (the sparse variant
+    replays the dense one's, so that both see the same torques)."""
+    env = gym.make("fancy/" + VARIANTS[variant]).unwrapped
+    obs, _ = env.reset(seed=seed)
+    if actions is None:
+        tip = mujoco.mj_name2id(env.model, mujoco.mjtObj.mjOBJ_SITE, "rod_tip")
+        rod = mujoco.mj_name2id(env.model, mujoco.mjtObj.mjOBJ_BODY, "push_rod")
+        actions, outputs = scripted_push(mujoco, env.model, env.data, tip, rod, obs, env.step)
+    else:
+        outputs = [env.step(a) for a in actions]
+    env.close()
+    states = np.array([obs] + [o[0] for o in outputs])
+    rewards = np.array([o[1] for o in outputs])
+    successes = np.array([float(o[4]["is_success"]) for o in outputs])
+    info, terminated, truncated = outputs[-1][4], outputs[-1][2], outputs[-1][3]
+    last = [float(info[k]) for k in INFO_KEYS] + [float(terminated), float(truncated)]
+    return actions, states, rewards, successes, np.array(last)
+
+
+def context_mask(gym) -> np.ndarray:
+    """The ``context_mask`` of fancy_gym's wrapper around the randomly started box pushing."""
+    wrapper = gym.make("fancy_ProDMP/" + VARIANTS["dense"])
+    while not hasattr(type(wrapper), "context_mask"):
+        wrapper = wrapper.env
+    return np.asarray(wrapper.context_mask, dtype=bool)
 
 
 def black_box(gym, variant: str):
@@ -120,10 +192,22 @@ def main() -> None:
     for v in VARIANTS:
         data[f"bb_rewards_{v}"] = np.stack([r[3] for r in bb[v]])
         data[f"bb_last_{v}"] = np.stack([r[4] for r in bb[v]])
+    push = {"dense": [record_push(gym, mujoco, "dense", s, None) for s in PUSH_SEEDS]}
+    push["sparse"] = [record_push(gym, mujoco, "sparse", s, p[0]) for s, p in zip(PUSH_SEEDS, push["dense"])]
+    for rd, rs in zip(push["dense"], push["sparse"]):
+        assert np.array_equal(rd[1], rs[1])
+    data["push_actions"] = np.stack([r[0] for r in push["dense"]])
+    data["push_obs"] = np.stack([r[1] for r in push["dense"]]).astype(np.float32)
+    for v in VARIANTS:
+        data[f"push_rewards_{v}"] = np.stack([r[2] for r in push[v]])
+        data[f"push_success_{v}"] = np.stack([r[3] for r in push[v]])
+        data[f"push_last_{v}"] = np.stack([r[4] for r in push[v]])
+    data["context_mask"] = context_mask(gym)
     np.savez_compressed(OUT, **data)
     print(f"wrote {OUT} ({OUT.stat().st_size} bytes): {data['versions'][0]}")
     for v in VARIANTS:
         print(v, "raw returns", data[f"raw_rewards_{v}"].sum(1), "bb returns", data[f"bb_rewards_{v}"].sum(1))
+        print(v, "pushed: final distances", data[f"push_last_{v}"][:, 0], "success", data[f"push_last_{v}"][:, 3])
 
 
 if __name__ == "__main__":

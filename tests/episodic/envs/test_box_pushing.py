@@ -13,6 +13,8 @@ mujoco = pytest.importorskip("mujoco")
 
 from pathlib import Path  # noqa: E402
 
+from record_box_pushing import PUSH_SEEDS, scripted_push  # noqa: E402
+
 from troll.episodic.envs import box_pushing_sim as sim_mod  # noqa: E402
 from troll.episodic.envs import make_env  # noqa: E402
 from troll.episodic.envs.box_pushing import (  # noqa: E402
@@ -107,6 +109,31 @@ def test_tracked_episodes_match_fancy_gyms_black_box_wrapper(variant):
         assert abs(result.final["energy"] - last[2]) < ENERGY_TOL, (result.final["energy"], last[2])
         np.testing.assert_allclose([result.final["distance"], result.final["rotation"]], last[:2], atol=BOX_TOL)
         assert result.success == bool(last[3])
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_pushed_episodes_match_fancy_gym_to_the_success_rule(tasks, variant):
+    """fancy_gym's episodes pushed to the goal by a scripted controller, replayed: both end about 2 cm from the
+    goal, seed 4 turned 3.0 rad from it (a failure by the rotation clause), seed 9 0.3 rad (a success); the success
+    flag of every step (only the last one can succeed) and the last step's infos agree."""
+    task = tasks[variant]
+    for i, seed in enumerate(PUSH_SEEDS):
+        obs, rewards, successes = [task.start(seed)], [], []
+        for a in GOLDEN["push_actions"][i]:
+            o, r, info = task.step(a)
+            obs.append(o)
+            rewards.append(r)
+            successes.append(info.get("is_success", False))
+        _check_episode(np.array(obs), GOLDEN["push_obs"][i], np.array(rewards), variant, i, "push")
+        assert successes == list(GOLDEN[f"push_success_{variant}"][i].astype(bool))
+        last = GOLDEN[f"push_last_{variant}"][i]
+        assert abs(info["energy"] - last[2]) < ENERGY_TOL, (info["energy"], last[2])
+        np.testing.assert_allclose([info["distance"], info["rotation"]], last[:2], atol=BOX_TOL)
+    assert [bool(GOLDEN[f"push_last_{variant}"][i][3]) for i in range(2)] == [False, True]
+
+
+def test_context_is_fancy_gyms_context_mask():
+    np.testing.assert_array_equal(BoxPushingConfig().context_index, np.flatnonzero(GOLDEN["context_mask"]))
 
 
 def _check_episode(obs, golden_obs, rewards, variant, i, kind):
@@ -215,31 +242,15 @@ def test_pd_gains_are_fancy_gyms():
 # ---------------------------------------------------------------------------------------------- in use
 
 
-def scripted_push(task: BoxPushingTask, seed: int) -> float:
-    """Jacobian-transpose control of the rod tip (the rod starts inside the box, whose walls it drags): the tip
-    moves on a smoothstep from the box to 3 cm past the goal (the wall gap the box lags by) in 70 steps at its
-    initial height, the rod held upright; torque = J_p^T f + J_r^T m - 1 q'. Returns the final box-goal distance."""
-    obs = task.start(seed)
-    sim = task.sim
-    m, d = sim.model, sim.data
-    box0, goal = obs[14:16].copy(), obs[21:23].copy()
-    lead = 0.03 * (goal - box0) / np.linalg.norm(goal - box0)
-    height = d.site_xpos[sim.rod_tip][2]
-    jacp, jacr = np.zeros((3, m.nv)), np.zeros((3, m.nv))
-    for t in range(100):
-        s = min(1.0, t / 70)
-        x_d = np.r_[box0 + (goal + lead - box0) * (3 * s**2 - 2 * s**3), height]
-        mujoco.mj_jacSite(m, d, jacp, jacr, sim.rod_tip)
-        jp, jr, qd = jacp[:, :7], jacr[:, :7], d.qvel[:7]
-        force = 800.0 * (x_d - d.site_xpos[sim.rod_tip]) - 60.0 * (jp @ qd)
-        quat = d.xquat[sim.rod] * np.sign(d.xquat[sim.rod] @ ROD_QUAT)
-        moment = 40.0 * quaternion_error(quat, ROD_QUAT) - 4.0 * (jr @ qd)
-        _, _, info = task.step((jp.T @ force + jr.T @ moment - qd) / 10.0)
-    return info["distance"]
+def pushed_distance(task: BoxPushingTask, seed: int) -> float:
+    """The final box-goal distance of the scripted push (tests/support/record_box_pushing.py) on troll's env."""
+    obs, sim = task.start(seed), task.sim
+    _, outputs = scripted_push(mujoco, sim.model, sim.data, sim.rod_tip, sim.rod, obs, task.step)
+    return outputs[-1][2]["distance"]
 
 
 def test_scripted_controller_pushes_the_box_to_the_goal(tasks):
-    distances = [scripted_push(tasks["dense"], seed) for seed in range(10)]
+    distances = [pushed_distance(tasks["dense"], seed) for seed in range(10)]
     assert sum(dist < 0.05 for dist in distances) >= 9, distances  # measured: all 10 within 2.4 cm
 
 
