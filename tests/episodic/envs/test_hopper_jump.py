@@ -249,6 +249,12 @@ def test_options_are_checked(options, words):
         make_env("fancy/hopper-jump", num_episodes=1, workers=0, **options)
 
 
+@pytest.mark.parametrize("options", [{"kp": -1.0}, {"kd": 11.0}, {"context": "mask"}, {"kp": float("nan")}])
+def test_config_built_directly_is_checked(options):
+    with pytest.raises(ValueError, match="fancy/hopper-jump takes kp in"):
+        hj.HopperJumpConfig(**options)
+
+
 def test_missing_asset_names_the_install_step(monkeypatch):
     real = hj.importlib.util.find_spec
     monkeypatch.setattr(hj.importlib.util, "find_spec", lambda name: None if name == "fancy_gym" else real(name))
@@ -256,6 +262,19 @@ def test_missing_asset_names_the_install_step(monkeypatch):
         hj.model_path()
     with pytest.raises(ImportError, match="fancy-gym"):
         make_env("fancy/hopper-jump", num_episodes=1, workers=0)
+
+
+@pytest.mark.parametrize("algo", ["tce", "ppo"])
+def test_train_without_the_asset_fails_before_writing(monkeypatch, tmp_path, capsys, algo):
+    from troll.cli import main
+
+    real = hj.importlib.util.find_spec
+    monkeypatch.setattr(hj.importlib.util, "find_spec", lambda name: None if name == "fancy_gym" else real(name))
+    out = tmp_path / "run"
+    code = main(["tce", "train", "--env", "fancy/hopper-jump", "--algo", algo, "--workers", "0", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and not out.exists(), err
+    assert "pip install --no-deps fancy-gym==0.3.0" in err, err
 
 
 def test_damaged_asset_names_the_install_step(monkeypatch, tmp_path):
@@ -308,7 +327,8 @@ def _phases(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def test_presets_are_the_authors_hopper_config():
-    """TCE_RL's mprl/config/hopper_jump/tcp/entire (shared.yaml + horeka.yaml), as docs/tce.md lists it."""
+    """TCE_RL's mprl/config/hopper_jump/tcp/entire (shared.yaml + horeka.yaml), as docs/tce-tasks.md lists it, with
+    its departures."""
     from troll.episodic.tce.config import TCEConfig
 
     tce = TCEConfig.preset("fancy/hopper-jump")
@@ -320,6 +340,8 @@ def test_presets_are_the_authors_hopper_config():
                "mean_bound": 0.1, "cov_bound": 0.02, "trust_region_coeff": 1.0, "entropy_schedule": "none",
                "covariance": "full", "total_env_steps": 10_000_000}  # fmt: skip
     assert {k: getattr(tce, k) for k in authors} == authors
+    # the one departure in the networks (docs/tce-tasks.md): the authors' leaky ReLU, ReLU here
+    assert (tce.activation, tce.critic_activation) == ("relu", "relu")
     bbrl = TCEConfig.preset("fancy/hopper-jump", algo="bbrl")
     assert (bbrl.covariance, bbrl.policy_lr, bbrl.critic_lr, bbrl.lr_final, bbrl.trust_region_coeff) == (
         "diag", 3e-4, 3e-4, 1.0, 10.0)  # fmt: skip

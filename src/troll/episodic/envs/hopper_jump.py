@@ -99,6 +99,11 @@ class HopperJumpConfig:
 
     name = "fancy/hopper-jump"
 
+    def __post_init__(self):
+        if not (0.0 <= self.kp <= 100.0 and 0.0 <= self.kd <= 10.0) or self.context not in ("varying", "full"):
+            raise ValueError(f"fancy/hopper-jump takes kp in [0, 100], kd in [0, 10] and context 'varying' or 'full', "
+                             f"got {self}")  # fmt: skip
+
 
 def pd_action(config: HopperJumpConfig, q_d, qd_d, q, qd) -> np.ndarray:
     """a = clip(kp (q_d - q) + kd (q'_d - q'), -1, 1), desired and measured joint angles and velocities (..., 3)."""
