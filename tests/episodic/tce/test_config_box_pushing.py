@@ -76,6 +76,28 @@ def test_ppo_step_task_is_the_episodic_task():
     step.close()
 
 
+def test_ppo_trains_end_to_end(tmp_path, capsys):
+    """``troll tce train --algo ppo`` on sparse box pushing: 200 env steps (two rollouts of one episode), evaluated
+    on 2 episodes after each, with the metrics a box-pushing run reports (success, distance), all finite."""
+    pytest.importorskip("stable_baselines3")
+    import math
+
+    from troll.cli import main
+    from troll.runs.files import read_jsonl
+
+    out = tmp_path / "ppo"
+    argv = ["tce", "train", "--env", SPARSE, "--algo", "ppo", "--out", str(out), "--steps", "200",
+            "--ppo-n-steps", "100", "--ppo-batch-size", "50", "--ppo-n-epochs", "1", "--eval-episodes", "2",
+            "--eval-every", "1", "--episodes", "1", "--no-progress"]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    rows = read_jsonl(out / "metrics.jsonl")
+    assert [r["env_steps"] for r in rows] == [100, 200]
+    for row in rows:
+        assert {"eval/return", "eval/distance", "eval/success_rate", "rollout/success_rate"} <= set(row)
+        assert all(math.isfinite(v) for v in row.values() if isinstance(v, float))
+        assert 0.0 < row["eval/distance"] < 1.0 and row["eval/return"] < 0  # the box, metres from its goal
+
+
 @pytest.mark.parametrize("algo", ["tce", "ppo"])
 def test_missing_assets_stop_a_run_before_it_writes(tmp_path, monkeypatch, capsys, algo):
     pytest.importorskip("mujoco")
