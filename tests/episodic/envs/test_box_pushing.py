@@ -55,6 +55,11 @@ RETURN_TOL = {"dense": 0.5, "sparse": 3.0}
 # term: the energy term at 1.1 times its weight, or the rod-box term at 1.02 times, fails all four tests below.
 SPEED_TOL, ENERGY_TOL, APART = 0.9, 2.5, 1e-3
 STEP_TOL, STEP_TOL_APART, LAST_TOL_APART = 3e-4, 0.35, {"dense": 0.35, "sparse": 3.5}
+# The loose tolerances above are for the two episodes with such a jump, the first of the raw and of the tracked
+# ones. The others (the second raw and tracked episodes, both pushed ones) agree to 1.4e-7 rad (joint angles),
+# 2.4e-6 rad/s (speeds) and 2.9e-6 (returns): there the tolerances are 1e-5, 5e-5 and 5e-5.
+JUMPS = {("raw", 0), ("bb", 0)}
+SMOOTH_ANGLE_TOL, SMOOTH_SPEED_TOL, SMOOTH_RETURN_TOL = 1e-5, 5e-5, 5e-5
 
 
 @pytest.fixture(scope="module")
@@ -140,9 +145,12 @@ def _check_episode(obs, golden_obs, rewards, variant, i, kind):
     """The observations (T or T + 1, 28) and every step's reward (T,) of one episode against the recording's."""
     np.testing.assert_allclose(obs[:, 14:21], golden_obs[:, 14:21], rtol=0, atol=BOX_TOL)  # box pose
     np.testing.assert_allclose(obs[:, 21:28], golden_obs[:, 21:28], rtol=0, atol=1e-6)  # goal pose
-    np.testing.assert_allclose(obs[:, :7], golden_obs[:, :7], rtol=0, atol=ANGLE_TOL)
-    np.testing.assert_allclose(obs[:, 7:14], golden_obs[:, 7:14], rtol=0, atol=SPEED_TOL)
+    jumps = (kind, i) in JUMPS
+    np.testing.assert_allclose(obs[:, :7], golden_obs[:, :7], rtol=0, atol=ANGLE_TOL if jumps else SMOOTH_ANGLE_TOL)
+    np.testing.assert_allclose(obs[:, 7:14], golden_obs[:, 7:14], rtol=0, atol=SPEED_TOL if jumps else SMOOTH_SPEED_TOL)
     golden = GOLDEN[f"{kind}_rewards_{variant}"][i]
+    if not jumps:
+        assert abs(rewards.sum() - golden.sum()) < SMOOTH_RETURN_TOL, (rewards.sum(), golden.sum())
     # the state after each step (the reward's): steps at and after the first whose joint speeds are APART get the
     # looser tolerance
     speed_gap = np.abs(obs[-len(golden) :, 7:14] - golden_obs[-len(golden) :, 7:14]).max(1)
