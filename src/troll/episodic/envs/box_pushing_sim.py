@@ -267,18 +267,26 @@ def offline_ik(model, data, body: int, pos_d: np.ndarray, quat_d: np.ndarray) ->
     """
     import mujoco
 
+    # the loop's arithmetic is fancy_gym's, operation for operation (np.clip as maximum then minimum, norms as the
+    # square root of a dot product, as numpy computes them); what does not change between iterations is made once
+    forward, jac_body = mujoco.mj_forward, mujoco.mj_jacBody
+    x, y, z = quat_d[1:]
+    cross_d = np.array([[0.0, -z, y], [z, 0.0, -x], [-y, x, 0.0]])  # quaternion_error's matrix of quat_d
+    xpos, xquat = data.xpos[body], data.xquat[body]  # views of the simulator's arrays, updated by each forward pass
     q, qd_d, h, previous, kept = data.qpos[:7].copy(), np.zeros(7), 1e-3, np.inf, 0
     jacp, jacr = np.zeros((3, model.nv)), np.zeros((3, model.nv))
     while True:
         q_prev = q
-        q = np.clip(q + h * qd_d, Q_MIN, Q_MAX)
+        q = np.minimum(np.maximum(q + h * qd_d, Q_MIN), Q_MAX)
         data.qpos[:7] = q
-        mujoco.mj_forward(model, data)
-        pos_err = np.clip(pos_d - data.xpos[body], -0.1, 0.1)
-        quat = data.xquat[body].copy()
-        if np.linalg.norm(quat - quat_d) > np.linalg.norm(quat + quat_d):
+        forward(model, data)
+        pos_err = np.minimum(np.maximum(pos_d - xpos, -0.1), 0.1)
+        quat = xquat.copy()
+        minus, plus = quat - quat_d, quat + quat_d
+        if math.sqrt(minus.dot(minus)) > math.sqrt(plus.dot(plus)):
             quat = -quat
-        err = np.concatenate([pos_err, np.clip(quaternion_error(quat, quat_d), -0.5, 0.5)])
+        rot_err = quat[0] * quat_d[1:] - quat_d[0] * quat[1:] - cross_d @ quat[1:]
+        err = np.concatenate([pos_err, np.minimum(np.maximum(rot_err, -0.5), 0.5)])
         norm = np.sum(pos_err**2) + np.sum((quat - quat_d) ** 2)
         if norm > previous:
             q, h = q_prev, 0.7 * h
@@ -289,19 +297,23 @@ def offline_ik(model, data, body: int, pos_d: np.ndarray, quat_d: np.ndarray) ->
         previous = norm
         # fancy_gym recomputes the same state here; each mj_forward leaves the solver's warm start for the next
         # one, so the repeat is kept for the reset (and every step after it) to match to rounding
-        mujoco.mj_forward(model, data)
-        mujoco.mj_jacBody(model, data, jacp, jacr, body)
+        forward(model, data)
+        jac_body(model, data, jacp, jacr, body)
         jac = np.concatenate([jacp[:, :7], jacr[:, :7]])
         null = IK_NULL_GAIN * (IK_NULL_POSTURE - q)
         high, low = q > Q_MAX - IK_LIMIT_MARGIN, q < Q_MIN + IK_LIMIT_MARGIN
-        null[high] += IK_LIMIT_GAIN * (Q_MAX - IK_LIMIT_MARGIN - q)[high]
-        null[low] += IK_LIMIT_GAIN * (Q_MIN + IK_LIMIT_MARGIN - q)[low]
+        if high.any():
+            null[high] += IK_LIMIT_GAIN * (Q_MAX - IK_LIMIT_MARGIN - q)[high]
+        if low.any():
+            null[low] += IK_LIMIT_GAIN * (Q_MIN + IK_LIMIT_MARGIN - q)[low]
         # J W J^T and W J^T with fancy_gym's weight W = I written out: the products then round as fancy_gym's do
         # (a transposed view and a copy sum in different orders)
-        eye = np.eye(7)
-        task = np.linalg.solve((jac @ eye) @ jac.T + IK_DAMPING * np.eye(6), IK_GAIN * err - jac @ null)
-        qd_d = (eye @ jac.T) @ task + null
+        task = np.linalg.solve((jac @ _EYE7) @ jac.T + _DAMPING_6, IK_GAIN * err - jac @ null)
+        qd_d = (_EYE7 @ jac.T) @ task + null
         kept += 1
+
+
+_EYE7, _DAMPING_6 = np.eye(7), IK_DAMPING * np.eye(6)
 
 
 # ---------------------------------------------------------------------------------------------- the simulator
