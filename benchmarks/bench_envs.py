@@ -219,11 +219,39 @@ def _commands(runner, seeds: list[int], pos, vel) -> tuple[list[list[tuple]], li
     return calls, ends
 
 
+def _reset_calls(name: str, seeds: list[int]) -> list[list[tuple]]:
+    """The MuJoCo calls (mj_forward and mj_jacBody, with the qpos each was made at) of a first reset of each seed
+    (box pushing's inverse kinematics), recorded in a runner of its own, which has not seen the seeds yet."""
+    import mujoco
+
+    real_forward, real_jac, calls = mujoco.mj_forward, mujoco.mj_jacBody, []
+
+    def forward(model, data):
+        calls[-1].append(("forward", data.qpos.copy(), None))
+        real_forward(model, data)
+
+    def jac(model, data, jacp, jacr, body):
+        calls[-1].append(("jac", None, body))
+        real_jac(model, data, jacp, jacr, body)
+
+    runner = _runner(name)
+    mujoco.mj_forward, mujoco.mj_jacBody = forward, jac
+    try:
+        for e, seed in enumerate(seeds):
+            calls.append([])
+            runner.reset(e, seed)
+    finally:
+        mujoco.mj_forward, mujoco.mj_jacBody = real_forward, real_jac
+        runner.close()
+    return calls
+
+
 def raw_mujoco(name: str, *, episodes: int, repeats: int) -> dict:
     """MuJoCo alone on a fancy/* env's own model: the episodes the env's rows run (the same seeds and trajectory),
     their commands recorded in an untimed pass, then replayed from the same starts by ``mj_step`` (the same
     substeps) with nothing else: the same physics without the env code (controller, bias forces, observations,
-    rewards, checks) and without the reset (box pushing's inverse kinematics), which the row does not time."""
+    rewards, checks). Its whole episodes add the MuJoCo calls of the seeds' first resets (box pushing's inverse
+    kinematics: ``mj_forward`` at the same joint angles, ``mj_jacBody``), replayed without the code between them."""
     import types
 
     import mujoco
@@ -235,15 +263,25 @@ def raw_mujoco(name: str, *, episodes: int, repeats: int) -> dict:
     spec = runner.spec
     model, data = runner.sim.model, runner.sim.data
     shape = types.SimpleNamespace(name=name, dof=spec.dof, horizon=spec.horizon, dt=spec.dt)
-    walls, cpus, loads = [], [], []
+    jacp, jacr = np.zeros((3, model.nv)), np.zeros((3, model.nv))
+    walls, cpus, reset_cpus, loads = [], [], [], []
     try:
         for r in range(repeats + 1):
             seeds = episode_seeds(r, episodes)
+            resets = _reset_calls(name, seeds)
             q0 = torch.tensor(np.stack([runner.reset(e, s)[1] for e, s in enumerate(seeds)]))
             pos, vel = (x.numpy() for x in trajectory(shape, EpisodeStart(q0, q0, torch.zeros_like(q0))))
             commands, ends = _commands(runner, seeds, pos, vel)
-            wall = cpu = 0.0
+            wall = cpu = reset_cpu = 0.0
             for e, seed in enumerate(seeds):
+                c0 = time.process_time()
+                for kind, qpos, body in resets[e]:
+                    if kind == "forward":
+                        data.qpos[:] = qpos
+                        mujoco.mj_forward(model, data)
+                    else:
+                        mujoco.mj_jacBody(model, data, jacp, jacr, body)
+                reset_cpu += time.process_time() - c0
                 runner.reset(e, seed)
                 t0, c0 = time.perf_counter(), time.process_time()
                 for command, nstep in commands[e]:
@@ -255,11 +293,16 @@ def raw_mujoco(name: str, *, episodes: int, repeats: int) -> dict:
             if r:
                 walls.append(wall)
                 cpus.append(cpu)
+                reset_cpus.append(reset_cpu)
                 loads.append(os.getloadavg()[0])
     finally:
         runner.close()
-    mode = "MuJoCo alone, the env's commands, one process"
-    return alone_row(name, mode, 0, episodes, spec.horizon, walls, cpus, loads)
+    mode = "MuJoCo alone, the env's commands (whole episodes: and the resets' MuJoCo calls), one process"
+    row = alone_row(name, mode, 0, episodes, spec.horizon, walls, cpus, loads)
+    steps = episodes * spec.horizon
+    row["batch_steps_per_cpu_s"] = round(steps / statistics.median(a + b for a, b in zip(reset_cpus, cpus)))
+    row["reset_share_cpu"] = round(statistics.median(a / (a + b) for a, b in zip(reset_cpus, cpus)), 3)
+    return row
 
 
 def overhead_lines(rows: list[dict]) -> list[str]:
@@ -271,11 +314,17 @@ def overhead_lines(rows: list[dict]) -> list[str]:
         raw = [r for r in rows if r["env"] == name and r["mode"].startswith("MuJoCo alone")]
         if env and raw:
             (env,), ceiling = env, raw[0]["steps_per_cpu_s"]
-            run, whole = env["steps_per_cpu_s"], env["batch_steps_per_cpu_s"]
+            run, whole, whole_ceiling = (
+                env["steps_per_cpu_s"],
+                env["batch_steps_per_cpu_s"],
+                raw[0]["batch_steps_per_cpu_s"],
+            )
             lines.append(f"{name}: steps per CPU second, MuJoCo alone {ceiling}; the env's run {run} "
                          f"({run / ceiling:.0%} of it), its whole episodes (reset + run) {whole} "
                          f"({whole / ceiling:.0%}); the reset takes {env['reset_share_cpu']:.1%} of an episode's CPU "
-                         "time")  # fmt: skip
+                         f"time. Whole episodes of MuJoCo alone, with the resets' MuJoCo calls: {whole_ceiling}, the "
+                         f"env's {whole / whole_ceiling:.0%} of it (the resets' calls {raw[0]['reset_share_cpu']:.1%} "
+                         "of their CPU time)")  # fmt: skip
     return lines
 
 
