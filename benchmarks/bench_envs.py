@@ -16,10 +16,11 @@ With envpool among the backends each env also gets a row of EnvPool alone (its o
 on one thread, no project code): the simulator's ceiling against which the EnvPool rows' overhead shows.
 Hopper jump and box pushing (Python only) get a row of MuJoCo alone instead: the commands the env's own episodes
 (the same seeds and trajectory) gave MuJoCo, recorded in an untimed pass, replayed by ``mj_step`` from the same
-starts (ending in the env's final states, checked), without the controller, observations, rewards or reset. The
-lines printed after the table give the env's one-process steps per CPU second as shares of it, of the run alone and
-of whole episodes (reset + run), and the reset's share of an episode (box pushing's reset runs fancy_gym's inverse
-kinematics: docs/tce-tasks.md).
+starts (ending in the env's final states, checked), without the controller, observations or rewards. Its whole
+episodes add the MuJoCo calls of the episodes' first resets (box pushing's reset runs fancy_gym's inverse
+kinematics: docs/tce-tasks.md), replayed from the states they were made in, without the code between them. The lines
+printed after the table give the env's one-process steps per CPU second as shares of it, of the run alone and of
+whole episodes (reset + run), and the reset's share of an episode.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_envs.py                       # all, E = 16 (toy: 1024), 2 workers
     OMP_NUM_THREADS=1 python benchmarks/bench_envs.py --quick               # push, reach, reacher: E = 4, 1 core
@@ -219,15 +220,20 @@ def _commands(runner, seeds: list[int], pos, vel) -> tuple[list[list[tuple]], li
     return calls, ends
 
 
+STATE = ("qpos", "qvel", "ctrl", "qacc_warmstart")  # what an mj_forward of the reset reads and the reset sets
+
+
 def _reset_calls(name: str, seeds: list[int]) -> list[list[tuple]]:
-    """The MuJoCo calls (mj_forward and mj_jacBody, with the qpos each was made at) of a first reset of each seed
-    (box pushing's inverse kinematics), recorded in a runner of its own, which has not seen the seeds yet."""
+    """The MuJoCo calls (mj_forward, with the state it was made in: qpos, qvel, ctrl and the solver's warm start;
+    mj_jacBody) of a first reset of each seed (box pushing's inverse kinematics), recorded in a runner of its own,
+    which has not seen the seeds yet."""
     import mujoco
 
     real_forward, real_jac, calls = mujoco.mj_forward, mujoco.mj_jacBody, []
 
     def forward(model, data):
-        calls[-1].append(("forward", data.qpos.copy(), None))
+        state = tuple(getattr(data, key).copy() for key in STATE)
+        calls[-1].append(("forward", state, None))
         real_forward(model, data)
 
     def jac(model, data, jacp, jacr, body):
@@ -274,10 +280,12 @@ def raw_mujoco(name: str, *, episodes: int, repeats: int) -> dict:
             commands, ends = _commands(runner, seeds, pos, vel)
             wall = cpu = reset_cpu = 0.0
             for e, seed in enumerate(seeds):
+                runner.reset(e, seed)  # the seed's goal bodies (the reset moves them in the model); then its calls
                 c0 = time.process_time()
-                for kind, qpos, body in resets[e]:
+                for kind, state, body in resets[e]:
                     if kind == "forward":
-                        data.qpos[:] = qpos
+                        for key, value in zip(STATE, state):
+                            getattr(data, key)[:] = value
                         mujoco.mj_forward(model, data)
                     else:
                         mujoco.mj_jacBody(model, data, jacp, jacr, body)
