@@ -201,7 +201,7 @@ def _log(cell: Cell, text: str) -> None:
         log.write(text)
 
 
-def _log_status(cell: Cell, status: str, attempt: str) -> None:
+def _log_status(cell: Cell, status: str, attempt: int | str) -> None:
     """End the cell's log with its :data:`STATUS_LINE` (the one format :func:`last_status` reads); ``attempt`` is the
     lease's attempt id, "-" for a cell that never ran. Creates the arm folder of a cell that never started."""
     cell.log.parent.mkdir(parents=True, exist_ok=True)

@@ -251,7 +251,7 @@ def test_options_are_checked(options, words):
 
 @pytest.mark.parametrize("options", [{"kp": -1.0}, {"kd": 11.0}, {"context": "mask"}, {"kp": float("nan")}])
 def test_config_built_directly_is_checked(options):
-    with pytest.raises(ValueError, match="fancy/hopper-jump takes kp in"):
+    with pytest.raises(ValueError, match=f"fancy/hopper-jump: option '{next(iter(options))}' must be"):
         hj.HopperJumpConfig(**options)
 
 

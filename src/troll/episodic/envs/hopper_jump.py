@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from troll.episodic.envs.fancy_wheel import INSTALL_STEP, REINSTALL_STEP
-from troll.episodic.envs.options import Option
+from troll.episodic.envs.options import Option, check
 
 HORIZON, DT = 250, 0.008  # fancy_gym's MAX_EPISODE_STEPS_HOPPERJUMP; frame_skip 4 x the model's 0.002 s
 STATE_DIM = 16
@@ -99,10 +99,8 @@ class HopperJumpConfig:
 
     name = "fancy/hopper-jump"
 
-    def __post_init__(self):
-        if not (0.0 <= self.kp <= 100.0 and 0.0 <= self.kd <= 10.0) or self.context not in ("varying", "full"):
-            raise ValueError(f"fancy/hopper-jump takes kp in [0, 100], kd in [0, 10] and context 'varying' or 'full', "
-                             f"got {self}")  # fmt: skip
+    def __post_init__(self):  # what make_env checks, for a config built directly
+        check(self.name, {"kp": self.kp, "kd": self.kd, "context": self.context}, OPTIONS)
 
 
 def pd_action(config: HopperJumpConfig, q_d, qd_d, q, qd) -> np.ndarray:
