@@ -18,15 +18,14 @@ It records, on fancy_gym's ``fancy/BoxPushingRandomInit{Dense,TemporalSparse}-v0
   observations (2, 101, 28), rewards of the dense and the sparse variant (2, 100) and the last step's infos;
 - ``bb_*``: seeds 2 and 3 through fancy_gym's black-box ProDMP wrapper (``fancy_ProDMP/...``) with fixed parameters:
   the desired positions and velocities it tracked (2, 100, 7; entry t is the target of step t, at time (t + 1) dt),
-  the observations after each step (2, 100, 28), the step rewards of both variants and the last infos.
-
+  the observations after each step (2, 100, 28), the step rewards of both variants and the last infos;
 - ``push_*``: seeds 4 and 9 pushed to the goal by :func:`scripted_push` (closed loop, on fancy_gym's own state;
-  both end about 2 cm from the goal, seed 4 turned 3.0 rad from it, a failure, seed 9 0.3 rad, a success). Of seeds
-  4-43 (12 successes), 38 replay on mujoco 3.3.0 with the box pose within 2.6e-6 at every step; in seeds 8 and 11 a
-  contact parts the two simulators (7e-4 in one step) and the open-loop replay drifts away (in 11, success lost):
-its torque commands (2, 100, 7), the observations (2, 101, 28), the rewards of both variants (2, 100), every
-  step's ``is_success`` (2, 100) and the last step's infos. fancy_gym fills the distances and the energy only at the
-  last step (0 before it), so the last step is where the other infos are compared;
+  both end about 2 cm from the goal, seed 4 turned 3.0 rad from it, a failure, seed 9 0.3 rad, a success): its
+  torque commands (2, 100, 7), the observations (2, 101, 28), the rewards of both variants (2, 100), every step's
+  ``is_success`` (2, 100; fancy_gym sets it at the last step only) and the last step's infos (the distances and
+  the energy, which fancy_gym fills at the last step only). The commands are replayed open loop, and a contact can
+  part the two simulators: with seed 11, the first success after 9, the box pose is 7e-4 apart after step 20 on
+  mujoco 3.3.0 and the replay loses the success (set ``PUSH_SEEDS`` to (4, 11) and rerun the tests to see it);
 - ``context_mask`` (28,): the observation entries fancy_gym's ProDMP wrapper passes to the policy (random starts).
 
 The dense and the sparse variants share their physics: the script checks that their observations are identical.
