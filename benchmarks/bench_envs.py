@@ -257,7 +257,7 @@ def raw_mujoco(name: str, *, episodes: int, repeats: int) -> dict:
     their commands recorded in an untimed pass, then replayed from the same starts by ``mj_step`` (the same
     substeps) with nothing else: the same physics without the env code (controller, bias forces, observations,
     rewards, checks). Its whole episodes add the MuJoCo calls of the seeds' first resets (box pushing's inverse
-    kinematics: ``mj_forward`` at the same joint angles, ``mj_jacBody``), replayed without the code between them."""
+    kinematics: ``mj_forward`` from the same states, ``mj_jacBody``), replayed without the code between them."""
     import types
 
     import mujoco
