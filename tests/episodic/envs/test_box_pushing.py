@@ -29,6 +29,7 @@ from troll.episodic.envs.box_pushing_sim import (  # noqa: E402
     ROD_QUAT,
     AssetError,
     StepState,
+    cross_matrix,
     quaternion_error,
     reward_terms,
     rotation_distance,
@@ -230,6 +231,19 @@ def test_rotation_distance_never_nan_and_quaternion_error():
     assert abs(p @ q) > 1  # arccos would give NaN here
     assert rotation_distance(p, q) == 0.0
     assert np.allclose(quaternion_error(q, q), 0.0)
+
+
+def test_quaternion_error_against_numpys_cross_product():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        c, d = (v / np.linalg.norm(v) for v in rng.normal(size=(2, 4)))
+        expected = c[0] * d[1:] - d[0] * c[1:] - np.cross(d[1:], c[1:])
+        np.testing.assert_allclose(quaternion_error(c, d), expected, rtol=0, atol=1e-15)
+        # the reset's IK passes the matrix it made once; the error is the same to the bit
+        np.testing.assert_array_equal(quaternion_error(c, d, cross_matrix(d[1:])), quaternion_error(c, d))
+    # a quarter turn about z from the identity: the error is the desired vector part, sin(pi/4) about z
+    turn = np.array([np.cos(np.pi / 4), 0.0, 0.0, np.sin(np.pi / 4)])
+    np.testing.assert_allclose(quaternion_error(np.array([1.0, 0, 0, 0]), turn), [0, 0, np.sin(np.pi / 4)])
 
 
 def test_actions_are_clipped_and_scaled(tasks):

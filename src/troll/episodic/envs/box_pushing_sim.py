@@ -138,11 +138,18 @@ def rotation_distance(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     return 2.0 * np.arccos(np.minimum(np.abs(np.sum(p * q, axis=-1)), 1.0))
 
 
-def quaternion_error(current: np.ndarray, desired: np.ndarray) -> np.ndarray:
+def cross_matrix(v: np.ndarray) -> np.ndarray:
+    """The matrix [v]x (3, 3) with [v]x u = v x u."""
+    x, y, z = v
+    return np.array([[0.0, -z, y], [z, 0.0, -x], [-y, x, 0.0]])
+
+
+def quaternion_error(current: np.ndarray, desired: np.ndarray, cross: np.ndarray | None = None) -> np.ndarray:
     """Orientation error (3,) of unit quaternions (w, x, y, z): w_c v_d - w_d v_c - [v_d]x v_c (Siciliano et al.,
-    Robotics, eq. 3.91), the cross product as its matrix (the reset's IK reproduces fancy_gym's rounding with it)."""
-    x, y, z = desired[1:]
-    cross = np.array([[0.0, -z, y], [z, 0.0, -x], [-y, x, 0.0]])
+    Robotics, eq. 3.91), the cross product as its matrix (the reset's IK reproduces fancy_gym's rounding with it).
+    ``cross`` is cross_matrix(desired[1:]), for a caller that makes it once for many errors."""
+    if cross is None:
+        cross = cross_matrix(desired[1:])
     return current[0] * desired[1:] - desired[0] * current[1:] - cross @ current[1:]
 
 
@@ -270,8 +277,7 @@ def offline_ik(model, data, body: int, pos_d: np.ndarray, quat_d: np.ndarray) ->
     # the loop's arithmetic is fancy_gym's, operation for operation (np.clip as maximum then minimum, norms as the
     # square root of a dot product, as numpy computes them); what does not change between iterations is made once
     forward, jac_body = mujoco.mj_forward, mujoco.mj_jacBody
-    x, y, z = quat_d[1:]
-    cross_d = np.array([[0.0, -z, y], [z, 0.0, -x], [-y, x, 0.0]])  # quaternion_error's matrix of quat_d
+    cross_d = cross_matrix(quat_d[1:])
     xpos, xquat = data.xpos[body], data.xquat[body]  # views of the simulator's arrays, updated by each forward pass
     q, qd_d, h, previous, kept = data.qpos[:7].copy(), np.zeros(7), 1e-3, np.inf, 0
     jacp, jacr = np.zeros((3, model.nv)), np.zeros((3, model.nv))
@@ -285,7 +291,7 @@ def offline_ik(model, data, body: int, pos_d: np.ndarray, quat_d: np.ndarray) ->
         minus, plus = quat - quat_d, quat + quat_d
         if math.sqrt(minus.dot(minus)) > math.sqrt(plus.dot(plus)):
             quat = -quat
-        rot_err = quat[0] * quat_d[1:] - quat_d[0] * quat[1:] - cross_d @ quat[1:]
+        rot_err = quaternion_error(quat, quat_d, cross_d)
         err = np.concatenate([pos_err, np.minimum(np.maximum(rot_err, -0.5), 0.5)])
         norm = np.sum(pos_err**2) + np.sum((quat - quat_d) ** 2)
         if norm > previous:
