@@ -33,6 +33,7 @@ average printed with each row says how busy the machine was: on a shared machine
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import time
@@ -197,26 +198,40 @@ def _runner(name: str):
     return BoxPushingRunner(BoxPushingConfig(sparse=name.endswith("-sparse")))
 
 
-def _commands(runner, seeds: list[int], pos, vel) -> tuple[list[list[tuple]], list]:
-    """The (command, substeps) of every mj_step call of the runner's episodes (E, T+1, D desired trajectories),
-    recorded by wrapping mujoco.mj_step for one untimed pass (both simulators look it up when they step), and the
-    qpos each episode ends in."""
+@contextlib.contextmanager
+def _recorded(calls: list[list], **entries):
+    """Within the block, each call of a MuJoCo function named in ``entries`` (mj_step, say) first appends
+    entries[name](data, *args, **kwargs) to calls[-1], then runs the function: the calls a simulator makes (they look the
+    functions up on the module when they call them), recorded without changing them."""
     import mujoco
 
-    real, calls, ends = mujoco.mj_step, [], []
+    real = {name: getattr(mujoco, name) for name in entries}
 
-    def record(model, data, nstep=1):
-        calls[-1].append((data.ctrl.copy(), nstep))
-        real(model, data, nstep)
+    def recording(name):
+        def call(model, data, *args, **kwargs):
+            calls[-1].append(entries[name](data, *args, **kwargs))
+            real[name](model, data, *args, **kwargs)
 
-    mujoco.mj_step = record
+        return call
+
+    for name in entries:
+        setattr(mujoco, name, recording(name))
     try:
+        yield
+    finally:
+        for name, function in real.items():
+            setattr(mujoco, name, function)
+
+
+def _commands(runner, seeds: list[int], pos, vel) -> tuple[list[list[tuple]], list]:
+    """The (command, substeps) of every mj_step call of the runner's episodes (E, T+1, D desired trajectories),
+    recorded for one untimed pass, and the qpos each episode ends in."""
+    calls, ends = [], []
+    with _recorded(calls, mj_step=lambda data, nstep=1: (data.ctrl.copy(), nstep)):
         for e, seed in enumerate(seeds):
             calls.append([])
             runner.run(e, seed, pos[e], vel[e])
             ends.append(runner.sim.data.qpos.copy())
-    finally:
-        mujoco.mj_step = real
     return calls, ends
 
 
@@ -227,27 +242,17 @@ def _reset_calls(name: str, seeds: list[int]) -> list[list[tuple]]:
     """The MuJoCo calls (mj_forward, with the state it was made in: qpos, qvel, ctrl and the solver's warm start;
     mj_jacBody) of a first reset of each seed (box pushing's inverse kinematics), recorded in a runner of its own,
     which has not seen the seeds yet."""
-    import mujoco
-
-    real_forward, real_jac, calls = mujoco.mj_forward, mujoco.mj_jacBody, []
-
-    def forward(model, data):
-        state = tuple(getattr(data, key).copy() for key in STATE)
-        calls[-1].append(("forward", state, None))
-        real_forward(model, data)
-
-    def jac(model, data, jacp, jacr, body):
-        calls[-1].append(("jac", None, body))
-        real_jac(model, data, jacp, jacr, body)
-
-    runner = _runner(name)
-    mujoco.mj_forward, mujoco.mj_jacBody = forward, jac
+    calls, runner = [], _runner(name)
     try:
-        for e, seed in enumerate(seeds):
-            calls.append([])
-            runner.reset(e, seed)
+        with _recorded(
+            calls,
+            mj_forward=lambda data: ("forward", tuple(getattr(data, key).copy() for key in STATE), None),
+            mj_jacBody=lambda data, jacp, jacr, body: ("jac", None, body),
+        ):
+            for e, seed in enumerate(seeds):
+                calls.append([])
+                runner.reset(e, seed)
     finally:
-        mujoco.mj_forward, mujoco.mj_jacBody = real_forward, real_jac
         runner.close()
     return calls
 
