@@ -201,8 +201,8 @@ def _runner(name: str):
 @contextlib.contextmanager
 def _recorded(calls: list[list], **entries):
     """Within the block, each call of a MuJoCo function named in ``entries`` (mj_step, say) first appends
-    entries[name](data, *args, **kwargs) to calls[-1], then runs the function: the calls a simulator makes (they look the
-    functions up on the module when they call them), recorded without changing them."""
+    entries[name](data, *args, **kwargs) to calls[-1], then runs the function: the calls a simulator makes (they
+    look the functions up on the module when they call them), recorded without changing them."""
     import mujoco
 
     real = {name: getattr(mujoco, name) for name in entries}
@@ -235,19 +235,25 @@ def _commands(runner, seeds: list[int], pos, vel) -> tuple[list[list[tuple]], li
     return calls, ends
 
 
-STATE = ("qpos", "qvel", "ctrl", "qacc_warmstart")  # what an mj_forward of the reset reads and the reset sets
+STATE = ("qpos", "qvel", "ctrl", "qacc_warmstart")  # what a forward pass of the reset reads and the reset sets
 
 
 def _reset_calls(name: str, seeds: list[int]) -> list[list[tuple]]:
-    """The MuJoCo calls (mj_forward, with the state it was made in: qpos, qvel, ctrl and the solver's warm start;
-    mj_jacBody) of a first reset of each seed (box pushing's inverse kinematics), recorded in a runner of its own,
-    which has not seen the seeds yet."""
+    """The MuJoCo calls of a first reset of each seed (box pushing's inverse kinematics), recorded in a runner of its
+    own, which has not seen the seeds yet: (function name, the state a forward pass was made in or None, the
+    arguments after model and data). The forward passes (mj_forward, mj_forwardSkip) keep their state: qpos, qvel,
+    ctrl and the solver's warm start."""
+
+    def state(data):
+        return tuple(getattr(data, key).copy() for key in STATE)
+
     calls, runner = [], _runner(name)
     try:
         with _recorded(
             calls,
-            mj_forward=lambda data: ("forward", tuple(getattr(data, key).copy() for key in STATE), None),
-            mj_jacBody=lambda data, jacp, jacr, body: ("jac", None, body),
+            mj_forward=lambda data: ("mj_forward", state(data), ()),
+            mj_forwardSkip=lambda data, stage, sensor: ("mj_forwardSkip", state(data), (stage, sensor)),
+            mj_jacBody=lambda data, jacp, jacr, body: ("mj_jacBody", None, (jacp, jacr, body)),
         ):
             for e, seed in enumerate(seeds):
                 calls.append([])
@@ -262,7 +268,7 @@ def raw_mujoco(name: str, *, episodes: int, repeats: int) -> dict:
     their commands recorded in an untimed pass, then replayed from the same starts by ``mj_step`` (the same
     substeps) with nothing else: the same physics without the env code (controller, bias forces, observations,
     rewards, checks). Its whole episodes add the MuJoCo calls of the seeds' first resets (box pushing's inverse
-    kinematics: ``mj_forward`` from the same states, ``mj_jacBody``), replayed without the code between them."""
+    kinematics: its forward passes from the same states, ``mj_jacBody``), replayed without the code between them."""
     import types
 
     import mujoco
@@ -274,7 +280,6 @@ def raw_mujoco(name: str, *, episodes: int, repeats: int) -> dict:
     spec = runner.spec
     model, data = runner.sim.model, runner.sim.data
     shape = types.SimpleNamespace(name=name, dof=spec.dof, horizon=spec.horizon, dt=spec.dt)
-    jacp, jacr = np.zeros((3, model.nv)), np.zeros((3, model.nv))
     walls, cpus, reset_cpus, loads = [], [], [], []
     try:
         for r in range(repeats + 1):
@@ -287,13 +292,11 @@ def raw_mujoco(name: str, *, episodes: int, repeats: int) -> dict:
             for e, seed in enumerate(seeds):
                 runner.reset(e, seed)  # the seed's goal bodies (the reset moves them in the model); then its calls
                 c0 = time.process_time()
-                for kind, state, body in resets[e]:
-                    if kind == "forward":
+                for function, state, args in resets[e]:
+                    if state is not None:
                         for key, value in zip(STATE, state):
                             getattr(data, key)[:] = value
-                        mujoco.mj_forward(model, data)
-                    else:
-                        mujoco.mj_jacBody(model, data, jacp, jacr, body)
+                    getattr(mujoco, function)(model, data, *args)
                 reset_cpu += time.process_time() - c0
                 runner.reset(e, seed)
                 t0, c0 = time.perf_counter(), time.process_time()

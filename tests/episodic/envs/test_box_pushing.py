@@ -83,6 +83,32 @@ def test_reset_observations_match_fancy_gym(tasks):
     np.testing.assert_array_equal(first[1][0], again[1][0])
 
 
+def _resets_and_steps(seeds=(0, 5, 17)):
+    """Reset observations, start states (qpos, qvel, solver warm start) and 5 steps' observations of fresh seeds."""
+    sim = sim_mod.BoxPushingSim()
+    out = []
+    for seed in seeds:
+        out += [sim.reset(seed), *sim.saved[:3]]
+        out += [sim.step(np.full(7, 0.2))[0] for _ in range(5)]
+    return out
+
+
+def test_the_iks_repeated_solve_equals_a_whole_forward_pass(monkeypatch):
+    # fancy_gym's IK runs mj_forward twice on each kept state; troll's second pass skips the position and velocity
+    # stages, whose inputs (qpos, qvel) have not changed. The reset, its solver warm start and the steps after it
+    # are those of two whole passes, to the bit; without the repeat the warm start differs.
+    skipped = _resets_and_steps()
+    with monkeypatch.context() as patch:
+        patch.setattr(mujoco, "mj_forwardSkip", lambda model, data, stage, sensor: mujoco.mj_forward(model, data))
+        whole = _resets_and_steps()
+    for a, b in zip(skipped, whole, strict=True):
+        np.testing.assert_array_equal(a, b)
+    with monkeypatch.context() as patch:
+        patch.setattr(mujoco, "mj_forwardSkip", lambda model, data, stage, sensor: None)
+        once = _resets_and_steps()
+    assert any(not np.array_equal(a, b) for a, b in zip(skipped, once, strict=True))
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_raw_steps_match_fancy_gym(tasks, variant):
     task = tasks[variant]

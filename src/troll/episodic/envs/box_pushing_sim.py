@@ -276,7 +276,7 @@ def offline_ik(model, data, body: int, pos_d: np.ndarray, quat_d: np.ndarray) ->
 
     # the loop's arithmetic is fancy_gym's, operation for operation (np.clip as maximum then minimum, norms as the
     # square root of a dot product, as numpy computes them); what does not change between iterations is made once
-    forward, jac_body = mujoco.mj_forward, mujoco.mj_jacBody
+    forward, forward_from_acceleration, jac_body = mujoco.mj_forward, mujoco.mj_forwardSkip, mujoco.mj_jacBody
     cross_d = cross_matrix(quat_d[1:])
     xpos, xquat = data.xpos[body], data.xquat[body]  # views of the simulator's arrays, updated by each forward pass
     q, qd_d, h, previous, kept = data.qpos[:7].copy(), np.zeros(7), 1e-3, np.inf, 0
@@ -301,9 +301,11 @@ def offline_ik(model, data, body: int, pos_d: np.ndarray, quat_d: np.ndarray) ->
         if norm < IK_TOL or kept > IK_MAX_ITER:
             return q
         previous = norm
-        # fancy_gym recomputes the same state here; each mj_forward leaves the solver's warm start for the next
-        # one, so the repeat is kept for the reset (and every step after it) to match to rounding
-        forward(model, data)
+        # fancy_gym runs mj_forward again here on the same state. Its kinematics and contacts come out the same, but
+        # each pass leaves the constraint solver's warm start to the next one, so the reset (and every step after
+        # it) matches fancy_gym's to rounding only with the solve repeated; the repeat skips the position and
+        # velocity stages (a seventh of a pass's time), which recompute the same values from the same qpos and qvel
+        forward_from_acceleration(model, data, mujoco.mjtStage.mjSTAGE_VEL, 0)
         jac_body(model, data, jacp, jacr, body)
         jac = np.concatenate([jacp[:, :7], jacr[:, :7]])
         null = IK_NULL_GAIN * (IK_NULL_POSTURE - q)
