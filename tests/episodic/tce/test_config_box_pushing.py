@@ -41,6 +41,10 @@ def test_bbrl_preset_is_the_authors():
         assert (cfg.policy_epochs, cfg.critic_epochs, cfg.mean_bound, cfg.cov_bound) == (20, 10, 0.05, 0.001)
         assert (cfg.trust_region_coeff, cfg.entropy_schedule, cfg.num_basis, cfg.basis_bandwidth) == (
             10.0, "none", 8, 3.0)  # fmt: skip
+        # the rest (ProDMP, networks, min_std, evaluation, budget) is TCE's, as in the authors' BBRL config
+        differs = {"covariance", "policy_epochs", "critic_epochs", "critic_lr", "lr_final", "cov_bound",
+                   "trust_region_coeff", "entropy_schedule"} | ({"policy_lr"} if env == SPARSE else set())  # fmt: skip
+        assert set(cfg.differences(TCEConfig.preset(env), ignore=("env", "algo"))) == differs
     assert TCEConfig.preset(DENSE, algo="bbrl-cov").covariance == "full"
 
 
