@@ -173,7 +173,7 @@ def test_backend_defaults_and_missing_envpool(monkeypatch):
         (["--env", "toy/viapoint", "--env-options", '{"kp": null}'], "option 'kp' must be a finite number"),
         (["--env", "toy/viapoint", "--env-options", '{"max_accel": 1e300}'], "option 'max_accel'"),
         (["--env", "toy/viapoint", "--env-options", '{"kd": NaN}'], "option 'kd'"),
-        (["--env", "toy/viapoint", "--backend", "envpool"], "available for gym/* and metaworld/* only"),
+        (["--env", "toy/viapoint", "--backend", "envpool"], "--backend: toy/viapoint: backend 'envpool' is available"),
         (["--env", "gym/reacher", "--env-options", '{"backend": "gymnasium"}'], "option 'backend' must be"),
         (["--env", "metaworld/push-v3", "--env-options", '{"gain": 1e300}'], "option 'gain'"),
         (["--env", "metaworld/push-v3", "--env-options", '{"context": 3}'], "option 'context'"),
