@@ -146,16 +146,22 @@ def test_a_second_ctrl_c_stops_at_once_and_stop_codes_name_their_signal():
 
     import pytest
 
-    with protocol.stop_requests(("SIGTERM", "SIGINT")) as stop:
-        os.kill(os.getpid(), signal.SIGINT)  # the first Ctrl-C is a stop request like SIGTERM
-        assert stop.signal == "SIGINT"
-        os.kill(os.getpid(), signal.SIGTERM)  # a repeated SIGTERM changes nothing
-        with pytest.raises(KeyboardInterrupt):
-            os.kill(os.getpid(), signal.SIGINT)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    with protocol.stop_requests() as stop:  # SIGINT is not a stop signal unless asked for
-        os.kill(os.getpid(), signal.SIGTERM)
-        with pytest.raises(KeyboardInterrupt):
-            os.kill(os.getpid(), signal.SIGINT)
+    # Ctrl-C as an interactive Python has it: a job started in the background (``cmd &`` in a script) begins with
+    # SIGINT ignored, and the handlers restore what they found
+    found = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with protocol.stop_requests(("SIGTERM", "SIGINT")) as stop:
+            os.kill(os.getpid(), signal.SIGINT)  # the first Ctrl-C is a stop request like SIGTERM
+            assert stop.signal == "SIGINT"
+            os.kill(os.getpid(), signal.SIGTERM)  # a repeated SIGTERM changes nothing
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        with protocol.stop_requests() as stop:  # SIGINT is not a stop signal unless asked for
+            os.kill(os.getpid(), signal.SIGTERM)
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, found)
     names = [protocol.stop_signal_of(code) for code in (143, -15, 138, -10, 130, -2, -9, 137, 0, 1, 15)]
     assert names == ["SIGTERM", "SIGTERM", "SIGUSR1", "SIGUSR1", None, None, None, None, None, None, None]
