@@ -298,9 +298,9 @@ def resumed_config(saved: dict):
 
 def with_env_options(config):
     """``config`` with its env options checked (type, range, finite: envs/registry.check_options) and the backend
-    recorded, so that a resumed run keeps its simulator; UsageError naming --env-options (and --backend, when a
-    backend is given) otherwise. Also the sizes that need the env's horizon (``--critic-minibatches``), so that a
-    study refuses a cell when it plans it."""
+    recorded, so that a resumed run keeps its simulator; UsageError naming --env-options (and --backend, which
+    sets the option of that name, when the error is about it) otherwise. Also the sizes that need the env's horizon
+    (``--critic-minibatches``), so that a study refuses a cell when it plans it."""
     import dataclasses
 
     from troll.episodic.envs.registry import check_options, horizon
@@ -309,7 +309,7 @@ def with_env_options(config):
     try:
         checked = check_options(config.env, config.env_options)
     except ValueError as err:
-        given = "--env-options / --backend" if "backend" in config.env_options else "--env-options"
+        given = "--env-options / --backend" if getattr(err, "field", None) == "backend" else "--env-options"
         raise UsageError(f"{given}: {err}") from None
     try:
         check_critic_batches(config, horizon(config.env, checked))

@@ -174,7 +174,9 @@ def test_backend_defaults_and_missing_envpool(monkeypatch):
         (["--env", "toy/viapoint", "--env-options", '{"max_accel": 1e300}'], "option 'max_accel'"),
         (["--env", "toy/viapoint", "--env-options", '{"kd": NaN}'], "option 'kd'"),
         (["--env", "toy/viapoint", "--backend", "envpool"], "--backend: toy/viapoint: backend 'envpool' is available"),
-        (["--env", "gym/reacher", "--env-options", '{"backend": "gymnasium"}'], "option 'backend' must be"),
+        (["--env", "gym/reacher", "--env-options", '{"backend": "gymnasium"}'], "--backend: gym/reacher: option"),
+        # a backend given beside a bad option: the error names the flag of the bad one only
+        (["--env", "gym/reacher", "--backend", "python", "--env-options", '{"kp": null}'], "error: --env-options: gym"),
         (["--env", "metaworld/push-v3", "--env-options", '{"gain": 1e300}'], "option 'gain'"),
         (["--env", "metaworld/push-v3", "--env-options", '{"context": 3}'], "option 'context'"),
     ],

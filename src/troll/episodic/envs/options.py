@@ -1,9 +1,10 @@
 """Checked env options: every option of every env has a type and a range, checked before anything is built.
 
 An option table maps an option's name to a :class:`Option` (its kind and range, or its choices). ``check`` raises a
-ValueError naming the env and the option for an unknown name, a wrong type (a string, None, a bool for a number), a
-non-finite or out-of-range number, or a choice not in the list: `{"dt": "abc"}`, `{"kp": null}`,
-`{"max_accel": 1e300}` and NaN all stop here, before a run writes anything.
+ValueError naming the env and the option (a :class:`troll.runs.numbers.FieldError`, the option its ``field``) for an
+unknown name, a wrong type (a string, None, a bool for a number), a non-finite or out-of-range number, or a choice not
+in the list: `{"dt": "abc"}`, `{"kp": null}`, `{"max_accel": 1e300}` and NaN all stop here, before a run writes
+anything.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import difflib
 import math
 from dataclasses import dataclass
+
+from troll.runs.numbers import FieldError
 
 
 @dataclass(frozen=True)
@@ -46,15 +49,15 @@ def check(env: str, options: dict, table: dict[str, Option]) -> dict:
         if name not in table:
             close = difflib.get_close_matches(str(name), table, n=1, cutoff=0.6)
             hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ValueError(
-                f"{env}: unknown option {name!r}.{hint} This env takes: {', '.join(table) or 'no options'}."
+            raise FieldError(
+                f"{env}: unknown option {name!r}.{hint} This env takes: {', '.join(table) or 'no options'}.", name
             )
         out[name] = _value(env, name, value, table[name])
     return out
 
 
 def _value(env: str, name: str, value, opt: Option):
-    bad = ValueError(f"{env}: option {name!r} must be {_describe(opt)}, got {value!r}")
+    bad = FieldError(f"{env}: option {name!r} must be {_describe(opt)}, got {value!r}", name)
     if value is None and opt.optional:
         return None
     if opt.kind == "choice":

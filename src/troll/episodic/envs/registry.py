@@ -17,6 +17,7 @@ import importlib.util
 from functools import partial
 
 from troll.episodic.envs.base import EpisodicEnv
+from troll.runs.numbers import FieldError
 
 TOY = ("toy/viapoint", "toy/viapoint-sparse")
 GYM = ("gym/reacher", "gym/reacher-sparse")
@@ -155,17 +156,19 @@ def option_table(name: str) -> dict:
 
 
 def check_options(name: str, options: dict) -> dict:
-    """The options of env ``name`` checked (type, range, finite; envs/options.py) and the backend resolved: a
-    ValueError naming the option otherwise. Returns them with "backend" set on gym/* and metaworld/* (the envs with
-    a choice, :func:`has_backends`; recorded in a run's config so that a resume keeps its simulator)."""
+    """The options of env ``name`` checked (type, range, finite; envs/options.py) and the backend resolved: a ValueError
+    naming the option otherwise (a FieldError, the option its ``field``). Returns them with "backend" set on gym/* and
+    metaworld/* (the envs with a choice, :func:`has_backends`; recorded in a run's config so that a resume keeps its
+    simulator)."""
     from troll.episodic.envs import options as opts
 
     if name not in ENV_NAMES:
         raise _unknown(name)
     if isinstance(options, dict) and options.get("backend") == "envpool" and not has_backends(name):
-        raise ValueError(
+        raise FieldError(
             f"{name}: backend 'envpool' is available for gym/* and metaworld/* only. {name} has one backend, "
-            f"'python': {_simulator(name)}. Drop the option or pass backend 'python'."
+            f"'python': {_simulator(name)}. Drop the option or pass backend 'python'.",
+            "backend",
         )
     checked = opts.check(name, options, option_table(name))
     if has_backends(name):
