@@ -1,4 +1,5 @@
-"""The projection over a sparse support plus one 'rest' category (docs/method.md, "The rest bucket").
+"""The projection over a sparse support plus one 'rest' category (docs/method.md, "The sparse support and the rest
+bucket").
 
 Support U = old kept ids | new kept ids | sampled token. On U the new policy has its exact log-probs (gradient
 flows to every logit through the full-vocabulary logsumexp) and the old policy its stored log-probs, or, for ids

@@ -122,8 +122,8 @@ PRESETS: dict[str, dict] = {
         mean_bound=0.005,
         cov_bound=0.0005,
     ),
-    # The authors' hopper-jump config (TCE_RL's hopper_jump/tcp, its paper setting; docs/tce.md, "Hopper jump
-    # preset"): 64 episodes an iteration, a ProDMP of 3 basis functions with tau 0.8 s of the 2 s episode,
+    # The authors' hopper-jump config (TCE_RL's hopper_jump/tcp, its paper setting; docs/tce-tasks.md, "Hopper
+    # jump"): 64 episodes an iteration, a ProDMP of 3 basis functions with tau 0.8 s of the 2 s episode,
     # bandwidth 3, scaled basis, absolute goal, scales 1; learning rates 1e-4 decaying linearly to 1 %; bounds
     # 0.1 / 0.02 and no entropy schedule; evaluation every 25 iterations on 64 episodes; 10M env steps (theirs 48M).
     "hopper": dict(
@@ -150,7 +150,7 @@ PRESETS: dict[str, dict] = {
         cov_bound=0.02,
     ),
     # The authors' box-pushing setup (TCE_RL's mprl/config/box_push_random_init/tcp/entire/shared.yaml and
-    # horeka.yaml, the dense task; the sparse one differs by ENV_PRESETS; docs/tce.md, "Box pushing"): 152 episodes
+    # horeka.yaml, the dense task; the sparse one differs by ENV_PRESETS; docs/tce-tasks.md, "Box pushing"): 152
     # an iteration (38 environments x 4), a ProDMP with tau 2 s (the episode), bandwidth 3, auto-scaled basis,
     # absolute goal, scales 0.3; leaky ReLU, 2 x 128 policy and 2 x 256 critic, policy 3e-4 and critic 1e-3
     # decaying linearly, min_std 1e-4, trust region 0.05 / 0.0005, a linear entropy schedule to 0 nats, 25 pair
@@ -197,7 +197,7 @@ _BBRL_METAWORLD = dict(
 )  # fmt: skip
 # The authors have no BBRL config for hopper jump: BBRL there keeps the hopper preset's task settings (ProDMP, sizes,
 # bounds, budget) and takes what their two BBRL configs (Meta-World, box pushing) share: learning rates 3e-4
-# without decay, regression weight 10, no entropy schedule (docs/tce.md, "Hopper jump preset").
+# without decay, regression weight 10, no entropy schedule (docs/tce-tasks.md, "Hopper jump").
 _BBRL_HOPPER = dict(policy_lr=3e-4, critic_lr=3e-4, lr_final=1.0, trust_region_coeff=10.0, entropy_schedule="none")
 # The authors' box-pushing BBRL (mprl/config/box_push_random_init/bbrl/entire/shared.yaml): both rates 3e-4 and
 # constant, 20 policy and 10 critic epochs, trust region 0.05 / 0.001 with regression weight 10, no entropy schedule.
