@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -254,6 +255,34 @@ def test_a_ppo_run_without_stable_baselines3_is_refused_by_name(ppo_hopper_run, 
 def test_bad_render_requests_are_refused(hopper_run, argv, words, capsys):
     assert main(["tce", "render", str(hopper_run), *argv]) == 2
     assert words in capsys.readouterr().err
+
+
+def test_an_existing_out_is_replaced_only_with_overwrite(hopper_run, tmp_path, monkeypatch, capsys):
+    """A file given as --out that exists is the user's: refused (exit 2, untouched) unless --overwrite; the run's
+    own RUN/video.mp4 is redrawn without it."""
+
+    def draw(config, checkpoint, path, **sizes):
+        path.write_bytes(b"new video")
+        return {"path": path, "episodes": sizes["episodes"], "frames": 1, "fps": sizes["fps"], "final": []}
+
+    monkeypatch.setattr(render, "check_gl", lambda: None)
+    monkeypatch.setattr(render, "_render", lambda *a, **k: pytest.fail("drew over an existing --out"))
+    mine = tmp_path / "mine.mp4"
+    mine.write_bytes(b"the user's video")
+    assert main(["tce", "render", str(hopper_run), "--out", str(mine)]) == 2
+    assert f"--out {mine} exists: pass --overwrite to replace it" in capsys.readouterr().err
+    assert mine.read_bytes() == b"the user's video"
+    (tmp_path / "folder.mp4").mkdir()
+    assert main(["tce", "render", str(hopper_run), "--out", str(tmp_path / "folder.mp4"), "--overwrite"]) == 2
+    assert "folder.mp4 is a folder: give a file name ending in .gif or .mp4" in capsys.readouterr().err
+
+    monkeypatch.setattr(render, "_render", draw)
+    assert main(["tce", "render", str(hopper_run), "--out", str(mine), "--overwrite"]) == 0
+    assert mine.read_bytes() == b"new video"
+    run = shutil.copytree(hopper_run, tmp_path / "run")
+    (run / render.VIDEO_FILE).write_bytes(b"an older rendering")
+    assert main(["tce", "render", str(run)]) == 0
+    assert (run / render.VIDEO_FILE).read_bytes() == b"new video"
 
 
 def test_without_offscreen_gl_the_error_names_the_packages(hopper_run, tmp_path, monkeypatch, capsys):

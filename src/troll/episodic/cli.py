@@ -96,7 +96,9 @@ def add_commands(sub) -> None:
 
     render = tce_sub.add_parser("render", help="a video of a run's policy", description=RENDER_DOC)
     render.add_argument("run_folder", metavar="RUN", help="a run folder of 'troll tce train' (TCE, BBRL or PPO)")
-    render.add_argument("--out", default=None, help=f"the video, .gif or .mp4 (default: RUN/{VIDEO_FILE})")
+    render.add_argument("--out", default=None, help=f"the video, .gif or .mp4 (default: RUN/{VIDEO_FILE}, the run's "
+                        "own video, which a new rendering replaces)")  # fmt: skip
+    render.add_argument("--overwrite", action="store_true", help="replace --out when it exists")
     render.add_argument("--episodes", default="3", help="evaluation episodes shown one after the other (default: 3)")
     render.add_argument("--width", default="320", help="pixels (default: 320)")
     render.add_argument("--height", default="240", help="pixels (default: 240)")
@@ -298,15 +300,16 @@ def _run(config, out: Path, *, resume: bool, progress: bool, video: bool = False
 def cmd_render(args: argparse.Namespace) -> int:
     names = ("episodes", "width", "height", "fps")
     sizes = {name: opts.parse_value(name, getattr(args, name), int, f"--{name}") for name in names}
-    return _render(Path(args.run_folder), None if args.out is None else Path(args.out), **sizes)
+    path = None if args.out is None else Path(args.out)
+    return _render(Path(args.run_folder), path, overwrite=args.overwrite, **sizes)
 
 
-def _render(out: Path, path: Path | None, **sizes) -> int:
+def _render(out: Path, path: Path | None, *, overwrite: bool = False, **sizes) -> int:
     """Render a run's video (troll.episodic.render); a machine without offscreen OpenGL gets exit status 1."""
     from troll.episodic.render import RenderError, render_run
 
     try:
-        done = render_run(out, path=path, **sizes)
+        done = render_run(out, path=path, overwrite=overwrite, **sizes)
     except RenderError as err:
         print(f"troll tce render: error: {err}", file=sys.stderr)
         return 1

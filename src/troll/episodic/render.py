@@ -208,17 +208,22 @@ def write_video(path: Path, frames: list[np.ndarray], fps: float) -> None:
 
 
 def render_run(out: Path, *, path: Path | None = None, episodes: int = 3, width: int = 320, height: int = 240,
-               fps: int = 30, checkpoint: Path | None = None) -> dict:  # fmt: skip
-    """Render the run in ``out`` (module docstring) into ``path`` (default <out>/video.mp4); returns
+               fps: int = 30, checkpoint: Path | None = None, overwrite: bool = False) -> dict:  # fmt: skip
+    """Render the run in ``out`` (module docstring) into ``path`` (default <out>/video.mp4, the run's own video,
+    which a new rendering replaces; a ``path`` given that exists is replaced only with ``overwrite``); returns
     {"path", "frames", "episodes", "fps", "final": [per-episode final metrics]}. RenderError / UsageError for what
     cannot be rendered, before any episode runs."""
     from troll.episodic import ppo, run
     from troll.runs.files import UsageError
 
     out = Path(out)
-    path = Path(path) if path is not None else out / VIDEO_FILE
+    given, path = path is not None, Path(path) if path is not None else out / VIDEO_FILE
     if path.suffix not in FORMATS:
         raise UsageError(f"--out {path}: the video must end in {' or '.join(FORMATS)}.")
+    if path.is_dir():
+        raise UsageError(f"--out {path} is a folder: give a file name ending in {' or '.join(FORMATS)}.")
+    if given and path.exists() and not overwrite:
+        raise UsageError(f"--out {path} exists: pass --overwrite to replace it, or give another file name.")
     for name, value, low in (("episodes", episodes, 1), ("width", width, 16), ("height", height, 16), ("fps", fps, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= 4096:
             raise UsageError(f"--{name} must be an integer in [{low}, 4096], got {value!r}.")
