@@ -227,6 +227,7 @@ def test_test_files_have_one_prefix():
 # its underscore (test_moved.py tests _moved.py). These files go through several modules on purpose:
 CROSS_CUTTING = {
     "test_architecture.py": "the layout of src/troll and of tests/",
+    "test_doc_references.py": "the pointers to docs sections in code and docs",
     "test_examples.py": "the scripts of examples/, run end to end",
     "test_experiments.py": "the scripts of experiments/, their options",
     "categorical/test_bad_input.py": "bad input to every public function of the wing, refused by name",
