@@ -1,4 +1,5 @@
-"""``troll tce train`` and ``troll tce study``: TCE, BBRL and stable-baselines3's PPO on the episodic tasks.
+"""``troll tce train``, ``study``, ``render`` and ``status``: TCE, BBRL and stable-baselines3's PPO on the episodic
+tasks.
 
 The provider of ``troll tce`` (see :mod:`troll.cli`): :func:`add_commands` builds the parsers from the flag tables of
 :mod:`troll.episodic.flags` and imports neither torch nor a simulator; the handlers import what a run needs. Every
@@ -43,13 +44,19 @@ RENDER_DOC = (
     "renderer (EGL, or MUJOCO_GL=osmesa), and writes a GIF or an MP4. gym/* and metaworld/* are drawn on their "
     "Python simulators (EnvPool has no renderer)."
 )
+STATUS_DOC = (
+    "Reads every 'troll tce study' at or below FOLDER, while it runs or after it stopped, and prints a line per cell: "
+    "finished, running, failed, stopped (resumes from its checkpoint) or not started; its env steps of its budget, "
+    "its run time and its last evaluation. Then per study the env steps run and an estimate of the time left. "
+    "Writes nothing."
+)
 VIDEO_FILE = "video.mp4"  # troll.episodic.render.VIDEO_FILE (not imported here: it would import numpy)
 
 
 def add_commands(sub) -> None:
-    """Register ``tce train`` and ``tce study`` (the provider hook of :mod:`troll.cli`)."""
+    """Register ``tce train``, ``study``, ``render`` and ``status`` (the provider hook of :mod:`troll.cli`)."""
     tce = sub.add_parser("tce", help="episodic RL: TCE, BBRL and PPO on ProDMP tasks (docs/tce.md)")
-    tce_sub = tce.add_subparsers(dest="tce_command", required=True, metavar="{train,study,render}")
+    tce_sub = tce.add_subparsers(dest="tce_command", required=True, metavar="{train,study,render,status}")
     train = tce_sub.add_parser("train", help="one run", description=TRAIN_DOC)
     train.add_argument("--env", default=argparse.SUPPRESS, help="toy/viapoint[-sparse], gym/reacher[-sparse], "
                        "metaworld/<task>-v3, fancy/box-pushing-{dense,sparse} or fancy/hopper-jump (needed unless "
@@ -105,6 +112,10 @@ def add_commands(sub) -> None:
     render.add_argument("--fps", default="30", help="frames per second of simulated time, played in real time "
                         "(default: 30)")  # fmt: skip
     render.set_defaults(run=cmd_render, name="tce render")
+
+    status = tce_sub.add_parser("status", help="where the studies below a folder stand", description=STATUS_DOC)
+    status.add_argument("folder", metavar="FOLDER", help="a study's --out, or a folder holding studies")
+    status.set_defaults(run=cmd_status, name="tce status")
 
 
 def _add_run_flags(p: argparse.ArgumentParser, *, study: bool = False) -> None:
@@ -315,6 +326,13 @@ def _render(out: Path, path: Path | None, *, overwrite: bool = False, **sizes) -
         return 1
     print(f"wrote {done['path']}: {done['episodes']} evaluation episode(s), {done['frames']} frames at "
           f"{done['fps']:g} fps")  # fmt: skip
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from troll.episodic.status import status_text
+
+    print(status_text(Path(args.folder)))
     return 0
 
 
