@@ -245,7 +245,8 @@ tce-hopper-lr: $(VENV)/.installed
 # one at a time, so both cores stay busy to the end. 15 cells of 10M steps: a TCE cell is about 2.5 hours of a core
 # (1,100 env steps a second), BBRL 1.2, PPO 5.5; about 20 hours of both cores in all. The finished cells
 # are archived in BOX_ARCHIVE (docs/data/tce-box) and restored from it first, so a rerun continues where the last one
-# stopped (an interrupted cell resumes from its checkpoint while BOX_DIR holds it). A smoke run:
+# stopped (an interrupted cell resumes from its checkpoint while BOX_DIR holds it); `troll tce status studies/tce-box`
+# shows where it stands. A smoke run:
 # make tce-box BOX_DIR=/tmp/box-smoke BOX_ARCHIVE=/tmp/box-smoke-archive BOX_STEPS=20000 BOX_SEEDS=1
 BOX_DIR ?= studies/tce-box
 BOX_ARCHIVE ?= docs/data/tce-box
