@@ -121,14 +121,14 @@ def test_train_video_renders_the_run_at_its_end(hopper_run, tmp_path, monkeypatc
 
     monkeypatch.setattr(render, "render_run", fake)
     assert main(["tce", "train", "--out", str(hopper_run), "--resume", "--video"]) == 0
-    assert calls == [(hopper_run, None, {"episodes": 3, "width": 320, "height": 240, "fps": 30})]
+    assert calls == [(hopper_run, None, {"overwrite": False, "episodes": 3, "width": 320, "height": 240, "fps": 30})]
     assert f"wrote {hopper_run / render.VIDEO_FILE}: 3 evaluation episode(s)" in capsys.readouterr().out
     calls.clear()
     ppo = tmp_path / "p"
     assert main(["tce", "train", "--env", "gym/reacher", "--algo", "ppo", "--out", str(ppo), "--steps", "64",
                  "--ppo-n-steps", "64", "--ppo-batch-size", "32", "--ppo-n-epochs", "1", "--eval-episodes", "1",
                  "--no-progress", "--video"]) == 0  # fmt: skip
-    assert calls == [(ppo, None, {"episodes": 3, "width": 320, "height": 240, "fps": 30})]
+    assert calls == [(ppo, None, {"overwrite": False, "episodes": 3, "width": 320, "height": 240, "fps": 30})]
 
 
 def _two_hopper_episodes_as_gif(run: Path, gif: Path, capsys) -> None:
@@ -258,8 +258,8 @@ def test_bad_render_requests_are_refused(hopper_run, argv, words, capsys):
 
 
 def test_an_existing_out_is_replaced_only_with_overwrite(hopper_run, tmp_path, monkeypatch, capsys):
-    """A file given as --out that exists is the user's: refused (exit 2, untouched) unless --overwrite; the run's
-    own RUN/video.mp4 is redrawn without it."""
+    """A file given as --out that exists (or a link) is the user's: refused (exit 2, untouched) unless --overwrite;
+    the run's own RUN/video.mp4 is redrawn without it, named or not; a path below a file is refused up front."""
 
     def draw(config, checkpoint, path, **sizes):
         path.write_bytes(b"new video")
@@ -276,12 +276,25 @@ def test_an_existing_out_is_replaced_only_with_overwrite(hopper_run, tmp_path, m
     assert main(["tce", "render", str(hopper_run), "--out", str(tmp_path / "folder.mp4"), "--overwrite"]) == 2
     assert "folder.mp4 is a folder: give a file name ending in .gif or .mp4" in capsys.readouterr().err
 
+    link = tmp_path / "link.mp4"
+    link.symlink_to(tmp_path / "gone.mp4")  # a dangling link is a file name taken too
+    assert main(["tce", "render", str(hopper_run), "--out", str(link)]) == 2
+    assert "exists: pass --overwrite" in capsys.readouterr().err and link.is_symlink()
+    # a path below a file cannot be written: refused before any episode, as is a run that is not there (first)
+    assert main(["tce", "render", str(hopper_run), "--out", str(mine / "v.mp4"), "--overwrite"]) == 2
+    assert f"the video's folder {mine} exists and is not a folder" in capsys.readouterr().err
+    assert main(["tce", "render", str(tmp_path / "no-run"), "--out", str(mine)]) == 2
+    assert "holds no run of 'troll tce train'" in capsys.readouterr().err
+
     monkeypatch.setattr(render, "_render", draw)
     assert main(["tce", "render", str(hopper_run), "--out", str(mine), "--overwrite"]) == 0
     assert mine.read_bytes() == b"new video"
     run = shutil.copytree(hopper_run, tmp_path / "run")
     (run / render.VIDEO_FILE).write_bytes(b"an older rendering")
     assert main(["tce", "render", str(run)]) == 0
+    assert (run / render.VIDEO_FILE).read_bytes() == b"new video"
+    (run / render.VIDEO_FILE).write_bytes(b"an older rendering")  # named: still the run's own video
+    assert main(["tce", "render", str(run), "--out", str(run / render.VIDEO_FILE)]) == 0
     assert (run / render.VIDEO_FILE).read_bytes() == b"new video"
 
 

@@ -207,29 +207,38 @@ def write_video(path: Path, frames: list[np.ndarray], fps: float) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def _check_video_path(path: Path, *, own: bool, overwrite: bool) -> None:
+    """UsageError unless ``path`` can take the video: not a folder, in a folder that exists or can be made and is
+    writable, and not an existing file (a link too) unless it is the run's ``own`` video or ``overwrite`` is given."""
+    from troll.runs.files import UsageError, check_out_path
+
+    if path.is_dir():
+        raise UsageError(f"--out {path} is a folder: give a file name ending in {' or '.join(FORMATS)}.")
+    check_out_path(path.parent, "the video's folder")
+    if not (own or overwrite) and (path.exists() or path.is_symlink()):
+        raise UsageError(f"--out {path} exists: pass --overwrite to replace it, or give another file name.")
+
+
 def render_run(out: Path, *, path: Path | None = None, episodes: int = 3, width: int = 320, height: int = 240,
                fps: int = 30, checkpoint: Path | None = None, overwrite: bool = False) -> dict:  # fmt: skip
     """Render the run in ``out`` (module docstring) into ``path`` (default <out>/video.mp4, the run's own video,
-    which a new rendering replaces; a ``path`` given that exists is replaced only with ``overwrite``); returns
+    which a new rendering replaces; another file that exists is replaced only with ``overwrite``); returns
     {"path", "frames", "episodes", "fps", "final": [per-episode final metrics]}. RenderError / UsageError for what
     cannot be rendered, before any episode runs."""
     from troll.episodic import ppo, run
     from troll.runs.files import UsageError
 
     out = Path(out)
-    given, path = path is not None, Path(path) if path is not None else out / VIDEO_FILE
+    path = Path(path) if path is not None else out / VIDEO_FILE
     if path.suffix not in FORMATS:
         raise UsageError(f"--out {path}: the video must end in {' or '.join(FORMATS)}.")
-    if path.is_dir():
-        raise UsageError(f"--out {path} is a folder: give a file name ending in {' or '.join(FORMATS)}.")
-    if given and path.exists() and not overwrite:
-        raise UsageError(f"--out {path} exists: pass --overwrite to replace it, or give another file name.")
     for name, value, low in (("episodes", episodes, 1), ("width", width, 16), ("height", height, 16), ("fps", fps, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= 4096:
             raise UsageError(f"--{name} must be an integer in [{low}, 4096], got {value!r}.")
     config = ppo.saved_config(out) or run.saved_config(out)  # a PPO config first: TCE's reader refuses its fields
     if config is None:
         raise UsageError(f"{out} holds no run of 'troll tce train' (TCE, BBRL or PPO) to render.")
+    _check_video_path(path, own=path.absolute() == (out / VIDEO_FILE).absolute(), overwrite=overwrite)
     if config.algo == "ppo":
         ppo.require_sb3()
     found = (ppo.checkpoints if config.algo == "ppo" else run.checkpoints)(out)
