@@ -48,16 +48,37 @@ def test_status_of_a_study_worked_by_hand(tmp_path, capsys):
         f"{out}: gym/reacher-sparse, tce,bbrl x seeds 0,1,2, 1,600 env steps a cell",
         "  tce/seed0   finished       1,600 of 1,600   1.0 min  success 1.000 at 1,600",
         "  bbrl/seed0  finished       1,600 of 1,600   1.0 min  success 0.500 at 1,600",
-        "  tce/seed1   stopped          800 of 1,600   0.5 min  success 0.250 at 800",
+        "  tce/seed1   stopped          800 of 1,600      30 s  success 0.250 at 800",
         "  bbrl/seed1  not started",
-        "  tce/seed2   failed           800 of 1,600   0.5 min  success 0.500 at 800 (failed (exit 1))",
-        "  bbrl/seed2  running          800 of 1,600   0.5 min  success 0.500 at 800",
+        "  tce/seed2   failed           800 of 1,600      30 s  success 0.500 at 800 (exit 1)",
+        "  bbrl/seed2  running          800 of 1,600      30 s  success 0.500 at 800",
         "  2 finished, 1 running, 1 failed, 1 stopped, 1 not started; 5,600 of 9,600 env steps (58 %)",
         "  left: about 2.5 min of run time, one cell at a time, at each cell's rate so far",
     ]
+
+
+def test_a_study_run_here_records_a_failed_cell_and_a_damaged_study_leaves_the_others(tmp_path, capsys):
+    """A local study records a cell's end in study.json (not in the cell's log): a killed cell reads as failed. A
+    study whose config.json is damaged gets a line saying so, the other is shown, and the exit status is 1."""
+    fake_study(tmp_path / "a", "gym/reacher-sparse", GYM_EVALS)
+    unfinish(tmp_path / "a" / "tce" / "seed0", keep_rows=1, checkpoint=False)
+    data = json.loads((tmp_path / "a" / "study.json").read_text())
+    (entry,) = [c for c in data["cells"] if (c["algo"], c["seed"]) == ("tce", 0)]
+    entry["status"] = "failed (exit -9)"
+    (tmp_path / "a" / "study.json").write_text(json.dumps(data))
+    (tmp_path / "a" / ".troll-run.json").unlink()  # a study from before run folders had a manifest is found too
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "config.json").write_text('{"command": "tce study", "spec": ')
+    assert main(["tce", "status", str(tmp_path)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert "  tce/seed0   failed             0 of 1,600       0 s (exit -9)" in out  # no checkpoint: it starts again
+    assert out[-1].startswith(f"{tmp_path / 'b'}: cannot be read as a study: {tmp_path / 'b' / 'config.json'} is "
+                              "not JSON")  # fmt: skip
 
 
 def test_status_of_a_folder_without_a_study_is_refused(tmp_path, capsys):
     (tmp_path / "config.json").write_text(json.dumps({"command": "tce train", "config": {}}))
     assert main(["tce", "status", str(tmp_path)]) == 2
     assert f"troll tce status: error: {tmp_path} holds no 'troll tce study'" in capsys.readouterr().err
+    assert main(["tce", "status", str(tmp_path / "nothing")]) == 2
+    assert f"{tmp_path / 'nothing'} does not exist" in capsys.readouterr().err

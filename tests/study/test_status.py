@@ -1,5 +1,5 @@
 """A study cell's state, progress and run time read from its folder (troll.study.status), and the time left, on
-cells built by hand: one of each state, the estimate worked by hand."""
+cells built by hand: one of each state, damaged and unreadable files, the estimate worked by hand."""
 
 from __future__ import annotations
 
@@ -28,14 +28,15 @@ def make_cell(root, arm, seed, *, rows=(), checkpoint=False, summary=None, log=N
 
 
 def rows(*steps, seconds=10.0, evals=()):
-    """Metrics rows at the given env steps, each iteration taking ``seconds``; an evaluation on the rows in
-    ``evals``."""
-    return [{"env_steps": s, "time/iteration": seconds, **({"eval/return": -s} if s in evals else {})} for s in steps]
+    """Metrics rows at the given env steps, iterations 1, 2, ..., each taking ``seconds``; an evaluation on the rows
+    in ``evals``."""
+    return [{"iteration": i, "env_steps": s, "time/iteration": seconds, **({"eval/return": -s} if s in evals else {})}
+            for i, s in enumerate(steps, start=1)]  # fmt: skip
 
 
-def check(cell, budget=1000):
+def check(cell, budget=1000, **kwargs):
     return status.cell_status(cell, can_resume=lambda c: (c.folder / "checkpoint-2.pt").is_file(), x_key="env_steps",
-                              budget=budget, eval_key="eval/return")  # fmt: skip
+                              budget=budget, eval_key="eval/return", **kwargs)  # fmt: skip
 
 
 def test_each_state_and_its_progress(tmp_path):
@@ -47,13 +48,19 @@ def test_each_state_and_its_progress(tmp_path):
     never = make_cell(tmp_path, "bbrl", 2)
 
     s = check(finished)
-    assert (s.state, s.done, s.seconds, s.evaluation) == ("finished", 1000, 7200.0, rows(1000, evals=(1000,))[0])
+    assert (s.state, s.done, s.seconds, s.evaluation) == ("finished", 1000, 7200.0, rows(500, 1000, evals=(1000,))[1])
     s = check(stopped)  # the run time of its three rows; its last evaluation was at 400
     assert (s.state, s.done, s.seconds, s.evaluation["env_steps"]) == ("stopped", 600, 30.0, 400)
     s = check(failed)
-    assert (s.state, s.detail, s.done) == ("failed", "failed (exit 1)", 100)
+    assert (s.state, s.note, s.done) == ("failed", "exit 1", 100)
     assert (check(unstarted).state, check(unstarted).done, check(unstarted).seconds) == ("not started", 0, 0)
     assert (check(never).state, check(never).evaluation) == ("not started", {})
+    # a study run here records its cells' ends in study.json, not in their logs
+    assert check(unstarted, recorded="failed (exit -9)").state == "failed"
+    assert check(stopped, recorded="failed (exit -9)").state == "stopped"  # the log's newer line wins
+    # the rows a resume keeps: after a kill, those past the newest checkpoint are run again
+    s = check(stopped, kept=lambda cell, rows: rows[:2])
+    assert (s.done, s.seconds, s.evaluation["env_steps"]) == (400, 20.0, 400)
 
     # an attempt that holds the lease and lives (this process) makes the stopped cell a running one
     held = lease.Lease(stopped.folder)
@@ -63,22 +70,48 @@ def test_each_state_and_its_progress(tmp_path):
     finally:
         held.release()
     assert check(stopped).state == "stopped"
-    # a finished cell without seconds in its summary keeps its rows' time
+    # a finished cell without seconds in its summary, or a summary that is not JSON, keeps its rows' time
     (finished.folder / "summary.json").write_text("{}")
     assert check(finished).seconds == 20.0
+    (finished.folder / "summary.json").write_text("{not json")
+    assert (check(finished).state, check(finished).seconds) == ("finished", 20.0)
+
+
+def test_damaged_lines_are_skipped_and_named_and_an_unreadable_cell_says_so(tmp_path):
+    cell = make_cell(tmp_path, "tce", 0, rows=rows(100, 200), checkpoint=True)
+    good = (cell.folder / "metrics.jsonl").read_text().splitlines()
+    lines = [good[0], "{garbage", "3", '{"env_steps": "abc"}', good[1], '{"env_steps": 300, "time/it']  # torn last
+    (cell.folder / "metrics.jsonl").write_text("\n".join(lines))
+    s = check(cell)
+    assert (s.state, s.done, s.seconds) == ("stopped", 200, 20.0)
+    assert s.note == "metrics.jsonl: 3 damaged line(s) skipped, the first line 2"
+    (cell.folder / "metrics.jsonl").unlink()
+    (cell.folder / "metrics.jsonl").mkdir()  # reading it fails as a file without permission would
+    s = check(cell)
+    assert s.state == "unreadable" and s.note.endswith("metrics.jsonl") and (s.done, s.seconds) == (0, 0)
+
+
+def test_the_budget_a_run_reaches_is_whole_iterations(tmp_path):
+    # 300 env steps an iteration: a budget of 1,000 ends after 4 iterations, at 1,200
+    s = check(make_cell(tmp_path, "tce", 0, rows=rows(300, 600), checkpoint=True))
+    assert (s.done, s.budget) == (600, 1200)
+    assert check(make_cell(tmp_path, "tce", 1)).budget == 1000  # no rows: the budget as asked
 
 
 def test_the_time_left_worked_by_hand(tmp_path):
     # tce/seed1 ran 600 of 1000 steps in 30 s (0.05 s a step): 400 left, 20 s; bbrl/seed0 100 in 10 s (0.1 s a
     # step): 900 left, 90 s; bbrl/seed1 has no rows: its arm's mean rate, 0.1 s, times 1000: 100 s. Total 210 s.
+    # (Rows of 200 and 100 env steps an iteration: the budgets stay 1000.)
     cells = [make_cell(tmp_path, "tce", 0, rows=rows(500, 1000), summary={"seconds": 99.0}),
              make_cell(tmp_path, "tce", 1, rows=rows(200, 400, 600), checkpoint=True),
              make_cell(tmp_path, "bbrl", 0, rows=rows(100), checkpoint=True),
              make_cell(tmp_path, "bbrl", 1)]  # fmt: skip
     found = [check(c) for c in cells]
-    assert status.seconds_left(found) == pytest.approx(210.0)
+    left, unknown = status.seconds_left(found)
+    assert (left, unknown) == (pytest.approx(210.0), [])
     assert status.counts(found) == "1 finished, 2 stopped, 1 not started"
-    # an arm with no cell that has run: no estimate
+    # an arm with no cell that has run: named, and left out of the estimate
     found.append(check(make_cell(tmp_path, "ppo", 0)))
-    assert status.seconds_left(found) is None
-    assert status.seconds_left([check(cells[0])]) == 0.0
+    left, unknown = status.seconds_left(found)
+    assert (left, unknown) == (pytest.approx(210.0), ["ppo"])
+    assert status.seconds_left([check(cells[0])]) == (0.0, [])

@@ -48,7 +48,7 @@ STATUS_DOC = (
     "Reads every 'troll tce study' at or below FOLDER, while it runs or after it stopped, and prints a line per cell: "
     "finished, running, failed, stopped (resumes from its checkpoint) or not started; its env steps of its budget, "
     "its run time and its last evaluation. Then per study the env steps run and an estimate of the time left. "
-    "Writes nothing."
+    "Writes nothing; exit status 1 when a study cannot be read (it gets a line saying why)."
 )
 VIDEO_FILE = "video.mp4"  # troll.episodic.render.VIDEO_FILE (not imported here: it would import numpy)
 
@@ -330,10 +330,17 @@ def _render(out: Path, path: Path | None, *, overwrite: bool = False, **sizes) -
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    """Print where the studies stand; exit status 1 when one of them could not be read."""
+    import os
+
     from troll.episodic.status import status_text
 
-    print(status_text(Path(args.folder)))
-    return 0
+    text, ok = status_text(Path(args.folder))
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:  # `| head`: the reader is gone; nothing more to say (and no second error at exit)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0 if ok else 1
 
 
 # ---------------------------------------------------------------------------------------------- study

@@ -6,43 +6,94 @@ folders while they run or after they stopped (nothing is written; :mod:`troll.st
       ...
       tce/seed2   running        0.60M of 10.00M  17.6 min  success 0.000 at 0.57M
       bbrl/seed2  not started
-      4 finished, 1 running, 1 not started; 40.60M of 60.00M env steps (68 %)
+      4 finished, 1 running, 1 not started; 40.60M of 60.00M env steps (67 %)
       left: about 6.9 h of run time, one cell at a time, at each cell's rate so far
 
-Env steps are in millions when a cell's budget is a million or more.
+Env steps are in millions when a cell's budget is a million or more. A study that cannot be read (a damaged
+config.json, an algorithm this version does not know) gets a line saying why, and the others are still shown.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from troll.episodic import study
+from troll.runs.files import CONFIG_FILE, UsageError
 from troll.study import status
-from troll.study.archive import studies
+from troll.study.report import JSON_FILE as STUDY_JSON_FILE
 
 EVAL_KEY = "eval/return"  # every evaluation row has it (success_rate is None on tasks without a success rule)
+
+
+def find(folder: Path) -> list[Path]:
+    """The ``troll tce study`` folders at or below ``folder``: their config.json names the command (studies written
+    before run folders had a manifest included), sorted."""
+    found = []
+    for config in sorted(Path(folder).rglob(CONFIG_FILE)):
+        try:
+            text = config.read_text()
+        except OSError:
+            continue
+        try:
+            head = json.loads(text)
+        except ValueError:  # damaged: kept when it names the command, so that its line says so
+            head = {"command": study.COMMAND} if f'"command": "{study.COMMAND}"' in text else None
+        if isinstance(head, dict) and head.get("command") == study.COMMAND:
+            found.append(config.parent)
+    return found
+
+
+def _recorded(out: Path) -> dict[tuple, str]:
+    """The status of each cell as the study last recorded it in study.json: (value, algo, seed) -> status."""
+    try:
+        cells = json.loads((out / STUDY_JSON_FILE).read_text())["cells"]
+        return {(c["value"], c["algo"], c["seed"]): str(c["status"]) for c in cells}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def _kept(cell, rows: list[dict]) -> list[dict]:
+    """The rows a resume keeps: TCE's and BBRL's up to the iteration of the newest checkpoint, PPO's up to its env
+    steps; none without a checkpoint."""
+    from troll.episodic import ppo, run
+
+    if found := run.checkpoints(cell.folder):
+        return rows[: found[-1][0]]
+    if found := ppo.checkpoints(cell.folder):
+        return [row for row in rows if row["env_steps"] <= found[-1][0]]
+    return []
+
+
+def _budget(cell) -> float:
+    """The env steps the cell's own config.json asks for, else the planned config's."""
+    try:
+        saved = json.loads((cell.folder / CONFIG_FILE).read_text())["config"]["total_env_steps"]
+    except (OSError, ValueError, KeyError, TypeError):
+        saved = None
+    return status.number(saved) or float(cell.options["config"].total_env_steps)
 
 
 def _evaluation(row: dict, steps) -> str:
     """The last evaluation's headline: its success rate where the task has one, else its return; hopper jump's
     max height too; ``steps`` formats its env steps."""
-    if not row:
-        return ""
-    success = row.get("eval/success_rate")
-    text = f"success {success:.3f}" if success is not None else f"return {row[EVAL_KEY]:.2f}"
-    if row.get("eval/max_height") is not None:
+    success, value = status.number(row.get("eval/success_rate")), status.number(row.get(EVAL_KEY))
+    text = f"success {success:.3f}" if success is not None else f"return {value:.2f}" if value is not None else ""
+    if status.number(row.get("eval/max_height")) is not None:
         text += f", max height {row['eval/max_height']:.3f} m"
-    return f"{text} at {steps(row.get('env_steps', 0))}"
+    return f"{text} at {steps(row['env_steps'])}" if text else ""
 
 
 def _duration(seconds: float) -> str:
-    """2.5 h, or 12.0 min below an hour."""
-    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min"
+    """2.5 h, 12.0 min, or 40 s."""
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
 
 
 def _formatter(budgets: list[float]):
     """Env steps as 10.00M when a budget is a million or more, else as 1,600."""
-    if max(budgets) >= 1e6:
+    if max(budgets, default=0) >= 1e6:
         return lambda steps: f"{steps / 1e6:.2f}M"
     return lambda steps: f"{steps:,.0f}"
 
@@ -50,41 +101,57 @@ def _formatter(budgets: list[float]):
 def study_text(out: Path) -> str:
     """The status of one study folder: a line per cell, then the counts, the env steps run and an estimate of the
     time left."""
-    spec = study.load_spec(out)
+    try:
+        head = json.loads((out / CONFIG_FILE).read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{out / CONFIG_FILE} is not JSON ({err})") from None
+    if not isinstance(head, dict) or not isinstance(head.get("spec"), dict):
+        raise ValueError(f"{out / CONFIG_FILE} holds no study spec")
+    spec = study.StudySpec.from_json(head["spec"])
     cells = study.plan(spec, out)
-    can_resume = study.frontend(spec).can_resume
-    found = [status.cell_status(cell, can_resume=can_resume, x_key="env_steps", eval_key=EVAL_KEY,
-                                budget=cell.options["config"].total_env_steps) for cell in cells]  # fmt: skip
-    budgets = sorted({s.budget for s in found})
-    _steps = _formatter(budgets)
-    budget = " or ".join(_steps(b) for b in budgets)
+    can_resume, recorded = study.frontend(spec).can_resume, _recorded(out)
+    found = [status.cell_status(cell, can_resume=can_resume, x_key="env_steps", eval_key=EVAL_KEY, kept=_kept,
+                                budget=_budget(cell), recorded=recorded.get((cell.value, cell.arm, cell.seed)))
+             for cell in cells]  # fmt: skip
+    steps = _formatter([s.budget for s in found])
+    budgets = " or ".join(steps(b) for b in sorted({_budget(cell) for cell in cells}))  # as asked
+    sweep = f", {spec.sweep_key} in {','.join(map(str, spec.sweep_values))}" if spec.sweep_key else ""
     seeds = ",".join(str(seed) for seed in spec.seeds)
-    lines = [f"{out}: {spec.env}, {','.join(spec.algos)} x seeds {seeds}, {budget} env steps a cell"]
+    lines = [f"{out}: {spec.env}, {','.join(spec.algos)} x seeds {seeds}{sweep}, {budgets} env steps a cell"]
     width = max(len(s.cell.folder.relative_to(out).as_posix()) for s in found)
     for s in found:
-        name = s.cell.folder.relative_to(out).as_posix()
-        line = f"  {name:<{width}}  {s.state:<11}"
-        if s.state != "not started":
-            line += f"  {_steps(s.done):>7} of {_steps(s.budget)}  {_duration(s.seconds):>8}"
-            line += f"  {_evaluation(s.evaluation, _steps)}" if s.evaluation else ""
-        lines.append(line.rstrip() + (f" ({s.detail})" if s.detail else ""))
-    done = sum(min(s.done, s.budget) if s.state != "finished" else s.budget for s in found)
+        line = f"  {s.cell.folder.relative_to(out).as_posix():<{width}}  {s.state:<11}"
+        if s.state not in ("not started", "unreadable"):
+            line += f"  {steps(s.done):>7} of {steps(s.budget)}  {_duration(s.seconds):>8}"
+            line += f"  {_evaluation(s.evaluation, steps)}" if s.evaluation else ""
+        lines.append(line.rstrip() + (f" ({s.note})" if s.note else ""))
+    done = sum(s.budget if s.state == "finished" else min(s.done, s.budget) for s in found)
     total = sum(s.budget for s in found)
-    left = status.seconds_left(found)
-    lines.append(f"  {status.counts(found)}; {_steps(done)} of {_steps(total)} env steps "
-                 f"({100 * done / total:.0f} %)")  # fmt: skip
-    if left is None:
-        lines.append("  left: not known yet (an algorithm has no cell that has run)")
-    elif left > 0:
-        lines.append(f"  left: about {_duration(left)} of run time, one cell at a time, at each cell's rate so far")
+    share = 100 if done >= total else min(int(100 * done / total), 99)  # "100 %" only when it is all done
+    lines.append(f"  {status.counts(found)}; {steps(done)} of {steps(total)} env steps ({share} %)")
+    left, unknown = status.seconds_left(found)
+    if done < total:
+        parts = [f"about {_duration(left)} of run time, one cell at a time, at each cell's rate so far"]
+        parts = parts if left > 0 or not unknown else []
+        parts += [f"the cells of {', '.join(unknown)}, which have no rate yet"] if unknown else []
+        lines.append(f"  left: {', and '.join(parts)}")
     return "\n".join(lines)
 
 
-def status_text(folder: Path) -> str:
-    """The status of every ``troll tce study`` at or below ``folder`` (UsageError when there is none)."""
-    from troll.runs.files import UsageError
-
-    found = studies(Path(folder), study.COMMAND)
+def status_text(folder: Path) -> tuple[str, bool]:
+    """The status of every ``troll tce study`` at or below ``folder``, and whether each could be read (a study that
+    cannot gets a line saying why). UsageError when ``folder`` holds none."""
+    folder = Path(folder)
+    if not folder.exists():
+        raise UsageError(f"{folder} does not exist; give a study's --out or a folder holding studies.")
+    found = find(folder)
     if not found:
         raise UsageError(f"{folder} holds no 'troll tce study' (no config.json of one at or below it).")
-    return "\n\n".join(study_text(out) for out in found)
+    texts, ok = [], True
+    for out in found:
+        try:
+            texts.append(study_text(out))
+        except (OSError, ValueError, KeyError, TypeError) as err:  # UsageError is a ValueError
+            texts.append(f"{out}: cannot be read as a study: {err}")
+            ok = False
+    return "\n\n".join(texts), ok
