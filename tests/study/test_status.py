@@ -4,6 +4,8 @@ cells built by hand: one of each state, damaged and unreadable files, the estima
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -69,6 +71,17 @@ def test_each_state_and_its_progress(tmp_path):
         assert check(stopped).state == "running"
     finally:
         held.release()
+    assert check(stopped).state == "stopped"
+    # a run resumed by hand takes no lease but holds its folder
+    code = ("import sys, time; from troll.runs import folder; folder.hold(sys.argv[1]); print('held', flush=True); "
+            "time.sleep(60)")  # fmt: skip
+    holder = subprocess.Popen([sys.executable, "-c", code, str(stopped.folder)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        assert check(stopped).state == "running"
+    finally:
+        holder.kill()
+        holder.wait()
     assert check(stopped).state == "stopped"
     # a finished cell without seconds in its summary, or a summary that is not JSON, keeps its rows' time
     (finished.folder / "summary.json").write_text("{}")

@@ -4,7 +4,8 @@ Each cell of the grid is, checked in this order:
 
 - ``finished``: its run wrote summary.json (a run's last file);
 - ``running``: an attempt holds the cell's lease and looks alive (:func:`troll.study.lease.probably_live`: its
-  process runs on this host, or its heartbeat moved within the last minute, for a cell on another machine);
+  process runs on this host, or its heartbeat moved within the last minute, for a cell on another machine), or a
+  process of this host holds its folder (:func:`troll.runs.folder.busy`: a run resumed by hand);
 - ``failed``: its last attempt ended with a failure: the status line of its log (:func:`troll.study.cell.last_status`,
   which a cell on a cluster writes) or else the status the study recorded in study.json (a study run here);
 - ``stopped``: it holds a checkpoint, which the study's ``--resume`` continues from;
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from troll.runs.files import METRICS_FILE, SUMMARY_FILE
+from troll.runs.folder import busy
 from troll.study import lease
 from troll.study.cell import last_status
 from troll.study.grid import Cell
@@ -115,7 +117,7 @@ def cell_status(cell: Cell, *, can_resume: Callable[[Cell], bool], x_key: str, b
         seconds = None
         if (cell.folder / SUMMARY_FILE).is_file():
             state, seconds = "finished", _summary_seconds(cell.folder / SUMMARY_FILE)
-        elif lease.probably_live(cell.folder) is not None:
+        elif lease.probably_live(cell.folder) is not None or busy(cell.folder):
             state = "running"
         elif status is not None and status.startswith("failed"):
             state, note = "failed", "; ".join(filter(None, [status.removeprefix("failed").strip(" ()"), note]))
