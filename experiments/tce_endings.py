@@ -1,4 +1,5 @@
-"""Where a trained Meta-World policy's episodes end: does the object reach the goal and stay, or pass it?
+"""Where a trained policy's episodes end: on Meta-World, does the object reach the goal and stay, or pass it; on box
+pushing, which clause of the success rule do they miss?
 
 docs/tce.md, "Endings". A run's success after the last step (the authors' measure) can sit far below
 its success at any step: the mean trajectory reaches the goal and then leaves it. For each run folder (a finished
@@ -28,6 +29,14 @@ distance rows are left out there. Reported per run, over all episodes played:
     OMP_NUM_THREADS=1 python experiments/tce_endings.py --batches 8 studies/tce-authors-hand/push-v3-10m/tce/seed0 \\
         studies/tce-authors-hand/push-v3-10m/bbrl/seed0
 
+On fancy/box-pushing-dense and -sparse (docs/tce-tasks.md, "Box pushing"), per run: the success flags, the shares
+of episodes whose box ends within 5 cm of the goal, within 0.5 rad of its orientation, one without the other, and
+within 5 cm at some step (from the box and goal positions of the observations, entries 14-16 and 21-23), and the
+medians of the final distance and rotation (the env's own final metrics; the script stops if its success flags do
+not follow the rule from them).
+
+    OMP_NUM_THREADS=1 python experiments/tce_endings.py --batches 2 studies/tce-box/box-pushing-dense/tce/seed0
+
 Prints a markdown table; writes nothing. Needs the run folders (weights are not archived in docs/data).
 """
 
@@ -40,6 +49,7 @@ from pathlib import Path
 import torch
 
 from troll.episodic.envs import make_env
+from troll.episodic.envs.box_pushing_sim import SUCCESS_POS, SUCCESS_ROT
 from troll.episodic.run import EVAL_STREAM, checkpoints, saved_config
 from troll.episodic.tce.agent import TCEAgent, reset_seed
 
@@ -49,78 +59,93 @@ GRIPPER = 3  # the gripper's DoF in the desired trajectory: Meta-World closes th
 RADIUS = {"push-v3": 0.05, "pick-place-v3": 0.07, "peg-insert-side-v3": None}
 FINGERS = torch.tensor([0.0, 0.0, -0.045], dtype=torch.float64)  # m: fingers' centre from the hand (fixed grip)
 NEAR, LIFT = 0.03, 0.02  # m: Meta-World's near_object radius; the object "lifted"
+BOX, BOX_GOAL = slice(14, 17), slice(21, 24)  # box pushing's 28-entry observation: the box's and the goal's position
 
 
-def play(folder: Path, batches: int) -> dict[str, float]:
-    """The numbers of the module docstring for one run folder."""
+def median(key: str, subset: list[dict]) -> float:
+    values = torch.tensor([r[key] for r in subset], dtype=torch.float64)
+    return values.quantile(0.5).item() if subset else float("nan")  # the midpoint of the middle two when even
+
+
+def episodes(folder: Path, batches: int):
+    """The run's config, the newest checkpoint's iteration, and per batch (the run's own evaluation episodes first,
+    then fresh ones) the episode of its mean trajectory, that trajectory and one drawn from the policy."""
     config = saved_config(folder)
     if config is None:
         raise SystemExit(f"{folder}: no config.json of a troll tce train run")
-    task = config.env.removeprefix("metaworld/")
-    if task not in RADIUS:
-        raise SystemExit(f"{folder}: {config.env} is not one of {', '.join('metaworld/' + t for t in RADIUS)}")
-    radius = RADIUS[task] or float("nan")  # nan: every comparison false; the rows built on it are left out below
     found = checkpoints(folder)
     if not found:
         raise SystemExit(f"{folder}: no checkpoint-*.pt (the run has not saved one yet)")
     iteration, path = found[-1]
-    rows = []
 
     def env_of(episodes: int):
         return make_env(config.env, num_episodes=episodes, workers=1, seed=config.seed, **config.env_options)
 
-    with contextlib.ExitStack() as stack:
-        env = stack.enter_context(env_of(config.episodes))  # the agent is built for the training batch's size
-        agent = TCEAgent.for_env(config, env)
-        agent.load_state_dict(torch.load(path, weights_only=True)["agent"])
-        if config.eval_episodes != config.episodes:
-            env = stack.enter_context(env_of(config.eval_episodes))
-        for b in range(batches):
-            start = env.reset(reset_seed(config.seed, EVAL_STREAM + b))  # b = 0: the run's own evaluation episodes
-            _, pos, vel = agent.trajectories(start, deterministic=True)
-            _, drawn, _ = agent.trajectories(start)  # one draw of theta per episode: what the policy still explores
-            ep = env.run(pos, vel)
-            states = ep.states.double()
-            dist = (states[:, :, OBJECT] - states[:, :, GOAL]).norm(dim=-1)[:, 1:]  # (E, T): after each step
-            closest, at = dist.min(1)
-            ends = states[:, -1]
-            after = (states[:, -1, OBJECT] - states[torch.arange(len(at)), at + 1, OBJECT]).norm(dim=-1)
-            reach, nearest = (states[:, :, HAND] + FINGERS - states[:, :, OBJECT]).norm(dim=-1).min(1)
-            opening = states[torch.arange(len(nearest)), nearest, OPENING]
-            narrowest = states[:, :, OPENING].amin(1)
-            if pos.shape[-1] > GRIPPER:
-                closing = (pos[:, 1:, GRIPPER] > 0).double().mean(1), (drawn[:, 1:, GRIPPER] > 0).double().mean(1)
-            else:  # the env option "gripper" holds the command: no gripper DoF (nan, printed "-")
-                closing = (torch.full((len(pos),), float("nan")),) * 2
-            lift = (states[:, :, OBJECT.stop - 1] - states[:, :1, OBJECT.stop - 1]).amax(1)
-            for i in range(dist.shape[0]):
-                rows.append(
-                    {
-                        "success": float(ep.success[i]),
-                        "success_any": float(ep.final["success_any"][i]),
-                        "near_any": float(closest[i] <= radius),
-                        "near_end": float(dist[i, -1] <= radius),
-                        "closest": closest[i].item(),
-                        "at": at[i].item() + 1,
-                        "end": dist[i, -1].item(),
-                        "after": after[i].item(),
-                        "hand_object": (ends[i, HAND] - ends[i, OBJECT]).norm().item(),
-                        "reached": float(reach[i] <= NEAR),
-                        "opening": opening[i].item(),
-                        "narrowest": narrowest[i].item(),
-                        "closing_mean": closing[0][i].item(),
-                        "closing_drawn": closing[1][i].item(),
-                        "lifted": float(lift[i] >= LIFT),
-                        "lift": lift[i].item(),
-                    }
-                )
+    def batch_episodes():
+        with contextlib.ExitStack() as stack:
+            env = stack.enter_context(env_of(config.episodes))  # the agent is built for the training batch's size
+            agent = TCEAgent.for_env(config, env)
+            agent.load_state_dict(torch.load(path, weights_only=True)["agent"])
+            if config.eval_episodes != config.episodes:
+                env = stack.enter_context(env_of(config.eval_episodes))
+            for b in range(batches):
+                start = env.reset(reset_seed(config.seed, EVAL_STREAM + b))  # b = 0: the run's own evaluation set
+                _, pos, vel = agent.trajectories(start, deterministic=True)
+                _, drawn, _ = agent.trajectories(start)  # one draw of theta per episode: what the policy explores
+                yield env.run(pos, vel), pos, drawn
+
+    return config, iteration, batch_episodes()
+
+
+def play(folder: Path, batches: int) -> dict[str, float]:
+    """The numbers of the module docstring for one run folder."""
+    config, iteration, played = episodes(folder, batches)
+    if config.env.startswith("fancy/box-pushing"):
+        return play_box(iteration, played)
+    task = config.env.removeprefix("metaworld/")
+    if task not in RADIUS:
+        raise SystemExit(f"{folder}: {config.env} is not fancy/box-pushing-* or one of "
+                         f"{', '.join('metaworld/' + t for t in RADIUS)}")  # fmt: skip
+    radius = RADIUS[task] or float("nan")  # nan: every comparison false; the rows built on it are left out below
+    rows = []
+    for ep, pos, drawn in played:
+        states = ep.states.double()
+        dist = (states[:, :, OBJECT] - states[:, :, GOAL]).norm(dim=-1)[:, 1:]  # (E, T): after each step
+        closest, at = dist.min(1)
+        ends = states[:, -1]
+        after = (states[:, -1, OBJECT] - states[torch.arange(len(at)), at + 1, OBJECT]).norm(dim=-1)
+        reach, nearest = (states[:, :, HAND] + FINGERS - states[:, :, OBJECT]).norm(dim=-1).min(1)
+        opening = states[torch.arange(len(nearest)), nearest, OPENING]
+        narrowest = states[:, :, OPENING].amin(1)
+        if pos.shape[-1] > GRIPPER:
+            closing = (pos[:, 1:, GRIPPER] > 0).double().mean(1), (drawn[:, 1:, GRIPPER] > 0).double().mean(1)
+        else:  # the env option "gripper" holds the command: no gripper DoF (nan, printed "-")
+            closing = (torch.full((len(pos),), float("nan")),) * 2
+        lift = (states[:, :, OBJECT.stop - 1] - states[:, :1, OBJECT.stop - 1]).amax(1)
+        for i in range(dist.shape[0]):
+            rows.append(
+                {
+                    "success": float(ep.success[i]),
+                    "success_any": float(ep.final["success_any"][i]),
+                    "near_any": float(closest[i] <= radius),
+                    "near_end": float(dist[i, -1] <= radius),
+                    "closest": closest[i].item(),
+                    "at": at[i].item() + 1,
+                    "end": dist[i, -1].item(),
+                    "after": after[i].item(),
+                    "hand_object": (ends[i, HAND] - ends[i, OBJECT]).norm().item(),
+                    "reached": float(reach[i] <= NEAR),
+                    "opening": opening[i].item(),
+                    "narrowest": narrowest[i].item(),
+                    "closing_mean": closing[0][i].item(),
+                    "closing_drawn": closing[1][i].item(),
+                    "lifted": float(lift[i] >= LIFT),
+                    "lift": lift[i].item(),
+                }
+            )
 
     def mean(key: str) -> float:
         return sum(r[key] for r in rows) / len(rows)
-
-    def median(key: str, subset) -> float:
-        values = torch.tensor([r[key] for r in subset], dtype=torch.float64)
-        return values.quantile(0.5).item() if subset else float("nan")  # the midpoint of the middle two when even
 
     passed = [r for r in rows if r["near_any"] and not r["near_end"]]
     nan = float("nan")
@@ -148,6 +173,35 @@ def play(folder: Path, batches: int) -> dict[str, float]:
         "steps commanding the gripper closed: drawn trajectories": mean("closing_drawn"),
         "lifted the object 2 cm at some step": mean("lifted"),
         "highest lift (median, cm)": 100 * median("lift", rows),
+    }
+
+
+def play_box(iteration: int, played) -> dict[str, float]:
+    """Box pushing: which clause of the success rule (the box within 5 cm and 0.5 rad of the goal after the last
+    step) the episodes miss, and how close the box came to the goal's position at any step."""
+    rows = []
+    for ep, _, _ in played:
+        states = ep.states.double()
+        dist = (states[:, 1:, BOX] - states[:, 1:, BOX_GOAL]).norm(dim=-1)  # (E, T): after each step
+        for i in range(dist.shape[0]):
+            rows.append({"success": float(ep.success[i]), "distance": float(ep.final["distance"][i]),
+                         "rotation": float(ep.final["rotation"][i]), "closest": dist[i].min().item()})  # fmt: skip
+    if any(r["success"] != (r["distance"] < SUCCESS_POS and r["rotation"] < SUCCESS_ROT) for r in rows):
+        raise SystemExit("the env's success flags do not follow its rule on these episodes: a bug to report")
+    near = [r for r in rows if r["distance"] < SUCCESS_POS]
+    turned = [r for r in rows if r["rotation"] < SUCCESS_ROT]
+    return {
+        "checkpoint iteration": iteration,
+        "episodes": len(rows),
+        "success after the last step": sum(r["success"] for r in rows) / len(rows),
+        "within 5 cm at the end": len(near) / len(rows),
+        "within 0.5 rad at the end": len(turned) / len(rows),
+        "within 5 cm, not within 0.5 rad": sum(r["rotation"] >= SUCCESS_ROT for r in near) / len(rows),
+        "within 0.5 rad, not within 5 cm": sum(r["distance"] >= SUCCESS_POS for r in turned) / len(rows),
+        "within 5 cm at some step": sum(r["closest"] < SUCCESS_POS for r in rows) / len(rows),
+        "end distance, all (median, cm)": 100 * median("distance", rows),
+        "end rotation, all (median, rad)": median("rotation", rows),
+        "end rotation, within 5 cm (median, rad)": median("rotation", near),
     }
 
 
