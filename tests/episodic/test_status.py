@@ -5,8 +5,10 @@ refused; nothing is written."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 from troll.cli import main
+from troll.episodic import status
 from troll.study import lease
 from troll.study.cell import STATUS_LINE
 
@@ -14,7 +16,8 @@ from .test_results import GYM_EVALS, fake_study
 
 
 def unfinish(cell, *, keep_rows: int, checkpoint: bool, log: str | None = None) -> None:
-    """Make a finished cell look interrupted: no summary, its first ``keep_rows`` metrics rows, a checkpoint."""
+    """Make a finished cell look interrupted: no summary, its first ``keep_rows`` metrics rows, a checkpoint of
+    iteration 1."""
     (cell / "summary.json").unlink()
     rows = (cell / "metrics.jsonl").read_text().splitlines(keepends=True)
     (cell / "metrics.jsonl").write_text("".join(rows[:keep_rows]))
@@ -28,7 +31,8 @@ def test_status_of_a_study_worked_by_hand(tmp_path, capsys):
     root = tmp_path / "studies"
     out = root / "reacher"
     fake_study(out, "gym/reacher-sparse", GYM_EVALS)  # 2 evaluations a cell, at 800 and 1,600 env steps, 30 s each
-    unfinish(out / "tce" / "seed1", keep_rows=1, checkpoint=True, log="stopped (SIGTERM)")
+    unfinish(out / "tce" / "seed1", keep_rows=2, checkpoint=True, log="stopped (SIGTERM)")  # the kill came after
+    # iteration 2, the checkpoint at 1: a resume runs iteration 2 again, so it counts up to 800
     unfinish(out / "tce" / "seed2", keep_rows=1, checkpoint=True, log="failed (exit 1)")
     unfinish(out / "bbrl" / "seed2", keep_rows=1, checkpoint=True)
     unfinish(out / "bbrl" / "seed1", keep_rows=1, checkpoint=False)  # nothing to resume: it starts again
@@ -82,3 +86,26 @@ def test_status_of_a_folder_without_a_study_is_refused(tmp_path, capsys):
     assert f"troll tce status: error: {tmp_path} holds no 'troll tce study'" in capsys.readouterr().err
     assert main(["tce", "status", str(tmp_path / "nothing")]) == 2
     assert f"{tmp_path / 'nothing'} does not exist" in capsys.readouterr().err
+
+
+def test_what_a_resume_keeps_the_budget_and_the_formats(tmp_path):
+    cell = SimpleNamespace(folder=tmp_path, options={"config": SimpleNamespace(total_env_steps=1600)})
+    rows = [{"iteration": i, "env_steps": 800 * i} for i in (1, 2, 3)]
+    assert status._kept(cell, rows) == []  # no checkpoint: it starts again
+    (tmp_path / "checkpoint-2000.zip").write_bytes(b"")  # PPO's, named by its env steps
+    assert status._kept(cell, rows) == rows[:2]
+    (tmp_path / "checkpoint-1.pt").write_bytes(b"")  # TCE's, named by its iteration
+    assert status._kept(cell, rows) == rows[:1]
+    assert status._budget(cell) == 1600  # no config.json: the planned one
+    (tmp_path / "config.json").write_text(json.dumps({"command": "tce train", "config": {"total_env_steps": 3200}}))
+    assert status._budget(cell) == 3200  # the cell's own
+
+    assert [status._duration(s) for s in (40, 90, 5400)] == ["40 s", "1.5 min", "1.5 h"]
+    assert status._formatter([1600.0])(1234.0) == "1,234"
+    assert status._formatter([1600.0, 1e7])(1234.0) == "0.00M"
+    steps = status._formatter([1e7])
+    assert status._evaluation({"env_steps": 2.5e6, "eval/return": -3.0, "eval/success_rate": 0.5}, steps) == (
+        "success 0.500 at 2.50M"
+    )
+    hop = {"env_steps": 1e6, "eval/return": 15.5, "eval/success_rate": None, "eval/max_height": 1.75}
+    assert status._evaluation(hop, steps) == "return 15.50, max height 1.750 m at 1.00M"

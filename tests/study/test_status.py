@@ -38,7 +38,7 @@ def rows(*steps, seconds=10.0, evals=()):
 
 def check(cell, budget=1000, **kwargs):
     return status.cell_status(cell, can_resume=lambda c: (c.folder / "checkpoint-2.pt").is_file(), x_key="env_steps",
-                              budget=budget, eval_key="eval/return", **kwargs)  # fmt: skip
+                              budget=budget, eval_key="eval/return", time_key="time/iteration", **kwargs)  # fmt: skip
 
 
 def test_each_state_and_its_progress(tmp_path):

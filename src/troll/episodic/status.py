@@ -24,6 +24,7 @@ from troll.study import status
 from troll.study.report import JSON_FILE as STUDY_JSON_FILE
 
 EVAL_KEY = "eval/return"  # every evaluation row has it (success_rate is None on tasks without a success rule)
+TIME_KEY = "time/iteration"  # seconds of a row's iteration, in every row of TCE's, BBRL's and PPO's metrics
 
 
 def find(folder: Path) -> list[Path]:
@@ -54,12 +55,13 @@ def _recorded(out: Path) -> dict[tuple, str]:
 
 
 def _kept(cell, rows: list[dict]) -> list[dict]:
-    """The rows a resume keeps: TCE's and BBRL's up to the iteration of the newest checkpoint, PPO's up to its env
-    steps; none without a checkpoint."""
+    """The rows a resume keeps (the rest it runs again): TCE's and BBRL's up to the iteration of the newest checkpoint
+    (troll.episodic.run keeps a line per iteration), PPO's up to its env steps (troll.episodic.ppo); none without a
+    checkpoint."""
     from troll.episodic import ppo, run
 
     if found := run.checkpoints(cell.folder):
-        return rows[: found[-1][0]]
+        return [row for row in rows if (status.number(row.get("iteration")) or 0) <= found[-1][0]]
     if found := ppo.checkpoints(cell.folder):
         return [row for row in rows if row["env_steps"] <= found[-1][0]]
     return []
@@ -110,12 +112,15 @@ def study_text(out: Path) -> str:
     spec = study.StudySpec.from_json(head["spec"])
     cells = study.plan(spec, out)
     can_resume, recorded = study.frontend(spec).can_resume, _recorded(out)
-    found = [status.cell_status(cell, can_resume=can_resume, x_key="env_steps", eval_key=EVAL_KEY, kept=_kept,
-                                budget=_budget(cell), recorded=recorded.get((cell.value, cell.arm, cell.seed)))
+    keys = {"x_key": "env_steps", "time_key": TIME_KEY, "eval_key": EVAL_KEY, "kept": _kept}
+    found = [status.cell_status(cell, can_resume=can_resume, budget=_budget(cell), **keys,
+                                recorded=recorded.get((cell.value, cell.arm, cell.seed)))
              for cell in cells]  # fmt: skip
+    if not found:
+        raise ValueError("its spec plans no cell (no algorithm or no seed)")
     steps = _formatter([s.budget for s in found])
     budgets = " or ".join(steps(b) for b in sorted({_budget(cell) for cell in cells}))  # as asked
-    sweep = f", {spec.sweep_key} in {','.join(map(str, spec.sweep_values))}" if spec.sweep_key else ""
+    sweep = f", {spec.grid.sweep_flag}={','.join(map(str, spec.sweep_values))}" if spec.sweep_key else ""
     seeds = ",".join(str(seed) for seed in spec.seeds)
     lines = [f"{out}: {spec.env}, {','.join(spec.algos)} x seeds {seeds}{sweep}, {budgets} env steps a cell"]
     width = max(len(s.cell.folder.relative_to(out).as_posix()) for s in found)
@@ -146,12 +151,13 @@ def status_text(folder: Path) -> tuple[str, bool]:
         raise UsageError(f"{folder} does not exist; give a study's --out or a folder holding studies.")
     found = find(folder)
     if not found:
-        raise UsageError(f"{folder} holds no 'troll tce study' (no config.json of one at or below it).")
+        raise UsageError(f"{folder} holds no 'troll tce study' (no config.json of one at or below it): give a "
+                         "study's --out, or a folder above it.")  # fmt: skip
     texts, ok = [], True
     for out in found:
         try:
             texts.append(study_text(out))
-        except (OSError, ValueError, KeyError, TypeError) as err:  # UsageError is a ValueError
-            texts.append(f"{out}: cannot be read as a study: {err}")
+        except Exception as err:  # noqa: BLE001 -- one damaged study must not hide the others
+            texts.append(f"{out}: cannot be read as a study: {err or type(err).__name__}")
             ok = False
     return "\n\n".join(texts), ok

@@ -13,15 +13,16 @@ Each cell of the grid is, checked in this order:
 - ``unreadable``: its files cannot be read (permissions).
 
 How far a cell has run is the x-axis value (environment steps) of its last metrics row, and for how long, the sum of
-its rows' ``time/iteration``: the run time of the iterations it keeps. A stopped or failed cell counts the rows its
-resume keeps (``kept``: those up to its newest checkpoint; the rest are run again), a finished cell its summary's
-``seconds`` (a cell restored from an archive keeps no timings in its rows). A metrics line that is not a JSON object
-with a number on the x-axis is skipped and named in the cell's note (a torn last line, one being written, is not).
+its rows' ``time_key`` (an episodic run's ``time/iteration``): the run time of the iterations it keeps. A stopped or
+failed cell counts the rows its resume keeps (``kept``: those up to its newest checkpoint; the rest are run again), a
+finished cell its summary's ``seconds`` (a cell restored from an archive keeps no timings in its rows). A metrics
+line that is not a JSON object with a number on the x-axis is skipped and named in the cell's note (a torn last line,
+one being written, is not).
 
 The budget a cell will reach is its own budget rounded up to whole iterations (a run ends its last iteration), the
 env steps of an iteration read from its rows. What is left is estimated per cell at the rate it has run so far, or,
-for a cell with no rows yet, at the mean rate of its arm's cells with rows: the run time one cell at a time would
-take (``--jobs`` cells at a time divide it), without the start of each process.
+for a cell with no rows yet, at the mean rate of the cells with rows of its arm and swept value: the run time one
+cell at a time would take (``--jobs`` cells at a time divide it), without the start of each process.
 """
 
 from __future__ import annotations
@@ -35,12 +36,12 @@ from pathlib import Path
 
 from troll.runs.files import METRICS_FILE, SUMMARY_FILE
 from troll.runs.folder import busy
+from troll.runs.numbers import is_real
 from troll.study import lease
 from troll.study.cell import last_status
 from troll.study.grid import Cell
 
 STATES = ("finished", "running", "failed", "stopped", "not started", "unreadable")
-TIME_KEY = "time/iteration"  # seconds of one row's iteration, in every metrics row of an episodic run
 
 
 @dataclass(frozen=True)
@@ -59,10 +60,8 @@ class CellStatus:
 
 
 def number(value) -> float | None:
-    """``value`` as a finite float, None for anything else (a string, a bool, None, NaN)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return float(value)
+    """``value`` as a float when it is a finite real number, None for anything else (a string, a bool, NaN)."""
+    return float(value) if is_real(value) else None
 
 
 def read_rows(path: Path, x_key: str) -> tuple[list[dict], str]:
@@ -105,11 +104,12 @@ def _reached(budget: float, rows: list[dict], x_key: str) -> float:
     return math.ceil(budget / per - 1e-9) * per if per > 0 else budget
 
 
-def cell_status(cell: Cell, *, can_resume: Callable[[Cell], bool], x_key: str, budget: float, eval_key: str,
-                recorded: str | None = None, kept: Callable[[Cell, list[dict]], list[dict]] | None = None,
-                ) -> CellStatus:  # fmt: skip
-    """The status of ``cell`` (module docstring). ``eval_key`` marks the rows that hold an evaluation; ``recorded``
-    is the status the study recorded for it; ``kept(cell, rows)``, the rows a resume keeps."""
+def cell_status(cell: Cell, *, can_resume: Callable[[Cell], bool], x_key: str, time_key: str, budget: float,
+                eval_key: str, recorded: str | None = None,
+                kept: Callable[[Cell, list[dict]], list[dict]] | None = None) -> CellStatus:  # fmt: skip
+    """The status of ``cell`` (module docstring). ``time_key`` holds a row's seconds, ``eval_key`` marks the rows
+    that hold an evaluation; ``recorded`` is the status the study recorded for it; ``kept(cell, rows)``, the rows a
+    resume keeps."""
     try:
         rows, note = read_rows(cell.folder / METRICS_FILE, x_key)
         budget = _reached(float(budget), rows, x_key)
@@ -132,26 +132,26 @@ def cell_status(cell: Cell, *, can_resume: Callable[[Cell], bool], x_key: str, b
         return CellStatus(cell, "unreadable", 0.0, float(budget), 0.0, {}, reason)
     done = number(rows[-1][x_key]) if rows else 0.0
     if seconds is None:
-        seconds = sum(number(row.get(TIME_KEY)) or 0.0 for row in rows)
+        seconds = sum(number(row.get(time_key)) or 0.0 for row in rows)
     evaluation = next((row for row in reversed(rows) if row.get(eval_key) is not None), {})
     return CellStatus(cell, state, done, budget, seconds, evaluation, note)
 
 
 def seconds_left(statuses: list[CellStatus]) -> tuple[float, list[str]]:
     """The run time the unfinished cells still need, one at a time (module docstring), and the arms whose rate is not
-    known yet (no cell of theirs has rows); their cells are not in the estimate."""
-    rates: dict[str, list[float]] = {}
+    known yet (no cell of theirs, at that swept value, has rows); their cells are not in the estimate."""
+    rates: dict[tuple, list[float]] = {}
     for s in statuses:
         if s.done > 0 and s.seconds > 0:
-            rates.setdefault(s.cell.arm, []).append(s.seconds / s.done)
+            rates.setdefault((s.cell.value, s.cell.arm), []).append(s.seconds / s.done)
     total, unknown = 0.0, []
     for s in statuses:
         if s.state == "finished":
             continue
         if s.done > 0 and s.seconds > 0:
             per_step = s.seconds / s.done
-        elif s.cell.arm in rates:
-            per_step = statistics.fmean(rates[s.cell.arm])
+        elif (s.cell.value, s.cell.arm) in rates:
+            per_step = statistics.fmean(rates[s.cell.value, s.cell.arm])
         else:
             unknown += [s.cell.arm] if s.cell.arm not in unknown else []
             continue
