@@ -238,7 +238,7 @@ def render_run(out: Path, *, path: Path | None = None, episodes: int = 3, width:
     config = ppo.saved_config(out) or run.saved_config(out)  # a PPO config first: TCE's reader refuses its fields
     if config is None:
         raise UsageError(f"{out} holds no run of 'troll tce train' (TCE, BBRL or PPO) to render.")
-    _check_video_path(path, own=path.absolute() == (out / VIDEO_FILE).absolute(), overwrite=overwrite)
+    _check_video_path(path, own=path.resolve() == (out / VIDEO_FILE).resolve(), overwrite=overwrite)
     if config.algo == "ppo":
         ppo.require_sb3()
     found = (ppo.checkpoints if config.algo == "ppo" else run.checkpoints)(out)
