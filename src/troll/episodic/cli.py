@@ -46,9 +46,10 @@ RENDER_DOC = (
 )
 STATUS_DOC = (
     "Reads every 'troll tce study' at or below FOLDER, while it runs or after it stopped, and prints a line per cell: "
-    "finished, running, failed, stopped (resumes from its checkpoint) or not started; its env steps of its budget, "
-    "its run time and its last evaluation. Then per study the env steps run and an estimate of the time left. "
-    "Writes nothing; exit status 1 when a study cannot be read (it gets a line saying why)."
+    "finished, running, failed, stopped (resumes from its checkpoint), not started or unreadable; its env steps of "
+    "its budget, its run time and its last evaluation. Then per study the env steps run and an estimate of the time "
+    "left. Writes nothing. Exit status 1 when a study cannot be read (it gets a line saying why), 2 when FOLDER "
+    "holds no study."
 )
 VIDEO_FILE = "video.mp4"  # troll.episodic.render.VIDEO_FILE (not imported here: it would import numpy)
 
