@@ -78,8 +78,8 @@ def episodes(folder: Path, batches: int):
         raise SystemExit(f"{folder}: no checkpoint-*.pt (the run has not saved one yet)")
     iteration, path = found[-1]
 
-    def env_of(episodes: int):
-        return make_env(config.env, num_episodes=episodes, workers=1, seed=config.seed, **config.env_options)
+    def env_of(count: int):
+        return make_env(config.env, num_episodes=count, workers=1, seed=config.seed, **config.env_options)
 
     def batch_episodes():
         with contextlib.ExitStack() as stack:
@@ -213,6 +213,10 @@ def main() -> None:
     if args.batches < 1:
         parser.error(f"--batches must be at least 1, got {args.batches}")
     torch.set_num_threads(1)
+    boxes = {str(f): (saved_config(f) is not None and saved_config(f).env.startswith("fancy/box-pushing"))
+             for f in args.runs}  # fmt: skip
+    if len(set(boxes.values())) > 1:
+        parser.error("give runs of box pushing or of Meta-World, not both: their tables have different rows")
     columns = {str(f): play(f, args.batches) for f in args.runs}
     keys = list(next(iter(columns.values())))
     print("| | " + " | ".join(columns) + " |\n" + "|---" * (len(columns) + 1) + "|")

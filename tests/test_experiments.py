@@ -33,3 +33,35 @@ def test_stale_rollouts_accuracy_before_takes_the_runs_batch_shape(monkeypatch):
                            system=None, max_len=8)  # fmt: skip
     assert script.before_accuracy(0, args) == 0.5
     assert (seen[0].prompts_per_step, seen[0].generations, seen[0].steps_per_rollout) == (1, 6, 3)
+
+
+def test_tce_endings_box_pushing_worked_by_hand():
+    """experiments/tce_endings.py on box pushing: four episodes built by hand (the box's path to a goal at the origin,
+    the env's final distance, rotation and success flag), each share and median worked by hand; flags that do not
+    follow the success rule stop the script."""
+    import torch
+
+    spec = importlib.util.spec_from_file_location("tce_endings", SCRIPT.with_name("tce_endings.py"))
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    # after each of 2 steps, the box's distance to the goal: ep 0 and 1 end at 4 cm, 2 stays at 20 cm, 3 passes 3 cm
+    paths = [[0.10, 0.04], [0.10, 0.04], [0.20, 0.20], [0.03, 0.20]]
+    rotation = [0.3, 0.7, 0.2, 1.0]  # rad: ep 0 the only success (4 cm and 0.3 rad)
+    states = torch.zeros(4, 3, 28)
+    states[:, 0, 14] = 0.5
+    states[:, 1:, 14] = torch.tensor(paths)  # the box's x; the goal (entries 21-23) at the origin
+    distance = torch.tensor([p[-1] for p in paths])
+    ep = SimpleNamespace(states=states, success=torch.tensor([1.0, 0.0, 0.0, 0.0]),
+                         final={"distance": distance, "rotation": torch.tensor(rotation)})  # fmt: skip
+    got = script.play_box(7, [(ep, None, None)])
+    assert got["checkpoint iteration"] == 7 and got["episodes"] == 4
+    assert got["success after the last step"] == 0.25
+    assert (got["within 5 cm at the end"], got["within 0.5 rad at the end"]) == (0.5, 0.5)
+    assert (got["within 5 cm, not within 0.5 rad"], got["within 0.5 rad, not within 5 cm"]) == (0.25, 0.25)
+    assert got["within 5 cm at some step"] == 0.75  # ep 3 came to 3 cm and left
+    assert got["end distance, all (median, cm)"] == pytest.approx(12.0)  # (4 + 20) / 2
+    assert got["end rotation, all (median, rad)"] == pytest.approx(0.5)  # (0.3 + 0.7) / 2
+    assert got["end rotation, within 5 cm (median, rad)"] == pytest.approx(0.5)
+    ep.success = torch.tensor([0.0, 0.0, 0.0, 0.0])
+    with pytest.raises(SystemExit, match="do not follow its rule"):
+        script.play_box(7, [(ep, None, None)])
