@@ -102,6 +102,11 @@ def add_commands(sub) -> None:
     executors.add_flags(study)
     study.set_defaults(run=cmd_study, name="tce study")
 
+    _add_viewers(tce_sub)
+
+
+def _add_viewers(tce_sub) -> None:
+    """``tce render`` and ``tce status``: commands that read runs and studies (and write only a video)."""
     render = tce_sub.add_parser("render", help="a video of a run's policy", description=RENDER_DOC)
     render.add_argument("run_folder", metavar="RUN", help="a run folder of 'troll tce train' (TCE, BBRL or PPO)")
     render.add_argument("--out", default=None, help=f"the video, .gif or .mp4 (default: RUN/{VIDEO_FILE}, the run's "
