@@ -27,24 +27,6 @@ EVAL_KEY = "eval/return"  # every evaluation row has it (success_rate is None on
 TIME_KEY = "time/iteration"  # seconds of a row's iteration, in every row of TCE's, BBRL's and PPO's metrics
 
 
-def find(folder: Path) -> list[Path]:
-    """The ``troll tce study`` folders at or below ``folder``: their config.json names the command (studies written
-    before run folders had a manifest included), sorted."""
-    found = []
-    for config in sorted(Path(folder).rglob(CONFIG_FILE)):
-        try:
-            text = config.read_text()
-        except OSError:
-            continue
-        try:
-            head = json.loads(text)
-        except ValueError:  # damaged: kept when it names the command, so that its line says so
-            head = {"command": study.COMMAND} if f'"command": "{study.COMMAND}"' in text else None
-        if isinstance(head, dict) and head.get("command") == study.COMMAND:
-            found.append(config.parent)
-    return found
-
-
 def _recorded(out: Path) -> dict[tuple, str]:
     """The status of each cell as the study last recorded it in study.json: (value, algo, seed) -> status."""
     try:
@@ -149,7 +131,7 @@ def status_text(folder: Path) -> tuple[str, bool]:
     folder = Path(folder)
     if not folder.exists():
         raise UsageError(f"{folder} does not exist; give a study's --out or a folder holding studies.")
-    found = find(folder)
+    found = status.find_studies(folder, study.COMMAND)
     if not found:
         raise UsageError(f"{folder} holds no 'troll tce study' (no config.json of one at or below it): give a "
                          "study's --out, or a folder above it.")  # fmt: skip

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from troll.runs.files import METRICS_FILE, SUMMARY_FILE
+from troll.runs.files import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
 from troll.runs.folder import busy
 from troll.runs.numbers import is_real
 from troll.study import lease
@@ -163,3 +163,22 @@ def counts(statuses: list[CellStatus]) -> str:
     """``3 finished, 2 running, 1 not started``: the states present, in :data:`STATES`' order."""
     found = [(sum(s.state == state for s in statuses), state) for state in STATES]
     return ", ".join(f"{n} {state}" for n, state in found if n)
+
+
+def find_studies(folder: Path, command: str) -> list[Path]:
+    """The folders at or below ``folder`` whose config.json names ``command`` (studies written before run folders
+    had a manifest included), sorted; a config.json that is not JSON counts when its text names the command, so
+    that the study is reported as damaged rather than missed."""
+    found = []
+    for config in sorted(Path(folder).rglob(CONFIG_FILE)):
+        try:
+            text = config.read_text()
+        except OSError:
+            continue
+        try:
+            head = json.loads(text)
+        except ValueError:
+            head = {"command": command} if f'"command": "{command}"' in text else None
+        if isinstance(head, dict) and head.get("command") == command:
+            found.append(config.parent)
+    return found
