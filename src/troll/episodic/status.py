@@ -95,13 +95,14 @@ def study_text(out: Path) -> str:
     cells = study.plan(spec, out)
     can_resume, recorded = study.frontend(spec).can_resume, _recorded(out)
     keys = {"x_key": "env_steps", "time_key": TIME_KEY, "eval_key": EVAL_KEY, "kept": _kept}
-    found = [status.cell_status(cell, can_resume=can_resume, budget=_budget(cell), **keys,
+    asked = [_budget(cell) for cell in cells]  # each cell's config.json, read once
+    found = [status.cell_status(cell, can_resume=can_resume, budget=budget, **keys,
                                 recorded=recorded.get((cell.value, cell.arm, cell.seed)))
-             for cell in cells]  # fmt: skip
+             for cell, budget in zip(cells, asked)]  # fmt: skip
     if not found:
         raise ValueError("its spec plans no cell (no algorithm or no seed)")
     steps = _formatter([s.budget for s in found])
-    budgets = " or ".join(steps(b) for b in sorted({_budget(cell) for cell in cells}))  # as asked
+    budgets = " or ".join(steps(b) for b in sorted(set(asked)))
     sweep = f", {spec.grid.sweep_flag}={','.join(map(str, spec.sweep_values))}" if spec.sweep_key else ""
     seeds = ",".join(str(seed) for seed in spec.seeds)
     lines = [f"{out}: {spec.env}, {','.join(spec.algos)} x seeds {seeds}{sweep}, {budgets} env steps a cell"]
