@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from troll.cli import main
 from troll.episodic import status
 from troll.study import lease
+from troll.study import status as study_status
 from troll.study.cell import STATUS_LINE
 
 from .test_results import GYM_EVALS, fake_study
@@ -100,10 +101,7 @@ def test_what_a_resume_keeps_the_budget_and_the_formats(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"command": "tce train", "config": {"total_env_steps": 3200}}))
     assert status._budget(cell) == 3200  # the cell's own
 
-    assert [status._duration(s) for s in (40, 90, 5400)] == ["40 s", "1.5 min", "1.5 h"]
-    assert status._formatter([1600.0])(1234.0) == "1,234"
-    assert status._formatter([1600.0, 1e7])(1234.0) == "0.00M"
-    steps = status._formatter([1e7])
+    steps = study_status.formatter([1e7])
     assert status._evaluation({"env_steps": 2.5e6, "eval/return": -3.0, "eval/success_rate": 0.5}, steps) == (
         "success 0.500 at 2.50M"
     )

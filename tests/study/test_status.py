@@ -37,6 +37,7 @@ def rows(*steps, seconds=10.0, evals=()):
 
 
 def check(cell, budget=1000, **kwargs):
+    kwargs = {"summary_seconds": "seconds", **kwargs}
     return status.cell_status(cell, can_resume=lambda c: (c.folder / "checkpoint-2.pt").is_file(), x_key="env_steps",
                               budget=budget, eval_key="eval/return", time_key="time/iteration", **kwargs)  # fmt: skip
 
@@ -88,6 +89,11 @@ def test_each_state_and_its_progress(tmp_path):
     assert check(finished).seconds == 20.0
     (finished.folder / "summary.json").write_text("{not json")
     assert (check(finished).state, check(finished).seconds) == ("finished", 20.0)
+    # a study that times its cells by their rows alone (a GRPO run's step times) ignores the summary
+    (finished.folder / "summary.json").write_text(json.dumps({"seconds": 7200.0}))
+    assert (check(finished, summary_seconds=None).state, check(finished, summary_seconds=None).seconds) == (
+        "finished", 20.0
+    )  # fmt: skip
 
 
 def test_damaged_lines_are_skipped_and_named_and_an_unreadable_cell_says_so(tmp_path):
@@ -102,6 +108,25 @@ def test_damaged_lines_are_skipped_and_named_and_an_unreadable_cell_says_so(tmp_
     (cell.folder / "metrics.jsonl").mkdir()  # reading it fails as a file without permission would
     s = check(cell)
     assert s.state == "unreadable" and s.note.endswith("metrics.jsonl") and (s.done, s.seconds) == (0, 0)
+
+
+def test_the_lines_a_checkpoint_recorded(tmp_path):
+    """``lines``: the first lines only, all of them whole (the last one too), damaged ones still skipped and named."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 0}\n{torn\n{"step": 1}\n{"step": 2}\n{"step": 3')
+    assert status.read_rows(path, "step", lines=3) == (
+        [{"step": 0}, {"step": 1}], "metrics.jsonl: 1 damaged line(s) skipped, the first line 2"
+    )  # fmt: skip
+    assert status.read_rows(path, "step", lines=0) == ([], "")
+    assert status.read_rows(path, "step")[0] == [{"step": 0}, {"step": 1}, {"step": 2}]  # the torn last line left out
+    assert status.read_rows(tmp_path / "none.jsonl", "step", lines=2) == ([], "")
+
+
+def test_the_formats():
+    assert [status.duration(s) for s in (40, 90, 5400)] == ["40 s", "1.5 min", "1.5 h"]
+    assert status.formatter([1600.0])(1234.0) == "1,234"
+    assert status.formatter([1600.0, 1e7])(1234.0) == "0.00M"
+    assert status.formatter([])(16.0) == "16"
 
 
 def test_the_budget_a_run_reaches_is_whole_iterations(tmp_path):

@@ -337,16 +337,10 @@ def _render(out: Path, path: Path | None, *, overwrite: bool = False, **sizes) -
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Print where the studies stand; exit status 1 when one of them could not be read."""
-    import os
-
     from troll.episodic.status import status_text
+    from troll.study.status import show
 
-    text, ok = status_text(Path(args.folder))
-    try:
-        print(text, flush=True)
-    except BrokenPipeError:  # `| head`: the reader is gone; nothing more to say (and no second error at exit)
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    return 0 if ok else 1
+    return show(*status_text(Path(args.folder)))
 
 
 # ---------------------------------------------------------------------------------------------- study

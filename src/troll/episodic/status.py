@@ -19,21 +19,11 @@ import json
 from pathlib import Path
 
 from troll.episodic import study
-from troll.runs.files import CONFIG_FILE, UsageError
+from troll.runs.files import CONFIG_FILE
 from troll.study import status
-from troll.study.report import JSON_FILE as STUDY_JSON_FILE
 
 EVAL_KEY = "eval/return"  # every evaluation row has it (success_rate is None on tasks without a success rule)
 TIME_KEY = "time/iteration"  # seconds of a row's iteration, in every row of TCE's, BBRL's and PPO's metrics
-
-
-def _recorded(out: Path) -> dict[tuple, str]:
-    """The status of each cell as the study last recorded it in study.json: (value, algo, seed) -> status."""
-    try:
-        cells = json.loads((out / STUDY_JSON_FILE).read_text())["cells"]
-        return {(c["value"], c["algo"], c["seed"]): str(c["status"]) for c in cells}
-    except (OSError, ValueError, KeyError, TypeError):
-        return {}
 
 
 def _kept(cell, rows: list[dict]) -> list[dict]:
@@ -68,79 +58,29 @@ def _evaluation(row: dict, steps) -> str:
     return f"{text} at {steps(row['env_steps'])}" if text else ""
 
 
-def _duration(seconds: float) -> str:
-    """2.5 h, 12.0 min, or 40 s."""
-    if seconds >= 3600:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
-
-
-def _formatter(budgets: list[float]):
-    """Env steps as 10.00M when a budget is a million or more, else as 1,600."""
-    if max(budgets, default=0) >= 1e6:
-        return lambda steps: f"{steps / 1e6:.2f}M"
-    return lambda steps: f"{steps:,.0f}"
-
-
 def study_text(out: Path) -> str:
     """The status of one study folder: a line per cell, then the counts, the env steps run and an estimate of the
     time left."""
-    try:
-        head = json.loads((out / CONFIG_FILE).read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{out / CONFIG_FILE} is not JSON ({err})") from None
-    if not isinstance(head, dict) or not isinstance(head.get("spec"), dict):
-        raise ValueError(f"{out / CONFIG_FILE} holds no study spec")
-    spec = study.StudySpec.from_json(head["spec"])
+    spec = status.saved_spec(out, study.StudySpec.from_json)
     cells = study.plan(spec, out)
-    can_resume, recorded = study.frontend(spec).can_resume, _recorded(out)
-    keys = {"x_key": "env_steps", "time_key": TIME_KEY, "eval_key": EVAL_KEY, "kept": _kept}
+    can_resume, recorded = study.frontend(spec).can_resume, status.recorded(out, "algo")
+    keys = {"x_key": "env_steps", "time_key": TIME_KEY, "eval_key": EVAL_KEY, "kept": _kept,
+            "summary_seconds": "seconds"}  # fmt: skip
     asked = [_budget(cell) for cell in cells]  # each cell's config.json, read once
     found = [status.cell_status(cell, can_resume=can_resume, budget=budget, **keys,
                                 recorded=recorded.get((cell.value, cell.arm, cell.seed)))
              for cell, budget in zip(cells, asked)]  # fmt: skip
     if not found:
         raise ValueError("its spec plans no cell (no algorithm or no seed)")
-    steps = _formatter([s.budget for s in found])
+    steps = status.formatter([s.budget for s in found])
     budgets = " or ".join(steps(b) for b in sorted(set(asked)))
     sweep = f", {spec.grid.sweep_flag}={','.join(map(str, spec.sweep_values))}" if spec.sweep_key else ""
     seeds = ",".join(str(seed) for seed in spec.seeds)
-    lines = [f"{out}: {spec.env}, {','.join(spec.algos)} x seeds {seeds}{sweep}, {budgets} env steps a cell"]
-    width = max(len(s.cell.folder.relative_to(out).as_posix()) for s in found)
-    for s in found:
-        line = f"  {s.cell.folder.relative_to(out).as_posix():<{width}}  {s.state:<11}"
-        if s.state not in ("not started", "unreadable"):
-            line += f"  {steps(s.done):>7} of {steps(s.budget)}  {_duration(s.seconds):>8}"
-            line += f"  {_evaluation(s.evaluation, steps)}" if s.evaluation else ""
-        lines.append(line.rstrip() + (f" ({s.note})" if s.note else ""))
-    done = sum(s.budget if s.state == "finished" else min(s.done, s.budget) for s in found)
-    total = sum(s.budget for s in found)
-    share = 100 if done >= total else min(int(100 * done / total), 99)  # "100 %" only when it is all done
-    lines.append(f"  {status.counts(found)}; {steps(done)} of {steps(total)} env steps ({share} %)")
-    left, unknown = status.seconds_left(found)
-    if done < total:
-        parts = [f"about {_duration(left)} of run time, one cell at a time, at each cell's rate so far"]
-        parts = parts if left > 0 or not unknown else []
-        parts += [f"the cells of {', '.join(unknown)}, which have no rate yet"] if unknown else []
-        lines.append(f"  left: {', and '.join(parts)}")
-    return "\n".join(lines)
+    heading = f"{out}: {spec.env}, {','.join(spec.algos)} x seeds {seeds}{sweep}, {budgets} env steps a cell"
+    return status.study_report(out, heading, found, unit="env steps", evaluation=_evaluation)
 
 
 def status_text(folder: Path) -> tuple[str, bool]:
     """The status of every ``troll tce study`` at or below ``folder``, and whether each could be read (a study that
     cannot gets a line saying why). UsageError when ``folder`` holds none."""
-    folder = Path(folder)
-    if not folder.exists():
-        raise UsageError(f"{folder} does not exist; give a study's --out or a folder holding studies.")
-    found = status.find_studies(folder, study.COMMAND)
-    if not found:
-        raise UsageError(f"{folder} holds no 'troll tce study' (no config.json of one at or below it): give a "
-                         "study's --out, or a folder above it.")  # fmt: skip
-    texts, ok = [], True
-    for out in found:
-        try:
-            texts.append(study_text(out))
-        except Exception as err:  # noqa: BLE001 -- one damaged study must not hide the others
-            texts.append(f"{out}: cannot be read as a study: {err or type(err).__name__}")
-            ok = False
-    return "\n\n".join(texts), ok
+    return status.status_report(folder, study.COMMAND, "troll tce study", study_text)

@@ -1,4 +1,5 @@
-"""Where a study stands, read from its folder without writing to it (``troll tce status``).
+"""Where a study stands, read from its folder without writing to it (``troll status`` and ``troll tce status``, whose
+modules give what their studies differ in: the budget, the evaluation, the rows a resume keeps).
 
 Each cell of the grid is, checked in this order:
 
@@ -12,12 +13,12 @@ Each cell of the grid is, checked in this order:
 - ``not started``: nothing to continue from (a folder without a checkpoint starts again from the beginning);
 - ``unreadable``: its files cannot be read (permissions).
 
-How far a cell has run is the x-axis value (environment steps) of its last metrics row, and for how long, the sum of
-its rows' ``time_key`` (an episodic run's ``time/iteration``): the run time of the iterations it keeps. A stopped or
-failed cell counts the rows its resume keeps (``kept``: those up to its newest checkpoint; the rest are run again), a
-finished cell its summary's ``seconds`` (a cell restored from an archive keeps no timings in its rows). A metrics
-line that is not a JSON object with a number on the x-axis is skipped and named in the cell's note (a torn last line,
-one being written, is not).
+How far a cell has run is the x-axis value (environment or optimiser steps) of its last metrics row, and for how
+long, the sum of its rows' ``time_key`` (an episodic run's ``time/iteration``, a GRPO run's ``step_time``): the run
+time of the iterations it keeps. A stopped or failed cell counts the rows its resume keeps (``kept``: those up to its
+newest checkpoint; the rest are run again); a finished cell may give its summary's seconds instead (an episodic cell
+restored from an archive keeps no timings in its rows). A metrics line that is not a JSON object with a number on the
+x-axis is skipped and named in the cell's note (a torn last line, one being written, is not).
 
 The budget a cell will reach is its own budget rounded up to whole iterations (a run ends its last iteration), the
 env steps of an iteration read from its rows. What is left is estimated per cell at the rate it has run so far, or,
@@ -33,13 +34,15 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from troll.runs.files import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
+from troll.runs.files import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, UsageError
 from troll.runs.folder import busy
 from troll.runs.numbers import is_real
 from troll.study import lease
 from troll.study.cell import last_status
 from troll.study.grid import Cell
+from troll.study.report import JSON_FILE as STUDY_JSON_FILE
 
 STATES = ("finished", "running", "failed", "stopped", "not started", "unreadable")
 
@@ -64,16 +67,18 @@ def number(value) -> float | None:
     return float(value) if is_real(value) else None
 
 
-def read_rows(path: Path, x_key: str) -> tuple[list[dict], str]:
+def read_rows(path: Path, x_key: str, *, lines: int | None = None) -> tuple[list[dict], str]:
     """The metrics rows of ``path`` that are JSON objects with a number at ``x_key``, and a note naming the first
-    line that is not (empty when all are; a torn last line is not counted). OSError when the file cannot be read."""
+    line that is not (empty when all are; a torn last line is not counted). ``lines``: only the first lines, which
+    a checkpoint recorded as whole. OSError when the file cannot be read."""
     try:
         text = path.read_bytes().decode(errors="replace")
     except FileNotFoundError:
         return [], ""
-    lines = text.split("\n")
+    whole = text.split("\n")[:-1]  # the part after the last newline is a line being written
+    whole = whole if lines is None else text.split("\n")[:lines]
     rows, bad = [], []
-    for index, line in enumerate(lines[:-1], start=1):  # the part after the last newline is a line being written
+    for index, line in enumerate(whole, start=1):
         if not line.strip():
             continue
         try:
@@ -88,12 +93,12 @@ def read_rows(path: Path, x_key: str) -> tuple[list[dict], str]:
     return rows, note
 
 
-def _summary_seconds(path: Path) -> float | None:
+def _summary_seconds(path: Path, key: str) -> float | None:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    return number(data.get("seconds")) if isinstance(data, dict) else None
+    return number(data.get(key)) if isinstance(data, dict) else None
 
 
 def _reached(budget: float, rows: list[dict], x_key: str) -> float:
@@ -105,18 +110,20 @@ def _reached(budget: float, rows: list[dict], x_key: str) -> float:
 
 
 def cell_status(cell: Cell, *, can_resume: Callable[[Cell], bool], x_key: str, time_key: str, budget: float,
-                eval_key: str, recorded: str | None = None,
+                eval_key: str, recorded: str | None = None, summary_seconds: str | None = None,
                 kept: Callable[[Cell, list[dict]], list[dict]] | None = None) -> CellStatus:  # fmt: skip
     """The status of ``cell`` (module docstring). ``time_key`` holds a row's seconds, ``eval_key`` marks the rows
-    that hold an evaluation; ``recorded`` is the status the study recorded for it; ``kept(cell, rows)``, the rows a
-    resume keeps."""
+    that hold an evaluation; ``recorded`` is the status the study recorded for it; ``summary_seconds``, the key of
+    summary.json that gives a finished cell's run time (None: its rows'); ``kept(cell, rows)``, the rows a resume
+    keeps."""
     try:
         rows, note = read_rows(cell.folder / METRICS_FILE, x_key)
         budget = _reached(float(budget), rows, x_key)
         status = last_status(cell) or recorded
         seconds = None
         if (cell.folder / SUMMARY_FILE).is_file():
-            state, seconds = "finished", _summary_seconds(cell.folder / SUMMARY_FILE)
+            state = "finished"
+            seconds = _summary_seconds(cell.folder / SUMMARY_FILE, summary_seconds) if summary_seconds else None
         elif lease.probably_live(cell.folder) is not None or busy(cell.folder):
             state = "running"
         elif status is not None and status.startswith("failed"):
@@ -182,3 +189,103 @@ def find_studies(folder: Path, command: str) -> list[Path]:
         if isinstance(head, dict) and head.get("command") == command:
             found.append(config.parent)
     return found
+
+
+def recorded(out: Path, arm: str) -> dict[tuple, str]:
+    """The status of each cell as the study last recorded it in study.json: (value, arm, seed) -> status; ``arm``
+    is the name of the arm's key (``algo``, ``loss``)."""
+    try:
+        cells = json.loads((out / STUDY_JSON_FILE).read_text())["cells"]
+        return {(c["value"], c[arm], c["seed"]): str(c["status"]) for c in cells}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def saved_spec(out: Path, from_json: Callable[[dict], Any]) -> Any:
+    """The spec of a study folder's config.json, read by ``from_json``; ValueError saying what is wrong with it (a
+    reader that only reports has no fix to offer, unlike ``--resume``)."""
+    try:
+        head = json.loads((out / CONFIG_FILE).read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{out / CONFIG_FILE} is not JSON ({err})") from None
+    if not isinstance(head, dict) or not isinstance(head.get("spec"), dict):
+        raise ValueError(f"{out / CONFIG_FILE} holds no study spec")
+    try:
+        return from_json(head["spec"])
+    except (KeyError, TypeError) as err:
+        raise ValueError(f"{out / CONFIG_FILE} holds a damaged study spec ({type(err).__name__}: {err})") from None
+
+
+def duration(seconds: float) -> str:
+    """2.5 h, 12.0 min, or 40 s."""
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+def formatter(budgets: list[float]) -> Callable[[float], str]:
+    """Steps as 10.00M when a budget is a million or more, else as 1,600."""
+    if max(budgets, default=0) >= 1e6:
+        return lambda steps: f"{steps / 1e6:.2f}M"
+    return lambda steps: f"{steps:,.0f}"
+
+
+def study_report(out: Path, heading: str, found: list[CellStatus], *, unit: str,
+                 evaluation: Callable[[dict, Callable], str]) -> str:  # fmt: skip
+    """A study's status: ``heading`` (what it runs), a line per cell (its state, its steps of its budget, its run
+    time, ``evaluation(row, steps)``: the headline of its last evaluation row), then the counts, the ``unit`` run (env
+    steps, optimiser steps) and the time left."""
+    steps = formatter([s.budget for s in found])
+    lines = [heading]
+    width = max(len(s.cell.folder.relative_to(out).as_posix()) for s in found)
+    for s in found:
+        line = f"  {s.cell.folder.relative_to(out).as_posix():<{width}}  {s.state:<11}"
+        if s.state not in ("not started", "unreadable"):
+            line += f"  {steps(s.done):>7} of {steps(s.budget)}  {duration(s.seconds):>8}"
+            line += f"  {evaluation(s.evaluation, steps)}" if s.evaluation else ""
+        lines.append(line.rstrip() + (f" ({s.note})" if s.note else ""))
+    done = sum(s.budget if s.state == "finished" else min(s.done, s.budget) for s in found)
+    total = sum(s.budget for s in found)
+    share = 100 if done >= total else min(int(100 * done / total), 99)  # "100 %" only when it is all done
+    lines.append(f"  {counts(found)}; {steps(done)} of {steps(total)} {unit} ({share} %)")
+    left, unknown = seconds_left(found)
+    if done < total:
+        parts = [f"about {duration(left)} of run time, one cell at a time, at each cell's rate so far"]
+        parts = parts if left > 0 or not unknown else []
+        parts += [f"the cells of {', '.join(unknown)}, which have no rate yet"] if unknown else []
+        lines.append(f"  left: {', and '.join(parts)}")
+    return "\n".join(lines)
+
+
+def status_report(folder: Path, command: str, name: str, study_text: Callable[[Path], str]) -> tuple[str, bool]:
+    """The status of every study of ``command`` at or below ``folder`` (``study_text(out)`` gives one; ``name``: the
+    command as typed, ``troll study``), and whether each could be read (a study that cannot gets a line saying why).
+    UsageError when ``folder`` holds none."""
+    folder = Path(folder)
+    if not folder.exists():
+        raise UsageError(f"{folder} does not exist; give a study's --out or a folder holding studies.")
+    found = find_studies(folder, command)
+    if not found:
+        raise UsageError(f"{folder} holds no '{name}' (no config.json of one at or below it): give a study's --out, "
+                         "or a folder above it.")  # fmt: skip
+    texts, ok = [], True
+    for out in found:
+        try:
+            texts.append(study_text(out))
+        except Exception as err:  # noqa: BLE001 -- one damaged study must not hide the others
+            texts.append(f"{out}: cannot be read as a study: {err or type(err).__name__}")
+            ok = False
+    return "\n\n".join(texts), ok
+
+
+def show(text: str, ok: bool) -> int:
+    """Print a status report; the exit status: 0, or 1 when a study could not be read. A reader that went away
+    (``| head``) ends it quietly."""
+    import os
+    import sys
+
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:  # nothing more to say (and no second error when Python flushes stdout at exit)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0 if ok else 1
