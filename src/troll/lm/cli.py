@@ -1,6 +1,7 @@
-"""``troll train``, ``troll compare`` and ``troll study``: GRPO runs of a language model with TROLL or clipping.
+"""``troll train``, ``troll compare`` and ``troll study``: GRPO runs of a language model with TROLL or clipping;
+``troll status``, where studies stand.
 
-The provider of these three subcommands (see :mod:`troll.cli`): their parsers and handlers; the flags themselves,
+The provider of these subcommands (see :mod:`troll.cli`): their parsers and handlers; the flags themselves,
 their help and their translation into a run's options are in :mod:`troll.lm.flags`. Every input is checked before
 a model is loaded or a file is written; a bad one exits with status 2 and a message saying how to fix it. Heavy
 imports (transformers, TRL, reasoning_gym's tasks, matplotlib) happen in the handlers, once a run starts.
@@ -23,6 +24,7 @@ from troll.lm.flags import (
     KL_BOUND_HELP,
     LOSS_HELP,
     RUN_ARGS,
+    STATUS_DOC,
     STUDY_DOC,
     TRAIN_DOC,
     add_run_args,
@@ -71,7 +73,7 @@ def _add_study_parser(sub) -> None:
 
 
 def add_commands(sub) -> None:
-    """Register train, compare, study and eval-code (the provider hook of :mod:`troll.cli`)."""
+    """Register train, compare, study, status and eval-code (the provider hook of :mod:`troll.cli`)."""
     train = sub.add_parser("train", help="one GRPO run with TROLL or a clipped loss", description=TRAIN_DOC)
     train.add_argument("--loss", default=argparse.SUPPRESS, help=LOSS_HELP)
     for flag, users, meaning in BOUND_FLAGS.values():
@@ -100,7 +102,18 @@ def add_commands(sub) -> None:
     add_run_args(compare, "comparison folder (default: runs/compare-<task>-seed<seed>)")
     compare.set_defaults(run=_listing(cmd_compare), name="compare")
     _add_study_parser(sub)
+    status = sub.add_parser("status", help="where the studies below a folder stand", description=STATUS_DOC)
+    status.add_argument("folder", metavar="FOLDER", help="a study's --out, or a folder holding studies")
+    status.set_defaults(run=cmd_status, name="status")
     _add_eval_code_parser(sub)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Print where the studies stand; exit status 1 when one of them could not be read."""
+    from troll.lm.status import status_text
+    from troll.study.status import show
+
+    return show(*status_text(Path(args.folder)))
 
 
 def _listing(handler):

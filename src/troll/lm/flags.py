@@ -201,6 +201,13 @@ STUDY_DOC = (
     "cells keep metrics, summary and plots only (unless --keep-checkpoints / --keep-model); --resume continues an "
     "interrupted study without rerunning finished cells, and more --losses or --seeds add to its grid."
 )
+STATUS_DOC = (
+    "Reads every 'troll study' at or below FOLDER, while it runs or after it stopped, and prints a line per cell: "
+    "finished, running, failed, stopped (resumes from its checkpoint), not started or unreadable; its optimiser "
+    "steps of its budget, its run time (TRL's step times) and its last held-out accuracy. Then per study the steps "
+    "run and an estimate of the time left. Writes nothing. Exit status 1 when a study cannot be read (it gets a line "
+    "saying why), 2 when FOLDER holds no study."
+)
 
 
 def options_from_args(args: argparse.Namespace, *, shared: bool = False) -> RunOptions:
