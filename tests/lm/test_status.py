@@ -5,6 +5,7 @@ against values worked by hand; nothing is written; a folder without a study is r
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -109,3 +110,22 @@ def test_status_of_a_folder_without_a_study_is_refused(tmp_path, capsys):
     assert main(["tce", "status", str(tmp_path / "lm")]) == 2
     assert main(["status", str(tmp_path / "nothing")]) == 2
     assert f"{tmp_path / 'nothing'} does not exist" in capsys.readouterr().err
+
+
+def test_a_cell_killed_after_its_last_step_is_not_done(tmp_path, capsys, monkeypatch):
+    """Killed after the checkpoint of its last step, before the final evaluation and summary: every step has run,
+    yet the study is not finished, and says what is left."""
+    fake_study(tmp_path / "s", losses=("troll",), seeds=(0,))
+    cell = tmp_path / "s" / "troll" / "seed0"
+    write_cell(cell, [held_out(0, 0.0), *(training(s, 10.0) for s in (1, 2, 3, 4))], checkpoint=(4, 5))
+    assert main(["status", str(tmp_path / "s")]) == 0
+    assert capsys.readouterr().out.splitlines()[1:] == [
+        "  troll/seed0  stopped            4 of 4      40 s  held-out accuracy 0.000 at step 0",
+        "  1 stopped; 4 of 4 optimiser steps (99 %)",
+        "  left: the end of 1 cell(s) whose steps have all run (their last evaluation)",
+    ]
+    # a checkpoint a live run removes between finding it and reading its mark: nothing known kept, no error
+    from troll.lm import status
+
+    monkeypatch.setattr(status.checkpoints, "last_checkpoint", lambda folder: folder / "checkpoint-2")
+    assert status._kept(SimpleNamespace(folder=cell), []) == []

@@ -111,13 +111,17 @@ def test_damaged_lines_are_skipped_and_named_and_an_unreadable_cell_says_so(tmp_
 
 
 def test_the_lines_a_checkpoint_recorded(tmp_path):
-    """``lines``: the first lines only, all of them whole (the last one too), damaged ones still skipped and named."""
+    """``lines``: the first lines only, damaged ones still skipped and named; never a torn last line, which a resume
+    drops too, even when the checkpoint recorded more lines than the file holds."""
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 0}\n{torn\n{"step": 1}\n{"step": 2}\n{"step": 3')
     assert status.read_rows(path, "step", lines=3) == (
         [{"step": 0}, {"step": 1}], "metrics.jsonl: 1 damaged line(s) skipped, the first line 2"
     )  # fmt: skip
     assert status.read_rows(path, "step", lines=0) == ([], "")
+    assert status.read_rows(path, "step", lines=9) == (  # the torn line 5 is neither a row nor damaged
+        [{"step": 0}, {"step": 1}, {"step": 2}], "metrics.jsonl: 1 damaged line(s) skipped, the first line 2"
+    )  # fmt: skip
     assert status.read_rows(path, "step")[0] == [{"step": 0}, {"step": 1}, {"step": 2}]  # the torn last line left out
     assert status.read_rows(tmp_path / "none.jsonl", "step", lines=2) == ([], "")
 
@@ -153,3 +157,14 @@ def test_the_time_left_worked_by_hand(tmp_path):
     left, unknown = status.seconds_left(found)
     assert (left, unknown) == (pytest.approx(210.0), ["ppo"])
     assert status.seconds_left([check(cells[0])]) == (0.0, [])
+
+
+def test_the_statuses_a_study_recorded(tmp_path):
+    """study.json's statuses by (value, arm, seed); a damaged entry loses only its own."""
+    cells = [{"value": None, "loss": "troll", "seed": 0, "status": "failed (exit 1)"}, {"value": None, "seed": 1},
+             "nonsense", {"value": None, "loss": "clip", "seed": 0, "status": "done"}]  # fmt: skip
+    (tmp_path / "study.json").write_text(json.dumps({"cells": cells}))
+    assert status.recorded(tmp_path, "loss") == {(None, "troll", 0): "failed (exit 1)", (None, "clip", 0): "done"}
+    (tmp_path / "study.json").write_text(json.dumps({"cells": "nonsense"}))
+    assert status.recorded(tmp_path, "loss") == {}
+    assert status.recorded(tmp_path / "none", "loss") == {}

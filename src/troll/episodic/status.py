@@ -62,22 +62,10 @@ def study_text(out: Path) -> str:
     """The status of one study folder: a line per cell, then the counts, the env steps run and an estimate of the
     time left."""
     spec = status.saved_spec(out, study.StudySpec.from_json)
-    cells = study.plan(spec, out)
-    can_resume, recorded = study.frontend(spec).can_resume, status.recorded(out, "algo")
     keys = {"x_key": "env_steps", "time_key": TIME_KEY, "eval_key": EVAL_KEY, "kept": _kept,
-            "summary_seconds": "seconds"}  # fmt: skip
-    asked = [_budget(cell) for cell in cells]  # each cell's config.json, read once
-    found = [status.cell_status(cell, can_resume=can_resume, budget=budget, **keys,
-                                recorded=recorded.get((cell.value, cell.arm, cell.seed)))
-             for cell, budget in zip(cells, asked)]  # fmt: skip
-    if not found:
-        raise ValueError("its spec plans no cell (no algorithm or no seed)")
-    steps = status.formatter([s.budget for s in found])
-    budgets = " or ".join(steps(b) for b in sorted(set(asked)))
-    sweep = f", {spec.grid.sweep_flag}={','.join(map(str, spec.sweep_values))}" if spec.sweep_key else ""
-    seeds = ",".join(str(seed) for seed in spec.seeds)
-    heading = f"{out}: {spec.env}, {','.join(spec.algos)} x seeds {seeds}{sweep}, {budgets} env steps a cell"
-    return status.study_report(out, heading, found, unit="env steps", evaluation=_evaluation)
+            "summary_seconds": "seconds", "can_resume": study.frontend(spec).can_resume}  # fmt: skip
+    return status.study_report(out, spec.grid, study.plan(spec, out), what=spec.env, unit="env steps", budget=_budget,
+                               evaluation=_evaluation, arm="algo", **keys)  # fmt: skip
 
 
 def status_text(folder: Path) -> tuple[str, bool]:

@@ -2,9 +2,9 @@
 while they run or after they stopped (nothing is written; :mod:`troll.study.status` has the states).
 
     studies/code: task code, model smollm2, troll,clip x seeds 0,1,2, 160 optimiser steps a cell
-      troll/seed0  finished      160 of 160    2.1 h  held-out accuracy 0.250 at step 160
-      clip/seed0   running        96 of 160    1.3 h  held-out accuracy 0.188 at step 80
-      troll/seed1  stopped        80 of 160   1.0 h  held-out accuracy 0.219 at step 80
+      troll/seed0  finished         160 of 160     2.1 h  held-out accuracy 0.250 at step 160
+      clip/seed0   running           96 of 160     1.3 h  held-out accuracy 0.188 at step 80
+      troll/seed1  stopped           80 of 160     1.0 h  held-out accuracy 0.219 at step 80
       ...
       1 finished, 1 running, 1 stopped, 3 not started; 336 of 960 optimiser steps (35 %)
       left: about 8.4 h of run time, one cell at a time, at each cell's rate so far
@@ -34,9 +34,10 @@ def _kept(cell, rows: list[dict]) -> list[dict]:
     """The rows a resume keeps: the metrics lines the newest complete checkpoint recorded (troll.lm.checkpoints;
     the file is cut back to them), read here without cutting anything; none without a checkpoint."""
     found = checkpoints.last_checkpoint(cell.folder)
-    if found is None:
+    mark = protocol.read_mark(found) if found is not None else None
+    if mark is None:  # none, or removed since it was found (a live run marked a newer one): nothing known kept
         return []
-    kept, _ = status.read_rows(cell.folder / METRICS_FILE, X_KEY, lines=protocol.read_mark(found)["metrics_lines"])
+    kept, _ = status.read_rows(cell.folder / METRICS_FILE, X_KEY, lines=mark["metrics_lines"])
     return kept
 
 
@@ -60,22 +61,11 @@ def study_text(out: Path) -> str:
     """The status of one study folder: a line per cell, then the counts, the optimiser steps run and an estimate of
     the time left."""
     spec = status.saved_spec(out, lm_study.StudySpec.from_json)
-    cells = lm_study.plan(spec, out)
-    can_resume, recorded = lm_study.frontend().can_resume, status.recorded(out, "loss")
-    keys = {"x_key": X_KEY, "time_key": TIME_KEY, "eval_key": EVAL_KEY, "kept": _kept}
-    asked = [_budget(cell) for cell in cells]
-    found = [status.cell_status(cell, can_resume=can_resume, budget=budget, **keys,
-                                recorded=recorded.get((cell.value, cell.arm, cell.seed)))
-             for cell, budget in zip(cells, asked)]  # fmt: skip
-    if not found:
-        raise ValueError("its spec plans no cell (no loss or no seed)")
-    steps = status.formatter([s.budget for s in found])
-    budgets = " or ".join(steps(b) for b in sorted(set(asked)))
-    sweep = f", {spec.grid.sweep_flag}={','.join(map(str, spec.sweep_values))}" if spec.sweep_key else ""
-    seeds = ",".join(str(seed) for seed in spec.seeds)
-    shared = "".join(f"{key} {getattr(spec.base, key)}, " for key in ("task", "model") if key != spec.sweep_key)
-    heading = f"{out}: {shared}{','.join(spec.losses)} x seeds {seeds}{sweep}, {budgets} optimiser steps a cell"
-    return status.study_report(out, heading, found, unit="optimiser steps", evaluation=_evaluation)
+    shared = ", ".join(f"{key} {getattr(spec.base, key)}" for key in ("task", "model") if key != spec.sweep_key)
+    keys = {"x_key": X_KEY, "time_key": TIME_KEY, "eval_key": EVAL_KEY, "kept": _kept,
+            "can_resume": lm_study.frontend().can_resume}  # fmt: skip
+    return status.study_report(out, spec.grid, lm_study.plan(spec, out), what=shared, unit="optimiser steps",
+                               budget=_budget, evaluation=_evaluation, arm="loss", **keys)  # fmt: skip
 
 
 def status_text(folder: Path) -> tuple[str, bool]:

@@ -41,7 +41,7 @@ from troll.runs.folder import busy
 from troll.runs.numbers import is_real
 from troll.study import lease
 from troll.study.cell import last_status
-from troll.study.grid import Cell
+from troll.study.grid import Cell, Grid
 from troll.study.report import JSON_FILE as STUDY_JSON_FILE
 
 STATES = ("finished", "running", "failed", "stopped", "not started", "unreadable")
@@ -69,14 +69,13 @@ def number(value) -> float | None:
 
 def read_rows(path: Path, x_key: str, *, lines: int | None = None) -> tuple[list[dict], str]:
     """The metrics rows of ``path`` that are JSON objects with a number at ``x_key``, and a note naming the first
-    line that is not (empty when all are; a torn last line is not counted). ``lines``: only the first lines, which
-    a checkpoint recorded as whole. OSError when the file cannot be read."""
+    line that is not (empty when all are; a torn last line is not counted). ``lines``: at most the first lines (those
+    a checkpoint recorded; a resume keeps no more, and no torn one). OSError when the file cannot be read."""
     try:
         text = path.read_bytes().decode(errors="replace")
     except FileNotFoundError:
         return [], ""
-    whole = text.split("\n")[:-1]  # the part after the last newline is a line being written
-    whole = whole if lines is None else text.split("\n")[:lines]
+    whole = text.split("\n")[:-1][:lines]  # the part after the last newline is a line being written
     rows, bad = [], []
     for index, line in enumerate(whole, start=1):
         if not line.strip():
@@ -196,9 +195,15 @@ def recorded(out: Path, arm: str) -> dict[tuple, str]:
     is the name of the arm's key (``algo``, ``loss``)."""
     try:
         cells = json.loads((out / STUDY_JSON_FILE).read_text())["cells"]
-        return {(c["value"], c[arm], c["seed"]): str(c["status"]) for c in cells}
     except (OSError, ValueError, KeyError, TypeError):
         return {}
+    found = {}
+    for c in cells if isinstance(cells, list) else []:
+        try:
+            found[c["value"], c[arm], c["seed"]] = str(c["status"])
+        except (KeyError, TypeError):  # a damaged entry: that cell's status is unknown, the others' are not
+            continue
+    return found
 
 
 def saved_spec(out: Path, from_json: Callable[[dict], Any]) -> Any:
@@ -230,13 +235,22 @@ def formatter(budgets: list[float]) -> Callable[[float], str]:
     return lambda steps: f"{steps:,.0f}"
 
 
-def study_report(out: Path, heading: str, found: list[CellStatus], *, unit: str,
-                 evaluation: Callable[[dict, Callable], str]) -> str:  # fmt: skip
-    """A study's status: ``heading`` (what it runs), a line per cell (its state, its steps of its budget, its run
-    time, ``evaluation(row, steps)``: the headline of its last evaluation row), then the counts, the ``unit`` run (env
-    steps, optimiser steps) and the time left."""
+def study_report(out: Path, grid: Grid, cells: list[Cell], *, what: str, unit: str, budget: Callable[[Cell], float],
+                 evaluation: Callable[[dict, Callable], str], arm: str, **keys) -> str:  # fmt: skip
+    """A study's status: a heading (``what`` it runs, its grid, each cell's ``budget`` in ``unit``: env steps,
+    optimiser steps), a line per cell (its state, steps of its budget, run time, and ``evaluation(row, steps)``, the
+    headline of its last evaluation row), then the counts, the steps run and the time left. ``arm`` is the key of a
+    cell's arm in study.json; ``keys`` go to :func:`cell_status`."""
+    statuses = recorded(out, arm)
+    asked = [budget(cell) for cell in cells]  # each cell's config.json, read once
+    found = [cell_status(cell, budget=b, recorded=statuses.get((cell.value, cell.arm, cell.seed)), **keys)
+             for cell, b in zip(cells, asked)]  # fmt: skip
+    if not found:
+        raise ValueError(f"its spec plans no cell (no {arm} or no seed)")
     steps = formatter([s.budget for s in found])
-    lines = [heading]
+    sweep = f", {grid.sweep_flag}={','.join(map(str, grid.sweep_values))}" if grid.sweep_key else ""
+    lines = [f"{out}: {what}, {','.join(grid.arms)} x seeds {','.join(map(str, grid.seeds))}{sweep}, "
+             f"{' or '.join(steps(b) for b in sorted(set(asked)))} {unit} a cell"]  # fmt: skip
     width = max(len(s.cell.folder.relative_to(out).as_posix()) for s in found)
     for s in found:
         line = f"  {s.cell.folder.relative_to(out).as_posix():<{width}}  {s.state:<11}"
@@ -246,13 +260,17 @@ def study_report(out: Path, heading: str, found: list[CellStatus], *, unit: str,
         lines.append(line.rstrip() + (f" ({s.note})" if s.note else ""))
     done = sum(s.budget if s.state == "finished" else min(s.done, s.budget) for s in found)
     total = sum(s.budget for s in found)
-    share = 100 if done >= total else min(int(100 * done / total), 99)  # "100 %" only when it is all done
+    unfinished = sum(s.state != "finished" for s in found)
+    share = min(int(100 * done / total), 99) if unfinished and total > 0 else 100  # 100 % only when all finished
     lines.append(f"  {counts(found)}; {steps(done)} of {steps(total)} {unit} ({share} %)")
     left, unknown = seconds_left(found)
-    if done < total:
-        parts = [f"about {duration(left)} of run time, one cell at a time, at each cell's rate so far"]
-        parts = parts if left > 0 or not unknown else []
+    if unfinished:
+        parts = (
+            [f"about {duration(left)} of run time, one cell at a time, at each cell's rate so far"] if left > 0 else []
+        )
         parts += [f"the cells of {', '.join(unknown)}, which have no rate yet"] if unknown else []
+        # every step run, yet a cell unfinished: killed after its last checkpoint, before its summary
+        parts = parts or [f"the end of {unfinished} cell(s) whose steps have all run (their last evaluation)"]
         lines.append(f"  left: {', and '.join(parts)}")
     return "\n".join(lines)
 
