@@ -3,7 +3,7 @@
 # Each creates .venv and installs what it needs, torch==2.13.0 (the CPU wheel) first so that nothing
 # resolves an unpinned torch to a multi-GB CUDA build.
 # verl 0.9 pins transformers<5.11 (constraints.txt has 5.23), so `make test` builds a second environment,
-# .venv-verl from constraints-verl.txt, and runs the verl tests there too.
+# .venv-verl from constraints-verl.txt, and runs the verl tests there too; the vLLM tests run in a third, .venv-vllm.
 VENV ?= .venv
 VERL_VENV ?= .venv-verl
 VLLM_VENV ?= .venv-vllm
@@ -79,7 +79,8 @@ test: bubblewrap $(VENV)/.installed $(VERL_VENV)/.installed $(VLLM_VENV)/.instal
 	$(VERL_VENV)/bin/python -m pytest --require verl,tensordict $(VERL_TESTS)
 	$(VLLM_VENV)/bin/python -m pytest --require vllm,trl $(VLLM_TESTS)
 
-# docs/results.md: the four studies behind it (about 2 hours on a 2-core CPU), in a new folder each time.
+# docs/archive/results-first-study.md: the four studies behind it (about 2 hours on a 2-core CPU), in a new folder
+# each time.
 STUDY := $(VENV)/bin/troll study --seeds 3 --steps 32 --jobs 2
 results: $(VENV)/.installed
 	d=studies/$$(date +%Y%m%d-%H%M%S) && \
@@ -137,9 +138,10 @@ code-results: $(VENV)/.installed
 	go $$d --seeds 6 --max-completion-length 96 && go $$d-160 --seeds 3 && \
 	{ [ -e $$d-humaneval.json ] || $(VENV)/bin/troll eval-code --task humaneval --out $$d-humaneval.json; }
 
-# docs/tce.md's results: TCE and BBRL, 3 seeds each, on the toy task, Reacher (dense and sparse) and three Meta-World
-# tasks, with stable-baselines3's PPO on Reacher and reach-v3, into a new folder; then the report over them
-# (<folder>/report/). About 3 hours with --jobs 2 on the 2-core CPU at these budgets.
+# docs/archive/tce-earlier-preset.md's studies (its numbers come from the code of 2026-11-25, `git checkout
+# dd31b69`): TCE and BBRL, 3 seeds each, on the toy task, Reacher (dense and sparse) and three Meta-World tasks, with
+# stable-baselines3's PPO on Reacher and reach-v3, into a new folder; then the report over them (<folder>/report/).
+# About 3 hours with --jobs 2 on the 2-core CPU at these budgets.
 TCE_STUDY := $(VENV)/bin/troll tce study --seeds 3 --jobs 2
 # the budgets of docs/tce.md's studies; the presets' own (Meta-World 2M) with e.g. TCE_REACH_STEPS=2000000
 TCE_REACH_STEPS ?= 480000
@@ -300,10 +302,12 @@ tce-backends: $(VENV)/.installed
 	$(PY) -m troll.episodic.results --compare $$d/reach-v3-envpool $$d/reach-v3-python | tee $$d/compare.md && \
 	exit $$status
 
-# docs/tce.md, "Backends": Meta-World's scripted policies, 50 tasks x 32 episodes on each backend (~15 min, 2 cores)
+# docs/envpool-equivalence.md: Meta-World's scripted policies, 50 tasks x 32 episodes on each backend (about 70 CPU
+# minutes: the 40 tasks outside MT10 took 55), the table written to EQUIVALENCE_OUT.md and .csv
+EQUIVALENCE_OUT ?= studies/envpool-equivalence
 envpool-equivalence: $(VENV)/.installed
-	OMP_NUM_THREADS=1 $(PY) -m troll.episodic.envs.equivalence --episodes 32 --jobs 2 \
-		--csv docs/img/envpool-equivalence.csv | tee docs/img/envpool-equivalence.md
+	mkdir -p $$(dirname $(EQUIVALENCE_OUT)) && OMP_NUM_THREADS=1 $(PY) -m troll.episodic.envs.equivalence \
+		--episodes 32 --jobs 2 --csv $(EQUIVALENCE_OUT).csv | tee $(EQUIVALENCE_OUT).md
 
 clean:
 	rm -rf $(VENV) $(VERL_VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .hypothesis

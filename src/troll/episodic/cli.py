@@ -33,9 +33,9 @@ STUDY_DOC = (
     "Runs every algorithm of --algos for every seed of --seeds (and every value of --sweep) as 'troll tce train' "
     "would, into <out>/[<key>=<value>/]<algo>/seed<k>/, --jobs at a time, then writes study.json, study.md (mean "
     "and standard error over seeds of the success rate, return and final distance at the budget and their best, "
-    "paired TCE - BBRL and TCE - PPO differences with 95% intervals) and study.png (curves against env steps with "
-    "standard-error bands). --resume continues an interrupted study without rerunning finished cells, and more "
-    "--algos or --seeds add to its grid."
+    "paired TCE - baseline differences (bbrl, bbrl-cov, ppo) with 95% intervals) and study.png (curves against env "
+    "steps with standard-error bands). --resume continues an interrupted study without rerunning finished cells, "
+    "and more --algos or --seeds add to its grid."
 )
 
 RENDER_DOC = (
@@ -84,7 +84,7 @@ def add_commands(sub) -> None:
     study.add_argument(
         "--algos",
         default=argparse.SUPPRESS,
-        help="comma-separated algorithms, each once (default: tce,bbrl,ppo; tce,bbrl on the toy task)",
+        help="comma-separated algorithms, each once (default: tce,bbrl,bbrl-cov,ppo; tce,bbrl on the toy task)",
     )
     study.add_argument("--seeds", default=argparse.SUPPRESS, help="a count (3: seeds 0,1,2) or a list (default: 3)")
     study.add_argument("--sweep", default=argparse.SUPPRESS, help="one option and its values, KEY=V1,V2 with KEY in "
@@ -127,7 +127,7 @@ def _add_viewers(tce_sub) -> None:
 def _add_run_flags(p: argparse.ArgumentParser, *, study: bool = False) -> None:
     """The budget, runtime, TCE and PPO flags; defaults SUPPRESSed so that a handler sees what was given."""
     p.add_argument("--steps", default=argparse.SUPPRESS, help="total env steps of a run (default: the preset's: "
-                   "toy 896k, Reacher 400k, Meta-World 2M)")  # fmt: skip
+                   "toy 896k, Reacher 400k, Meta-World 2M, hopper jump and box pushing 10M)")  # fmt: skip
     workers = "1 in a study: --jobs 2 then steps two simulators on two cores" if study else "2"
     p.add_argument(
         "--workers",

@@ -40,7 +40,12 @@ TCE_FLAGS: tuple[tuple[str, str, str], ...] = (
         "the env's own options as a JSON object, e.g. '{\"gain\": 25}': the keys given complete the env family's "
         "preset's (on Meta-World: mocap, gain 100, gripper from the fingers, full context)",
     ),
-    ("episodes", "E", f"episodes per iteration ({PRESET}: 16 on Meta-World and Reacher, 64 on the toy)"),
+    (
+        "episodes",
+        "E",
+        f"episodes per iteration ({PRESET}: 16 on Meta-World and Reacher, 64 on the toy and hopper jump, 152 on dense "
+        "and 76 on sparse box pushing)",
+    ),
     ("eval_every", "N", f"evaluate the mean trajectory every N iterations and after the last ({PRESET}: 10)"),
     ("eval_episodes", "N", f"episodes of each evaluation, the same contexts every time ({PRESET})"),
     ("num_basis", "N", f"ProDMP basis functions per DoF ({PRESET}: 8; toy 5)"),
@@ -60,7 +65,12 @@ TCE_FLAGS: tuple[tuple[str, str, str], ...] = (
     ("random_offset", "BOOL", "random offset of the segment indices per episode (default: true)"),
     ("offset_per_iteration", "BOOL", f"one segment offset for all episodes of an iteration ({PRESET}: Meta-World)"),
     ("policy_hidden", "WIDTHS", "policy MLP widths, e.g. 128,128; 'none' for linear (default: 128,128)"),
-    ("activation", "NAME", "policy activation: tanh, relu, elu, silu, leaky_relu (default: tanh)"),
+    (
+        "activation",
+        "NAME",
+        f"policy activation: tanh, relu, elu, silu, leaky_relu ({PRESET}: tanh; relu on Meta-World and hopper jump, "
+        "leaky_relu on box pushing)",
+    ),
     ("init_std", "X", f"initial std of every ProDMP parameter ({PRESET})"),
     ("min_std", "X", f"floor added to the Cholesky diagonal ({PRESET}: 1e-4; Meta-World 1e-5)"),
     ("covariance", "NAME", f"policy covariance: full or diag ({PRESET}: full; diag for --algo bbrl)"),
@@ -69,7 +79,7 @@ TCE_FLAGS: tuple[tuple[str, str, str], ...] = (
     ("policy_epochs", "N", f"full-batch policy epochs per iteration ({PRESET}: 50; toy 10)"),
     ("lr_final", "X", f"learning rates decay linearly to this share over the run ({PRESET}: 1; Meta-World 0.01)"),
     ("critic_hidden", "WIDTHS", f"critic MLP widths ({PRESET}: 128,128; toy 64,64)"),
-    ("critic_activation", "NAME", "critic activation (default: relu)"),
+    ("critic_activation", "NAME", f"critic activation ({PRESET}: relu; leaky_relu on box pushing)"),
     ("critic_lr", "X", f"critic Adam step size ({PRESET}: 3e-4; toy 1e-3)"),
     ("critic_epochs", "N", f"critic epochs per iteration ({PRESET}: 50; toy 5)"),
     ("critic_minibatches", "N", f"critic minibatches per epoch, 1: full batch ({PRESET}: 1; toy 4)"),
@@ -83,8 +93,17 @@ TCE_FLAGS: tuple[tuple[str, str, str], ...] = (
     ("distance", "NAME", "trust-region distance: kl or frobenius (default: kl)"),
     ("mean_bound", "X", f"trust-region bound of the mean part, > 0 ({PRESET}: Meta-World 0.005)"),
     ("cov_bound", "X", f"trust-region bound of the covariance part, > 0 ({PRESET}: Meta-World 0.0005)"),
-    ("trust_region_coeff", "X", "weight of the regression to the projection (default: 1)"),
-    ("entropy_schedule", "NAME", "entropy bound schedule: none, linear, exponential (default: none)"),
+    (
+        "trust_region_coeff",
+        "X",
+        f"weight of the regression to the projection ({PRESET}: 1; bbrl 10 on Meta-World, hopper jump and box pushing)",
+    ),
+    (
+        "entropy_schedule",
+        "NAME",
+        f"entropy bound schedule: none, linear, exponential ({PRESET}: none; linear for tce on Meta-World and box "
+        "pushing)",
+    ),
     ("entropy_target", "X", "final entropy bound, nats per parameter, relative to --entropy-reference (default: 0)"),
     ("entropy_reference", "NAME", f"initial (the initial entropy) or zero ({PRESET}: initial; Meta-World zero)"),
     ("entropy_rate", "X", "the exponential schedule's remaining share (default: 0.01)"),

@@ -472,8 +472,9 @@ class TCEConfig:
     @classmethod
     def preset(cls, env: str, **overrides) -> TCEConfig:
         """The config for ``env``: its family's :data:`PRESETS`, then :data:`ALGO_PRESETS` of (family, algo), then
-        ``overrides`` (field=value). ``env_options`` given complete the preset's key by key: ``{"backend":
-        "python"}`` on metaworld/* keeps the authors' controller, gripper start and context."""
+        :data:`ENV_PRESETS` of (env, algo), then ``overrides`` (field=value). ``env_options`` given complete the
+        preset's key by key: ``{"backend": "python"}`` on metaworld/* keeps the authors' controller, gripper start and
+        context."""
         family = env_family(env)
         unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
