@@ -58,7 +58,7 @@ def test_a_provider_adds_subcommands(tmp_path, capsys, monkeypatch):
     assert main(["tce", "train", "--env", "reach"]) == 0 and "ran reach" in capsys.readouterr().out
     code, err = run_cli(capsys, "tce", "train", "--env", "moon")
     assert code == 2 and "troll tce train: error: unknown env 'moon'" in err
-    assert "{train,compare,study,eval-code,tce}" in troll.cli.build_parser().format_help()
+    assert "{train,compare,study,status,eval-code,tce}" in troll.cli.build_parser().format_help()
 
 
 # ---------------------------------------------------------------- every command on the command line
