@@ -283,11 +283,19 @@ def command(tmp_path):
             proc.communicate()
 
 
+def _number_in(path: Path) -> bool:
+    try:
+        return path.read_text().isdigit()
+    except FileNotFoundError:
+        return False
+
+
 def _when_running(out: Path, count: int, proc: subprocess.Popen) -> list[Path]:
-    """The folders of the first ``count`` cells, once each has written its pid."""
+    """The folders of the first ``count`` cells, once each has written its pid (the file exists before the number is
+    in it: write_text creates it, then writes)."""
     deadline = time.time() + 60
     while time.time() < deadline and proc.poll() is None:
-        started = sorted(p.parent for p in out.glob("*/seed*/pid"))
+        started = sorted(p.parent for p in out.glob("*/seed*/pid") if _number_in(p))
         if len(started) >= count:
             return started
         time.sleep(0.05)
@@ -380,8 +388,9 @@ def test_ctrl_z_pauses_the_study_with_its_cells_and_fg_resumes_them(tmp_path, fa
     out = tmp_path / "st"
     proc = command(out, slow=0.3)
     running = _when_running(out, 2, proc)
-    _until(lambda: all((folder / "worker").exists() for folder in running), "workers started")
-    pids = [int((folder / name).read_text()) for folder in running for name in ("pid", "worker")]
+    written = [folder / name for folder in running for name in ("pid", "worker")]
+    _until(lambda: all(_number_in(f) for f in written), "workers started")
+    pids = [int(f.read_text()) for f in written]
     os.killpg(proc.pid, signal.SIGTSTP)
     _until(
         lambda: process_state(proc.pid) == "T" and all(process_state(pid) == "T" for pid in pids),
