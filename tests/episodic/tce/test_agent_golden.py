@@ -8,8 +8,14 @@ Each case builds an agent from a fully spelled-out config (no preset: presets ma
 makes one batch (the toy env, or the synthetic Meta-World-sized batch of ``tests/support/_tce_batch.py``: E
 episodes of 500 steps, 39-entry states, 4 DoF, with no simulator) and runs one ``update``. The metrics (timings
 aside) and every tensor of the agent's state afterwards (policy, critic, both Adam states, the RNG) must equal the
-recorded ones: float64 to 1e-12 relative, the float32 critic to 1e-6.
-A refactor of the loss or of the update's speed must keep them.
+recorded ones. A refactor of the loss or of the update's speed must keep them.
+
+Tolerances: on the machine that recorded them (an AMD EPYC) the numbers came back to 1e-12 (float64) and 1e-6 (the
+float32 critic). Another CPU sums the float32 critic's products in another order (an Intel Xeon with AVX-512,
+measured): the critic's state then moves by up to 8.9e-5, and through the advantages it feeds the float64 policy by
+up to 1.5e-6 beyond 1e-6 relative, the metrics by up to 1e-6. The tolerances are about 10x those (float32: 1e-3
+relative and absolute; float64 and the metrics: 1e-5), far below what a changed formula moves (a sign, a factor or a
+term changes these numbers in their first digits).
 
 Re-record (only for an intended change of the numbers, said so in the commit):
     PYTHONPATH=src:tests/support python tests/episodic/tce/test_agent_golden.py --record
@@ -30,6 +36,7 @@ from troll.episodic.tce.agent import TCEAgent, reset_seed
 from troll.episodic.tce.config import TCEConfig
 
 GOLDEN = Path(__file__).with_name("data") / "tce_golden.pt"
+FLOAT32_TOL, FLOAT64_TOL, METRIC_TOL = 1e-3, 1e-5, 1e-5  # relative and absolute (the module docstring says why)
 
 # Every field that sets a number, as they were when the golden file was recorded (the old Meta-World defaults).
 BASE = dict(
@@ -96,10 +103,10 @@ def assert_same(got, want, where: str) -> None:
         if not want.is_floating_point():
             assert torch.equal(got, want), where
             return
-        tol = 1e-12 if want.dtype == torch.float64 else 1e-6
+        tol = FLOAT64_TOL if want.dtype == torch.float64 else FLOAT32_TOL
         torch.testing.assert_close(got, want, rtol=tol, atol=tol, msg=lambda m: f"{where}: {m}")
     elif isinstance(want, float):
-        assert math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12), f"{where}: {got!r} != {want!r}"
+        assert math.isclose(got, want, rel_tol=METRIC_TOL, abs_tol=METRIC_TOL), f"{where}: {got!r} != {want!r}"
     else:
         assert got == want, where
 
@@ -114,7 +121,6 @@ def test_one_update_computes_the_recorded_numbers(golden, name):
     got, want = run_case(name), golden[name]
     assert set(got["metrics"]) >= set(want["metrics"]), "a metric of the golden record is gone"
     for key, value in want["metrics"].items():
-        # metrics compare to 1e-9: a few are sums of float32 critic outputs
         assert_same(got["metrics"][key], value, f"{name} metric {key}")
     flat_got, flat_want = flatten(got["state"]), flatten(want["state"])
     assert set(flat_got) == set(flat_want), f"{name}: state keys differ"
