@@ -40,27 +40,26 @@ from troll.episodic.envs.registry import BOX_PUSHING, check_options, horizon  # 
 
 GOLDEN = np.load(Path(__file__).with_name("data") / "box_pushing_golden.npz")
 VARIANTS = ("dense", "sparse")
-# Measured on mujoco 3.3.0 against the 2.3.3 recordings (4 episodes, 100 steps each): the box pose agreed to 1.5e-6
-# at every step (the observations are stored as float32, 1e-7 of their size); returns to 2.5e-1 dense (of -1154, an
-# episode where a joint's velocity jumps at a limit 90 steps in and the solvers' rounding decides the jump) and 1.5
-# sparse (of -436, the sparse task's last step charges 50 per rad/s of joint speed, and the same kind of jump leaves
-# the joint speeds 0.4 rad/s apart); joint angles to 0.016 rad. Tolerances: 10x the box's, 2x the rest.
-BOX_TOL, ANGLE_TOL = 1.5e-5, 0.035
-RETURN_TOL = {"dense": 0.5, "sparse": 3.0}
-# Joint speeds: 0.41 rad/s apart at most, in the two episodes where the solvers' rounding decides such a jump (the
-# other two agree to 2.4e-6). Step by step, the rewards agree to 1.3e-4 as long as every joint speed agrees to 1e-3
-# rad/s (APART); once one is further apart, the joint-limit penalty (it charges speeds over their limit) moves them by
-# up to 0.16, and the sparse task's last step (50 per rad/s of joint speed) by up to 1.5. The episode's energy
-# (sum of ||10 a||^2, a the tracking controller's actions) follows the joints: 1.14 apart of 2740 (the raw episodes
-# replay fixed actions: equal). Tolerances: about 2.2x each. The rewards before any jump are what catches a wrong
-# term: the energy term at 1.1 times its weight, or the rod-box term at 1.02 times, fails all four tests below.
-SPEED_TOL, ENERGY_TOL, APART = 0.9, 2.5, 1e-3
-STEP_TOL, STEP_TOL_APART, LAST_TOL_APART = 3e-4, 0.35, {"dense": 0.35, "sparse": 3.5}
-# The loose tolerances above are for the two episodes with such a jump, the first of the raw and of the tracked
-# ones. The others (the second raw and tracked episodes, both pushed ones) agree to 1.4e-7 rad (joint angles),
-# 2.4e-6 rad/s (speeds) and 2.9e-6 (returns): there the tolerances are 1e-5, 5e-5 and 5e-5.
-JUMPS = {("raw", 0), ("bb", 0)}
-SMOOTH_ANGLE_TOL, SMOOTH_SPEED_TOL, SMOOTH_RETURN_TOL = 1e-5, 5e-5, 5e-5
+# Measured on mujoco 3.3.0 against the 2.3.3 recordings (6 episodes of 100 steps, and the two pushed ones). The box
+# pose agrees to 1.5e-6 m at every step (the observations are stored as float32, 1e-7 of their size): BOX_TOL is 10x.
+# The arm's joints agree as closely until, in some episodes, a joint reaches a limit and the two solvers' rounding
+# decides its speed's jump there; from that step on (the joint speeds more than APART = 1e-3 rad/s apart: the
+# episode "parts") the arm runs another trajectory. Which episodes part depends on the CPU as well as the solver: on
+# an AMD EPYC two did (the first raw one, 90 steps in, and the first tracked one), on an Intel Xeon with AVX-512 the
+# second tracked one too, at step 34 (the CPU sums in another order, and the contact amplifies it). Before an episode
+# parts, its joint angles agree to 1.2e-5 rad and every step's reward to 3.3e-5 (1.3e-4 on the AMD machine): held
+# to 1e-3 rad and 3e-4. No episode parted before step 34: an episode that parts before step MIN_PART fails (a wrong
+# controller or a wrong term parts it at once). After it parts: the joint angles moved up to 0.053 rad, the speeds
+# 3.1 rad/s, the returns 5.0 (of -1154 dense, -436 sparse; the sparse task's last step charges 50 per rad/s of joint
+# speed) and the tracked episode's energy (sum of ||10 a||^2, a the tracking controller's actions) 67 of 6,515 (1.0
+# %; 1.14 of 2,740 on the AMD machine): only the return (to RETURN_TOL_APART) and the energy (to 2 %) are held then.
+# An episode that never parts agrees to 1.4e-7 rad (joint angles), 2.4e-6 rad/s (speeds) and 2.9e-6 (its return):
+# there the tolerances are 1e-5, 5e-5 and 5e-5, and its energy 1e-4 relative. The rewards before the parting are what
+# catches a wrong term: the energy term at 1.1 times its weight, or the rod-box term at 1.02 times, fails the tests.
+BOX_TOL, APART, MIN_PART = 1.5e-5, 1e-3, 20
+ANGLE_TOL, STEP_TOL = 1e-3, 3e-4  # before the parting
+RETURN_TOL_APART, ENERGY_REL_APART = 10.0, 0.02  # an episode that parted
+SMOOTH_ANGLE_TOL, SMOOTH_SPEED_TOL, SMOOTH_RETURN_TOL, SMOOTH_ENERGY_REL = 1e-5, 5e-5, 5e-5, 1e-4  # one that did not
 
 
 @pytest.fixture(scope="module")
@@ -137,8 +136,9 @@ def test_tracked_episodes_match_fancy_gyms_black_box_wrapper(variant):
         vel = np.concatenate([qd0[None], GOLDEN["bb_vel"][i]])
         result = runner.run(i, seed, pos, vel)
         last = GOLDEN[f"bb_last_{variant}"][i]
-        _check_episode(result.states[1:], GOLDEN["bb_obs"][i], result.rewards, variant, i, "bb")
-        assert abs(result.final["energy"] - last[2]) < ENERGY_TOL, (result.final["energy"], last[2])
+        parted = _check_episode(result.states[1:], GOLDEN["bb_obs"][i], result.rewards, variant, i, "bb")
+        energy_tol = (ENERGY_REL_APART if parted else SMOOTH_ENERGY_REL) * abs(last[2])
+        assert abs(result.final["energy"] - last[2]) < energy_tol, (result.final["energy"], last[2])
         np.testing.assert_allclose([result.final["distance"], result.final["rotation"]], last[:2], atol=BOX_TOL)
         assert result.success == bool(last[3])
 
@@ -168,24 +168,26 @@ def test_context_is_fancy_gyms_context_mask():
     np.testing.assert_array_equal(BoxPushingConfig().context_index, np.flatnonzero(GOLDEN["context_mask"]))
 
 
-def _check_episode(obs, golden_obs, rewards, variant, i, kind):
-    """The observations (T or T + 1, 28) and every step's reward (T,) of one episode against the recording's."""
-    np.testing.assert_allclose(obs[:, 14:21], golden_obs[:, 14:21], rtol=0, atol=BOX_TOL)  # box pose
+def _check_episode(obs, golden_obs, rewards, variant, i, kind) -> bool:
+    """The observations (T or T + 1, 28) and every step's reward (T,) of one episode against the recording's (the
+    tolerances' comment says why each); whether the episode parted."""
+    np.testing.assert_allclose(obs[:, 14:21], golden_obs[:, 14:21], rtol=0, atol=BOX_TOL)  # box pose, every step
     np.testing.assert_allclose(obs[:, 21:28], golden_obs[:, 21:28], rtol=0, atol=1e-6)  # goal pose
-    jumps = (kind, i) in JUMPS
-    np.testing.assert_allclose(obs[:, :7], golden_obs[:, :7], rtol=0, atol=ANGLE_TOL if jumps else SMOOTH_ANGLE_TOL)
-    np.testing.assert_allclose(obs[:, 7:14], golden_obs[:, 7:14], rtol=0, atol=SPEED_TOL if jumps else SMOOTH_SPEED_TOL)
     golden = GOLDEN[f"{kind}_rewards_{variant}"][i]
-    if not jumps:
-        assert abs(rewards.sum() - golden.sum()) < SMOOTH_RETURN_TOL, (rewards.sum(), golden.sum())
-    # the state after each step (the reward's): steps at and after the first whose joint speeds are APART get the
-    # looser tolerance
-    speed_gap = np.abs(obs[-len(golden) :, 7:14] - golden_obs[-len(golden) :, 7:14]).max(1)
-    apart = np.maximum.accumulate(speed_gap > APART)
-    tol = np.where(apart, STEP_TOL_APART, STEP_TOL)
-    tol[-1] = LAST_TOL_APART[variant] if apart[-1] else STEP_TOL
-    np.testing.assert_array_less(np.abs(rewards - golden), tol, err_msg=f"{kind} episode {i}, {variant} rewards")
-    assert abs(rewards.sum() - golden.sum()) < RETURN_TOL[variant], (rewards.sum(), golden.sum())
+    states, want = obs[-len(golden) :], golden_obs[-len(golden) :]  # the state after each step: its reward's
+    apart = np.abs(states[:, 7:14] - want[:, 7:14]).max(1) > APART
+    part = int(np.argmax(apart)) if apart.any() else len(golden)
+    where = f"{kind} episode {i}, {variant}"
+    assert part >= MIN_PART, f"{where}: the joint speeds part at step {part}"
+    np.testing.assert_allclose(states[:part, :7], want[:part, :7], rtol=0, atol=ANGLE_TOL, err_msg=where)
+    np.testing.assert_array_less(np.abs(rewards[:part] - golden[:part]), STEP_TOL, err_msg=f"{where} rewards")
+    if part < len(golden):
+        assert abs(rewards.sum() - golden.sum()) < RETURN_TOL_APART, (where, rewards.sum(), golden.sum())
+        return True
+    np.testing.assert_allclose(obs[:, :7], golden_obs[:, :7], rtol=0, atol=SMOOTH_ANGLE_TOL, err_msg=where)
+    np.testing.assert_allclose(obs[:, 7:14], golden_obs[:, 7:14], rtol=0, atol=SMOOTH_SPEED_TOL, err_msg=where)
+    assert abs(rewards.sum() - golden.sum()) < SMOOTH_RETURN_TOL, (where, rewards.sum(), golden.sum())
+    return False
 
 
 # ---------------------------------------------------------------------------------------------- reward terms
