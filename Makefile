@@ -244,9 +244,9 @@ tce-hopper-lr: $(VENV)/.installed
 # each (the authors' local budget; the paper ran 114M dense, 57M sparse), and PPO on the dense task at the same
 # budget; then the report over them (<BOX_DIR>/report/). The two studies run side by side so that both tasks get
 # their paired seeds early: the dense one (9 cells, PPO's the longest) two cells at a time, the sparse one (6 cells)
-# one at a time, so both cores stay busy to the end. 15 cells of 10M steps: a BBRL cell is about 1.8 hours of a core
-# (alone on it), TCE and PPO about 3 (4.1-5.4 and 4.3-5.0 hours with three cells sharing two cores); about 19 hours
-# of both cores in all. The finished cells are archived in BOX_ARCHIVE (docs/data/tce-box) and restored from it
+# one at a time, so both cores stay busy to the end. 15 cells of 10M steps: a BBRL cell is about 2 hours of a core
+# (alone on it), TCE about 3 and PPO 4.5 (4.1-5.4 and 4.3-5.0 hours with three cells sharing two cores); about 22
+# hours of both cores in all. The finished cells are archived in BOX_ARCHIVE (docs/data/tce-box) and restored from it
 # first, so a rerun continues where the last one stopped (an interrupted cell resumes from its checkpoint while
 # BOX_DIR holds it); `troll tce status studies/tce-box` shows where it stands. A smoke run:
 # make tce-box BOX_DIR=/tmp/box-smoke BOX_ARCHIVE=/tmp/box-smoke-archive BOX_STEPS=20000 BOX_SEEDS=1
