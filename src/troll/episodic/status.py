@@ -15,11 +15,9 @@ config.json, an algorithm this version does not know) gets a line saying why, an
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from troll.episodic import study
-from troll.runs.files import CONFIG_FILE
 from troll.study import status
 
 EVAL_KEY = "eval/return"  # every evaluation row has it (success_rate is None on tasks without a success rule)
@@ -41,11 +39,7 @@ def _kept(cell, rows: list[dict]) -> list[dict]:
 
 def _budget(cell) -> float:
     """The env steps the cell's own config.json asks for, else the planned config's."""
-    try:
-        saved = json.loads((cell.folder / CONFIG_FILE).read_text())["config"]["total_env_steps"]
-    except (OSError, ValueError, KeyError, TypeError):
-        saved = None
-    return status.number(saved) or float(cell.options["config"].total_env_steps)
+    return status.saved_number(cell, "config", "total_env_steps") or float(cell.options["config"].total_env_steps)
 
 
 def _evaluation(row: dict, steps) -> str:

@@ -16,13 +16,12 @@ stopped cell counts the metrics lines its newest complete checkpoint recorded: w
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from troll.lm import checkpoints
 from troll.lm import study as lm_study
 from troll.runs import protocol
-from troll.runs.files import CONFIG_FILE, METRICS_FILE
+from troll.runs.files import METRICS_FILE
 from troll.study import status
 
 X_KEY = "step"  # every line of a GRPO run's metrics.jsonl: the optimiser step it was logged at
@@ -44,11 +43,7 @@ def _kept(cell, rows: list[dict]) -> list[dict]:
 def _budget(cell) -> float:
     """The optimiser steps the cell's own config.json asks for (a resumed run may raise them), else the planned
     options'."""
-    try:
-        saved = json.loads((cell.folder / CONFIG_FILE).read_text())["options"]["steps"]
-    except (OSError, ValueError, KeyError, TypeError):
-        saved = None
-    return status.number(saved) or float(cell.options.steps)
+    return status.saved_number(cell, "options", "steps") or float(cell.options.steps)
 
 
 def _evaluation(row: dict, steps) -> str:

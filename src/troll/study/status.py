@@ -190,6 +190,16 @@ def find_studies(folder: Path, command: str) -> list[Path]:
     return found
 
 
+def saved_number(cell: Cell, key: str, field: str) -> float | None:
+    """``config.json[key][field]`` of the cell's own run folder (the budget it asks for), or None when the file, the
+    entry or a number there is missing."""
+    try:
+        value = json.loads((cell.folder / CONFIG_FILE).read_text())[key][field]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return number(value)
+
+
 def recorded(out: Path, arm: str) -> dict[tuple, str]:
     """The status of each cell as the study last recorded it in study.json: (value, arm, seed) -> status; ``arm``
     is the name of the arm's key (``algo``, ``loss``)."""
