@@ -205,6 +205,13 @@ def play_box(iteration: int, played) -> dict[str, float]:
     }
 
 
+def cell(value) -> str:
+    """A table entry: counts as integers, other numbers to 3 significant digits, NaN as '-'."""
+    if value != value:
+        return "-"
+    return str(value) if isinstance(value, int) else f"{value:.3g}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", type=Path, nargs="+", help="troll tce train run folders")
@@ -221,7 +228,7 @@ def main() -> None:
     keys = list(next(iter(columns.values())))
     print("| | " + " | ".join(columns) + " |\n" + "|---" * (len(columns) + 1) + "|")
     for key in keys:
-        print(f"| {key} | " + " | ".join("-" if c[key] != c[key] else f"{c[key]:.3g}" for c in columns.values()) + " |")
+        print(f"| {key} | " + " | ".join(cell(c[key]) for c in columns.values()) + " |")
 
 
 if __name__ == "__main__":

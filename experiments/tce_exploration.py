@@ -129,7 +129,9 @@ def run_pace(folder: Path) -> dict[str, float | None]:
 
 
 def cell(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3g}"
+    if value is None:
+        return "-"
+    return str(value) if isinstance(value, int) else f"{value:.3g}"
 
 
 def markdown(columns: dict[str, dict[str, float | None]]) -> str:

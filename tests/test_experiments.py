@@ -65,3 +65,13 @@ def test_tce_endings_box_pushing_worked_by_hand():
     ep.success = torch.tensor([0.0, 0.0, 0.0, 0.0])
     with pytest.raises(SystemExit, match="do not follow its rule"):
         script.play_box(7, [(ep, None, None)])
+
+
+def test_tables_print_counts_whole():
+    """The tables of tce_endings.py and tce_exploration.py print counts as integers (1316 iterations, not 1.32e+03),
+    other numbers to 3 significant digits, a missing one as '-'."""
+    for name, missing in (("tce_endings", float("nan")), ("tce_exploration", None)):
+        spec = importlib.util.spec_from_file_location(name, SCRIPT.with_name(f"{name}.py"))
+        script = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(script)
+        assert [script.cell(v) for v in (1316, 0.12345, 1316.0, missing)] == ["1316", "0.123", "1.32e+03", "-"]
