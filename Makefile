@@ -157,7 +157,7 @@ tce-results: $(VENV)/.installed
 	$(TCE_STUDY) --env metaworld/push-v3 --algos tce,bbrl --steps $(TCE_PUSH_STEPS) --out $$d/metaworld-push-v3 || status=1; \
 	$(TCE_STUDY) --env metaworld/pick-place-v3 --algos tce,bbrl --steps $(TCE_PICK_STEPS) \
 	    --out $$d/metaworld-pick-place-v3 || status=1; \
-	$(PY) -m troll.episodic.results $$d && exit $$status
+	$(PY) -m troll.tce.results $$d && exit $$status
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check src tests benchmarks experiments examples
@@ -186,7 +186,7 @@ bench: bubblewrap $(VENV)/.installed $(VERL_VENV)/.installed
 # where the last run stopped (finished cells are kept, an interrupted one resumes from its checkpoint), then
 # writes the report over what has finished (<TCE_DIR>/report/). The finished cells' numbers (no weights) are saved
 # to TCE_ARCHIVE after each study and restored from it first, so that a new machine continues from what was
-# committed (python -m troll.episodic.archive; a cell today's presets would not give is rerun).
+# committed (python -m troll.tce.archive; a cell today's presets would not give is rerun).
 TCE_DIR ?= studies/tce-authors
 TCE_ARCHIVE ?= docs/data/tce-authors
 MT10 ?= reach-v3 push-v3 pick-place-v3 door-open-v3 drawer-open-v3 drawer-close-v3 button-press-topdown-v3 \
@@ -194,9 +194,9 @@ MT10 ?= reach-v3 push-v3 pick-place-v3 door-open-v3 drawer-open-v3 drawer-close-
 # First restore the archive $a into $d (a damaged one stops the target); then go OUT FLAGS... starts the study OUT
 # or resumes it and saves the finished cells of $d into $a (status 1 if either failed); seed0only OUT is true while
 # the study OUT has not started or holds seed 0 alone (the breadth-first pass leaves grown studies to the next).
-ARCHIVED_GO = $(PY) -m troll.episodic.archive restore $$a $$d || exit 2; \
+ARCHIVED_GO = $(PY) -m troll.tce.archive restore $$a $$d || exit 2; \
 	go() { out=$$1; shift; r=; [ -e $$out/config.json ] && r=--resume; $(TCE_STUDY) "$$@" --out $$out $$r; \
-		s=$$?; $(PY) -m troll.episodic.archive save $$d $$a || s=1; return $$s; }; \
+		s=$$?; $(PY) -m troll.tce.archive save $$d $$a || s=1; return $$s; }; \
 	seed0only() { [ ! -e $$1/config.json ] || \
 		$(PY) -c 'import json, sys; sys.exit(json.load(open(sys.argv[1]))["spec"]["seeds"] != [0])' $$1/config.json; }
 tce-authors: $(VENV)/.installed
@@ -211,7 +211,7 @@ tce-authors: $(VENV)/.installed
 		algos=tce,bbrl,bbrl-cov; case $$t in reach-v3|push-v3) algos=$$algos,ppo;; esac; \
 		go $$d/mt10-$$t --env metaworld/$$t --algos $$algos --seeds 3 --steps 2000000 || status=1; \
 	done; \
-	$(PY) -m troll.episodic.results $$d && exit $$status
+	$(PY) -m troll.tce.results $$d && exit $$status
 
 # docs/tce-tasks.md, "Hopper jump": TCE and bbrl on fancy/hopper-jump (the authors' hopper preset), 3 seeds, 10M env
 # steps each (theirs: 48M), every cell's evaluation episodes rendered (<cell>/video.mp4, linked from study.md); then
@@ -228,7 +228,7 @@ tce-hopper: $(VENV)/.installed
 	d=$(HOPPER_DIR); a=$(HOPPER_ARCHIVE); status=0; $(ARCHIVED_GO); \
 	go $$d/hopper-jump --env fancy/hopper-jump --algos $(HOPPER_ALGOS) --seeds $(HOPPER_SEEDS) \
 		--steps $(HOPPER_STEPS) --videos || status=1; \
-	$(PY) -m troll.episodic.results $$d && exit $$status
+	$(PY) -m troll.tce.results $$d && exit $$status
 
 # docs/tce-tasks.md, "Hopper jump": a lead on why TCE trails BBRL there, one seed: TCE with BBRL's learning rates
 # (3e-4 for both networks, no decay) in place of the preset's (1e-4 decaying to 1 %). About 50 minutes.
@@ -238,7 +238,7 @@ tce-hopper-lr: $(VENV)/.installed
 	d=$(HOPPER_LR_DIR); a=$(HOPPER_LR_ARCHIVE); status=0; $(ARCHIVED_GO); \
 	go $$d/hopper-jump --env fancy/hopper-jump --algos tce --seeds 1 --steps $(HOPPER_STEPS) --policy-lr 3e-4 \
 		--critic-lr 3e-4 --lr-final 1 --jobs 1 || status=1; \
-	$(PY) -m troll.episodic.results $$d && exit $$status
+	$(PY) -m troll.tce.results $$d && exit $$status
 
 # docs/tce-tasks.md, "Box pushing": TCE and BBRL on dense and temporally sparse box pushing, 3 seeds, 10M env steps
 # each (the authors' local budget; the paper ran 114M dense, 57M sparse), and PPO on the dense task at the same
@@ -261,7 +261,7 @@ tce-box: $(VENV)/.installed
 	go $$d/box-pushing-sparse --env fancy/box-pushing-sparse --algos tce,bbrl --steps $(BOX_STEPS) --videos \
 		--seeds $(BOX_SEEDS) --jobs 1 || status=1; \
 	wait $$dense || status=1; \
-	$(PY) -m troll.episodic.results $$d && exit $$status
+	$(PY) -m troll.tce.results $$d && exit $$status
 
 # The env options the studies below ran with (docs/archive/tce-hand-study.md: the authors' setup without their
 # env options): metaworld's own defaults, which a bug fixed on 2026-11-27 put in place of the preset's mocap
@@ -283,7 +283,7 @@ tce-ablation: $(VENV)/.installed
 		--env-options $(HAND_ENV) --backend envpool --sweep init-std=0.3 || status=1; \
 	go $$d/push-v3-init-std --env metaworld/push-v3 --algos tce,bbrl --seeds 1 --steps 2000000 \
 		--env-options $(HAND_ENV) --backend envpool --sweep init-std=0.3 || status=1; \
-	$(PY) -m troll.episodic.results $$d && exit $$status
+	$(PY) -m troll.tce.results $$d && exit $$status
 
 # docs/tce.md, "Backends": TCE and BBRL on reach-v3 (480k env steps, 3 seeds) on the default simulator (EnvPool),
 # TCE again on the Python package, and both Reacher tasks (400k, EnvPool now their default too); then Welch's
@@ -299,7 +299,7 @@ tce-backends: $(VENV)/.installed
 		--env-options $(HAND_ENV) --backend python || status=1; \
 	go $$d/gym-reacher --env gym/reacher --algos tce,bbrl || status=1; \
 	go $$d/gym-reacher-sparse --env gym/reacher-sparse --algos tce,bbrl || status=1; \
-	$(PY) -m troll.episodic.results --compare $$d/reach-v3-envpool $$d/reach-v3-python | tee $$d/compare.md && \
+	$(PY) -m troll.tce.results --compare $$d/reach-v3-envpool $$d/reach-v3-python | tee $$d/compare.md && \
 	exit $$status
 
 # docs/envpool-equivalence.md: Meta-World's scripted policies, 50 tasks x 32 episodes on each backend (about 70 CPU

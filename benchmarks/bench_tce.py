@@ -36,8 +36,8 @@ from pathlib import Path
 import torch
 from _report import quick_path, write_results
 
-from troll.episodic.tce.agent import TCEAgent, reset_seed
-from troll.episodic.tce.config import TCEConfig
+from troll.episodic.agent import TCEAgent, reset_seed
+from troll.episodic.config import TCEConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "support"))  # the batch builder the golden tests use

@@ -48,10 +48,10 @@ from pathlib import Path
 
 import torch
 
+from troll.episodic.agent import TCEAgent, reset_seed
 from troll.episodic.envs import make_env
 from troll.episodic.envs.box_pushing_sim import SUCCESS_POS, SUCCESS_ROT
-from troll.episodic.run import EVAL_STREAM, checkpoints, saved_config
-from troll.episodic.tce.agent import TCEAgent, reset_seed
+from troll.tce.run import EVAL_STREAM, checkpoints, saved_config
 
 HAND, OPENING, OBJECT, GOAL = slice(0, 3), 3, slice(4, 7), slice(36, 39)  # Meta-World v3's 39-entry observation
 GRIPPER = 3  # the gripper's DoF in the desired trajectory: Meta-World closes the fingers for a command above 0

@@ -2,8 +2,8 @@
 each task's TCE, bbrl and bbrl-cov cell (docs/archive/tce-hand-study.md, "The env options against the first study":
 the first MT10 study, without the authors' env options, against the study with them).
 
-    python -m troll.episodic.archive restore docs/data/tce-authors-hand /tmp/tce-authors-hand
-    python -m troll.episodic.archive restore docs/data/tce-authors /tmp/tce-authors
+    python -m troll.tce.archive restore docs/data/tce-authors-hand /tmp/tce-authors-hand
+    python -m troll.tce.archive restore docs/data/tce-authors /tmp/tce-authors
     python experiments/tce_env_options.py /tmp/tce-authors-hand /tmp/tce-authors --seed 0
 
 Prints a markdown table; writes nothing. "-" marks a cell that has not finished.

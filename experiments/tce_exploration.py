@@ -23,7 +23,7 @@ entry of the covariance's Cholesky factor at the last iteration.
 
     OMP_NUM_THREADS=1 python experiments/tce_exploration.py --env metaworld/reach-v3
     OMP_NUM_THREADS=1 python experiments/tce_exploration.py --runs studies/tce-authors/mt10-reach-v3/tce/seed*
-    python -m troll.episodic.archive restore docs/data/tce-ablation /tmp/tce-ablation   # runs kept without weights
+    python -m troll.tce.archive restore docs/data/tce-ablation /tmp/tce-ablation   # runs kept without weights
     OMP_NUM_THREADS=1 python experiments/tce_exploration.py --runs /tmp/tce-ablation/reach-v3-init-std/*/*/seed0
 
 Prints markdown tables; writes nothing.
@@ -39,10 +39,10 @@ from pathlib import Path
 
 import torch
 
+from troll.episodic.agent import TCEAgent
+from troll.episodic.config import METAWORLD_ENV, PRESETS, TCEConfig
 from troll.episodic.envs import make_env
 from troll.episodic.envs.metaworld import MetaWorldConfig
-from troll.episodic.tce.agent import TCEAgent
-from troll.episodic.tce.config import METAWORLD_ENV, PRESETS, TCEConfig
 from troll.runs import CONFIG_FILE, METRICS_FILE, read_jsonl
 
 # fields of the metaworld preset that are budgets, sizes or bounds shared by both presets (not exploration)

@@ -2,7 +2,7 @@
 
 docs/tce.md, "PPO".
 
-``troll tce train --algo ppo`` steps the metaworld package through :class:`troll.episodic.ppo` 's StepTask, one env,
+``troll tce train --algo ppo`` steps the metaworld package through :class:`troll.tce.ppo` 's StepTask, one env,
 SB3's defaults. This script times, in CPU microseconds per env step (``time.process_time``, so another job on the
 machine changes little), in alternating rounds:
 

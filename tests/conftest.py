@@ -23,7 +23,7 @@ from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 # MuJoCo picks its OpenGL backend when it is first imported (--require imports it): the offscreen one the render
-# tests use (troll.episodic.render), unless the caller chose one or libEGL is missing (mujoco's import would fail)
+# tests use (troll.tce.render), unless the caller chose one or libEGL is missing (mujoco's import would fail)
 if ctypes.util.find_library("EGL"):
     os.environ.setdefault("MUJOCO_GL", "egl")
 

@@ -16,7 +16,6 @@ SUPPORT = TESTS / "support"  # helpers and torchrun scripts, imported by name (p
 
 # package -> layer, lowest first (docs/architecture.md's picture); a module belongs to its longest matching prefix
 LAYERS = {
-    "troll._moved": 1,
     "troll._threads": 1,
     "troll.citation": 1,
     "troll.rootfind": 1,
@@ -29,9 +28,9 @@ LAYERS = {
     "troll.gaussian": 3,
     "troll.episodic.envs": 3,
     "troll.integrations": 4,
-    "troll.episodic.tce": 4,
+    "troll.episodic": 4,
     "troll.lm": 5,
-    "troll.episodic": 5,
+    "troll.tce": 5,
     "troll.cli": 6,
 }
 FACE = "troll"  # the face: it names its exports as strings and imports them on first use (checked below)
@@ -90,7 +89,7 @@ def test_imports_run_down(module):
         if imported == FACE:  # its version and lazy names: it imports nothing itself
             continue
         theirs = _package(imported)
-        assert theirs is not None, f"{module} imports {imported}, no module of src/troll (a former path: troll._moved)"
+        assert theirs is not None, f"{module} imports {imported}, no module of src/troll"
         if theirs == mine:
             continue
         assert LAYERS[theirs] < LAYERS[mine], (
@@ -128,17 +127,7 @@ def test_modules_stay_under_600_lines():
 
 
 def test_the_face_imports_nothing_of_its_own():
-    assert GRAPH[FACE] <= {"troll", "troll._moved"}, "troll/__init__.py must stay lazy: name exports in _EXPORTS"
-
-
-def test_no_module_imports_a_former_path():
-    """troll._moved keeps the former paths (troll.train, troll.cli.lm, troll.episodic.prodmp, ...) importable for
-    users; the package itself imports the current ones, so that this table and the layers see every import."""
-    from troll._moved import new_name
-
-    old = {m: sorted(i for i in GRAPH[m] if new_name(i)) for m in MODULES}
-    old = {m: [f"{i} -> {new_name(i)}" for i in names] for m, names in old.items() if names}
-    assert not old, f"import the current module paths: {old}"
+    assert GRAPH[FACE] <= {"troll"}, "troll/__init__.py must stay lazy: name exports in _EXPORTS"
 
 
 def test_the_run_layer_imports_nothing_above_it():
@@ -156,7 +145,7 @@ def test_the_run_layer_imports_nothing_above_it():
 
 # ---------------------------------------------------------------- two applications of one shape
 
-APPLICATIONS = ("troll.lm", "troll.episodic")
+APPLICATIONS = ("troll.lm", "troll.tce")
 # the rooms every application has: its command line, its flag table, one run, its study frontend, the report over
 # studies (python -m troll.<app>.results)
 ROOMS = ("cli", "flags", "run", "study", "results")
@@ -179,11 +168,16 @@ def test_the_command_line_package_is_the_dispatcher_alone():
     assert providers == tuple(f"{app}.cli" for app in APPLICATIONS)
 
 
-def test_the_episodic_library_stands_below_its_application():
-    """troll.episodic.tce (ProDMP, the agent) and troll.episodic.envs never import the application around them."""
-    assert LAYERS["troll.episodic.envs"] < LAYERS["troll.episodic.tce"] < LAYERS["troll.episodic"]
-    assert _package("troll.episodic.tce.agent") == "troll.episodic.tce"
-    assert _package("troll.episodic.run") == "troll.episodic"
+def test_each_library_stands_below_its_application():
+    """A user imports a library without its application: troll.episodic (ProDMP, the agent, TCE and BBRL, the
+    environments) beside troll.integrations, under troll.tce (its command line) as troll.integrations is under
+    troll.lm; the environments stand below the agent, on the wings' floor."""
+    assert LAYERS["troll.episodic.envs"] < LAYERS["troll.episodic"] < LAYERS["troll.tce"]
+    assert LAYERS["troll.episodic"] == LAYERS["troll.integrations"] and LAYERS["troll.tce"] == LAYERS["troll.lm"]
+    assert _package("troll.episodic.agent") == "troll.episodic"
+    assert _package("troll.tce.run") == "troll.tce"
+    library = [m for m in MODULES if _package(m) in ("troll.episodic", "troll.episodic.envs")]
+    assert library and not [(m, i) for m in library for i in GRAPH[m] if _package(i) in APPLICATIONS]
 
 
 # ---------------------------------------------------------------- tests/ laid out like src/troll
@@ -224,7 +218,7 @@ def test_test_files_have_one_prefix():
 
 # tests/<path>/test_<module>.py and test_<module>_<aspect>.py test src/troll/<path>/<module>.py; a folder's own name
 # stands for its package (tests/cli/test_cli.py tests src/troll/cli/__init__.py) and a private module is named without
-# its underscore (test_moved.py tests _moved.py). These files go through several modules on purpose:
+# its underscore (test_threads.py would test _threads.py). These files go through several modules on purpose:
 CROSS_CUTTING = {
     "test_architecture.py": "the layout of src/troll and of tests/",
     "test_doc_references.py": "the pointers to docs sections in code and docs",

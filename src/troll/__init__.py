@@ -3,7 +3,8 @@
 Replaces the PPO/GRPO clipped surrogate with a differentiable per-token KL trust-region projection of the
 next-token distribution over a sparse support of its most probable tokens. The method is in docs/method.md,
 the numerical choices in docs/numerics.md, the layout of the package in docs/architecture.md. The Gaussian
-projections are in :mod:`troll.gaussian`, episodic RL (TCE) in :mod:`troll.episodic`.
+projections are in :mod:`troll.gaussian`, episodic RL (TCE) in :mod:`troll.episodic`
+(the library) and :mod:`troll.tce` (its command line).
 
 The names below are imported on first use, so that ``import troll`` (and the ``troll`` command line, which
 validates its input before anything heavy loads) does not import torch until a function needs it.
@@ -14,10 +15,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from troll import _moved
-
 __version__ = "0.1.0"
-_moved.install()  # former module paths (troll.train, troll.cli.lm, ...) stay importable as the new modules
 
 # name -> module that defines it
 _EXPORTS = {

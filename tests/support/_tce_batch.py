@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from troll.episodic.agent import Rollout, TCEAgent
 from troll.episodic.envs.base import Episodes, EpisodeStart
-from troll.episodic.tce.agent import Rollout, TCEAgent
 
 
 def synthetic_batch(agent: TCEAgent, seed: int) -> Rollout:

@@ -11,7 +11,7 @@ A provider is a module with a function ``add_commands(sub)`` that adds its subpa
         train.set_defaults(run=cmd_train, name="tce train")   # run(args) -> exit status
 
 :data:`PROVIDERS` lists them: :mod:`troll.lm.cli` (``troll train``, ``compare``, ``study``, ``eval-code``) and
-:mod:`troll.episodic.cli` (the episodic agent's ``troll tce ...``); a provider whose module is absent is skipped
+:mod:`troll.tce.cli` (the episodic agent's ``troll tce ...``); a provider whose module is absent is skipped
 without importing its package, one that fails to import fails loudly. Building the parser imports every provider,
 so a provider imports nothing heavy at module level (no torch, transformers, TRL, gymnasium or MuJoCo; ``import
 troll`` is lazy): handlers import what their run needs.
@@ -33,7 +33,7 @@ from pathlib import Path
 
 from troll.runs.files import UsageError
 
-PROVIDERS = ("troll.lm.cli", "troll.episodic.cli")
+PROVIDERS = ("troll.lm.cli", "troll.tce.cli")
 
 
 def _providers() -> list:

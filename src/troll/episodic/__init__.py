@@ -1,9 +1,13 @@
-"""Episodic RL with movement primitives: ProDMP trajectories, environments that track them, and the TCE agent.
+"""Episodic RL with movement primitives, the library: ProDMP trajectories (``prodmp``), the agent's settings and
+presets (``config``), the context policy over the primitive's weights (``policy``), the critic and its normaliser
+(``critic``, ``normalize``), the segments of TCE's per-segment advantages (``segments``), the update that calls
+:func:`troll.gaussian.trpl_loss` (``agent``), and the environments that track a desired trajectory (``envs``).
+The ``troll tce`` command line (:mod:`troll.tce`) stands on it; it never imports the command line.
 
 docs/tce.md describes the method and the results. The package needs torch alone to import; the MuJoCo
 environments import gymnasium, mujoco and metaworld only when they are built (``pip install troll[episodic]``).
-The names below are imported on first use, so that importing a submodule that needs no torch (the command line's
-provider, :mod:`troll.episodic.cli`, which ``troll --help`` loads) does not import torch through this package.
+The names below are imported on first use, so that importing a torch-free submodule (the flag checks of the
+command line read :mod:`troll.episodic.envs.registry`) does not import torch through this package.
 """
 
 from __future__ import annotations
@@ -13,17 +17,17 @@ from typing import TYPE_CHECKING
 
 # name -> module that defines it
 _EXPORTS = {
-    "LinearMap": "troll.episodic.tce.prodmp",
-    "Marginals": "troll.episodic.tce.prodmp",
-    "ProDMP": "troll.episodic.tce.prodmp",
-    "TCEConfig": "troll.episodic.tce.config",
-    "gather_times": "troll.episodic.tce.prodmp",
+    "LinearMap": "troll.episodic.prodmp",
+    "Marginals": "troll.episodic.prodmp",
+    "ProDMP": "troll.episodic.prodmp",
+    "TCEConfig": "troll.episodic.config",
+    "gather_times": "troll.episodic.prodmp",
 }
 __all__ = ["LinearMap", "Marginals", "ProDMP", "TCEConfig", "gather_times"]
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from troll.episodic.tce.config import TCEConfig
-    from troll.episodic.tce.prodmp import LinearMap, Marginals, ProDMP, gather_times
+    from troll.episodic.config import TCEConfig
+    from troll.episodic.prodmp import LinearMap, Marginals, ProDMP, gather_times
 
 
 def __getattr__(name: str):

@@ -192,7 +192,7 @@ def test_cli_refuses_bad_env_options_before_writing(tmp_path, capsys, command, a
 
 
 def test_cli_records_the_backend_in_the_config():
-    from troll.episodic import flags as opts
+    from troll.tce import flags as opts
 
     def backend(env, **env_options):
         config = opts.build_config("tce", env, seed=0, steps=None, options={"env_options": env_options}, threads=1,
@@ -211,9 +211,9 @@ def test_a_run_from_before_the_backend_resumes_on_python(env):
     Python package, whatever the default now is; asking for EnvPool on resume is refused as a change."""
     import argparse
 
-    from troll.episodic.cli import train_config
-    from troll.episodic.tce.config import TCEConfig
+    from troll.episodic.config import TCEConfig
     from troll.runs.files import UsageError
+    from troll.tce.cli import train_config
 
     old = TCEConfig.preset(env).to_dict()
     old["env_options"] = {k: v for k, v in old["env_options"].items() if k != "backend"}

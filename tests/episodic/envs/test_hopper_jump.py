@@ -329,7 +329,7 @@ def _phases(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def test_presets_are_the_authors_hopper_config():
     """TCE_RL's mprl/config/hopper_jump/tcp/entire (shared.yaml + horeka.yaml), as docs/tce-tasks.md lists it, with
     its departures."""
-    from troll.episodic.tce.config import TCEConfig
+    from troll.episodic.config import TCEConfig
 
     tce = TCEConfig.preset("fancy/hopper-jump")
     authors = {"episodes": 64, "eval_episodes": 64, "eval_every": 25, "num_basis": 3, "tau": 0.8, "dmp_alpha": 10.0,
@@ -423,9 +423,9 @@ def test_ppo_trains_end_to_end(tmp_path, capsys):
 def test_every_algorithm_runs_here_and_a_study_defaults_to_all_of_them():
     from argparse import Namespace
 
-    from troll.episodic import flags as opts
-    from troll.episodic import study
-    from troll.episodic.ppo import PPOConfig
+    from troll.tce import flags as opts
+    from troll.tce import study
+    from troll.tce.ppo import PPOConfig
 
     for algo in opts.ALGOS:
         assert opts.check_env("fancy/hopper-jump", algo) == "fancy/hopper-jump"

@@ -334,7 +334,7 @@ class BoxPushingSim:
     of :func:`load_model` (its goal bodies are moved at every reset, so each simulator needs its own).
     """
 
-    # the free camera a video takes (troll.episodic.render): from the far side of the table, 60 degrees down at the
+    # the free camera a video takes (troll.tce.render): from the far side of the table, 60 degrees down at the
     # near side of the area box and goal are drawn from, close enough that the 10 cm box is about 25 pixels of 320 wide
     VIEW = ((0.4, 0.0, 0.0), 1.4, -60.0, 180.0)
 

@@ -1,5 +1,5 @@
 """One episodic task as a step-based gymnasium env, for step-based agents (stable-baselines3's PPO in
-:mod:`troll.episodic.ppo`): the simulator's own observation and action, no movement primitive, no controller.
+:mod:`troll.tce.ppo`): the simulator's own observation and action, no movement primitive, no controller.
 
 :func:`make_step_task` builds it on the Python packages (gymnasium's Reacher-v5, the metaworld package) for
 ``gym/reacher[-sparse]`` and ``metaworld/<task>``, on box pushing's own task for ``fancy/box-pushing-*`` (seven

@@ -4,7 +4,7 @@ at a goal (``toy/viapoint``, and ``toy/viapoint-sparse`` with all reward at the 
 Made for CI: an episodic policy over a ProDMP (2 DoF, ~5 basis functions + goal) solves it, a mean-zero or random
 policy does not (the mass starts at rest at the origin, the via-point and the goal are uniform in [-1, 1]^2, so a
 trajectory that does not depend on the context almost never passes within ``radius`` of both), and all E
-episodes run as batched tensor ops, thousands of episodes a second. Checked with troll.episodic.tce.prodmp (TCE's
+episodes run as batched tensor ops, thousands of episodes a second. Checked with troll.episodic.prodmp (TCE's
 alpha 10, alpha_x 3, weights and goal scale 1): for 1024 contexts the minimum-norm theta whose motion is at the
 via-point at T/2 and at rest on the goal at T succeeds in every episode with 3, 5 or 8 basis functions; theta
 is then linear in the context, with entries up to ~400. Theta ~ N(0, s^2) for s in {1, 10, 100} succeeds in none.

@@ -1,0 +1,105 @@
+"""Keep the numbers of ``troll tce study`` folders beyond the machine: save finished cells to an archive, restore.
+
+    python -m troll.tce.archive save studies/tce-authors docs/data/tce-authors
+    python -m troll.tce.archive restore docs/data/tce-authors studies/tce-authors
+
+``save`` writes every finished cell of every study below the first folder (its config.json, summary.json and the
+metrics keys the report and the pace diagnosis read: evaluations, rollout return, entropy and its bound, the
+projection's share and proposed steps, the critic's fit); ``restore`` writes them back as finished cells, so that
+``troll tce study --resume`` keeps them and runs only the rest, and writes each study's report over its finished
+cells (so ``python -m troll.tce.results`` reads the archive's numbers without running anything). A cell is
+restored only if today's presets give it the config it ran with; the others are listed and rerun. ``make
+tce-authors`` does both, so its study continues on a new machine from what was committed. The format and the rules:
+:mod:`troll.study.archive`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from troll import runs
+from troll.episodic.config import RUNTIME_FIELDS
+from troll.runs.files import SUMMARY_FILE, UsageError
+from troll.study import Study, archive
+from troll.study import report as report_lib
+from troll.tce import study as study_lib
+
+# the report's curves, and what benchmarks/tce_exploration.py --runs reads to say why a run is slow
+DIAGNOSIS_KEYS = ("proj/mean_dist_before/mean", "proj/cov_dist_before/mean", "policy/entropy_bound",
+                  "critic/explained_var_before", "policy/chol_diag_min", "eval/success_any")  # fmt: skip
+KEYS = ("iteration", "env_steps", *(c.key for c in study_lib.CURVES), study_lib.HEIGHT_CURVE.key, *DIAGNOSIS_KEYS)
+
+
+def expected(spec_json: dict, folder: Path) -> dict[str, dict]:
+    """Each cell of the study (``<arm>/seed<k>``) -> the config.json ``troll tce train`` would write for it today."""
+    spec = study_lib.StudySpec.from_json(spec_json)
+    return {
+        cell.folder.relative_to(folder).as_posix(): study_lib.written_config(cell)
+        for cell in study_lib.plan(spec, folder)
+    }
+
+
+def save(root: Path, dest: Path) -> archive.Outcome:
+    return archive.save(root, dest, command=study_lib.COMMAND, keys=KEYS, expected=expected, runtime=RUNTIME_FIELDS)
+
+
+def restore(source: Path, root: Path, *, report: bool = True) -> archive.Outcome:
+    """Restore, then (``report``) write each restored study's study.json / study.md / study.png over its finished
+    cells, as a study writes them while it runs: ``python -m troll.tce.results`` reads the archive's numbers
+    without running a cell."""
+    outcome = archive.restore(source, root, command=study_lib.COMMAND, run_command=study_lib.RUN_COMMAND,
+                              expected=expected, runtime=RUNTIME_FIELDS)  # fmt: skip
+    if report:
+        for folder in archive.studies(root, study_lib.COMMAND):
+            try:
+                runs.hold(folder)
+            except UsageError:  # a study running there writes its own report
+                print(f"{folder}: another process is running this study; its report is left to it", file=sys.stderr)
+                continue
+            try:
+                spec = study_lib.load_spec(folder)
+                cells = study_lib.plan(spec, folder)
+                status = {c.label: "kept" for c in cells if (c.folder / SUMMARY_FILE).is_file()}
+                if status:
+                    study = Study(folder, study_lib.frontend(spec), spec.grid, spec.to_json(), cells)
+                    report_lib.write(study, status)
+            finally:
+                runs.release(folder)
+    return outcome
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m troll.tce.archive", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="action", required=True)
+    s = sub.add_parser("save", help="archive the finished cells of the studies below STUDIES into ARCHIVE")
+    s.add_argument("studies", type=Path)
+    s.add_argument("archive", type=Path)
+    r = sub.add_parser("restore", help="write the cells of ARCHIVE back below STUDIES as finished cells")
+    r.add_argument("archive", type=Path)
+    r.add_argument("studies", type=Path)
+    args = parser.parse_args(argv)
+    try:
+        if args.action == "save":
+            if not args.studies.is_dir():
+                raise UsageError(f"{args.studies} is not a folder of studies; give the folder 'troll tce study' wrote.")
+            outcome = save(args.studies, args.archive)
+        else:
+            if not args.archive.is_dir():
+                print(f"{args.archive} does not exist: no archive yet, nothing restored.")
+                return 0
+            outcome = restore(args.archive, args.studies)
+    except (UsageError, ValueError) as err:  # ValueError: a damaged config.json of a study or of the archive
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    verb = "saved" if args.action == "save" else "restored"
+    print(f"{verb} {len(outcome.done)} finished cell(s)")
+    for label, why in outcome.skipped.items():
+        if why != "not finished":
+            print(f"  {label}: {why}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
