@@ -137,18 +137,22 @@ def test_a_failing_sandbox_gives_none_and_model_failures_give_zero(raises):
     assert scores == [None, Score(0, 4, 0.0, False, "no_code")]
 
 
+def judged(stdout: bytes, suite: TestSuite) -> Score | None:
+    """The score of a run that wrote ``stdout`` all at once."""
+    clock = scoring.CaseClock(suite.kind, len(suite.cases), suite.timeout)
+    clock.feed(stdout, 100.0)
+    return scoring._judge(RunResult(stdout, b"", 0, False, False, 0.1), clock, suite, suite.cases)
+
+
 def test_a_flood_of_result_lines_costs_the_scorer_little(monkeypatch):
     """The channel carries at most one line per test and three more; a program writing millions of short lines
     (within the output cap) must not make the scorer parse them all (seconds of its CPU per completion)."""
     suite = TestSuite("call", [TestCase([i], i) for i in range(3)], "f")
-    honest = b'{"ready": 1}\n' + b"".join(b'{"case": %d, "value": %d}\n' % (i, i) for i in range(3))
+    honest = b'{"ready": 1}\n{"loaded": 1}\n' + b"".join(b'{"case": %d, "value": %d}\n' % (i, i) for i in range(3))
     calls = []
     loads = scoring.json.loads
     monkeypatch.setattr(scoring.json, "loads", lambda *a, **k: calls.append(1) or loads(*a, **k))
     flood = honest + b'{"case": 9}\n' * 100_000 + b"ab\n" * 100_000 + b'{"done": 1}\n'
-    score = scoring._judge(RunResult(flood, b"", 0, False, False, 0.1), suite, suite.cases)
+    score = judged(flood, suite)
     assert score.passed == 3 and len(calls) <= 2 * 3 + 8, len(calls)
-    ended = honest + b'{"done": 1}\n'
-    assert scoring._judge(RunResult(ended, b"", 0, False, False, 0.1), suite, suite.cases) == Score(
-        3, 3, 1.0, True, "ok"
-    )
+    assert judged(honest + b'{"done": 1}\n', suite) == Score(3, 3, 1.0, True, "ok")

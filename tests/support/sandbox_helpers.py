@@ -7,7 +7,7 @@ import json
 import os
 import threading
 
-from troll.sandbox import Limits, RunResult, Sandbox
+from troll.sandbox import Limits, RunResult, Sandbox, Watch
 
 
 class Recording(Sandbox):
@@ -19,11 +19,11 @@ class Recording(Sandbox):
         self.runs: dict[str, tuple[RunResult, Limits]] = {}  # the model's program -> its run
         self._lock = threading.Lock()
 
-    def run(self, program: str, stdin: bytes, limits: Limits) -> RunResult:
-        result = self.inner.run(program, stdin, limits)
+    def run(self, program: str, stdin: bytes, limits: Limits, watch: Watch | None = None) -> RunResult:
+        result = self.inner.run(program, stdin, limits, watch=watch)
         with self._lock:
             self.results.append(result)
-            self.runs[json.loads(stdin)["program"]] = (result, limits)
+            self.runs[json.loads(stdin.split(b"\n", 1)[0])["program"]] = (result, limits)
         return result
 
     def output(self) -> bytes:

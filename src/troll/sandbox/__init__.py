@@ -4,7 +4,7 @@ backend) and the scoring of completions against a task's tests. Stdlib only; the
 docs/sandbox.md describes what the sandbox contains, its limits and its threat model.
 """
 
-from troll.sandbox.backend import Limits, RunResult, Sandbox, SandboxError, SandboxUnavailable
+from troll.sandbox.backend import Limits, RunResult, Sandbox, SandboxError, SandboxUnavailable, Watch
 from troll.sandbox.bubblewrap import BubblewrapSandbox
 from troll.sandbox.scoring import (
     Score,
@@ -25,6 +25,7 @@ __all__ = [
     "Score",
     "TestCase",
     "TestSuite",
+    "Watch",
     "extract_program",
     "run_tests",
     "score_completions",

@@ -1,17 +1,24 @@
 """The program every scoring run executes inside the sandbox (its source is sent as ``python -I -S -c``).
 
-It reads its job from stdin as JSON (the model's program, the kind of tests, their inputs, never their expected
-outputs), sets the rlimits, takes private references to everything it writes with, moves the result channel off
-fd 1, reports ``{"ready": 1}`` and only then runs untrusted code. It reports *values*, one JSON line per test,
-and the parent compares them with the expected ones. Whatever the model's code patches afterwards (``json``,
-``print``, builtins), it can at most forge values it does not know, or stop the reports (its tests then fail).
+It reads its job from stdin: one JSON line (the model's program, the kind of tests, a call's arguments, never the
+expected outputs), then for stdio tests each test's input as ``<length>\n<bytes>``, read only when that test runs.
+It sets the rlimits, takes private references to everything it writes with, moves the result channel off fd 1,
+reports ``{"ready": 1}`` and only then runs untrusted code. It reports *values*, one JSON line per test, and the
+parent compares them with the expected ones and keeps the time: a test counts only if its report arrives within
+the test's time after the previous one (the parent ends the run when one does not), whatever the program does to
+signals, timers or exceptions. Whatever the model's code patches afterwards (``json``, ``print``, builtins), it
+can at most forge values it does not know, or stop the reports (its tests then fail).
 
-- ``call``: the program runs once as a module; each test calls ``entry_point(*input)`` under a per-test timer,
-  and the return value is written by a strict serialiser that takes only exact builtin types (``type(x) is int``
-  and so on), so an object with an always-true ``__eq__`` is no value at all.
-- ``stdio``: each test forks a child with the test's input on stdin and a pipe on stdout, which runs the program
-  as ``__main__``; the harness reads at most ``output`` bytes of it within the per-test timeout, then kills the
-  child's process group and reports the output.
+- ``call``: the program runs once as a module (reported as ``{"loaded": 1}``); each test calls
+  ``entry_point(*input)`` under a per-test timer (a courtesy that lets the next tests run; the parent's clock is
+  the limit), and the return value is written by a strict serialiser that takes only exact builtin types
+  (``type(x) is int`` and so on; a dict subclass as the dict it holds), so an object with an always-true
+  ``__eq__`` is no value at all.
+- ``stdio``: the harness makes itself non-dumpable (its program's processes, of the same uid, can then neither
+  open its ``/proc`` files nor trace it; the seccomp filter refuses ptrace and pidfds too), and each test forks a
+  child, which runs the program as ``__main__`` with a pipe on stdin fed the test's input by the harness (nothing
+  is written to the run's files) and a pipe on stdout; the harness reads at most ``output`` bytes of it within
+  the per-test timeout, then kills the child's process group and reports the output.
 """
 
 import json
@@ -23,11 +30,17 @@ import sys
 
 
 def main(os=os, write=os.write, fork=os.fork, killpg=os.killpg, waitpid=os.waitpid, _exit=os._exit):
-    job = json.loads(sys.stdin.buffer.read())
+    job_in = Reader(os.dup(0))
+    job = json.loads(job_in.line())
     for name, value in job["rlimits"].items():
         resource.setrlimit(getattr(resource, name), (value, value))
     from _json import encode_basestring_ascii as quote
 
+    if job["kind"] == "stdio":
+        import ctypes
+
+        if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE 0
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
     out = os.dup(1)  # the result channel; fd 0 and 1 now lead nowhere
     null = os.open("/dev/null", os.O_RDWR)
     os.dup2(null, 0)
@@ -45,11 +58,40 @@ def main(os=os, write=os.write, fork=os.fork, killpg=os.killpg, waitpid=os.waitp
         report('{"syntax_error": ' + quote(type(err).__name__ + ": " + str(err)) + "}")
         _exit(0)
     if job["kind"] == "call":
+        os.close(job_in.fd)
         run_calls(job, code, report, quote)
     else:
-        run_stdio(job, code, report, quote, out, fork, killpg, waitpid, _exit, os)
+        run_stdio(job, job_in, code, report, quote, out, fork, killpg, waitpid, _exit, os)
     report('{"done": 1}')
     _exit(0)
+
+
+class Reader:
+    """Buffered reads of the job's descriptor: a line, or up to n bytes."""
+
+    def __init__(self, fd):
+        self.fd, self.buf = fd, bytearray()
+
+    def line(self):
+        while b"\n" not in self.buf:
+            chunk = os.read(self.fd, 1 << 16)
+            if not chunk:
+                raise EOFError("the job ended early")
+            self.buf += chunk
+        i = self.buf.index(b"\n")
+        line = bytes(self.buf[:i])
+        del self.buf[: i + 1]
+        return line
+
+    def read(self, n):
+        if self.buf:
+            data = bytes(self.buf[:n])
+            del self.buf[:n]
+            return data
+        data = os.read(self.fd, n)
+        if not data:
+            raise EOFError("the job ended early")
+        return data
 
 
 class _Timeout(BaseException):
@@ -72,6 +114,7 @@ def run_calls(job, code, report, quote, setitimer=signal.setitimer, signal_=sign
         pass
     finally:
         setitimer(signal.ITIMER_REAL, 0)
+    report('{"loaded": 1}')
     function = namespace.get(job["entry_point"])
     if not callable(function):
         report('{"missing": ' + quote(str_(job["entry_point"])) + "}")
@@ -92,7 +135,8 @@ def run_calls(job, code, report, quote, setitimer=signal.setitimer, signal_=sign
 
 
 def dump(value, quote, limit, depth=0, type_=type, repr_int=int.__repr__, repr_float=float.__repr__, len_=len):
-    """JSON text of ``value`` if it is built only of exact builtin types (no subclass, no NaN); raise otherwise."""
+    """JSON text of ``value`` if it is built only of exact builtin types (no subclass but of dict, no NaN); raise
+    otherwise."""
     t = type_(value)
     if depth > 100:
         raise ValueError("nested too deep")
@@ -116,9 +160,9 @@ def dump(value, quote, limit, depth=0, type_=type, repr_int=int.__repr__, repr_f
             if size > limit:
                 raise ValueError("too large")
         return "[" + ",".join(parts) + "]"
-    if t is dict:
+    if issubclass(t, dict):  # Counter, defaultdict, OrderedDict: the dict they hold, not their own methods
         parts, size = [], 0
-        for key, item in value.items():
+        for key, item in dict.items(value):
             if type_(key) is not str:
                 raise ValueError("dict key is not a str")
             parts.append(quote(key) + ":" + dump(item, quote, limit, depth + 1))
@@ -129,62 +173,93 @@ def dump(value, quote, limit, depth=0, type_=type, repr_int=int.__repr__, repr_f
     raise ValueError("not a plain value")
 
 
-def run_stdio(job, code, report, quote, out, fork, killpg, waitpid, _exit, os):
-    """Run the program once per test in a forked child with that test's stdin; report what it printed."""
-    import time
-
-    timeout, cap = job["timeout"], job["output"]
-    for i, text in enumerate(job["inputs"]):
-        path = f"/tmp/.stdin-{i}"
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
+def run_stdio(job, job_in, code, report, quote, out, fork, killpg, waitpid, _exit, os):
+    """Run the program once per test in a forked child fed that test's input; report what it printed."""
+    for i in range(job["n"]):
+        size = int(job_in.line())
+        in_r, in_w = os.pipe()
         read_end, write_end = os.pipe()
         pid = fork()
-        if pid == 0:  # the child: the result channel closed before the program runs
+        if pid == 0:  # the child: the result channel and the job closed before the program runs
             try:
-                os.close(out)
-                os.close(read_end)
+                for fd in (out, job_in.fd, in_w, read_end):
+                    os.close(fd)
                 os.setpgid(0, 0)
-                os.dup2(os.open(path, os.O_RDONLY), 0)
+                os.dup2(in_r, 0)
                 os.dup2(write_end, 1)
+                os.close(in_r)
+                os.close(write_end)
                 run_main(code)
             finally:
                 _exit(1)
+        os.close(in_r)
         os.close(write_end)
-        data, timed_out, truncated = bytearray(), False, False
-        deadline = time.monotonic() + timeout
-        exited = None
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                timed_out = True
-                break
-            ready, _, _ = select.select([read_end], [], [], min(left, 0.05))
-            if ready:
-                chunk = os.read(read_end, 65536)
-                if not chunk:
-                    break
-                data += chunk
-                if len(data) > cap:
-                    truncated = True
-                    break
-            elif exited is None and waitpid(pid, os.WNOHANG)[0]:  # the child left a descendant holding the pipe
-                exited = True
-                break
-        os.close(read_end)
+        data, timed_out, truncated, exited, left = exchange(job, job_in, size, in_w, read_end, pid, waitpid, os)
+        while left:  # the input the program did not read: consumed, to keep the job in step
+            left -= len(job_in.read(min(left, 1 << 16)))
         try:
             killpg(pid, signal.SIGKILL)
         except OSError:
             pass
-        if exited is None:
+        if not exited:
             waitpid(pid, 0)
         try:
-            text = quote(bytes(data[:cap]).decode("utf-8"))
+            text = quote(bytes(data[: job["output"]]).decode("utf-8"))
         except UnicodeDecodeError:  # no text: the test fails
             report(f'{{"case": {i}, "error": "not_utf8"}}')
             continue
         flags = f'"timeout": {"true" if timed_out else "false"}, "truncated": {"true" if truncated else "false"}'
         report(f'{{"case": {i}, "stdout": {text}, {flags}}}')
+
+
+def exchange(job, job_in, size, in_w, read_end, pid, waitpid, os):
+    """Feed the child ``size`` bytes of input from the job while reading its stdout, until it ends, the test's
+    time passes or its output passes the cap: (output, timed_out, truncated, exited, input bytes left)."""
+    import time
+
+    cap, pending, left = job["output"], b"", size
+    data, timed_out, truncated, exited = bytearray(), False, False, False
+    deadline = time.monotonic() + job["timeout"]
+    os.set_blocking(in_w, False)
+    if not left:
+        os.close(in_w)
+        in_w = None
+    while True:
+        wait = deadline - time.monotonic()
+        if wait <= 0:
+            timed_out = True
+            break
+        if in_w is not None and not pending:
+            pending = job_in.read(min(left, 1 << 16))
+            left -= len(pending)
+        ready, writable, _ = select.select([read_end], [in_w] if in_w is not None else [], [], min(wait, 0.05))
+        if writable:
+            try:
+                pending = pending[os.write(in_w, pending) :]
+            except BlockingIOError:
+                pass
+            except BrokenPipeError:  # the program stopped reading
+                pending = b""
+                os.close(in_w)
+                in_w = None
+            if in_w is not None and not pending and not left:
+                os.close(in_w)
+                in_w = None
+        if ready:
+            chunk = os.read(read_end, 65536)
+            if not chunk:
+                break
+            data += chunk
+            if len(data) > cap:
+                truncated = True
+                break
+        elif not writable and waitpid(pid, os.WNOHANG)[0]:  # the child left a descendant holding the pipe
+            exited = True
+            break
+    if in_w is not None:
+        os.close(in_w)
+    os.close(read_end)
+    return data, timed_out, truncated, exited, left
 
 
 def run_main(code):

@@ -33,10 +33,11 @@ class SandboxError(RuntimeError):
 @dataclass(frozen=True)
 class Limits:
     """What one run may use. ``wall`` and ``cpu`` in seconds (CPU time is per process, enforced by RLIMIT_CPU);
-    ``memory`` is the address space of each process (RLIMIT_AS), ``file_size`` the largest file it may write
-    (RLIMIT_FSIZE), ``tmp_size`` the size of its private writable /tmp, ``open_files`` RLIMIT_NOFILE,
-    ``processes`` RLIMIT_NPROC (the sandbox's own user), ``output`` the bytes read from each of stdout and stderr
-    (the rest is discarded and the run stopped)."""
+    ``memory`` is the address space of each process (RLIMIT_AS), ``run_memory`` all the memory of the run at once
+    (its cgroup: processes, /tmp, /dev/shm, shared memory), ``file_size`` the largest file it may write
+    (RLIMIT_FSIZE), ``tmp_size`` the size of each of its private writable /tmp and /dev/shm, ``open_files``
+    RLIMIT_NOFILE, ``processes`` RLIMIT_NPROC (the sandbox's own user) and the cgroup's pids, ``output`` the bytes
+    read from each of stdout and stderr (the rest is discarded and the run stopped)."""
 
     wall: float = 10.0
     cpu: int = 10
@@ -46,9 +47,11 @@ class Limits:
     open_files: int = 64
     processes: int = 32
     output: int = MIB
+    run_memory: int = GIB
 
     def __post_init__(self):
-        for name in ("wall", "cpu", "memory", "file_size", "tmp_size", "open_files", "processes", "output"):
+        names = ("wall", "cpu", "memory", "run_memory", "file_size", "tmp_size", "open_files", "processes", "output")
+        for name in names:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"Limits.{name} must be a positive number, got {value!r}")
@@ -82,20 +85,47 @@ class RunResult:
 
 class Sandbox(abc.ABC):
     """Runs untrusted Python: ``run(program, stdin, limits)`` executes the source ``program`` with an isolated
-    interpreter (no site-packages, no environment, no network, no view of the host's files) reading ``stdin``."""
+    interpreter (no site-packages, no environment, no network, no view of the host's files) reading ``stdin``.
+
+    ``mode`` says what bounds a run (docs/sandbox.md): "cgroup-v2" or "cgroup-v1" (a cgroup per run), "rlimits"
+    (per-process limits only), or "external" (a backend that runs elsewhere and bounds runs itself)."""
+
+    mode: str = "external"
 
     @abc.abstractmethod
-    def run(self, program: str, stdin: bytes, limits: Limits) -> RunResult:
+    def run(self, program: str, stdin: bytes, limits: Limits, watch: Watch | None = None) -> RunResult:
         """Run ``program`` to completion or until a limit stops it; raise :class:`SandboxError` if the sandbox
-        itself failed."""
+        itself failed. ``watch`` (if given) sees stdout as it arrives and may end the run earlier."""
+
+
+class Watch(abc.ABC):
+    """Follows a run's stdout as it arrives, to end the run at a deadline of its own (the scoring's per-test clock,
+    kept outside the program)."""
+
+    @abc.abstractmethod
+    def feed(self, data: bytes, now: float) -> None:
+        """``data`` arrived on stdout at monotonic time ``now``."""
+
+    @abc.abstractmethod
+    def deadline(self) -> float:
+        """The monotonic time at which the run must be stopped (``math.inf``: none yet)."""
 
 
 def run_capped(
-    argv: list[str], stdin: bytes, *, wall: float, cap: int, env: dict[str, str] | None = None, pass_fds=()
+    argv: list[str],
+    stdin: bytes,
+    *,
+    wall: float,
+    cap: int,
+    env: dict[str, str] | None = None,
+    pass_fds=(),
+    watch: Watch | None = None,
+    stop=None,
 ) -> RunResult:
     """Run ``argv`` in a new session with the environment ``env`` (None: this process's) and the descriptors
     ``pass_fds`` besides 0-2, feed it ``stdin``, read at most ``cap`` bytes of each of stdout and stderr, and
-    SIGKILL its whole process group once it exits, the wall time ``wall`` passes or an output passes ``cap``.
+    end it once it exits, the wall time ``wall`` or the ``watch``'s deadline passes or an output passes ``cap``:
+    ``stop(proc)`` (default: SIGKILL its whole process group and reap it).
 
     Uses no ``preexec_fn`` (not safe with threads): scoring calls this from several threads at once."""
     start = time.monotonic()
@@ -109,22 +139,23 @@ def run_capped(
         pass_fds=pass_fds,
     )
     try:
-        out, err, timed_out, truncated = _pump(proc, stdin, start + wall, cap)
+        out, err, timed_out, truncated = _pump(proc, stdin, start + wall, cap, watch)
         if not (timed_out or truncated):
             try:
                 proc.wait(max(0.0, start + wall - time.monotonic()))
             except subprocess.TimeoutExpired:
                 timed_out = True
     finally:
-        _kill_group(proc)
+        (stop or _kill_group)(proc)
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             stream.close()
     return RunResult(bytes(out), bytes(err), proc.returncode, timed_out, truncated, time.monotonic() - start)
 
 
-def _pump(proc: subprocess.Popen, stdin: bytes, deadline: float, cap: int) -> tuple[bytearray, bytearray, bool, bool]:
+def _pump(proc: subprocess.Popen, stdin: bytes, wall: float, cap: int, watch: Watch | None) -> tuple:
     """Write ``stdin`` to the process and read its stdout and stderr until both end, the monotonic clock passes
-    ``deadline`` (timed out) or one passes ``cap`` bytes (truncated): (stdout, stderr, timed_out, truncated)."""
+    ``wall`` or the watch's deadline (timed out) or one passes ``cap`` bytes (truncated): (stdout, stderr,
+    timed_out, truncated)."""
     out = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
     result = [out[proc.stdout.fileno()], out[proc.stderr.fileno()], False, False]
     pending = memoryview(stdin)
@@ -137,7 +168,7 @@ def _pump(proc: subprocess.Popen, stdin: bytes, deadline: float, cap: int) -> tu
         for stream in (proc.stdout, proc.stderr):
             sel.register(stream, selectors.EVENT_READ)
         while sel.get_map():
-            left = deadline - time.monotonic()
+            left = (wall if watch is None else min(wall, watch.deadline())) - time.monotonic()
             if left <= 0:
                 result[2] = True
                 return tuple(result)
@@ -157,6 +188,8 @@ def _pump(proc: subprocess.Popen, stdin: bytes, deadline: float, cap: int) -> tu
                 if not chunk:
                     sel.unregister(key.fileobj)
                     continue
+                if watch is not None and key.fileobj is proc.stdout:
+                    watch.feed(chunk[: max(0, cap - len(buf))], time.monotonic())
                 over = len(buf) + len(chunk) > cap
                 buf += chunk[: cap - len(buf)]
                 if over:

@@ -3,33 +3,42 @@
 What a run sees and may do:
 
 - a root of its own: read-only ``/usr`` (with the ``/bin``, ``/lib``, ``/lib64`` links), read-only the interpreter's
-  executable, its standard library and its shared library, a private writable ``/tmp`` (a tmpfs of
-  ``Limits.tmp_size``), a fresh ``/proc`` and a minimal ``/dev``; nothing else of the host (no ``/etc``, no home,
-  no checkout, no site-packages);
+  executable, its standard library and its shared library, private writable ``/tmp`` and ``/dev/shm`` (tmpfs of
+  ``Limits.tmp_size`` each), a fresh ``/proc`` and a minimal ``/dev``; nothing else of the host (no ``/etc``, no
+  home, no checkout; every ``site-packages`` and ``dist-packages`` under what is bound is covered by an empty
+  read-only tmpfs);
+- a cgroup of its own (``cgroups.py``) where the machine allows one: one memory limit for the whole run, a pids
+  limit, an equal CPU weight; the mode (``mode``: "cgroup-v2", "cgroup-v1" or "rlimits") is chosen when the sandbox
+  is built, and ``require_cgroup=True`` refuses to build one without a cgroup;
 - new PID, network (loopback only, its own), IPC, UTS and cgroup namespaces, a new session, a cleared environment,
   ``python -I -S``; it dies with its parent (``--die-with-parent``) and the whole process group is killed at the
   wall-clock limit;
-- as root: the program runs as an unused uid of its own per slot (``setpriv``, inside bwrap, with every capability
-  dropped and ``no_new_privs``), because the kernel does not enforce RLIMIT_NPROC for uid 0; not as root: in a new
-  user namespace (``--unshare-all``), which needs unprivileged user namespaces;
-- a seccomp filter (``seccomp.py``) refusing new user namespaces and the kernel keyrings.
+- as root: the program runs as an unused uid of its own per run (``setpriv``, inside bwrap, with every capability
+  dropped and ``no_new_privs``), because the kernel does not enforce RLIMIT_NPROC for uid 0; the uids are unique on
+  the machine (``uids.py``) and a uid is reused only once every process of its last run has been reaped; not as
+  root: in a new user namespace (``--unshare-all``), which needs unprivileged user namespaces;
+- a seccomp filter (``seccomp.py``) refusing new user namespaces, the kernel keyrings, ptrace, pidfds and
+  cross-process memory access, and without a cgroup SysV shared memory and memfd.
 
 The rlimits themselves are set by the program's first statements, before any untrusted code (``_harness.py``).
 """
 
 from __future__ import annotations
 
+import glob
+import itertools
 import os
-import pwd
 import shutil
+import signal
+import subprocess
 import sys
 import sysconfig
-import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-from troll.sandbox import seccomp
-from troll.sandbox.backend import Limits, RunResult, Sandbox, SandboxError, SandboxUnavailable, run_capped
+from troll.sandbox import cgroups, seccomp
+from troll.sandbox.backend import Limits, RunResult, Sandbox, SandboxError, SandboxUnavailable, Watch, run_capped
+from troll.sandbox.uids import FIRST, UidPool
 
 INSTALL_HINT = "install bubblewrap: `apt-get update && apt-get install -y bubblewrap` (as root)"
 USERNS_HINT = (
@@ -59,13 +68,26 @@ def interpreter_paths() -> tuple[str, list[str]]:
     return exe, sorted(set(paths))
 
 
+def package_dirs(binds: list[str]) -> list[str]:
+    """The installed-package folders a run would otherwise see: ``site-packages`` and ``dist-packages`` in the bound
+    standard libraries and in every Python under ``/usr``."""
+    found = set()
+    for path in binds:
+        found.update(p for p in (os.path.join(path, "site-packages"), os.path.join(path, "dist-packages")))
+    for pattern in ("/usr/lib/python3*/*-packages", "/usr/local/lib/python3*/*-packages", "/usr/lib64/python3*/*-packages"):
+        found.update(glob.glob(pattern))
+    return sorted(p for p in found if os.path.isdir(p) and not os.path.islink(p))
+
+
 class BubblewrapSandbox(Sandbox):
     """The bwrap backend. Building it checks that a sandbox works (a self-test run) and raises
     :class:`SandboxUnavailable`, naming the fix, when none does: nothing is ever run without it.
 
-    ``bwrap`` and ``setpriv`` are the binaries' paths; ``uid_base`` the first of the uids the slots run as when
-    root (default: one of 2,000,000 + 64 k per process id, so that two trainers on one machine use different ones);
-    ``check=False`` skips the self-test (tests of the argument list only)."""
+    ``bwrap`` and ``setpriv`` are the binaries' paths; ``uid_base`` where the search for a free block of uids
+    starts when root (``uids.py``: blocks are locked machine-wide, so no two sandboxes, in one process or several,
+    share a uid); ``require_cgroup=True`` raises :class:`SandboxUnavailable` unless every run gets a cgroup
+    (``mode`` is then "cgroup-v2" or "cgroup-v1", never "rlimits"); ``check=False`` skips the self-test (tests
+    of the argument list only)."""
 
     def __init__(
         self,
@@ -73,20 +95,33 @@ class BubblewrapSandbox(Sandbox):
         bwrap: str | None = None,
         setpriv: str = "/usr/bin/setpriv",
         uid_base: int | None = None,
+        require_cgroup: bool = False,
         check: bool = True,
     ):
         self.bwrap = bwrap or shutil.which("bwrap") or "/usr/bin/bwrap"
         self.setpriv = setpriv
         self.as_root = os.geteuid() == 0
         self.python, self._binds = interpreter_paths()
-        self._uid_base = uid_base if uid_base is not None else 2_000_000 + (os.getpid() % 30_000) * 64
-        self._free_uids: list[int] = []
-        self._next_uid = self._uid_base
-        self._lock = threading.Lock()
+        self._hidden = package_dirs(self._binds)
+        self._cgroups = cgroups.detect()
+        self.mode = self._cgroups.mode
+        if require_cgroup and self.mode == "rlimits":
+            raise SandboxUnavailable(
+                f"require_cgroup=True but no cgroup can be made for a run: {self._cgroups.reason}; run the scorer as "
+                "root, or in a cgroup v2 subtree delegated to it with the memory and pids controllers "
+                "(systemd: `systemd-run --user -p Delegate=yes --scope ...`)"
+            )
+        self._uids = UidPool(FIRST if uid_base is None else uid_base) if self.as_root else None
+        self._names = itertools.count()
         # as root, the dropped uid could create user namespaces (and mount a tmpfs of half the RAM) without it
-        self._filter = seccomp.program()
+        self._filter = seccomp.program(block_shared_memory=self.mode == "rlimits")
         if check:
             self.self_test()
+
+    @property
+    def uids(self) -> list[range]:
+        """The uid ranges this sandbox holds (empty when not root)."""
+        return self._uids.uids if self._uids is not None else []
 
     def self_test(self) -> None:
         """Run a trivial program in the sandbox; raise :class:`SandboxUnavailable` (with the fix) if it fails."""
@@ -140,8 +175,11 @@ class BubblewrapSandbox(Sandbox):
                     made.add(str(d))
                     args += ["--perms", "0755", "--dir", str(d)]
             args += ["--ro-bind", path, path]
+        for path in self._hidden:  # the host's installed packages: an empty read-only folder in their place
+            args += ["--perms", "0555", "--size", "4096", "--tmpfs", path, "--remount-ro", path]
         args += ["--perms", "1777", "--size", str(limits.tmp_size), "--tmpfs", "/tmp"]  # writable by the slot's uid
         args += ["--proc", "/proc", "--dev", "/dev"]
+        args += ["--perms", "1777", "--size", str(limits.tmp_size), "--tmpfs", "/dev/shm"]  # multiprocessing's
         args += ["--remount-ro", "/", "--chdir", "/tmp"]  # the root tmpfs: in a user namespace it would be writable
         if self.as_root:
             args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--", self.setpriv]
@@ -151,32 +189,51 @@ class BubblewrapSandbox(Sandbox):
             args += ["--"]
         return [*args, self.python, "-I", "-S", "-c", program]
 
-    def run(self, program: str, stdin: bytes, limits: Limits) -> RunResult:
-        uid = self._take_uid() if self.as_root else None
+    def run(self, program: str, stdin: bytes, limits: Limits, watch: Watch | None = None) -> RunResult:
+        uid = self._uids.take() if self._uids is not None else None
+        cgroup = None
         try:
+            if self.mode != "rlimits":
+                name = f"troll-sandbox.{uid}" if uid is not None else f"troll-sandbox.{os.getpid()}.{next(self._names)}"
+                cgroup = cgroups.RunCgroup(self._cgroups, name, limits)
             # bwrap itself gets an empty environment too: its own, as the sandbox's pid 1, is readable in /proc/1/
             # environ from inside when it runs as the same user (not as root)
             with _filter_pipe(self._filter) as fd:
-                argv = self.argv(program, limits, uid, fd)
-                return run_capped(argv, stdin, wall=limits.wall, cap=limits.output, env={}, pass_fds=_fds(fd))
+                argv = cgroups.wrap(self.argv(program, limits, uid, fd), cgroup)
+                return run_capped(
+                    argv, stdin, wall=limits.wall, cap=limits.output, env={}, pass_fds=_fds(fd), watch=watch, stop=_stop
+                )
         except OSError as err:
             raise SandboxError(f"could not start {self.bwrap}: {err}") from err
         finally:
+            if cgroup is not None:
+                cgroup.remove()  # raises SandboxError if it will not empty: the uid is then never reused
             if uid is not None:
-                with self._lock:
-                    self._free_uids.append(uid)
+                self._uids.give_back(uid)
 
-    def _take_uid(self) -> int:
-        """A uid no account and no other running slot uses (each slot its own, so RLIMIT_NPROC bounds each)."""
-        with self._lock:
-            if self._free_uids:
-                return self._free_uids.pop()
-            while True:
-                uid, self._next_uid = self._next_uid, self._next_uid + 1
-                try:
-                    pwd.getpwuid(uid)
-                except KeyError:
-                    return uid
+
+def _stop(proc: subprocess.Popen) -> None:
+    """End a run and wait until nothing of it is left: SIGKILL bwrap's child (the init of the run's PID namespace,
+    whose death kills every process in it) and wait for bwrap, which reaps it only once the kernel has reaped the
+    whole namespace. Killing bwrap first would return before that, and the run's uid with processes still on it."""
+    try:
+        with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
+            children = [int(pid) for pid in f.read().split()]
+    except OSError:
+        children = []
+    for pid in children:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        proc.wait(5.0)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
 
 
 @contextmanager

@@ -9,19 +9,25 @@ the sandbox. reward = passed / total over the first ``max_tests`` tests; a failu
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import math
 import re
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from troll.sandbox.backend import Limits, Sandbox, SandboxError
+from troll.sandbox.backend import Limits, Sandbox, SandboxError, Watch
 
 KINDS = ("call", "stdio")
 HARNESS = (Path(__file__).parent / "_harness.py").read_text()
 STARTUP = 2.0  # seconds of wall time a run gets for starting the sandbox and the interpreter, besides the tests
+GRACE = 0.5  # seconds past a test's time before the parent ends the run (the harness's own time-keeping and reports)
+BUDGET = 6.0  # default seconds of wall time one completion's run may take in all, startup included
+OUTPUT = 1 << 20  # default bytes of stdout per stdio test, or of one return value
+MAX_OUTPUT = 16 << 20
 _FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+.-]*)[ \t]*$")
 _PYTHON_TAGS = ("", "python", "python3", "py", "py3")
 
@@ -65,15 +71,15 @@ class TestCase:
 @dataclass(frozen=True)
 class TestSuite:
     """The tests of one task: ``kind`` "call" (``entry_point`` names the function) or "stdio" (whole programs);
-    ``timeout`` seconds of wall and CPU time per test; ``output`` the bytes of stdout kept per test (stdio) or the
-    size of one return value (call)."""
+    ``timeout`` seconds of wall and CPU time per test; ``output`` the bytes of stdout a stdio test may print or the
+    size of one return value (call): more fails the test."""
 
     __test__ = False
     kind: str
     cases: tuple[TestCase, ...]
     entry_point: str | None = None
     timeout: float = 1.0
-    output: int = 64 * 1024
+    output: int = OUTPUT
     _key: str = field(default="", init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -90,8 +96,8 @@ class TestSuite:
             raise ValueError("TestSuite.entry_point must be None for kind 'stdio' (the program reads stdin)")
         if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or not 0 < self.timeout <= 60:
             raise ValueError(f"TestSuite.timeout must be seconds per test in (0, 60], got {self.timeout!r}")
-        if isinstance(self.output, bool) or not isinstance(self.output, int) or not 0 < self.output <= 1 << 20:
-            raise ValueError(f"TestSuite.output must be bytes in (0, 1 MiB], got {self.output!r}")
+        if isinstance(self.output, bool) or not isinstance(self.output, int) or not 0 < self.output <= MAX_OUTPUT:
+            raise ValueError(f"TestSuite.output must be bytes in (0, 16 MiB], got {self.output!r}")
         cases = [[c.input, c.expected] for c in self.cases]
         key = [self.kind, self.entry_point, self.timeout, self.output, cases]
         object.__setattr__(self, "_key", json.dumps(key, sort_keys=True))
@@ -159,11 +165,12 @@ class Score:
         return cls(passed, total, passed / total, passed == total, status)
 
 
-def limits_for(suite: TestSuite, n: int) -> Limits:
-    """The limits of one run of ``n`` tests: wall = STARTUP + n * timeout, CPU per process the same rounded up
-    (RLIMIT_CPU), room on the pipes for every test's output, the other limits at :class:`Limits`' defaults."""
-    budget = n * suite.timeout
-    return Limits(wall=STARTUP + budget, cpu=math.ceil(budget) + 1, output=max(1 << 20, 8 * n * suite.output + 4096))
+def limits_for(suite: TestSuite, n: int, budget: float = BUDGET) -> Limits:
+    """The limits of one run of ``n`` tests: wall = the smaller of ``budget`` and STARTUP + (n + 1) * timeout +
+    GRACE (the module's load counts as a test's time), CPU per process the same rounded up (RLIMIT_CPU), room on
+    the result channel for every test's output JSON-escaped, the other limits at :class:`Limits`' defaults."""
+    wall = min(budget, STARTUP + (n + 1) * suite.timeout + GRACE)
+    return Limits(wall=wall, cpu=math.ceil(wall) + 1, output=max(1 << 20, n * (6 * suite.output + 256) + 4096))
 
 
 def score_completions(
@@ -173,16 +180,20 @@ def score_completions(
     sandbox: Sandbox | None = None,
     slots: int = 2,
     max_tests: int = 10,
+    budget: float = BUDGET,
 ) -> list[Score | None]:
     """Score each completion against its suite (``suites[i]`` for ``completions[i]``): one sandboxed run per
-    distinct (program, suite) pair, ``slots`` runs at a time. ``None`` where the sandbox itself failed.
-    ``sandbox=None`` uses a shared :class:`BubblewrapSandbox` (raises SandboxUnavailable where none works)."""
+    distinct (program, suite) pair, ``slots`` runs at a time, each at most ``budget`` seconds in all (tests that
+    have not reported by then fail). ``None`` where the sandbox itself failed. ``sandbox=None`` uses a shared
+    :class:`BubblewrapSandbox` (raises SandboxUnavailable where none works)."""
     if len(completions) != len(suites):
         raise ValueError(f"completions and suites must have one entry each, got {len(completions)} and {len(suites)}")
     if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
         raise ValueError(f"slots must be a positive int (parallel sandbox runs), got {slots!r}")
     if isinstance(max_tests, bool) or not isinstance(max_tests, int) or max_tests < 1:
         raise ValueError(f"max_tests must be a positive int, got {max_tests!r}")
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0 < budget <= 600:
+        raise ValueError(f"budget must be seconds in (0, 600] per completion, got {budget!r}")
     for i, (c, s) in enumerate(zip(completions, suites)):
         if not isinstance(c, str):
             raise ValueError(f"completions[{i}] must be a str, got {type(c).__name__}")
@@ -196,11 +207,17 @@ def score_completions(
     if jobs and sandbox is None:
         sandbox = default_sandbox()
     with ThreadPoolExecutor(max_workers=min(slots, max(1, len(jobs)))) as pool:
-        done = dict(zip(jobs, pool.map(lambda job: run_tests(sandbox, *job, max_tests=max_tests), jobs.values())))
+        scored = pool.map(lambda job: run_tests(sandbox, *job, max_tests=max_tests, budget=budget), jobs.values())
+        done = dict(zip(jobs, scored))
     return [
         Score.of(0, min(len(s.cases), max_tests), "no_code") if p is None else done[(p, s._key)]
         for p, s in zip(programs, suites)
     ]
+
+
+@functools.lru_cache(maxsize=None)
+def _takes_watch(backend: type) -> bool:
+    return "watch" in inspect.signature(backend.run).parameters
 
 
 @functools.lru_cache(maxsize=1)
@@ -210,46 +227,121 @@ def default_sandbox() -> Sandbox:
     return BubblewrapSandbox()
 
 
-def run_tests(sandbox: Sandbox, program: str, suite: TestSuite, *, max_tests: int = 10) -> Score | None:
-    """One sandboxed run of ``program`` on the first ``max_tests`` tests of ``suite``; ``None`` if the sandbox
-    failed (it raised, or the harness never reported ready)."""
+def run_tests(
+    sandbox: Sandbox, program: str, suite: TestSuite, *, max_tests: int = 10, budget: float = BUDGET
+) -> Score | None:
+    """One sandboxed run of ``program`` on the first ``max_tests`` tests of ``suite``, at most ``budget`` seconds;
+    ``None`` if the sandbox failed (it raised, or the harness never reported ready)."""
     cases = suite.cases[:max_tests]
-    job = {
+    limits = limits_for(suite, len(cases), budget)
+    header = {
         "kind": suite.kind,
         "program": program,
         "entry_point": suite.entry_point,
-        "inputs": [c.input for c in cases],
+        "n": len(cases),
         "timeout": suite.timeout,
         "output": suite.output,
+        "rlimits": limits.rlimits(),
     }
-    limits = limits_for(suite, len(cases))
-    job["rlimits"] = limits.rlimits()
+    job = [json.dumps(header).encode(), b"\n"]
+    if suite.kind == "call":
+        header["inputs"] = [c.input for c in cases]
+        job[0] = json.dumps(header).encode()
+    else:
+        for case in cases:
+            data = case.input.encode("utf-8")
+            job += [str(len(data)).encode(), b"\n", data]
+    clock = CaseClock(suite.kind, len(cases), suite.timeout)
     try:
-        result = sandbox.run(HARNESS, json.dumps(job).encode(), limits)
+        if _takes_watch(type(sandbox)):
+            result = sandbox.run(HARNESS, b"".join(job), limits, watch=clock)
+        else:  # a backend without a watch: the reports are timed as they come back, all at once
+            result = sandbox.run(HARNESS, b"".join(job), limits)
+            clock.feed(result.stdout, time.monotonic())
     except SandboxError:
         return None
-    return _judge(result, suite, cases)
+    return _judge(result, clock, suite, cases)
 
 
-def _judge(result, suite: TestSuite, cases: tuple[TestCase, ...]) -> Score | None:
-    """Compare the harness's reports with the expected outputs (in this process; they never entered the sandbox)."""
-    # the harness writes "ready", one line per test and at most two more; a program flooding the channel with short
-    # lines (up to the output cap, megabytes) would otherwise cost this process a parse of each, and its memory
-    limit = 2 * len(cases) + 8
-    lines = result.stdout.split(b"\n", limit + 1)[: limit + 1]
-    if lines[0] != b'{"ready": 1}':
+class CaseClock(Watch):
+    """The parent's clock over a run's reports. Test i starts when the report of test i - 1 first arrives (test 0:
+    when the call-style module has loaded, or the stdio harness is ready); the run is ended ``GRACE`` seconds after
+    the earliest test without a report is over its time, and a call-style test whose report came later than its
+    time after its start fails. The harness writes "ready", one line per test and at most two more; only the
+    first 2n + 8 lines are read, so flooding the channel with short lines costs this process nothing."""
+
+    def __init__(self, kind: str, n: int, timeout: float):
+        self.kind, self.n, self.timeout = kind, n, timeout
+        self.buf, self.lines = bytearray(), 0
+        self.ready: float | None = None
+        self.loaded: float | None = None
+        self.items: list[tuple[dict, float]] = []
+        self.first: dict[int, float] = {}  # test -> when its first report arrived
+
+    def feed(self, data: bytes, now: float) -> None:
+        limit = 2 * self.n + 8
+        if self.lines >= limit:
+            return
+        self.buf += data
+        while self.lines < limit and b"\n" in self.buf:
+            end = self.buf.index(b"\n")
+            raw = bytes(self.buf[:end])
+            del self.buf[: end + 1]
+            self.lines += 1
+            if self.lines == 1:
+                self.ready = now if raw == b'{"ready": 1}' else None
+                if self.ready is None:
+                    self.lines = limit  # not the harness: nothing more is read
+                continue
+            item = _parse(raw)
+            if item is None:
+                continue
+            if item.get("loaded") == 1 and self.loaded is None:
+                self.loaded = now
+            case = item.get("case")
+            if type(case) is int and 0 <= case < self.n:
+                self.first.setdefault(case, now)
+            self.items.append((item, now))
+
+    def start(self, i: int) -> float | None:
+        """When test ``i`` started (None: not yet)."""
+        if i > 0:
+            return self.first.get(i - 1)
+        return self.loaded if self.kind == "call" else self.ready
+
+    def deadline(self) -> float:
+        if self.ready is None:
+            return math.inf  # the run's wall clock covers the start
+        if self.kind == "call" and self.loaded is None:
+            return self.ready + self.timeout + GRACE
+        k = next((i for i in range(self.n) if i not in self.first), self.n)
+        if k == self.n:
+            return self.first[self.n - 1] + GRACE  # for "done"
+        return self.start(k) + self.timeout + GRACE
+
+    def late(self, i: int, arrived: float) -> bool:
+        """Whether a report of test ``i`` arriving at ``arrived`` came after the test's time."""
+        start = self.start(i)
+        return start is None or arrived - start > self.timeout + (GRACE if self.kind == "stdio" else 0.0)
+
+
+def _parse(raw: bytes) -> dict | None:
+    if not raw.startswith(b"{"):
         return None
-    reports: dict[int, list[dict]] = {}
+    try:
+        item = json.loads(raw, parse_constant=_refuse)
+    except (ValueError, RecursionError):
+        return None
+    return item if isinstance(item, dict) else None
+
+
+def _judge(result, clock: CaseClock, suite: TestSuite, cases: tuple[TestCase, ...]) -> Score | None:
+    """Compare the harness's reports with the expected outputs (in this process; they never entered the sandbox)."""
+    if clock.ready is None:
+        return None
+    reports: dict[int, list[tuple[dict, float]]] = {}
     flags = set()
-    for raw in lines[1:]:
-        if not raw.startswith(b"{"):
-            continue
-        try:
-            item = json.loads(raw, parse_constant=_refuse)
-        except (ValueError, RecursionError):
-            continue
-        if not isinstance(item, dict):
-            continue
+    for item, arrived in clock.items:
         if "syntax_error" in item:
             return Score.of(0, len(cases), "syntax_error")
         if "missing" in item:
@@ -258,21 +350,26 @@ def _judge(result, suite: TestSuite, cases: tuple[TestCase, ...]) -> Score | Non
             flags.add("done")
         case = item.get("case")
         if type(case) is int and 0 <= case < len(cases):
-            reports.setdefault(case, []).append(item)
+            reports.setdefault(case, []).append((item, arrived))
+    if suite.kind == "call" and clock.loaded is None:
+        reports = {}  # the module never finished loading: the run's end says why
+    elif suite.kind == "call" and clock.loaded - clock.ready > suite.timeout:
+        flags.add("case_timeout")  # the module itself ran over a test's time: no test counts
+        reports = {}
     passed = 0
     for i, case in enumerate(cases):
         got = reports.get(i, [])
         if len(got) != 1:  # missing, or forged beside the harness's own report
             continue
-        if got[0].get("timeout") is True or got[0].get("error") == "timeout":
+        item, arrived = got[0]
+        if item.get("timeout") is True or item.get("error") == "timeout" or clock.late(i, arrived):
             flags.add("case_timeout")
+            continue
         if suite.kind == "call":
-            passed += "value" in got[0] and same_value(got[0]["value"], case.expected)
+            passed += "value" in item and same_value(item["value"], case.expected)
         else:
-            complete = got[0].get("timeout") is False and got[0].get("truncated") is False
-            passed += (
-                complete and isinstance(got[0].get("stdout"), str) and same_output(got[0]["stdout"], case.expected)
-            )
+            complete = item.get("timeout") is False and item.get("truncated") is False
+            passed += complete and isinstance(item.get("stdout"), str) and same_output(item["stdout"], case.expected)
     if result.timed_out or "case_timeout" in flags:
         status = "timeout"
     elif result.truncated:
@@ -289,15 +386,16 @@ def _refuse(name: str):
 
 
 def same_value(got: Any, expected: Any) -> bool:
-    """Equality of JSON values, strict on types (True is not 1, "1" is not 1; tuples are lists); numbers equal
-    when both are ints and equal, or within 1e-9 relative or absolute when either is a float."""
+    """Equality of JSON values, strict on types (True is not 1, "1" is not 1; tuples are lists). An expected int
+    matches only that int, or a float exactly equal to it (``3.0`` for 3; ``1000000006.0`` never for
+    1000000007); an expected float matches an int or float within 1e-9 relative or absolute."""
     if isinstance(expected, tuple):
         expected = list(expected)
     if isinstance(got, bool) or isinstance(expected, bool):
         return type(got) is type(expected) and got == expected
-    if isinstance(got, (int, float)) and isinstance(expected, (int, float)):
-        if isinstance(got, int) and isinstance(expected, int):
-            return got == expected
+    if type(expected) is int:
+        return (type(got) is int or type(got) is float) and got == expected  # int == float compares exactly
+    if type(expected) is float and type(got) in (int, float):
         try:
             return math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-9)
         except OverflowError:  # an int past float's range: never close to a finite float

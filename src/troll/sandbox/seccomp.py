@@ -1,4 +1,5 @@
-"""A seccomp filter (classic BPF, built here from the kernel's ABI) that forbids new user namespaces.
+"""A seccomp filter (classic BPF, built here from the kernel's ABI) that forbids new user namespaces, the kernel
+keyrings, reaching into other processes and, where no cgroup bounds a run, shared memory.
 
 Run as root, the sandbox drops each program to an unprivileged uid in the host's user namespace, where bubblewrap's
 ``--disable-userns`` does not apply (it needs a user namespace of bwrap's own). Without this filter the program
@@ -6,9 +7,15 @@ could ``unshare(CLONE_NEWUSER | CLONE_NEWNS)`` (``/usr/bin/unshare -Urm``), beco
 mount a tmpfs the size of half the host's RAM, outside every rlimit, or reach kernel code only namespace root
 reaches. The filter makes ``unshare`` and ``clone`` with ``CLONE_NEWUSER`` fail with EPERM, makes ``clone3`` (whose
 flags sit behind a pointer a filter cannot read) fail with ENOSYS, so that the C library falls back to ``clone``,
-refuses every system call of a foreign ABI (i386 on x86_64, x32), whose numbers differ, and refuses the kernel
-keyrings (``add_key``, ``request_key``, ``keyctl``): a uid's keyring outlives the run, so one run could leave
-data there for a later run on the same uid.
+refuses every system call of a foreign ABI (i386 on x86_64, x32), whose numbers differ, and refuses:
+
+- the kernel keyrings (``add_key``, ``request_key``, ``keyctl``): a uid's keyring outlives the run, so one run could
+  leave data there for a later run on the same uid;
+- ``ptrace``, ``process_vm_readv``/``writev`` and the pidfd calls: a stdio test's program runs as the same uid as the
+  harness that forked it, and could otherwise stop it, read its memory or copy its result channel
+  (``pidfd_getfd(pidfd_open(ppid))``) and report every test itself;
+- with ``block_shared_memory`` (the mode without a cgroup): ``shmget``, ``shmat``, ``memfd_create`` and
+  ``memfd_secret``, memory that RLIMIT_AS does not count.
 
 ``struct seccomp_data`` (linux/seccomp.h): ``nr`` at byte 0, ``arch`` at 4, ``args[i]`` at 16 + 8 i (the low
 32 bits first on these little-endian machines). Known machines: x86_64 and aarch64; elsewhere ``program()`` is None.
@@ -29,45 +36,62 @@ ERRNO = 0x00050000
 CLONE_NEWUSER = 0x10000000
 X32_BIT = 0x40000000
 
-# machine -> (AUDIT_ARCH_*, unshare, clone, clone3, (add_key, request_key, keyctl), whether x32 must be refused)
+# machine -> (AUDIT_ARCH_*, unshare, clone, clone3, whether x32 must be refused)
 ARCHES = {
-    "x86_64": (0xC000003E, 272, 56, 435, (248, 249, 250), True),
-    "aarch64": (0xC00000B7, 97, 220, 435, (217, 218, 219), False),
+    "x86_64": (0xC000003E, 272, 56, 435, True),
+    "aarch64": (0xC00000B7, 97, 220, 435, False),
 }
+# refused always, by name -> (x86_64, aarch64) numbers: the kernel keyrings (kept per uid after the run), and every
+# way to reach into another process of the same uid (the harness, from a program it forked): ptrace, cross-process
+# memory access, and pidfds (``pidfd_getfd`` copies another process's descriptors)
+ALWAYS = {
+    "add_key": (248, 217), "request_key": (249, 218), "keyctl": (250, 219), "ptrace": (101, 117),
+    "process_vm_readv": (310, 270), "process_vm_writev": (311, 271), "pidfd_open": (434, 434),
+    "pidfd_getfd": (438, 438), "pidfd_send_signal": (424, 424),
+}  # fmt: skip
+# refused where no cgroup bounds a run's memory: shared memory that no per-process limit counts
+SHARED_MEMORY = {"shmget": (29, 194), "shmat": (30, 196), "memfd_create": (319, 279), "memfd_secret": (447, 447)}
 
 
 def _op(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
     return struct.pack("=HBBI", code, jt, jf, k)
 
 
-def program(machine: str | None = None) -> bytes | None:
+def program(machine: str | None = None, *, block_shared_memory: bool = False) -> bytes | None:
     """The filter for ``machine`` (default: this one) as the bytes of ``struct sock_filter[]`` bubblewrap's
-    ``--seccomp FD`` reads, or None for a machine it does not know. A jump goes ``jt`` or ``jf`` instructions
-    past the next one."""
-    known = ARCHES.get(machine or platform.machine())
+    ``--seccomp FD`` reads, or None for a machine it does not know. ``block_shared_memory`` also refuses SysV
+    shared memory and memfd (the mode without a cgroup). A jump goes ``jt`` or ``jf`` instructions past the next
+    one."""
+    machine = machine or platform.machine()
+    known = ARCHES.get(machine)
     if known is None:
         return None
-    arch, unshare, clone, clone3, keys, x32 = known
+    arch, unshare, clone, clone3, x32 = known
+    column = 0 if machine == "x86_64" else 1
+    refused = [numbers[column] for numbers in ALWAYS.values()]
+    if block_shared_memory:
+        refused += [numbers[column] for numbers in SHARED_MEMORY.values()]
     eperm, enosys = ERRNO | errno.EPERM, ERRNO | errno.ENOSYS
+    n = len(refused)
     ops = [
-        (LD_ABS, 4, 0, 0),  # 0: A = arch
-        (JEQ, arch, 1, 0),  # 1: native -> 3
-        (RET, eperm, 0, 0),  # 2: a foreign ABI: refused
-        (LD_ABS, 0, 0, 0),  # 3: A = nr
-        (JGE, X32_BIT if x32 else 0xFFFFFFFF, 0, 1),  # 4: x32 -> 5
-        (RET, eperm, 0, 0),  # 5
-        (JEQ, clone3, 0, 1),  # 6: clone3 -> 7
-        (RET, enosys, 0, 0),  # 7
-        (JEQ, unshare, 6, 0),  # 8: unshare -> 15
-        (JEQ, clone, 5, 0),  # 9: clone -> 15
-        (JEQ, keys[0], 3, 0),  # 10: the kernel keyrings (kept per uid after the run) -> 14
-        (JEQ, keys[1], 2, 0),  # 11
-        (JEQ, keys[2], 1, 0),  # 12
-        (RET, ALLOW, 0, 0),  # 13
-        (RET, eperm, 0, 0),  # 14
-        (LD_ABS, 16, 0, 0),  # 15: A = low 32 bits of args[0] (the flags)
-        (JSET, CLONE_NEWUSER, 0, 1),  # 16: CLONE_NEWUSER -> 17
-        (RET, eperm, 0, 0),  # 17
-        (RET, ALLOW, 0, 0),  # 18
+        (LD_ABS, 4, 0, 0),  # A = arch
+        (JEQ, arch, 1, 0),  # native -> skip the next
+        (RET, eperm, 0, 0),  # a foreign ABI: refused
+        (LD_ABS, 0, 0, 0),  # A = nr
+        (JGE, X32_BIT if x32 else 0xFFFFFFFF, 0, 1),  # x32 -> refused
+        (RET, eperm, 0, 0),
+        (JEQ, clone3, 0, 1),  # clone3 -> ENOSYS (the C library falls back to clone)
+        (RET, enosys, 0, 0),
+        (JEQ, unshare, n + 3, 0),  # unshare -> check the flags
+        (JEQ, clone, n + 2, 0),  # clone -> check the flags
+    ]
+    ops += [(JEQ, nr, n - i, 0) for i, nr in enumerate(refused)]  # -> RET eperm
+    ops += [
+        (RET, ALLOW, 0, 0),
+        (RET, eperm, 0, 0),
+        (LD_ABS, 16, 0, 0),  # A = low 32 bits of args[0] (the flags)
+        (JSET, CLONE_NEWUSER, 0, 1),  # CLONE_NEWUSER -> refused
+        (RET, eperm, 0, 0),
+        (RET, ALLOW, 0, 0),
     ]
     return b"".join(_op(code, k, jt, jf) for code, k, jt, jf in ops)
