@@ -7,7 +7,12 @@ import json
 import os
 import threading
 
-from troll.sandbox import Limits, RunResult, Sandbox, Watch
+from typing import TYPE_CHECKING
+
+from troll.sandbox import Limits, RunResult, Sandbox
+
+if TYPE_CHECKING:
+    from troll.sandbox import Watch
 
 
 class Recording(Sandbox):

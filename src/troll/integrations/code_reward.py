@@ -23,6 +23,7 @@ from typing import Any
 
 KINDS = ("call", "stdio")
 MAX_TESTS = 10
+OUTPUT = 1 << 20  # bytes a stdio test may print, or one return value may take (troll.sandbox.scoring.OUTPUT)
 
 
 class TestsError(ValueError):
@@ -89,12 +90,13 @@ def _kind(value: Any) -> str:
     return f"{type(value).__name__} {value!r}"[:80]
 
 
-def to_suite(tests: dict):
-    """A :class:`troll.sandbox.TestSuite` of canonical ``tests`` (from :func:`parse_tests`)."""
+def to_suite(tests: dict, *, output: int = OUTPUT):
+    """A :class:`troll.sandbox.TestSuite` of canonical ``tests`` (from :func:`parse_tests`), ``output`` bytes of
+    output allowed per test."""
     from troll.sandbox import TestCase, TestSuite
 
     cases = tuple(TestCase(c["input"], c["expected"]) for c in tests["cases"])
-    return TestSuite(kind=tests["kind"], cases=cases, entry_point=tests["entry_point"])
+    return TestSuite(kind=tests["kind"], cases=cases, entry_point=tests["entry_point"], output=output)
 
 
 def completion_text(completion: Any) -> str:
@@ -104,11 +106,13 @@ def completion_text(completion: Any) -> str:
     return "".join(m.get("content", "") for m in completion if isinstance(m, dict))
 
 
-def score(completions: list[str], tests: list, *, sandbox=None, slots: int = 2, max_tests: int = MAX_TESTS) -> list:
-    """The :class:`troll.sandbox.Score` (or None) of each completion against its tests (dicts or JSON strings)."""
+def score(completions: list[str], tests: list, *, sandbox=None, slots: int = 2, max_tests: int = MAX_TESTS,
+          output: int = OUTPUT) -> list:  # fmt: skip
+    """The :class:`troll.sandbox.Score` (or None) of each completion against its tests (dicts or JSON strings);
+    ``output``: the bytes a stdio test may print, or one return value may take (more fails the test)."""
     from troll.sandbox import score_completions
 
-    suites = [to_suite(parse_tests(t, where=f"tests[{i}]")) for i, t in enumerate(tests)]
+    suites = [to_suite(parse_tests(t, where=f"tests[{i}]"), output=output) for i, t in enumerate(tests)]
     return score_completions(list(completions), suites, sandbox=sandbox, slots=slots, max_tests=max_tests)
 
 
@@ -118,17 +122,23 @@ class CodeReward:
     TRL calls it with ``prompts``, ``completions`` and every other dataset column as keyword arguments; the tests
     are read from the column ``column`` (default ``tests``: a dict or JSON string per row, in either form of the
     module docstring). Returns one float per completion, or ``None`` where the sandbox failed. The sandbox is made
-    on first use (bubblewrap by default) unless one is given.
+    on first use (bubblewrap by default) unless one is given. ``output``: the bytes a stdio test may print, or one
+    return value may take (more fails the test; at most 16 MiB).
     """
 
     __name__ = "code"  # TRL names the reward's log keys after it: rewards/code/mean
 
-    def __init__(self, *, column: str = "tests", sandbox=None, slots: int = 2, max_tests: int = MAX_TESTS):
+    def __init__(self, *, column: str = "tests", sandbox=None, slots: int = 2, max_tests: int = MAX_TESTS,
+                 output: int = OUTPUT):  # fmt: skip
+        if isinstance(output, bool) or not isinstance(output, int) or not 0 < output <= 16 << 20:
+            raise ValueError(f"CodeReward: output must be bytes in (0, 16 MiB] per test, got {output!r}")
         self.column, self.sandbox, self.slots, self.max_tests = column, sandbox, slots, max_tests
+        self.output = output
 
     def scores(self, completions: list, tests: list) -> list:
         texts = [completion_text(c) for c in completions]
-        return score(texts, tests, sandbox=self.sandbox, slots=self.slots, max_tests=self.max_tests)
+        return score(texts, tests, sandbox=self.sandbox, slots=self.slots, max_tests=self.max_tests,
+                     output=self.output)  # fmt: skip
 
     def __call__(self, prompts=None, completions=None, **kwargs) -> list[float | None]:
         if self.column not in kwargs:

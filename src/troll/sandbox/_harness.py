@@ -104,7 +104,7 @@ def _alarm(signum, frame):
 
 def run_calls(job, code, report, quote, setitimer=signal.setitimer, signal_=signal.signal, str_=str, type_=type):
     """Run the module, then each test; a test that raises, times out or returns no plain value fails."""
-    namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+    namespace = main_module()
     timeout = job["timeout"]
     signal_(signal.SIGALRM, _alarm)
     try:
@@ -262,15 +262,25 @@ def exchange(job, job_in, size, in_w, read_end, pid, waitpid, os):
     return data, timed_out, truncated, exited, left
 
 
+def main_module():
+    """The namespace of a fresh module registered as ``__main__``, so that pickle finds the program's functions
+    there (``multiprocessing.Pool`` sends them by name to its workers)."""
+    import builtins
+    import types
+
+    module = types.ModuleType("__main__")
+    module.__builtins__ = builtins
+    sys.modules["__main__"] = module
+    return module.__dict__
+
+
 def run_main(code):
     """In the child: the program as ``__main__`` with fresh text streams on fd 0 and 1, flushed at its end."""
-    import builtins
-
     sys.stdin = sys.__stdin__ = open(0, encoding="utf-8", closefd=False)
     sys.stdout = sys.__stdout__ = open(1, "w", encoding="utf-8", closefd=False)
     status = 0
     try:
-        exec(code, {"__name__": "__main__", "__builtins__": builtins})
+        exec(code, main_module())
     except SystemExit as err:
         status = err.code if isinstance(err.code, int) else 1
     except BaseException:  # noqa: BLE001 -- the program's error: its output so far still counts

@@ -9,14 +9,15 @@ with each row's ``reward_model.ground_truth`` the tests as a JSON string, in tro
 ``{"inputs", "outputs"[, "fn_name"]}`` (:mod:`troll.integrations.code_reward`). The score is a dict, as verl's
 reward managers accept: ``score`` (the fraction of the first 10 tests passed, verl's reward), ``acc`` (1.0 when all
 passed) and ``scored`` (0.0 where the sandbox itself failed: that response gets score 0, and ``scored`` tells such
-rows from code that failed). Needs no verl to import.
+rows from code that failed). ``output`` (both functions; verl passes it from ``custom_reward_function.reward_kwargs``)
+is the bytes a stdio test may print or one return value may take (default 1 MiB). Needs no verl to import.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from troll.integrations.code_reward import MAX_TESTS, score
+from troll.integrations.code_reward import MAX_TESTS, OUTPUT, score
 
 
 def _as_dict(result) -> dict[str, float]:
@@ -26,14 +27,14 @@ def _as_dict(result) -> dict[str, float]:
 
 
 def compute_score(data_source: Any = None, solution_str: str = "", ground_truth: Any = None, extra_info: Any = None,
-                  **kwargs) -> dict[str, float]:  # fmt: skip
+                  output: int = OUTPUT, **kwargs) -> dict[str, float]:  # fmt: skip
     """verl's ``compute_score(data_source, solution_str, ground_truth, extra_info)`` for one response."""
-    return _as_dict(score([solution_str], [ground_truth], max_tests=MAX_TESTS)[0])
+    return _as_dict(score([solution_str], [ground_truth], max_tests=MAX_TESTS, output=output)[0])
 
 
 def compute_score_batch(data_sources: list, solution_strs: list[str], ground_truths: list, extra_infos=None,
-                        **kwargs) -> list[dict[str, float]]:  # fmt: skip
+                        output: int = OUTPUT, **kwargs) -> list[dict[str, float]]:  # fmt: skip
     """verl's batch form (``reward_model.reward_manager=batch``): every response at once, the sandbox's slots in
     parallel and identical ones scored once."""
-    results = score(list(solution_strs), list(ground_truths), max_tests=MAX_TESTS)
+    results = score(list(solution_strs), list(ground_truths), max_tests=MAX_TESTS, output=output)
     return [_as_dict(r) for r in results]
