@@ -43,15 +43,15 @@ Prints a markdown table; writes nothing. Needs the run folders (weights are not 
 from __future__ import annotations
 
 import argparse
-import contextlib
 from pathlib import Path
 
 import torch
 
-from troll.episodic.agent import TCEAgent, reset_seed
+from troll.episodic import TCE
+from troll.episodic.agent import EVAL_STREAM, reset_seed
 from troll.episodic.envs import make_env
 from troll.episodic.envs.box_pushing_sim import SUCCESS_POS, SUCCESS_ROT
-from troll.tce.run import EVAL_STREAM, checkpoints, saved_config
+from troll.tce.run import checkpoints, saved_config
 
 HAND, OPENING, OBJECT, GOAL = slice(0, 3), 3, slice(4, 7), slice(36, 39)  # Meta-World v3's 39-entry observation
 GRIPPER = 3  # the gripper's DoF in the desired trajectory: Meta-World closes the fingers for a command above 0
@@ -82,12 +82,8 @@ def episodes(folder: Path, batches: int):
         return make_env(config.env, num_episodes=count, workers=1, seed=config.seed, **config.env_options)
 
     def batch_episodes():
-        with contextlib.ExitStack() as stack:
-            env = stack.enter_context(env_of(config.episodes))  # the agent is built for the training batch's size
-            agent = TCEAgent.for_env(config, env)
-            agent.load_state_dict(torch.load(path, weights_only=True)["agent"])
-            if config.eval_episodes != config.episodes:
-                env = stack.enter_context(env_of(config.eval_episodes))
+        agent = TCE.load(path).agent  # its sampling generator as the checkpoint left it
+        with env_of(config.eval_episodes) as env:
             for b in range(batches):
                 start = env.reset(reset_seed(config.seed, EVAL_STREAM + b))  # b = 0: the run's own evaluation set
                 _, pos, vel = agent.trajectories(start, deterministic=True)

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from troll.episodic.config import PRESETS, TCEConfig, env_family
+from troll.episodic.config import PRESETS, RESUMABLE_FIELDS, TCEConfig, env_family
+from troll.runs.protocol import differences
 
 
 def test_defaults_are_the_specs():
@@ -45,9 +46,10 @@ def test_json_round_trip():
     assert json.loads(text)["policy_hidden"] == [64, 32]
     back = TCEConfig.from_json(text)
     assert back == cfg and back.policy_hidden == (64, 32)
-    assert cfg.differences(back) == {}
+    assert differences(cfg, back) == {}
     other = dataclasses.replace(cfg, mean_bound=0.1, workers=0)
-    assert cfg.differences(other) == {"mean_bound": (cfg.mean_bound, 0.1)}  # workers is a runtime field
+    # workers may change on resume
+    assert differences(cfg, other, resumable=RESUMABLE_FIELDS) == {"mean_bound": (cfg.mean_bound, 0.1)}
     with pytest.raises(ValueError, match="did you mean 'episodes'"):
         TCEConfig.from_dict({**cfg.to_dict(), "episode": 3})
 
@@ -90,5 +92,8 @@ def test_bbrl_needs_two_episodes():
 
 
 def test_unknown_env_family():
-    with pytest.raises(ValueError, match="unknown env"):
-        TCEConfig.preset("gym/hopper")
+    with pytest.raises(ValueError, match="unknown episodic environment 'gym/hopper'. Did you mean 'gym/reacher'"):
+        TCEConfig.preset("gym/hopper")  # a name in troll's families must be one of troll's envs
+    with pytest.raises(ValueError, match="unknown episodic environment 'mine'"):
+        TCEConfig(env="mine")  # a user's env is family/task or module:function
+    assert env_family("mine/reach") == "user" and TCEConfig.preset("mine/reach").num_basis == TCEConfig().num_basis

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from troll.episodic.config import TCEConfig, env_family
+from troll.runs.protocol import differences
 from troll.tce.flags import build_config
 
 DENSE, SPARSE = "fancy/box-pushing-dense", "fancy/box-pushing-sparse"
@@ -30,7 +31,7 @@ def test_tce_preset_is_the_authors():
     assert (cfg.gae_lambda, cfg.gamma, cfg.total_env_steps) == (0.95, 1.0, 10_000_000)
     sparse = TCEConfig.preset(SPARSE)
     assert (sparse.episodes, sparse.policy_lr) == (76, 1e-4)  # horeka.yaml's list: sparse with 2 episodes, 1e-4
-    assert sparse.differences(cfg, ignore=("env",)) == {"episodes": (76, 152), "policy_lr": (1e-4, 3e-4)}
+    assert differences(sparse, cfg, resumable=("env",)) == {"episodes": (76, 152), "policy_lr": (1e-4, 3e-4)}
 
 
 def test_bbrl_preset_is_the_authors():
@@ -44,7 +45,7 @@ def test_bbrl_preset_is_the_authors():
         # the rest (ProDMP, networks, min_std, evaluation, budget) is TCE's, as in the authors' BBRL config
         differs = {"covariance", "policy_epochs", "critic_epochs", "critic_lr", "lr_final", "cov_bound",
                    "trust_region_coeff", "entropy_schedule"} | ({"policy_lr"} if env == SPARSE else set())  # fmt: skip
-        assert set(cfg.differences(TCEConfig.preset(env), ignore=("env", "algo"))) == differs
+        assert set(differences(cfg, TCEConfig.preset(env), resumable=("env", "algo"))) == differs
     assert TCEConfig.preset(DENSE, algo="bbrl-cov").covariance == "full"
 
 

@@ -81,10 +81,6 @@ class _Config:
     lr: float = 0.1
     steps: int = 10
 
-    def differences(self, other, ignore=()):
-        return {k: (getattr(self, k), getattr(other, k)) for k in ("lr", "steps")
-                if k not in ignore and getattr(self, k) != getattr(other, k)}  # fmt: skip
-
 
 def _prepare(out, config, resume, **kw):
     def saved(folder):
@@ -92,7 +88,15 @@ def _prepare(out, config, resume, **kw):
         return None if data is None else _Config(**data)
 
     return protocol.prepare(config, out, command="tce train", resume=resume, saved=saved, kind="toy",
-                            runtime=("steps",), **kw)  # fmt: skip
+                            resumable=("steps",), **kw)  # fmt: skip
+
+
+def test_differences_compares_the_fields_given_but_the_resumable():
+    assert protocol.differences(_Config(), _Config(lr=0.2, steps=20)) == {"lr": (0.1, 0.2), "steps": (10, 20)}
+    assert protocol.differences(_Config(), _Config(lr=0.2, steps=20), resumable=("steps",)) == {"lr": (0.1, 0.2)}
+    # a dict names only the fields it compares; one the saved config lacks shows as MISSING
+    assert protocol.differences({"lr": 0.1, "steps": 10}, {"lr": 0.1}) == {}
+    assert protocol.differences(_Config(), {"width": 3}) == {"width": (protocol.MISSING, 3)}
 
 
 def test_prepare_starts_resumes_and_refuses_a_changed_config(tmp_path):
@@ -103,7 +107,7 @@ def test_prepare_starts_resumes_and_refuses_a_changed_config(tmp_path):
     runs.begin(out, "tce train")
     protocol.start(out, "tce train", dataclasses.asdict(_Config()))
     assert _prepare(out, None, resume=True) == (_Config(), False)
-    assert _prepare(out, _Config(steps=20), resume=True) == (_Config(steps=20), False)  # a runtime field
+    assert _prepare(out, _Config(steps=20), resume=True) == (_Config(steps=20), False)  # a resumable field
     with pytest.raises(UsageError, match="lr: folder 0.1, given 0.2"):
         _prepare(out, _Config(lr=0.2), resume=True)
     runs.write_json(out / "summary.json", {"done": True})

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import busy_elsewhere
+from conftest import busy_elsewhere, make_run
 from episodic.envs.test_step import run_episode
 
 from troll.cli import build_parser, main
@@ -227,7 +227,7 @@ def test_a_folder_holding_something_else_is_refused_untouched(tmp_path, capsys):
         assert "choose another --out" in err
     assert snapshot(out) == before
     # a study folder is not a run folder either
-    (out / "config.json").write_text(json.dumps({"command": "tce study", "spec": {}}))
+    out = make_run(tmp_path / "study", "tce study")
     before = snapshot(out)
     code, _, err = cli(capsys, "train", "--out", str(out), *TOY, *TINY, "--overwrite")
     assert code == 2 and "holds a folder of 'troll tce study', which 'troll tce train' never continues" in err

@@ -8,11 +8,11 @@ import time
 
 import pytest
 import torch
-from conftest import busy_elsewhere
+from conftest import busy_elsewhere, make_run
 
+from troll.episodic import algorithm
 from troll.episodic.config import TCEConfig
 from troll.runs.files import UsageError, read_jsonl
-from troll.tce import run as train_module
 from troll.tce.run import checkpoints, train
 
 
@@ -77,10 +77,13 @@ def test_folders_that_cannot_be_used_are_refused_before_anything_is_written(tmp_
     (other / "notes.txt").write_text("mine")
     with pytest.raises(UsageError, match="holds something else"):
         train(tiny(), other, progress=False, plot=False)
-    (other / "config.json").write_text(json.dumps({"command": "train", "options": {}}))
-    with pytest.raises(UsageError, match="'troll train', which 'troll tce train' never continues nor replaces"):
+    (other / "config.json").write_text(json.dumps({"command": "train", "options": {}}))  # without a manifest: not a run
+    with pytest.raises(UsageError, match="holds something else"):
         train(tiny(), other, resume=True, progress=False, plot=False)
     assert sorted(p.name for p in other.iterdir()) == ["config.json", "notes.txt"]
+    lm_run = make_run(tmp_path / "lm", "train")
+    with pytest.raises(UsageError, match="'troll train', which 'troll tce train' never continues nor replaces"):
+        train(tiny(), lm_run, resume=True, progress=False, plot=False)
     a_file = tmp_path / "file"
     a_file.write_text("x")
     with pytest.raises(UsageError, match="not a folder"):
@@ -174,12 +177,12 @@ def test_a_resumed_run_holds_its_folder_from_the_check_on(tmp_path, monkeypatch)
     train(tiny(), out, progress=False, plot=False)
     assert not busy_elsewhere(out)
     (out / "summary.json").unlink()  # as if killed after its last checkpoint
-    seen, make_env = [], train_module._make_env
+    seen, make_env = [], algorithm.make_env
 
-    def spy(config, episodes):
+    def spy(name, **kwargs):
         seen.append(busy_elsewhere(out))
-        return make_env(config, episodes)
+        return make_env(name, **kwargs)
 
-    monkeypatch.setattr(train_module, "_make_env", spy)
+    monkeypatch.setattr(algorithm, "make_env", spy)
     train(None, out, resume=True, progress=False, plot=False)
     assert seen == [True] and not busy_elsewhere(out)

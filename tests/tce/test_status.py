@@ -71,7 +71,6 @@ def test_a_study_run_here_records_a_failed_cell_and_a_damaged_study_leaves_the_o
     (entry,) = [c for c in data["cells"] if (c["algo"], c["seed"]) == ("tce", 0)]
     entry["status"] = "failed (exit -9)"
     (tmp_path / "a" / "study.json").write_text(json.dumps(data))
-    (tmp_path / "a" / ".troll-run.json").unlink()  # a study from before run folders had a manifest is found too
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / "config.json").write_text('{"command": "tce study", "spec": ')
     assert main(["tce", "status", str(tmp_path)]) == 1

@@ -17,16 +17,38 @@ from typing import TYPE_CHECKING
 
 # name -> module that defines it
 _EXPORTS = {
+    "BBRL": "troll.episodic.algorithm",
+    "TCE": "troll.episodic.algorithm",
+    "EpisodicEnv": "troll.episodic.envs.base",
+    "FromGymnasium": "troll.episodic.envs.adapter",
+    "register": "troll.episodic.envs.registry",
+    "make_env": "troll.episodic.envs.registry",
     "LinearMap": "troll.episodic.prodmp",
     "Marginals": "troll.episodic.prodmp",
     "ProDMP": "troll.episodic.prodmp",
     "TCEConfig": "troll.episodic.config",
     "gather_times": "troll.episodic.prodmp",
 }
-__all__ = ["LinearMap", "Marginals", "ProDMP", "TCEConfig", "gather_times"]
+__all__ = [
+    "BBRL",
+    "EpisodicEnv",
+    "FromGymnasium",
+    "LinearMap",
+    "Marginals",
+    "ProDMP",
+    "TCE",
+    "TCEConfig",
+    "gather_times",
+    "make_env",
+    "register",
+]
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from troll.episodic.algorithm import BBRL, TCE
     from troll.episodic.config import TCEConfig
+    from troll.episodic.envs.adapter import FromGymnasium
+    from troll.episodic.envs.base import EpisodicEnv
+    from troll.episodic.envs.registry import make_env, register
     from troll.episodic.prodmp import LinearMap, Marginals, ProDMP, gather_times
 
 

@@ -152,14 +152,15 @@ class TCEAgent:
 
     # ------------------------------------------------------------------------------------------ acting
 
-    def trajectories(self, start: EpisodeStart, *, deterministic: bool = False):
-        """theta (E, P) and the desired (pos, vel) (E, T + 1, D), float64: sampled, or the mean (deterministic)."""
+    def trajectories(self, start: EpisodeStart, *, deterministic: bool = False, generator=None):
+        """theta (E, P) and the desired (pos, vel) (E, T + 1, D), float64: sampled (from ``generator``, by default the
+        run's), or the mean (deterministic)."""
         check_context(start.context, self.policy.context_dim)
         with torch.no_grad():
             policy = self.policy(start.context)
             theta = policy.mean
             if not deterministic:
-                noise = torch.randn(theta.shape, generator=self.generator, dtype=theta.dtype)
+                noise = torch.randn(theta.shape, generator=generator or self.generator, dtype=theta.dtype)
                 factor = policy.factor
                 theta = theta + (noise * factor if policy.kind == "diag" else noise @ factor.mT)
             y0, v0 = start.pos.double(), start.vel.double()

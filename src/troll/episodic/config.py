@@ -22,7 +22,7 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from troll.episodic.envs.registry import BOX_PUSHING, ENV_NAMES, GYM, HOPPER, METAWORLD, TOY
+from troll.episodic.envs.registry import BOX_PUSHING, ENV_NAMES, GYM, HOPPER, METAWORLD, TOY, check_name
 from troll.gaussian.distances import DISTANCES as GAUSSIAN_DISTANCES
 from troll.gaussian.projection import KINDS_FOR
 from troll.runs.numbers import SEED_LIMIT, FieldError, check_int, check_real
@@ -43,7 +43,7 @@ DISTANCES = tuple(d for d in GAUSSIAN_DISTANCES if "chol" in KINDS_FOR[d])
 ACTIVATIONS = ("tanh", "relu", "elu", "silu", "leaky_relu")  # leaky_relu: slope 0.01, the box-pushing configs'
 ENTROPY_SCHEDULES = ("none", "linear", "exponential")
 # Fields that say how a run executes, not what it computes: a resumed run may change them.
-RUNTIME_FIELDS = ("threads", "workers")
+RESUMABLE_FIELDS = ("threads", "workers")
 
 # Per environment family: what the spec fixes (Meta-World bounds) and what we chose (docs/tce.md, "Config and presets").
 # Scales: a unit weight of the ProDMP moves a DoF by ~0.008 (std at mid-motion) per unit of weights_scale, a unit
@@ -224,7 +224,8 @@ ENV_PRESETS: dict[tuple[str, str], dict] = {
 
 
 def env_family(env: str) -> str:
-    """ "toy", "gym", "metaworld", "hopper" or "box-pushing" for an env name of :data:`troll.episodic.ENV_NAMES`."""
+    """ "toy", "gym", "metaworld", "hopper" or "box-pushing" for an env name of :data:`troll.episodic.ENV_NAMES`,
+    "user" for a user's env (envs/registry.check_name: no preset, TCEConfig's defaults)."""
     if env in TOY:
         return "toy"
     if env in GYM:
@@ -235,6 +236,8 @@ def env_family(env: str) -> str:
         return "hopper"
     if env in BOX_PUSHING:
         return "box-pushing"
+    if env not in ENV_NAMES and check_name(env):
+        return "user"
     raise ValueError(_unknown("env", env, ENV_NAMES, "e.g. env='toy/viapoint' or 'metaworld/reach-v3'"))
 
 
@@ -369,8 +372,10 @@ class TCEConfig:
             value = getattr(self, name)
             if value not in choices:
                 raise FieldError(_unknown(name, value, choices, example) + f" E.g. {example}.", name)
-        if not isinstance(self.env, str) or self.env not in ENV_NAMES:
-            raise FieldError(_unknown("env", self.env, ENV_NAMES, "e.g. 'toy/viapoint' or 'metaworld/reach-v3'"), "env")
+        try:
+            check_name(self.env)
+        except ValueError as err:
+            raise FieldError(str(err), "env") from None
         if not isinstance(self.env_options, dict) or not all(isinstance(k, str) for k in self.env_options):
             raise FieldError(
                 f"env_options must be a dict of keyword options, got {self.env_options!r}; e.g. {{}}.", "env_options"
@@ -480,7 +485,7 @@ class TCEConfig:
         if unknown:
             raise ValueError(cls._unknown_fields(unknown))
         algo = overrides.get("algo", cls.algo)
-        preset = {**PRESETS[family], **ALGO_PRESETS.get((family, algo), {}), **ENV_PRESETS.get((env, algo), {})}
+        preset = {**PRESETS.get(family, {}), **ALGO_PRESETS.get((family, algo), {}), **ENV_PRESETS.get((env, algo), {})}
         fields = {**preset, "env": env, **overrides}
         given = overrides.get("env_options", {})
         if isinstance(given, dict):  # anything else is refused by __post_init__, with its message
@@ -518,11 +523,6 @@ class TCEConfig:
             close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
             parts.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
         return f"unknown TCEConfig field(s) {', '.join(parts)}; the fields are: {', '.join(known)}."
-
-    def differences(self, other: TCEConfig, *, ignore: tuple[str, ...] = RUNTIME_FIELDS) -> dict:
-        """name -> (self's value, other's value) for the fields that differ, except ``ignore``."""
-        a, b = self.to_dict(), other.to_dict()
-        return {k: (a[k], b[k]) for k in a if k not in ignore and a[k] != b[k]}
 
 
 def _check_bool(name: str, value) -> None:

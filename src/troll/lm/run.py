@@ -150,7 +150,7 @@ def train(opts: RunOptions, *, resume: bool = False, keep_checkpoints: bool = Fa
             resume=resume,
             saved=saved_options,  # UsageError naming what is wrong in a damaged config.json
             kind="GRPO",
-            runtime=(*RESUMABLE_FIELDS, "out"),
+            resumable=(*RESUMABLE_FIELDS, "out"),
             finished=lambda o: _finished(out, o),
         )
         if finished and not keep_checkpoints:  # killed after its summary, before its checkpoints were removed

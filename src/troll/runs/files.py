@@ -25,6 +25,12 @@ from pathlib import Path
 CONFIG_FILE = "config.json"  # what a folder holds: a run's options, a study's grid
 SUMMARY_FILE = "summary.json"  # written last by a run that finished: a study's cell is finished when it exists
 METRICS_FILE = "metrics.jsonl"  # one JSON object a line, each with the x-axis key of the curves (e.g. "step")
+PLOTS_FILE = "plots.png"  # a run's curves, drawn at its end
+VIDEO_FILE = "video.mp4"  # a TCE run's evaluation episodes (troll tce render)
+CHECKPOINT_FILE = "checkpoint-{}.pt"  # a TCE, BBRL or PPO run's checkpoint after iteration {} (one file)
+# the commands that write folders, as config.json's "command" and the manifest name them
+TRAIN, COMPARE, STUDY = "train", "compare", "study"
+TCE_TRAIN, TCE_STUDY = "tce train", "tce study"
 
 
 class UsageError(ValueError):

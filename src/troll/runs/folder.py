@@ -25,9 +25,6 @@ The rules (:func:`check_folder`, which touches nothing):
   flag it is refused;
 - a folder holding anything else is refused.
 
-A folder written before manifests existed (its config.json names the command) is taken as the command's when the
-names in it are those the command writes (:data:`LAYOUTS`); anything else in it is foreign.
-
 One process at a time: :func:`begin` (and :func:`clear`) take an exclusive lock on the folder for the process that
 writes it, :func:`release` gives it back when the command ends, and the operating system drops it when the process
 dies, however it dies. While another live process holds a folder, :func:`check_folder` refuses it (so ``--resume``
@@ -224,16 +221,6 @@ def read_manifest(out: Path) -> Manifest | None:
         return None
 
 
-def _legacy_command(out: Path) -> str | None:
-    """The command a folder without a manifest was written by, from its config.json (None: not a troll folder)."""
-    try:
-        data = json.loads((out / CONFIG_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    command = data.get("command") if isinstance(data, dict) else None
-    return command if command in LAYOUTS else None
-
-
 def _pattern(entry: str) -> re.Pattern:
     """A manifest entry as a regex on a relative path: ``{n}`` a whole number; ``x/`` the folder and all in it."""
     body = re.escape(entry.rstrip("/")).replace(re.escape("{n}"), r"\d+")
@@ -261,14 +248,11 @@ def _leads_to(rel: str, entries: tuple[str, ...]) -> bool:
 def foreign(out: Path, command: str | None = None) -> list[str]:
     """Every path below ``out`` (relative, sorted) that the command of ``out`` did not write, sub-runs included.
 
-    Without a manifest the names of :data:`LAYOUTS` for ``command`` (or the config's command) count as its own,
-    with only the first write's leftovers (the manifest's and config.json's temporary files) otherwise.
+    Without a manifest only the first write's leftovers (the manifest's and config.json's temporary files) count as
+    the command's.
     """
     out = Path(out)
-    manifest = read_manifest(out)
-    if manifest is None:
-        legacy = _legacy_command(out)
-        manifest = Manifest(legacy or command or "", LAYOUTS.get(legacy, ()))
+    manifest = read_manifest(out) or Manifest(command or "", ())
     found: list[str] = []
     _walk(out, "", manifest, found)
     return sorted(found)
@@ -305,8 +289,8 @@ def inspect(out: Path, command: str) -> Found:
     if not out.is_dir():
         return Found(None, False, [])
     manifest = read_manifest(out)
-    owner = manifest.command if manifest else _legacy_command(out)
-    started = (out / CONFIG_FILE).is_file() and (manifest is not None or owner is not None)
+    owner = manifest.command if manifest else None
+    started = (out / CONFIG_FILE).is_file() and manifest is not None
     return Found(owner, started, foreign(out, command))
 
 

@@ -59,11 +59,27 @@ def run(out: Path, prepare: Callable[[], tuple], train: Callable) -> dict:
         return train(config)
 
 
-def prepare(config, out: Path, *, command: str, resume: bool, saved: Callable, kind: str, runtime: tuple[str, ...],
+MISSING = "<not a setting>"  # what differences() shows for a field the saved config lacks
+
+
+def differences(saved, given, *, resumable: tuple[str, ...] = ()) -> dict:
+    """{field: (saved's value, given's)} for every field of ``given`` whose value is not ``saved``'s, but the fields a
+    resumed run may change (``resumable``, each config's RESUMABLE_FIELDS). ``saved`` and ``given`` are dataclasses or
+    dicts; a dict ``given`` names only the fields it compares (the flags a user gave); a field ``saved`` lacks shows
+    as :data:`MISSING`. The one comparison of a resumed run with its folder, for every command."""
+
+    def get(obj, name):
+        return obj.get(name, MISSING) if isinstance(obj, dict) else getattr(obj, name, MISSING)
+
+    names = list(given) if isinstance(given, dict) else [f.name for f in dataclasses.fields(given)]
+    return {k: (get(saved, k), get(given, k)) for k in names if k not in resumable and get(saved, k) != get(given, k)}
+
+
+def prepare(config, out: Path, *, command: str, resume: bool, saved: Callable, kind: str, resumable: tuple[str, ...],
             finished: Callable | None = None):  # fmt: skip
     """Returns (the config to run, finished already). ``config``: the given one (None: the folder's, to resume);
-    ``saved(out)``: the config of this kind the folder holds, or None; ``runtime``: the fields a resumed run may
-    change. A config has ``differences(other, ignore=...)`` -> {field: (folder's, given)} and is a dataclass.
+    ``saved(out)``: the config of this kind the folder holds, or None; ``resumable``: the fields a resumed run may
+    change (:func:`differences`). A config is a dataclass.
     ``finished(config)``: whether the resumed run has nothing left to do (default: its summary.json exists; a run
     that may be extended past its end says otherwise)."""
     action = check_folder(out, command, resume=resume, overwrite=False)
@@ -78,14 +94,14 @@ def prepare(config, out: Path, *, command: str, resume: bool, saved: Callable, k
             "or choose another folder."
         )
     if config is not None:
-        diff = found.differences(config, ignore=runtime)
+        diff = differences(found, config, resumable=resumable)
         if diff:
             listed = "; ".join(f"{k}: folder {a!r}, given {b!r}" for k, (a, b) in diff.items())
             raise UsageError(
                 f"--resume: the config differs from the one {out} was started with ({listed}); resume with the same "
-                f"settings (only {', '.join(runtime)} may change) or start a new folder."
+                f"settings (only {', '.join(resumable)} may change) or start a new folder."
             )
-        found = dataclasses.replace(found, **{k: getattr(config, k) for k in runtime})
+        found = dataclasses.replace(found, **{k: getattr(config, k) for k in resumable})
     return found, finished(found) if finished else (out / SUMMARY_FILE).is_file()
 
 

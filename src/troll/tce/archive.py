@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from troll import runs
-from troll.episodic.config import RUNTIME_FIELDS
+from troll.episodic.config import RESUMABLE_FIELDS
 from troll.runs.files import SUMMARY_FILE, UsageError
 from troll.study import Study, archive
 from troll.study import report as report_lib
@@ -42,7 +42,7 @@ def expected(spec_json: dict, folder: Path) -> dict[str, dict]:
 
 
 def save(root: Path, dest: Path) -> archive.Outcome:
-    return archive.save(root, dest, command=study_lib.COMMAND, keys=KEYS, expected=expected, runtime=RUNTIME_FIELDS)
+    return archive.save(root, dest, command=study_lib.COMMAND, keys=KEYS, expected=expected, runtime=RESUMABLE_FIELDS)
 
 
 def restore(source: Path, root: Path, *, report: bool = True) -> archive.Outcome:
@@ -50,7 +50,7 @@ def restore(source: Path, root: Path, *, report: bool = True) -> archive.Outcome
     cells, as a study writes them while it runs: ``python -m troll.tce.results`` reads the archive's numbers
     without running a cell."""
     outcome = archive.restore(source, root, command=study_lib.COMMAND, run_command=study_lib.RUN_COMMAND,
-                              expected=expected, runtime=RUNTIME_FIELDS)  # fmt: skip
+                              expected=expected, runtime=RESUMABLE_FIELDS)  # fmt: skip
     if report:
         for folder in archive.studies(root, study_lib.COMMAND):
             try:

@@ -17,11 +17,9 @@ from pathlib import Path
 
 from troll import runs
 from troll.runs import protocol
-from troll.runs.files import CONFIG_FILE, UsageError, read_config
+from troll.runs.files import CONFIG_FILE, TCE_TRAIN, VIDEO_FILE, UsageError, read_config
 from troll.study import executors
 from troll.tce import flags as opts
-
-COMMAND = "tce train"  # a run folder's config.json "command" (troll.tce.run.COMMAND)
 
 TRAIN_DOC = (
     "One run of TCE, BBRL (same code, one advantage per episode) or stable-baselines3's PPO on an episodic task. "
@@ -51,7 +49,6 @@ STATUS_DOC = (
     "left. Writes nothing. Exit status 1 when a study cannot be read (it gets a line saying why), 2 when FOLDER "
     "holds no study."
 )
-VIDEO_FILE = "video.mp4"  # troll.tce.render.VIDEO_FILE (not imported here: it would import numpy)
 
 
 def add_commands(sub) -> None:
@@ -171,11 +168,11 @@ def saved_run(out: Path) -> dict | None:
     """The config dict of the run of this command in ``out`` to continue; None when there is none to continue (a
     missing or empty folder, or one a start was killed in before its config.json was whole). UsageError when
     the folder cannot be resumed (:func:`troll.runs.check_folder`)."""
-    if runs.check_folder(out, COMMAND, resume=True, overwrite=False) == "new":
+    if runs.check_folder(out, TCE_TRAIN, resume=True, overwrite=False) == "new":
         return None
     data = read_config(out)
-    if not (isinstance(data, dict) and data.get("command") == COMMAND and isinstance(data.get("config"), dict)):
-        raise UsageError(f"--resume: {out / CONFIG_FILE} holds no config of 'troll {COMMAND}'; choose another --out.")
+    if not (isinstance(data, dict) and data.get("command") == TCE_TRAIN and isinstance(data.get("config"), dict)):
+        raise UsageError(f"--resume: {out / CONFIG_FILE} holds no config of 'troll {TCE_TRAIN}'; choose another --out.")
     return data["config"]
 
 
@@ -222,12 +219,11 @@ def _resumed_config(args, saved: dict, given: dict, seed, steps, threads, worker
         if every != config.eval_every_steps:
             shown = " ".join(f"{opts.flag(k)} {v}" for k, v in two.items())
             differ.append(f"{shown} (evaluations every {every} env steps; the run has {config.eval_every_steps})")
-    for name, value in wanted.items():
-        attr = name[4:] if algo == "ppo" and name.startswith("ppo_") else name
-        if value is None or getattr(config, attr, None) == value:
-            continue
-        have = f"the run has {getattr(config, attr)!r}" if hasattr(config, attr) else f"not a setting of a {algo} run"
-        differ.append(f"{opts.flag(name)} {opts.format_value(value)} ({have})")
+    flags = {(name[4:] if algo == "ppo" and name.startswith("ppo_") else name): name for name in wanted}
+    given_fields = {attr: wanted[name] for attr, name in flags.items() if wanted[name] is not None}
+    for attr, (have, value) in protocol.differences(config, given_fields).items():
+        have = f"the run has {have!r}" if have is not protocol.MISSING else f"not a setting of a {algo} run"
+        differ.append(f"{opts.flag(flags[attr])} {opts.format_value(value)} ({have})")
     if differ:
         raise UsageError(f"--resume continues the run with its own settings, and {'; '.join(differ)} differ; drop "
                          "them (only --threads and --workers may change), or start a new --out.")  # fmt: skip
@@ -269,9 +265,9 @@ def _train_command(args: argparse.Namespace, out: Path | None) -> int:
         except RenderError as err:
             print(f"troll tce train: error: --video: {err}", file=sys.stderr)
             return 1
-    action = runs.check_folder(out, COMMAND, resume=args.resume, overwrite=args.overwrite)
+    action = runs.check_folder(out, TCE_TRAIN, resume=args.resume, overwrite=args.overwrite)
     if action == "replace":
-        runs.clear(out, COMMAND)
+        runs.clear(out, TCE_TRAIN)
     return _run(config, out, resume=args.resume, progress=not args.no_progress, video=args.video)
 
 

@@ -154,9 +154,14 @@ def check_algo(name: str, option: str = "--algo") -> str:
 
 
 def check_env(name: str, algo: str | None = None) -> str:
-    """A known env name (with a close match otherwise); ppo needs a step interface (not the toy task)."""
-    from troll.episodic.envs.registry import ENV_NAMES, METAWORLD_TASKS, ppo_envs
+    """A known env name (with a close match otherwise), or a user's (``module:function``, a registered name or an
+    entry point: envs/registry.py); ppo needs a step interface (troll's envs but the toy task)."""
+    from troll.episodic.envs.registry import ENV_NAMES, METAWORLD_TASKS, check_name, ppo_envs
 
+    if name not in ENV_NAMES and _user_env(name, check_name):
+        if algo == "ppo":
+            raise UsageError(f"--algo ppo steps troll's own envs only ({ppo_envs()}); run tce or bbrl on {name}.")
+        return name
     if name not in ENV_NAMES:
         close = difflib.get_close_matches(name, ENV_NAMES, n=2, cutoff=0.6)
         close = close or difflib.get_close_matches(f"metaworld/{name}", ENV_NAMES, n=1, cutoff=0.6)
@@ -172,6 +177,13 @@ def check_env(name: str, algo: str | None = None) -> str:
             f"torch); troll's PPO steps {ppo_envs()} only: run ppo there, or tce / bbrl here."
         )
     return name
+
+
+def _user_env(name: str, check_name) -> bool:
+    try:
+        return bool(check_name(name))
+    except ValueError:
+        return False
 
 
 # ---------------------------------------------------------------------------------------------- values

@@ -55,11 +55,13 @@ from troll.episodic.config import PRESETS, SIZE_LIMITS, TCEConfig, env_family
 from troll.episodic.envs.base import episode_seeds
 from troll.episodic.envs.registry import ppo_envs
 from troll.episodic.envs.step import make_step_task
-from troll.runs import protocol
+from troll.runs import numbered_files, protocol
 from troll.runs.files import (
     CONFIG_FILE,
     METRICS_FILE,
+    PLOTS_FILE,
     SUMMARY_FILE,
+    TCE_TRAIN,
     UsageError,
     append_jsonl,
     check_out_path,
@@ -68,7 +70,6 @@ from troll.runs.files import (
 )
 from troll.runs.numbers import FieldError, check_int, check_real, check_seed, is_int
 from troll.tce.report import plot_run, summarise
-from troll.tce.run import COMMAND, PLOT_FILE, numbered_files
 
 INSTALL = "pip install 'troll[baselines]' (stable-baselines3)"
 # the episodic envs' T (Reacher-v5's time limit, Meta-World's path length, fancy_gym's box-pushing and hopper-jump
@@ -77,8 +78,8 @@ HORIZON = {"gym": 50, "metaworld": 500, "box-pushing": 100, "hopper": 250}
 # an episode's final metrics in the step env's info -> the name of their mean in rollout/* and eval/*
 FINAL_METRICS = {"episode_return": "return", "is_success": "success_rate", "distance": "distance",
                  "max_height": "max_height"}  # fmt: skip
-CHECKPOINT = "checkpoint-{}.zip"
-RUNTIME_FIELDS = ("threads",)
+CHECKPOINT = "checkpoint-{}.zip"  # stable-baselines3's own file
+RESUMABLE_FIELDS = ("threads",)
 # PPOConfig fields passed to stable_baselines3.PPO as they are (net_arch goes into policy_kwargs)
 SB3_FIELDS = ("learning_rate", "n_steps", "batch_size", "n_epochs", "gamma", "gae_lambda", "clip_range", "ent_coef",
               "vf_coef", "max_grad_norm")  # fmt: skip
@@ -180,10 +181,6 @@ class PPOConfig:
             raise ValueError(f"unknown PPOConfig field(s) {', '.join(unknown)}.")
         return cls(**data)
 
-    def differences(self, other: PPOConfig, *, ignore: tuple[str, ...] = RUNTIME_FIELDS) -> dict:
-        a, b = self.to_dict(), other.to_dict()
-        return {k: (a[k], b[k]) for k in a if k not in ignore and a[k] != b[k]}
-
 
 def play(model, task, seed: int, on_step: Callable[[int], None] | None = None) -> dict:
     """One episode of the deterministic policy (the mean action) from episode seed ``seed``; its last step's info.
@@ -211,7 +208,7 @@ def evaluate(model, task, seeds: list[int]) -> dict[str, float]:
 
 def saved_config(out: Path) -> PPOConfig | None:
     """The PPOConfig of the run folder ``out``, or None when it holds no PPO run of ``tce train``."""
-    data = protocol.saved_config(out, COMMAND)
+    data = protocol.saved_config(out, TCE_TRAIN)
     if data is None or data.get("algo") != "ppo":
         return None
     try:
@@ -224,7 +221,7 @@ def _prepare(config: PPOConfig | None, out: Path, *, resume: bool) -> tuple[PPOC
     """Check ``out`` and the config before anything is written; returns (config to run, finished already)."""
     check_out_path(out, "run folder")
     return protocol.prepare(
-        config, out, command=COMMAND, resume=resume, saved=saved_config, kind="PPO", runtime=RUNTIME_FIELDS
+        config, out, command=TCE_TRAIN, resume=resume, saved=saved_config, kind="PPO", resumable=RESUMABLE_FIELDS
     )
 
 
@@ -266,7 +263,7 @@ def _train(config: PPOConfig, out: Path, *, progress: bool, plot: bool, on_row) 
     rows = read_jsonl(out / METRICS_FILE)
     summary = summarise(rows, config.to_dict(), iterations=math.ceil(config.total_env_steps / config.n_steps))
     if plot:
-        plot_run(rows, out / PLOT_FILE, title=f"PPO (stable-baselines3) on {config.env} (seed {config.seed})",
+        plot_run(rows, out / PLOTS_FILE, title=f"PPO (stable-baselines3) on {config.env} (seed {config.seed})",
                  mean_bound=1.0, cov_bound=1.0)  # fmt: skip
     write_json(out / SUMMARY_FILE, summary)
     return summary
@@ -287,7 +284,7 @@ def _build(config: PPOConfig, out: Path):
     from stable_baselines3.common.logger import Logger
 
     task, eval_task = step_task(config), step_task(config)
-    runs.begin(out, COMMAND)  # the manifest first; stale temporary files of a killed process go
+    runs.begin(out, TCE_TRAIN)  # the manifest first; stale temporary files of a killed process go
     found = checkpoints(out)
     if found:
         steps, path = found[-1]
@@ -299,7 +296,7 @@ def _build(config: PPOConfig, out: Path):
         rows = read_jsonl(out / METRICS_FILE)
         protocol.resume_metrics(out, sum(1 for r in rows if r["env_steps"] <= steps))
     else:
-        protocol.start(out, COMMAND, config.to_dict())
+        protocol.start(out, TCE_TRAIN, config.to_dict())
         arch = list(config.net_arch)
         sb3 = {k: getattr(config, k) for k in SB3_FIELDS}
         model = PPO("MlpPolicy", task, seed=config.seed, device="cpu", verbose=0,

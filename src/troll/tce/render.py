@@ -20,7 +20,6 @@ libosmesa6). Without a working one, :class:`RenderError` names the packages befo
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import math
 import os
@@ -30,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-VIDEO_FILE = "video.mp4"  # <run>/video.mp4: what `troll tce train --video` and `troll tce study --videos` write
+from troll.runs.files import VIDEO_FILE
+
 FORMATS = (".gif", ".mp4")
 # named cameras, the first the model has is used (hopper: the side view that follows the torso; Meta-World: the
 # view from above the table, its only upright whole view); otherwise a free camera on the bodies (FrameGrabber)
@@ -253,9 +253,8 @@ def render_run(out: Path, *, path: Path | None = None, episodes: int = 3, width:
 
 
 def _render(config, checkpoint: Path, path: Path, *, episodes: int, width: int, height: int, fps: int) -> dict:
-    import torch
-
-    from troll.episodic.agent import EVAL_STREAM, TCEAgent, reset_seed
+    from troll.episodic.agent import EVAL_STREAM, reset_seed
+    from troll.episodic.algorithm import TCE
     from troll.episodic.envs import make_env
     from troll.episodic.envs.registry import has_backends
 
@@ -263,15 +262,13 @@ def _render(config, checkpoint: Path, path: Path, *, episodes: int, width: int, 
     if has_backends(config.env):
         options["backend"] = "python"  # EnvPool has no renderer: its reference simulator
     with make_env(config.env, num_episodes=episodes, workers=0, seed=config.seed, **options) as env:
-        agent = TCEAgent(dataclasses.replace(config, episodes=max(episodes, 2)), context_dim=env.context_dim,
-                         state_dim=env.state_dim, dof=env.dof, horizon=env.horizon, dt=env.dt)  # fmt: skip
-        agent.load_state_dict(torch.load(checkpoint, weights_only=True)["agent"])
+        model = TCE.load(checkpoint)
         start = env.reset(reset_seed(config.seed, EVAL_STREAM))
-        _, pos, vel = agent.trajectories(start, deterministic=True)
+        _, pos, vel = model.predict(start.context, start.pos, start.vel)
         every = max(1, round(1 / (fps * env.dt)))
         frames, finals = [], []
-        for i in range(episodes):
-            got, final = episode_frames(env._runner, i, env._seeds[i], pos[i].numpy(), vel[i].numpy(), every=every,
+        for i, seed in enumerate(env.seeds):
+            got, final = episode_frames(env.runner, i, seed, pos[i].numpy(), vel[i].numpy(), every=every,
                                         width=width, height=height)  # fmt: skip
             frames += got
             finals.append(final)

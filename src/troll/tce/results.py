@@ -31,11 +31,11 @@ import sys
 import textwrap
 from pathlib import Path
 
-from troll.runs.files import CONFIG_FILE, write_json
+from troll.runs.files import CONFIG_FILE, TCE_STUDY, write_json
 from troll.study import stats
 
 STUDY_JSON = "study.json"
-COMMAND = "tce study"
+COMMAND = TCE_STUDY
 COLORS = {"tce": "C0", "bbrl": "C1", "ppo": "C2", "bbrl-cov": "C3"}
 FAMILY_ORDER = ("toy/", "gym/", "metaworld/")
 FIGURES = (

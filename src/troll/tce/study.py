@@ -29,13 +29,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from troll.runs.files import TCE_STUDY, TCE_TRAIN, VIDEO_FILE
 from troll.study import Cell, Curve, Frontend, Grid, Number, Pairing, Study, UsageError, runner, stats
 from troll.study import grid as grid_lib
 from troll.tce import flags as opts
 
-COMMAND = "tce study"
-RUN_COMMAND = "tce train"  # the command of each cell (troll.tce.run.COMMAND)
-VIDEO_FILE = "video.mp4"  # troll.tce.render.VIDEO_FILE, written by each cell's --video
+COMMAND, RUN_COMMAND = TCE_STUDY, TCE_TRAIN  # the study's command and each cell's
 STUDY_WORKERS = 1  # env processes of a cell: with --jobs 2 two cells step two simulators on two cores
 NOT_SWEPT = frozenset({"algo", "env", "seed", "threads", "workers", "env_options", "policy_hidden", "critic_hidden",
                        "ppo_net_arch"})  # fmt: skip
@@ -142,7 +141,7 @@ def check_started(cells: list[Cell], out: Path) -> None:
     would resume with other settings than the study gives it today: a folder made by an older version (for one,
     before metaworld/* cells kept the preset's env options beside a recorded backend), which ``--resume`` would
     otherwise finish or keep beside new cells, mixing two setups in one report."""
-    from troll.episodic.config import RUNTIME_FIELDS
+    from troll.episodic.config import RESUMABLE_FIELDS
     from troll.study.archive import differs
 
     stale = []
@@ -155,7 +154,7 @@ def check_started(cells: list[Cell], out: Path) -> None:
             continue  # not started
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue  # damaged or unreadable: the cell's own --resume says so, and the cell fails alone
-        why = differs(json.loads(json.dumps(resumed)), written_config(cell), frozenset(RUNTIME_FIELDS))
+        why = differs(json.loads(json.dumps(resumed)), written_config(cell), frozenset(RESUMABLE_FIELDS))
         if why:
             stale.append(f"{cell.folder.relative_to(out).as_posix()} ({why.removeprefix('run with ')})")
     if stale:

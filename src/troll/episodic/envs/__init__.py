@@ -8,7 +8,16 @@ every step's states, rewards and dones back (base.py has the interface, registry
 """
 
 from troll.episodic.envs.base import Episodes, EpisodeStart, EpisodicEnv, NonFiniteError
-from troll.episodic.envs.registry import ENV_NAMES, make_env
+from troll.episodic.envs.registry import ENV_NAMES, make_env, register
 from troll.episodic.envs.workers import EnvWorkerError
 
-__all__ = ["ENV_NAMES", "EnvWorkerError", "EpisodeStart", "Episodes", "EpisodicEnv", "NonFiniteError", "make_env"]
+__all__ = [
+    "ENV_NAMES",
+    "EnvWorkerError",
+    "EpisodeStart",
+    "Episodes",
+    "EpisodicEnv",
+    "NonFiniteError",
+    "make_env",
+    "register",
+]

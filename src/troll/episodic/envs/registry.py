@@ -8,12 +8,22 @@ mujoco (and metaworld; box pushing and hopper jump need the fancy-gym wheel's as
 the worker processes that build them (EnvPool's in this process), and their absence is reported here first. ``gym/*``
 and ``metaworld/*`` run on one of two simulators (option ``backend``: EnvPool's C++ port or the Python package;
 :func:`default_backend`).
+
+Your own environment (docs/tce.md, "Your own environment"): a function ``factory(num_episodes, seed=0, **options)``
+that returns an :class:`~troll.episodic.envs.base.EpisodicEnv`, found by the name ``module:function`` (imported when
+an env is built), by :func:`register` in this process, or by an entry point of the group :data:`ENTRY_POINTS` in a
+package's metadata (``[project.entry-points."troll.episodic.envs"]``, ``"mine/reach" = "mypkg.envs:make"``), which is
+how ``troll tce train --env mine/reach`` finds it in a fresh process.
 """
 
 from __future__ import annotations
 
 import difflib
+import importlib
+import importlib.metadata
 import importlib.util
+import re
+from collections.abc import Callable
 from functools import partial
 
 from troll.episodic.envs.base import EpisodicEnv
@@ -45,12 +55,75 @@ def ppo_envs() -> str:
 
 
 def _unknown(name: str) -> ValueError:
-    close = difflib.get_close_matches(name, ENV_NAMES, n=3, cutoff=0.6)
+    close = difflib.get_close_matches(name, [*ENV_NAMES, *_REGISTERED], n=3, cutoff=0.6)
     hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
     return ValueError(
-        f"unknown episodic environment {name!r}.{hint} Known: {', '.join(TOY + GYM + HOPPER + BOX_PUSHING)}, and "
-        f"metaworld/<task> for the 50 Meta-World v3 tasks: {', '.join(METAWORLD_TASKS)}."
+        f"unknown episodic environment {name!r}.{hint} Known: {', '.join(TOY + GYM + HOPPER + BOX_PUSHING)}, "
+        f"metaworld/<task> for the 50 Meta-World v3 tasks ({', '.join(METAWORLD_TASKS)}), and your own: "
+        "'module:function' (a factory returning an EpisodicEnv), a name given to troll.episodic.envs.register, or "
+        f"an entry point of the group {ENTRY_POINTS!r}."
     )
+
+
+# ---------------------------------------------------------------------------------------------- your own envs
+
+ENTRY_POINTS = "troll.episodic.envs"  # the entry-point group a package names its env factories in
+_BUILTIN_FAMILIES = ("toy/", "gym/", "metaworld/", "fancy/")  # troll's own: a name there must be one of ENV_NAMES
+_NAME = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")  # family/task
+_SPEC = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")  # module:function
+_REGISTERED: dict[str, Callable[..., EpisodicEnv]] = {}
+
+
+def register(name: str, factory: Callable[..., EpisodicEnv]) -> None:
+    """Make ``name`` ("family/task", outside troll's families) build ``factory(num_episodes, seed=0, **options)``
+    in this process: ``make_env(name, ...)``, ``TCE(name)`` and the command line then find it."""
+    check_name(name)
+    if name in ENV_NAMES or _SPEC.fullmatch(name):
+        raise ValueError(f"register: {name!r} is not a name of your own; choose e.g. 'mine/{name.split('/')[-1]}'.")
+    if not callable(factory):
+        raise TypeError(f"register: the factory of {name!r} must be callable, got {type(factory).__name__}.")
+    _REGISTERED[name] = factory
+
+
+def check_name(name) -> str:
+    """``name`` if it is spelled as an env name: one of :data:`ENV_NAMES`, "family/task" outside troll's families, or
+    "module:function"; a ValueError with the known names otherwise (nothing is imported here)."""
+    if not isinstance(name, str):
+        raise ValueError(f"an env name must be a string, got {type(name).__name__}; e.g. 'toy/viapoint'.")
+    if name in ENV_NAMES or _SPEC.fullmatch(name):
+        return name
+    if not _NAME.fullmatch(name) or name.startswith(_BUILTIN_FAMILIES):
+        raise _unknown(name)
+    return name
+
+
+def user_factory(name: str) -> Callable[..., EpisodicEnv] | None:
+    """The factory of a user's env ``name`` (registered, an entry point, or "module:function"), or None."""
+    if name in _REGISTERED:
+        return _REGISTERED[name]
+    if _SPEC.fullmatch(name):
+        module, _, attr = name.partition(":")
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as err:
+            raise ValueError(f"env {name!r}: cannot import {attr} from {module} ({err}); is it on sys.path?") from err
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINTS):
+        if entry.name == name:
+            return entry.load()
+    return None
+
+
+def _make_user(name: str, num_episodes: int, seed: int, options: dict) -> EpisodicEnv:
+    factory = user_factory(check_name(name))
+    if factory is None:
+        raise _unknown(name)
+    env = factory(num_episodes, seed=seed, **options)
+    if not isinstance(env, EpisodicEnv):
+        raise TypeError(f"env {name!r}: its factory returned a {type(env).__name__}, not an EpisodicEnv.")
+    if env.num_episodes != num_episodes:
+        env.close()
+        raise ValueError(f"env {name!r}: its factory built {env.num_episodes} episodes, asked for {num_episodes}.")
+    return env
 
 
 def _require(name: str, modules: tuple[str, ...], alternative: str = "") -> None:
@@ -113,9 +186,10 @@ def default_backend(name: str) -> str:
 def horizon(name: str, options: dict | None = None) -> int:
     """T, the steps of one episode of env ``name`` with ``options``, known before the env is built: the toy task's
     ``horizon`` option (100), Reacher-v5's time limit (50), Meta-World's ``max_path_length`` (500), each the constant
-    its env module builds with. A test checks each against the built env."""
+    its env module builds with. A test checks each against the built env. A user's env is built once to ask it."""
     if name not in ENV_NAMES:
-        raise _unknown(name)
+        with _make_user(name, 1, 0, dict(options or {})) as env:
+            return env.horizon
     if name in TOY:
         from troll.episodic.envs.toy import HORIZON
 
@@ -162,8 +236,11 @@ def check_options(name: str, options: dict) -> dict:
     simulator)."""
     from troll.episodic.envs import options as opts
 
-    if name not in ENV_NAMES:
-        raise _unknown(name)
+    if name not in ENV_NAMES:  # a user's env checks its own options when it is built
+        check_name(name)
+        if not isinstance(options, dict):
+            raise ValueError(f"{name}: the env options must be a dict, got {type(options).__name__}.")
+        return dict(options)
     if isinstance(options, dict) and options.get("backend") == "envpool" and not has_backends(name):
         raise FieldError(
             f"{name}: backend 'envpool' is available for gym/* and metaworld/* only. {name} has one backend, "
@@ -200,13 +277,14 @@ def make_env(
              "envpool" (the default but on :data:`PYTHON_DEFAULT`: EnvPool's C++ simulators on ``workers`` threads,
              envpool_backend.py, reacher.py) or "python" (gymnasium or the metaworld package in ``workers``
              processes).
+    A user's env (module docstring) is built by its factory, ``factory(num_episodes, seed=seed, **options)``.
     Raises ValueError for an unknown name (with the known ones and a close match) or bad options, ImportError for
     a missing simulator package, before any process starts.
     """
-    if name not in ENV_NAMES:
-        raise _unknown(name)
     if not isinstance(num_episodes, int) or num_episodes < 1:
         raise ValueError(f"{name}: num_episodes must be a positive integer, got {num_episodes!r}")
+    if name not in ENV_NAMES:
+        return _make_user(name, num_episodes, seed, options)
     if not isinstance(workers, int) or workers < 0:
         raise ValueError(f"{name}: workers must be an integer >= 0 (0 runs in this process), got {workers!r}")
     options = check_options(name, options)

@@ -286,6 +286,21 @@ class PooledEnv(EpisodicEnv):
         """Worker processes in use (0: episodes run in this process)."""
         return 0 if self._pool is None else len(self._pool.conns)
 
+    @property
+    def runner(self) -> EpisodeRunner:
+        """The runner of an env built with ``workers=0`` (e.g. to watch its simulator step: troll tce render)."""
+        if self._runner is None:
+            raise RuntimeError(f"{self.name}: its episodes run in {self.workers} worker processes; build it with "
+                               "workers=0 to reach its runner.")  # fmt: skip
+        return self._runner
+
+    @property
+    def seeds(self) -> list[int]:
+        """The episode seeds of the last reset (episode i's runner.run takes seeds[i])."""
+        if self._seeds is None:
+            raise RuntimeError(f"{self.name}: call reset(seed) first")
+        return list(self._seeds)
+
     def _map(self, cmd: str, args: list[list]) -> list:
         """Apply the runner's ``cmd`` to every episode (args: one list per argument, E items each), in order."""
         if self._closed:
