@@ -136,7 +136,7 @@ code-results: $(VENV)/.installed
 	d=$(CODE_DIR) && go() { out=$$1; shift; r=; [ ! -e $$out/config.json ] || r=--resume; \
 		$(CODE_STUDY) "$$@" --out $$out $$r; } && \
 	go $$d --seeds 6 --max-completion-length 96 && go $$d-160 --seeds 3 && \
-	{ [ -e $$d-humaneval.json ] || $(VENV)/bin/troll eval-code --task humaneval --out $$d-humaneval.json; }
+	{ [ -e $$d-humaneval.json ] || $(VENV)/bin/troll eval-code --task humaneval --samples 0 --out $$d-humaneval.json; }
 
 # docs/archive/tce-earlier-preset.md's studies (its numbers come from the code of 2026-11-25, `git checkout
 # dd31b69`): TCE and BBRL, 3 seeds each, on the toy task, Reacher (dense and sparse) and three Meta-World tasks, with

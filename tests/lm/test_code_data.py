@@ -69,7 +69,7 @@ def test_train_refuses_a_bad_jsonl_before_it_loads_or_writes(tmp_path, capsys):
     assert code == 2 and "line 2: field tests" in err and not out.exists()
     code, err = run_cli(capsys, "train", "--task", _write(tmp_path / "one.jsonl", [{"prompt": "p", "tests": CALL}]),
                         "--out", str(out))  # fmt: skip
-    assert code == 2 and "--heldout 128 leaves no training item" in err and not out.exists()
+    assert code == 2 and "--heldout 1 leaves no training item" in err and not out.exists()
     code, err = run_cli(capsys, "train", "--task", f"jsonl:{tmp_path / 'missing.jsonl'}", "--out", str(out))
     assert code == 2 and "no such file" in err
 
@@ -149,3 +149,37 @@ def test_eval_code_prints_pass_at_1(tmp_path, capsys, tiny_model_dir, monkeypatc
                    "--max-completion-length", "4", "--out", str(out))[0]  # fmt: skip
     result = json.loads(out.read_text())
     assert code == 0 and result["n"] == 2 and result["pass_at_1"] == 0.0 and result["by_family"]["list"]["n"] == 2
+    assert result["sampled"] == {"pass@1": 0.0, "pass@4": 0.0}  # 4 samples an item at 0.7 by default
+    assert (result["samples_per_item"], result["temperature"]) == (4, 0.7)
+
+
+def test_eval_code_pass_rates_from_known_completions(monkeypatch):
+    """pass@1 greedy and the sampled pass@k computed from completions whose scores are known: item 0's reference
+    function passes, item 1's is wrong; the samples: item 0 right in 2 of 4, item 1 in 0 of 4."""
+    from troll.lm import code_eval, code_tasks, evaluate
+
+    rows = code_tasks.items("code_affine", seed=3, size=2)
+    right = "```python\n" + _reference(rows[0]) + "```"
+    wrong = "```python\ndef nothing():\n    pass\n```"
+
+    def fake_generate(model, tokenizer, texts, *, max_new_tokens, samples=0, **kwargs):
+        if not samples:
+            return [[right], [wrong]][: len(texts)], [[False]] * len(texts)
+        return [[right, wrong, right, wrong], [wrong] * 4][: len(texts)], [[False] * 4] * len(texts)
+
+    monkeypatch.setattr(evaluate, "generate", fake_generate)
+    monkeypatch.setattr(code_eval, "eval_items", lambda task, n, seed: (rows, {}))
+    monkeypatch.setattr(evaluate, "prompt_texts", lambda tokenizer, questions, system: questions)
+    result = code_eval.evaluate(None, None, "code_affine", n=2, seed=0, max_new_tokens=8, samples=4, bar=False)
+    assert result.pass_at_1 == 0.5
+    # pass@1 = mean(2/4, 0/4); pass@4 = mean(1 - C(2,4)/C(4,4), 0) = mean(1, 0)
+    assert result.sampled == {"pass@1": 0.25, "pass@4": 0.5}
+    assert (result.cut, result.prose_first) == (0.0, 0.0)  # both greedy answers open with their fence
+
+
+def _reference(row: dict) -> str:
+    """A correct function for a generated affine item, from its own test cases (two points fix a line)."""
+    (x0,), y0 = row["tests"]["cases"][0]["input"], row["tests"]["cases"][0]["expected"]
+    (x1,), y1 = row["tests"]["cases"][1]["input"], row["tests"]["cases"][1]["expected"]
+    a = (y1 - y0) // (x1 - x0)
+    return f"def {row['tests']['entry_point']}(x):\n    return {a} * x + {y0 - a * x0}\n"

@@ -3,6 +3,8 @@ task gets the longer completion default."""
 
 from __future__ import annotations
 
+import json
+
 import re
 
 import pytest
@@ -74,11 +76,13 @@ def test_a_code_task_splits_into_disjoint_training_and_heldout_items():
     assert task.heldout[0] == code_tasks.item("code", tasks.HELDOUT_SEED_OFFSET)
 
 
-def test_code_tasks_get_longer_completions_unless_given():
+def test_code_tasks_get_longer_completions_unless_given(tmp_path):
     assert RunOptions(task="code_list").resolved().max_completion_length == 160
     assert RunOptions(task="chain_sum").resolved().max_completion_length == 16
     assert RunOptions(task="code", max_completion_length=96).resolved().max_completion_length == 96
-    assert RunOptions(task="jsonl:/data/my.tests.jsonl").resolved().out == "runs/troll-jsonl-my.tests-seed0"
+    path = tmp_path / "my.tests.jsonl"
+    path.write_text(json.dumps({"prompt": "p", "tests": {"kind": "stdio", "cases": [{"input": "", "expected": ""}]}}))
+    assert RunOptions(task=f"jsonl:{path}").resolved().out == "runs/troll-jsonl-my.tests-seed0"
     with pytest.raises(UsageError, match="--max-completion-length"):
         check_values(RunOptions(task="code", max_completion_length=0))
 

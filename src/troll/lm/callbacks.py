@@ -15,6 +15,8 @@ from troll.runs.files import append_jsonl
 
 # Shown on the progress bar when logged (in this order).
 BAR_KEYS = {"reward": "reward", "troll/kl_after/max": "kl_max", "clip_ratio/region_mean": "clipped", "entropy": "ent"}
+# The last held-out evaluation: greedy accuracy, and the sampled pass@1 when the run samples held-out items.
+HELDOUT_BAR_KEYS = {"heldout/accuracy": "heldout", "heldout/sampled_pass@1": "heldout_pass@1"}
 
 
 class RunLog(TrainerCallback):
@@ -34,7 +36,7 @@ class RunLog(TrainerCallback):
     def write(self, step: int, values: dict) -> None:
         append_jsonl(self.path, {"step": step, **{k: _plain(v) for k, v in values.items()}})
         self.lines += 1
-        for key, short in [*BAR_KEYS.items(), ("heldout/accuracy", "heldout")]:
+        for key, short in [*BAR_KEYS.items(), *HELDOUT_BAR_KEYS.items()]:
             if key in values and isinstance(values[key], int | float):
                 self.postfix[short] = f"{values[key]:.3g}"
         if self.bar is not None:
@@ -69,13 +71,18 @@ class HeldoutEval(TrainerCallback):
     """Greedy held-out accuracy every ``every`` optimiser steps (0: only where called explicitly), logged as
     ``heldout/accuracy``, ``heldout/score`` and ``heldout/n`` lines of the metrics file."""
 
-    def __init__(self, task: Task, tokenizer, log: RunLog, *, every: int, max_new_tokens: int):
+    def __init__(self, task: Task, tokenizer, log: RunLog, *, every: int, max_new_tokens: int, samples: int = 0,
+                 temperature: float = 1.0, seed: int = 0):  # fmt: skip
         self.task, self.tokenizer, self.log = task, tokenizer, log
         self.every, self.max_new_tokens = every, max_new_tokens
+        self.samples, self.temperature, self.seed = samples, temperature, seed
 
     def run(self, model, step: int) -> dict:
-        result = heldout_accuracy(model, self.tokenizer, self.task, max_new_tokens=self.max_new_tokens).to_json()
-        self.log.write(step, {f"heldout/{k}": result[k] for k in ("accuracy", "score", "n", "unscored") if k in result})
+        # the samples of each evaluation drawn from their own seed: the same at a step whether resumed or not
+        result = heldout_accuracy(model, self.tokenizer, self.task, max_new_tokens=self.max_new_tokens,
+                                  samples=self.samples, temperature=self.temperature,
+                                  seed=self.seed * 1_000_003 + step).to_json()  # fmt: skip
+        self.log.write(step, {f"heldout/{k}": v for k, v in result.items() if k != "samples"})
         return result
 
     def on_step_end(self, args, state, control, model=None, **kwargs):

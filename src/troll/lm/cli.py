@@ -33,7 +33,7 @@ from troll.lm.flags import (
     train_bound,
     troll_bound,
 )
-from troll.lm.options import DEFAULT_LOSSES, LOSSES, RESUMABLE_FIELDS, RunOptions
+from troll.lm.options import CODE_DEFAULTS, DEFAULT_LOSSES, LOSSES, RESUMABLE_FIELDS, RunOptions
 from troll.runs.files import CONFIG_FILE, UsageError
 from troll.study import executors
 
@@ -368,16 +368,18 @@ def list_tasks() -> int:
 
 
 EVAL_CODE_DOC = (
-    "Greedy pass@1 of a model on a code task: HumanEval (--task humaneval: the problems whose tests convert to "
+    "pass@k of a model on a code task: HumanEval (--task humaneval: the problems whose tests convert to "
     "call-style cases), the held-out items of a generated task (code, code_<family>), or a JSONL file "
-    "(jsonl:PATH). Prints one JSON object: pass_at_1, reward (mean fraction of tests passed), per family, and the "
-    "HumanEval problems left out by reason."
+    "(jsonl:PATH). Prints one JSON object: pass_at_1 (greedy), sampled (the unbiased pass@1 and pass@4 of --samples "
+    "completions an item at --temperature), reward (mean fraction of tests passed, greedy), per family, and the "
+    "HumanEval problems left out by reason. A bar on stderr shows the items done, the pass rate so far and the time "
+    "left."
 )
 
 
 def _add_eval_code_parser(sub) -> None:
     p = sub.add_parser(
-        "eval-code", help="greedy pass@1 of a model on HumanEval or a code task", description=EVAL_CODE_DOC
+        "eval-code", help="pass@1 and pass@4 of a model on HumanEval or a code task", description=EVAL_CODE_DOC
     )
     p.add_argument("--task", default="humaneval", help="humaneval, code, code_<family> or jsonl:PATH "
                    "(default: humaneval)")  # fmt: skip
@@ -387,6 +389,11 @@ def _add_eval_code_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="a generated task's seed, as troll train's (default: 0)")
     p.add_argument("--max-completion-length", type=int, default=None,
                    help="new tokens a completion (default: 384 for HumanEval, 160 otherwise)")  # fmt: skip
+    p.add_argument("--samples", type=int, default=CODE_DEFAULTS.heldout_samples,
+                   help="completions an item sampled at --temperature for pass@1 and pass@4; 0: greedy only "
+                   f"(default: {CODE_DEFAULTS.heldout_samples})")  # fmt: skip
+    p.add_argument("--temperature", type=float, default=CODE_DEFAULTS.temperature,
+                   help=f"temperature of the samples, as troll train's (default: {CODE_DEFAULTS.temperature:g})")
     p.add_argument("--system", default=None, help="system message (default: the chat template's own)")
     p.add_argument("--slots", type=int, default=2, help="sandboxed processes at once (default: 2)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
@@ -396,7 +403,7 @@ def _add_eval_code_parser(sub) -> None:
 
 def _check_eval_code(args: argparse.Namespace) -> int:
     from troll.lm import code_data, code_eval, model
-    from troll.runs.numbers import check_int
+    from troll.runs.numbers import check_int, check_real
 
     if not code_data.is_code_task(args.task):
         raise UsageError(f"--task must be humaneval, code, code_<family> or jsonl:PATH, got {args.task!r}.")
@@ -404,6 +411,8 @@ def _check_eval_code(args: argparse.Namespace) -> int:
     for flag, value in (("--n", args.n), ("--max-completion-length", args.max_completion_length)):
         if value is not None:
             check_int(flag, value, low=1, high=10**6, error=UsageError)
+    check_int("--samples", args.samples, low=0, high=1024, error=UsageError)
+    check_real("--temperature", args.temperature, low=0, high=1e6, error=UsageError)
     check_int("--slots", args.slots, low=1, high=256, error=UsageError)
     check_int("--threads", args.threads, low=1, high=1024, error=UsageError)
     if args.out is not None and Path(args.out).exists():
@@ -425,7 +434,8 @@ def cmd_eval_code(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     net, tokenizer = model.load_model(model.resolve_model(args.model))
     result = code_eval.evaluate(net, tokenizer, args.task, n=args.n, seed=args.seed, max_new_tokens=length,
-                                system=args.system, slots=args.slots)  # fmt: skip
+                                system=args.system, slots=args.slots, samples=args.samples,
+                                temperature=args.temperature)  # fmt: skip
     data = {**result.to_json(), "model": args.model, "max_completion_length": length}
     text = json.dumps(data, indent=1)
     if args.out:

@@ -50,7 +50,14 @@ def check_code_task(name: str, *, heldout: int | None = None, training: bool = T
         rows = read_jsonl(Path(name[len(JSONL_PREFIX) :]))
         if training and heldout is not None and heldout >= len(rows):
             raise UsageError(f"--heldout {heldout} leaves no training item: {name} has {len(rows)} lines; pass "
-                             f"--heldout {max(1, len(rows) // 4)} or fewer.")  # fmt: skip
+                             f"--heldout {max(1, len(rows) - 1)} or fewer (by default a quarter of the lines are "
+                             "held out).")  # fmt: skip
+
+
+def jsonl_heldout(name: str, most: int) -> int:
+    """The default --heldout of ``jsonl:PATH``: a quarter of the file's lines (at least 1), at most ``most``."""
+    rows = read_jsonl(Path(name[len(JSONL_PREFIX) :]))
+    return min(most, max(1, len(rows) // 4))
 
 
 def read_jsonl(path: Path) -> list[dict]:

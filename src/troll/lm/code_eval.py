@@ -1,6 +1,10 @@
-"""Greedy pass@1 of a model on a code task: the held-out items of a generated family or of a JSONL file, or
-HumanEval. One greedy completion an item, scored in the sandbox on all of its tests; pass@1 = the fraction whose
-tests all pass (with one greedy sample, pass@1 is that fraction exactly), ``reward`` = the mean fraction passed."""
+"""pass@k of a model on a code task: the held-out items of a generated family or of a JSONL file, or HumanEval.
+
+One greedy completion an item, scored in the sandbox on all of its tests: ``pass_at_1`` = the fraction whose tests
+all pass (with one greedy sample, pass@1 is that fraction exactly), ``reward`` = the mean fraction passed. With
+``samples`` n > 0, also n completions an item sampled at ``temperature``: ``sampled`` holds the unbiased pass@1 and
+pass@4 (:func:`troll.lm.evaluate.pass_at_k`) over them. Items go through in chunks, with a progress bar of the items
+done, the greedy pass rate so far and the time left."""
 
 from __future__ import annotations
 
@@ -24,6 +28,11 @@ class CodeEval:
     by_family: dict[str, dict] = field(default_factory=dict)  # generated tasks: pass@1 and n per family
     skipped: dict[str, int] = field(default_factory=dict)  # HumanEval: problems not converted, by reason
     samples: list[dict] = field(default_factory=list)
+    sampled: dict[str, float] = field(default_factory=dict)  # {"pass@1", "pass@4"} of the sampled completions
+    temperature: float | None = None  # of the sampled completions (None: greedy only)
+    samples_per_item: int = 0
+    cut: float | None = None  # share of greedy completions that reached the token limit without ending
+    prose_first: float | None = None  # share of greedy completions with text before their first code fence
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -45,26 +54,71 @@ def eval_items(task: str, *, n: int | None, seed: int) -> tuple[list[dict], dict
     return code_tasks.items(task, seed=seed + HELDOUT_SEED_OFFSET, size=n or 128), {}
 
 
+CHUNK = 16  # items a chunk: generated, scored and shown on the bar together
+
+
 def evaluate(model, tokenizer, task: str, *, n: int | None, seed: int, max_new_tokens: int, system: str | None = None,
-             slots: int = 2, keep: int = 3) -> CodeEval:  # fmt: skip
-    """Greedy pass@1 of ``model`` on ``task`` (:func:`eval_items`)."""
-    from troll.lm.evaluate import greedy_completions, prompt_texts
+             slots: int = 2, keep: int = 3, samples: int = 0, temperature: float = 1.0, bar: bool = True,
+             chunk: int = CHUNK) -> CodeEval:  # fmt: skip
+    """Greedy pass@1 of ``model`` on ``task`` (:func:`eval_items`), and with ``samples`` the sampled pass@1 and
+    pass@4 at ``temperature`` (seeded by ``seed``); ``bar``: a tqdm bar on stderr."""
+    from tqdm.auto import tqdm
+
+    from troll.lm.evaluate import generate, mean_pass_at_k, prompt_texts, prose_first
 
     rows, skipped = eval_items(task, n=n, seed=seed)
     texts = prompt_texts(tokenizer, [r["question"] for r in rows], system)
-    completions = greedy_completions(model, tokenizer, texts, max_new_tokens=max_new_tokens)
-    return score_rows(task, rows, completions, skipped, slots=slots, keep=keep)
+    completions: list[str] = []
+    raw: list[float | None] = []
+    cut: list[bool] = []
+    rights: list[list[bool]] = []
+    with tqdm(total=len(rows), desc=f"eval-code {task}", unit="item", disable=not bar, dynamic_ncols=True) as progress:
+        for start in range(0, len(rows), chunk):
+            part = slice(start, start + chunk)
+            greedy, ended = generate(model, tokenizer, texts[part], max_new_tokens=max_new_tokens)
+            completions += [c[0] for c in greedy]
+            cut += [c[0] for c in ended]
+            raw += [item[0] for item in item_scores(rows[part], greedy, slots)]
+            if samples:
+                drawn, _ = generate(model, tokenizer, texts[part], max_new_tokens=max_new_tokens, samples=samples,
+                                    temperature=temperature, seed=seed * 1_000_003 + start)  # fmt: skip
+                rights += [[s == 1.0 for s in item] for item in item_scores(rows[part], drawn, slots)]
+            progress.update(len(greedy))
+            progress.set_postfix({"pass": f"{sum(s == 1.0 for s in raw) / len(raw):.3f}"}, refresh=False)
+    result = summarise(task, rows, completions, raw, skipped, keep=keep)
+    result.cut, result.prose_first = sum(cut) / len(rows), sum(map(prose_first, completions)) / len(rows)
+    if samples:
+        result.sampled, result.temperature, result.samples_per_item = mean_pass_at_k(rights), temperature, samples
+    return result
+
+
+def item_scores(rows: list[dict], completions: list[list[str]], slots: int) -> list[list[float | None]]:
+    """Each item's completions scored on all of its tests (HumanEval's after the problem's prompt); None where the
+    sandbox could not run one."""
+    from troll.integrations.code_reward import CodeReward
+
+    flat = [(r, c) for r, cs in zip(rows, completions) for c in cs]
+    programs = [humaneval.with_preamble(c, r["preamble"]) if "preamble" in r else c for r, c in flat]
+    most = max(len(r["tests"]["cases"]) for r in rows)
+    rewards = CodeReward(slots=slots, max_tests=most)(None, programs, tests=[r["tests"] for r, _ in flat])
+    out, at = [], 0
+    for cs in completions:
+        out.append(list(rewards[at : at + len(cs)]))
+        at += len(cs)
+    return out
 
 
 def score_rows(task: str, rows: list[dict], completions: list[str], skipped: dict, *, slots: int = 2,
                keep: int = 3) -> CodeEval:  # fmt: skip
     """Score one completion an item on all of its tests (HumanEval's after the problem's prompt)."""
-    from troll.integrations.code_reward import CodeReward
+    raw = [item[0] for item in item_scores(rows, [[c] for c in completions], slots)]
+    return summarise(task, rows, completions, raw, skipped, keep=keep)
 
-    programs = [humaneval.with_preamble(c, r["preamble"]) if "preamble" in r else c for c, r in zip(completions, rows)]
-    most = max(len(r["tests"]["cases"]) for r in rows)
-    rewards = CodeReward(slots=slots, max_tests=most)(None, programs, tests=[r["tests"] for r in rows])
-    scores = [0.0 if s is None else s for s in rewards]
+
+def summarise(task: str, rows: list[dict], completions: list[str], raw: list[float | None], skipped: dict, *,
+              keep: int = 3) -> CodeEval:  # fmt: skip
+    """The greedy result of scored items: pass@1 overall and by family, the mean reward, the first ``keep``."""
+    scores = [0.0 if s is None else s for s in raw]
     families = defaultdict(list)
     for r, s in zip(rows, scores):
         families[r.get("family", task)].append(s == 1.0)
@@ -72,5 +126,5 @@ def score_rows(task: str, rows: list[dict], completions: list[str], skipped: dic
     samples = [{"question": r["question"], "completion": c, "reward": s}
                for r, c, s in list(zip(rows, completions, scores))[:keep]]  # fmt: skip
     n_rows = len(rows)
-    return CodeEval(task, n_rows, sum(s == 1.0 for s in scores) / n_rows, sum(scores) / n_rows, rewards.count(None),
+    return CodeEval(task, n_rows, sum(s == 1.0 for s in scores) / n_rows, sum(scores) / n_rows, raw.count(None),
                     by_family, skipped, samples)  # fmt: skip

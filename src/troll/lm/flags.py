@@ -15,7 +15,10 @@ from pathlib import Path
 
 from troll.lm.options import (
     BOUNDS,
+    CODE_DEFAULTS,
+    HELDOUT,
     LOSSES,
+    MATH_DEFAULTS,
     TROLL_LOSSES,
     RunOptions,
     bound_name,
@@ -120,7 +123,8 @@ RUN_ARGS: list[tuple[str, type, str]] = [
     (
         "--max-completion-length",
         int,
-        "tokens per completion, also for the held-out evaluation (default: 16 for reasoning_gym tasks, 160 for code "
+        "tokens per completion, also for the held-out evaluation (default: "
+        f"{MATH_DEFAULTS.max_completion_length} for reasoning_gym tasks, {CODE_DEFAULTS.max_completion_length} for code "
         "tasks)",
     ),
     (
@@ -130,14 +134,31 @@ RUN_ARGS: list[tuple[str, type, str]] = [
         "steps_per_generation); with 1, old = new policy and neither projection nor clipping acts "
         f"(default: {d.steps_per_rollout})",
     ),
-    ("--temperature", float, f"sampling temperature (default: {d.temperature})"),
+    (
+        "--temperature",
+        float,
+        f"sampling temperature, of training and of the held-out pass@k (default: {MATH_DEFAULTS.temperature:g} for "
+        f"reasoning_gym tasks, {CODE_DEFAULTS.temperature:g} for code tasks)",
+    ),
     (
         "--system",
         str,
         "system message of the chat prompts, training and held-out alike; '' for an empty one (default: the chat "
         "template's own; SmolLM2's is 17 tokens, 'You are a helpful AI assistant.' 7)",
     ),
-    ("--heldout", int, f"held-out examples, evaluated greedily in batches (default: {d.heldout})"),
+    (
+        "--heldout",
+        int,
+        f"held-out examples, evaluated greedily in batches (default: {HELDOUT}; jsonl:PATH: a quarter of its lines, "
+        f"at most {HELDOUT})",
+    ),
+    (
+        "--heldout-samples",
+        int,
+        "samples of each held-out item at --temperature, for the unbiased pass@1 and pass@4 beside the greedy pass@1; "
+        f"0: greedy only (default: {MATH_DEFAULTS.heldout_samples} for reasoning_gym tasks, "
+        f"{CODE_DEFAULTS.heldout_samples} for code tasks)",
+    ),
     (
         "--eval-every",
         int,

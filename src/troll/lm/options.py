@@ -20,6 +20,7 @@ from troll.categorical import defaults
 from troll.categorical.defaults import TROLL_LOSSES
 from troll.categorical.settings import check_tail, check_troll_settings
 from troll.lm.checkpoints import last_checkpoint
+from troll.lm.code_data import CODE_COMPLETION_LENGTH
 from troll.runs.files import CONFIG_FILE, SUMMARY_FILE, UsageError, check_out_path, load_config, read_config
 from troll.runs.numbers import check_choice, check_int, check_real, check_seed, is_int, is_real
 
@@ -162,14 +163,18 @@ class RunOptions:
     lr: float = 1e-5
     prompts_per_step: int = 4
     generations: int = 4
-    max_completion_length: int | None = None  # None: the task's (16 for reasoning_gym, 160 for code; resolved)
+    max_completion_length: int | None = None  # None: the task's (TaskDefaults; resolved)
     steps_per_rollout: int = 2
-    temperature: float = 1.0
+    temperature: float | None = None  # None: the task's (1.0 for reasoning_gym, 0.7 for code; resolved)
     # The system message of the chat prompts; None: the chat template's default (SmolLM2's adds "You are a helpful AI
     # assistant named SmolLM, trained by Hugging Face", 17 tokens of every sequence's ~60)
     system: str | None = None
     # Held-out items, evaluated greedily in batches: 128 puts the standard error of an accuracy near 0.5 at 0.044.
-    heldout: int = 128
+    # None: the task's (128; a JSONL file: a quarter of its lines, at most 128).
+    heldout: int | None = None
+    # Samples a held-out item at the run's temperature, for pass@k (k = 1 and 4 up to this); 0: greedy only.
+    # None: the task's (0 for reasoning_gym, 4 for code).
+    heldout_samples: int | None = None
     eval_every: int | None = None  # None: every quarter of the run (steps // 4); 0: before and after only
     save_every: int | None = None  # None: half the run, in whole rollouts; else a multiple of steps_per_rollout
     seed: int = 0
@@ -196,10 +201,13 @@ class RunOptions:
         save_every = max(self.steps_per_rollout, whole) if self.save_every is None else self.save_every
         eval_every = max(1, self.steps // 4) if self.eval_every is None else self.eval_every
         out = self.out or f"runs/{self.loss}-{task_label(self.task)}-seed{self.seed}"
-        length = self.max_completion_length or default_completion_length(self.task)
         own = {bound_name(self.loss): bound}
-        return dataclasses.replace(self, **own, save_every=save_every, eval_every=eval_every, out=out,
-                                   max_completion_length=length, **clip)  # fmt: skip
+        return dataclasses.replace(self, **own, save_every=save_every, eval_every=eval_every, out=out, **clip,
+                                   **self.task_defaults())  # fmt: skip
+
+    def task_defaults(self) -> dict:
+        """The options left None that the task decides (:func:`task_defaults`), with their values for this task."""
+        return {k: v for k, v in task_defaults(self.task).items() if getattr(self, k) is None}
 
     @property
     def bound(self) -> float:
@@ -248,6 +256,40 @@ class RunOptions:
 
 
 MATH_COMPLETION_LENGTH = 16  # the reasoning_gym presets' answers are a few tokens
+HELDOUT = 128
+
+
+@dataclass(frozen=True)
+class TaskDefaults:
+    """The options whose default depends on the kind of task (a run's config.json records the values used)."""
+
+    temperature: float
+    max_completion_length: int
+    heldout: int
+    heldout_samples: int
+
+
+# reasoning_gym tasks: short answers, sampled at 1.0, greedy held-out accuracy only.
+MATH_DEFAULTS = TaskDefaults(temperature=1.0, max_completion_length=MATH_COMPLETION_LENGTH, heldout=HELDOUT,
+                             heldout_samples=0)  # fmt: skip
+# Code tasks: at 1.0 the default model's samples are right far less often than at 0.7 (docs/code.md: a mean reward
+# of 0.05 against 0.2 over 16 samples); its function and fence take ~64 tokens; pass@1 and pass@4 sampled beside
+# the greedy pass@1.
+CODE_DEFAULTS = TaskDefaults(temperature=0.7, max_completion_length=CODE_COMPLETION_LENGTH, heldout=HELDOUT, heldout_samples=4)
+
+
+def task_defaults(task: str) -> dict:
+    """{option: value} of the options a task decides: :data:`CODE_DEFAULTS` for a code task (a JSONL file holds out
+    a quarter of its lines, at most 128), :data:`MATH_DEFAULTS` otherwise. Reads a JSONL file's lines (a missing or
+    bad file raises :class:`UsageError`)."""
+    from troll.lm import code_data
+
+    if not code_data.is_code_task(task):
+        return dataclasses.asdict(MATH_DEFAULTS)
+    out = dataclasses.asdict(CODE_DEFAULTS)
+    if task.startswith(code_data.JSONL_PREFIX):
+        out["heldout"] = code_data.jsonl_heldout(task, HELDOUT)
+    return out
 
 
 def task_label(task: str) -> str:
@@ -263,7 +305,7 @@ def default_completion_length(task: str) -> int:
     """--max-completion-length when not given: 16 for reasoning_gym's short answers, more for a code task."""
     from troll.lm import code_data
 
-    return code_data.CODE_COMPLETION_LENGTH if code_data.is_code_task(task) else MATH_COMPLETION_LENGTH
+    return CODE_DEFAULTS.max_completion_length if code_data.is_code_task(task) else MATH_COMPLETION_LENGTH
 
 
 def field_types() -> dict[str, type]:
@@ -327,10 +369,15 @@ def check_values(opts: RunOptions) -> None:
             raise UsageError(f"--{name} must be a non-empty string, got {getattr(opts, name)!r}.")
     _check_troll(opts)
     _check_loss_options(opts)
-    _check_positive(lr=opts.lr, temperature=opts.temperature)
-    _check_positive_int(steps=opts.steps, heldout=opts.heldout, prompts_per_step=opts.prompts_per_step)
-    if opts.max_completion_length is not None:
-        _check_positive_int(max_completion_length=opts.max_completion_length)
+    _check_positive(lr=opts.lr)
+    _check_positive_int(steps=opts.steps, prompts_per_step=opts.prompts_per_step)
+    if opts.temperature is not None:
+        _check_positive(temperature=opts.temperature)
+    for name in ("max_completion_length", "heldout"):
+        if getattr(opts, name) is not None:
+            _check_positive_int(**{name: getattr(opts, name)})
+    if opts.heldout_samples is not None:
+        check_int("--heldout-samples", opts.heldout_samples, low=0, high=LIMITS["heldout_samples"], error=UsageError)
     _check_positive_int(steps_per_rollout=opts.steps_per_rollout, threads=opts.threads)
     for name in ("eval_every", "save_every"):
         value = getattr(opts, name)
@@ -460,7 +507,7 @@ _is_number = is_real
 _is_int = is_int
 # Upper limits of the numeric flags (beyond them a step overflows, or the sizes cannot be allocated on one machine).
 LIMITS = {"lr": 1.0, "steps": 10**9, "heldout": 10**6, "prompts_per_step": 10**5, "max_completion_length": 10**6,
-          "steps_per_rollout": 10**5, "threads": 1024, "temperature": 1e6}  # fmt: skip
+          "steps_per_rollout": 10**5, "threads": 1024, "temperature": 1e6, "heldout_samples": 1024}  # fmt: skip
 
 
 def _check_positive(**values: float) -> None:

@@ -183,7 +183,8 @@ def _train(opts: RunOptions, out: Path, start: float, *, resume: bool, keep_chec
     model, tokenizer = model_lib.load_model(ref)
     task = _build_task(opts)
     log = RunLog(out / METRICS_FILE, total=opts.steps, lines=len(rows))
-    heldout = HeldoutEval(task, tokenizer, log, every=opts.eval_every, max_new_tokens=opts.max_completion_length)
+    heldout = HeldoutEval(task, tokenizer, log, every=opts.eval_every, max_new_tokens=opts.max_completion_length,
+                          samples=opts.heldout_samples, temperature=opts.temperature, seed=opts.seed)  # fmt: skip
     before = (_before(rows) if checkpoint else None) or heldout.run(model, step=0)
     # Killed after its last optimiser step (during the final evaluation or the writing of model/): the checkpoint
     # holds the final weights. Not through trainer.train(), which on a checkpoint at max_steps runs one step more.
@@ -253,7 +254,7 @@ def _build_task(opts: RunOptions) -> tasks.Task:
 def _before(rows: list[dict]) -> dict | None:
     for row in rows:
         if row.get("step") == 0 and "heldout/accuracy" in row:
-            return {"accuracy": row["heldout/accuracy"], "score": row.get("heldout/score"), "n": row.get("heldout/n")}
+            return {k.removeprefix("heldout/"): v for k, v in row.items() if k.startswith("heldout/")}
     return None
 
 
@@ -269,6 +270,10 @@ def _summary(opts: RunOptions, before, after, rows: list[dict], train_time, wall
         "heldout_accuracy_before": _value(before, "accuracy"),
         "heldout_accuracy_after": _value(after, "accuracy"),
         "heldout_n": _value(after, "n"),
+        # pass@k of --heldout-samples samples an item at the run's temperature (none when it is 0)
+        **{f"heldout_sampled_{k}_{when}": _value(result, f"sampled_{k}") for when, result in
+           (("before", before), ("after", after)) for k in ("pass@1", "pass@4") if _value(result, f"sampled_{k}")
+           is not None},  # fmt: skip
         "reward_first": rewards[0] if rewards else None,
         "reward_last_quarter_mean": sum(tail) / len(tail) if tail else None,
         "train_time_s": round(train_time, 1),
