@@ -4,7 +4,6 @@ task gets the longer completion default."""
 from __future__ import annotations
 
 import json
-
 import re
 
 import pytest

@@ -392,8 +392,12 @@ def _add_eval_code_parser(sub) -> None:
     p.add_argument("--samples", type=int, default=CODE_DEFAULTS.heldout_samples,
                    help="completions an item sampled at --temperature for pass@1 and pass@4; 0: greedy only "
                    f"(default: {CODE_DEFAULTS.heldout_samples})")  # fmt: skip
-    p.add_argument("--temperature", type=float, default=CODE_DEFAULTS.temperature,
-                   help=f"temperature of the samples, as troll train's (default: {CODE_DEFAULTS.temperature:g})")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=CODE_DEFAULTS.temperature,
+        help=f"temperature of the samples, as troll train's (default: {CODE_DEFAULTS.temperature:g})",
+    )
     p.add_argument("--system", default=None, help="system message (default: the chat template's own)")
     p.add_argument("--slots", type=int, default=2, help="sandboxed processes at once (default: 2)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")

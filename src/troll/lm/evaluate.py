@@ -14,7 +14,6 @@ import torch
 from troll.lm.code_data import is_code_task
 from troll.lm.tasks import Task, make_prompt, task_reward
 
-
 PASS_KS = (1, 4)  # the k of the sampled pass@k, each where an item has at least k samples
 
 

@@ -124,8 +124,8 @@ RUN_ARGS: list[tuple[str, type, str]] = [
         "--max-completion-length",
         int,
         "tokens per completion, also for the held-out evaluation (default: "
-        f"{MATH_DEFAULTS.max_completion_length} for reasoning_gym tasks, {CODE_DEFAULTS.max_completion_length} for code "
-        "tasks)",
+        f"{MATH_DEFAULTS.max_completion_length} for reasoning_gym tasks, {CODE_DEFAULTS.max_completion_length} for "
+        "code tasks)",
     ),
     (
         "--steps-per-rollout",

@@ -275,7 +275,9 @@ MATH_DEFAULTS = TaskDefaults(temperature=1.0, max_completion_length=MATH_COMPLET
 # Code tasks: at 1.0 the default model's samples are right far less often than at 0.7 (docs/code.md: a mean reward
 # of 0.05 against 0.2 over 16 samples); its function and fence take ~64 tokens; pass@1 and pass@4 sampled beside
 # the greedy pass@1.
-CODE_DEFAULTS = TaskDefaults(temperature=0.7, max_completion_length=CODE_COMPLETION_LENGTH, heldout=HELDOUT, heldout_samples=4)
+CODE_DEFAULTS = TaskDefaults(
+    temperature=0.7, max_completion_length=CODE_COMPLETION_LENGTH, heldout=HELDOUT, heldout_samples=4
+)
 
 
 def task_defaults(task: str) -> dict:

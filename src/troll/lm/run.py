@@ -271,9 +271,12 @@ def _summary(opts: RunOptions, before, after, rows: list[dict], train_time, wall
         "heldout_accuracy_after": _value(after, "accuracy"),
         "heldout_n": _value(after, "n"),
         # pass@k of --heldout-samples samples an item at the run's temperature (none when it is 0)
-        **{f"heldout_sampled_{k}_{when}": _value(result, f"sampled_{k}") for when, result in
-           (("before", before), ("after", after)) for k in ("pass@1", "pass@4") if _value(result, f"sampled_{k}")
-           is not None},  # fmt: skip
+        **{
+            f"heldout_sampled_{k}_{when}": _value(result, f"sampled_{k}")
+            for when, result in (("before", before), ("after", after))
+            for k in ("pass@1", "pass@4")
+            if _value(result, f"sampled_{k}") is not None
+        },  # fmt: skip
         "reward_first": rewards[0] if rewards else None,
         "reward_last_quarter_mean": sum(tail) / len(tail) if tail else None,
         "train_time_s": round(train_time, 1),
