@@ -269,7 +269,7 @@ tce-box: $(VENV)/.installed
 # quotes.
 HAND_ENV = '{"controller": "hand", "gain": 50, "gripper_start": "command", "context": "varying"}'
 
-# docs/tce.md, "Exploration: why TCE is slow at 2M steps": TCE on reach-v3 at 2M env steps with the covariance bound 4x and 16x the
+# docs/tce-exploration.md: TCE on reach-v3 at 2M env steps with the covariance bound 4x and 16x the
 # authors' 0.0005, and TCE and bbrl on reach-v3 and push-v3 with init_std 0.3 instead of 1 (the other values as in
 # the hand study's seed 0), seed 0, with HAND_ENV. About 10-20 minutes of one core a cell; archived like
 # tce-authors.

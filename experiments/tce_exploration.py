@@ -1,5 +1,5 @@
-"""How far a preset explores at the start, and what limits its pace in a run (docs/tce.md, "Exploration: why TCE
-is slow at 2M steps").
+"""How far a preset explores at the start, and what limits its pace in a run (docs/tce-exploration.md, "Exploration: why
+TCE is slow at 2M steps").
 
 Part 1, the initial policy (no learning). For each preset (``authors``: the metaworld/* preset; ``hand``: the same
 with metaworld's own env options, as the runs of docs/archive/tce-hand-study.md had; ``earlier``: the same with

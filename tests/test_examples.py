@@ -61,3 +61,31 @@ def test_the_tce_example_runs_a_study_on_the_toy_task(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "| tce | 1 |" in done.stdout and "| bbrl | 1 |" in done.stdout  # the script prints study.md
     assert (out / "tce" / "seed0" / "summary.json").is_file() and (out / "study.json").is_file()
+
+
+def test_the_user_env_example_trains_saves_and_loads_in_a_new_process_to_the_same_numbers(tmp_path, monkeypatch):
+    """examples/user_env.py through the API (it compares the evaluations itself and exits 1 if they differ), then the
+    same env on the command line by module:function, whose run folder TCE.load reads."""
+    pytest.importorskip("gymnasium")
+    path = os.pathsep.join(filter(None, [str(SRC), str(EXAMPLES), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
+    cmd = [sys.executable, str(EXAMPLES / "user_env.py"), "--steps", "800", "--out", str(tmp_path / "model.pt")]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "trained 1 iterations" in done.stdout and done.stdout.rstrip().endswith("same numbers")
+
+    from troll.cli import main
+    from troll.episodic import TCE
+    from troll.runs.files import read_jsonl
+
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    out = tmp_path / "run"
+    argv = ["tce", "train", "--env", "user_env:make_point_reach", "--steps", "800", "--episodes", "8",
+            "--eval-episodes", "8", "--num-segments", "10", "--policy-epochs", "3", "--critic-epochs", "3",
+            "--policy-hidden", "16", "--critic-hidden", "16", "--workers", "0", "--no-progress",
+            "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    last = read_jsonl(out / "metrics.jsonl")[-1]
+    model = TCE.load(out)
+    assert model.config.env == "user_env:make_point_reach" and model.iteration == 2
+    assert model.evaluate() == {k.removeprefix("eval/"): v for k, v in last.items() if k.startswith("eval/")}
