@@ -17,6 +17,9 @@ import sys
 from pathlib import Path
 
 from troll import runs
+from troll.lm.api import cache_note as _cache_note
+from troll.lm.api import quiet as _quiet
+from troll.lm.api import train, validate
 from troll.lm.flags import (
     BOUND_FLAGS,
     CMP_DOC,
@@ -156,15 +159,6 @@ def resume_options(args: argparse.Namespace) -> RunOptions:
     return dataclasses.replace(saved, **given, out=args.out)
 
 
-def validate(opts: RunOptions) -> None:
-    """The checks of one run beyond its values (:func:`troll.lm.options.check_values`, run when the options are
-    made): the task name and the model's location."""
-    from troll.lm import model, tasks
-
-    tasks.check_task(opts.task, heldout=opts.heldout)
-    model.resolve_model(opts.model)
-
-
 def cmd_train(args: argparse.Namespace) -> int:
     runs.exclusive(resume=args.resume, overwrite=args.overwrite)
     train_bound(args)
@@ -177,19 +171,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _train_command(args: argparse.Namespace, opts) -> int:
-    from troll.lm import options
-
-    clear = options.check_run_folder(Path(opts.out), overwrite=args.overwrite, resume=args.resume)
-    validate(opts)
-    _quiet()
-    if clear:
-        runs.clear(Path(opts.out), options.COMMAND)
-    if args.resume and options.last_checkpoint(Path(opts.out)) is None:
-        print(f"troll train: {opts.out} holds no complete checkpoint; the run starts over from step 0", file=sys.stderr)
-    from troll.lm.run import train
-
-    _cache_note(opts.model)
-    summary = train(opts, resume=args.resume, keep_checkpoints=args.keep_checkpoints, save_model=not args.no_model)
+    """The run through the public :func:`troll.lm.api.train`, which checks the folder, task and model first."""
+    summary = train(opts, resume=args.resume, overwrite=args.overwrite, keep_checkpoints=args.keep_checkpoints,
+                    save_model=not args.no_model)  # fmt: skip
     _report(opts.out, summary)
     return 0
 
@@ -322,30 +306,6 @@ def _prepare_default_model(names: set[str]) -> None:
         _cache_note(model.DEFAULT_MODEL)
         _quiet()
         model.ensure_cached(model.resolve_model(model.DEFAULT_MODEL))
-
-
-def _cache_note(model_name: str) -> None:
-    from troll.lm import model
-
-    if model_name == model.DEFAULT_MODEL and not model.is_cached():
-        target = model.cache_root() / model.CACHE_NAME
-        print(f"first use: converting the packaged SmolLM2 GGUF into {target} (once, ~30 s)", file=sys.stderr)
-
-
-def _quiet() -> None:
-    """Keep the terminal to our progress bar: no per-file loading bars or library warnings."""
-    import warnings
-
-    import datasets
-    import huggingface_hub
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
-    datasets.disable_progress_bars()
-    huggingface_hub.utils.disable_progress_bars()
-    warnings.filterwarnings("ignore", category=UserWarning)
-    warnings.filterwarnings("ignore", category=FutureWarning)
 
 
 def _report(out: str, summary: dict) -> None:

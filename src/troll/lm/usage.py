@@ -1,0 +1,38 @@
+"""What the command line tells a user beyond a bad value: a deprecated name's warning and a run folder that may
+not be used (:func:`check_run_folder`)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from troll import runs
+from troll.lm.checkpoints import last_checkpoint
+from troll.runs.files import SUMMARY_FILE, UsageError
+
+__all__ = ["COMMAND", "check_run_folder", "warn_deprecated"]
+
+COMMAND = "train"  # a run folder's config.json "command" and manifest (troll.runs.folder)
+
+
+def warn_deprecated(old: str, new: str, value: str) -> None:
+    """The one warning for a deprecated name that still works for one release: the flag --eps, the sweep key eps=
+    and an arm's option eps= (``troll:eps=0.2``), each naming where ``value`` went instead."""
+    print(f"troll: warning: {old} is deprecated and will be removed in the next release; its value {value} went "
+          f"to {new}. Write {new} instead.", file=sys.stderr, flush=True)  # fmt: skip
+
+
+def check_run_folder(out: Path, *, overwrite: bool, resume: bool) -> bool:
+    """Check the run folder (:func:`troll.runs.check_folder`: a folder of another command or with files the run
+    did not write is never replaced); True when it holds an earlier run that ``overwrite`` allows to delete.
+
+    A run that finished is resumed only to extend it from a kept checkpoint (``--keep-checkpoints``), while an
+    interrupted one without a complete checkpoint starts over. Touches nothing.
+    """
+    action = runs.check_folder(out, COMMAND, resume=resume, overwrite=overwrite)
+    if action == "resume" and last_checkpoint(out) is None and (out / SUMMARY_FILE).is_file():
+        raise UsageError(
+            f"--resume: {out} holds no complete checkpoint-* folder to continue from (a run that finished "
+            "deletes its checkpoints unless it was started with --keep-checkpoints)."
+        )
+    return action == "replace"
