@@ -40,3 +40,23 @@ def test_the_new_flags_set_the_same_option(tmp_path):
         train_bound(args)
         opts = options_from_args(args)
         assert getattr(opts, name) == 0.07 and opts.bound == 0.07 and not hasattr(args, "eps")
+
+
+def test_the_flag_table_is_made_from_the_options_fields():
+    """Every RunOptions field but the loss, its bounds and the folder (each command's own flags) has a run flag, in
+    the fields' order, of the field's type, whose help names the field's default."""
+    import dataclasses
+
+    from troll.lm.flags import RUN_ARGS
+    from troll.lm.options import RunOptions
+
+    fields = [f for f in dataclasses.fields(RunOptions) if f.name not in {"loss", "kl_bound", "clip_eps", "cispo_cap",
+                                                                            "out"}]  # fmt: skip
+    assert [flag for flag, _, _ in RUN_ARGS] == ["--" + f.name.replace("_", "-") for f in fields]
+    kinds = dict((flag, kind) for flag, kind, _ in RUN_ARGS)
+    assert (kinds["--steps"], kinds["--lr"], kinds["--system"], kinds["--heldout-samples"]) == (int, float, str, int)
+    for (flag, _, text), f in zip(RUN_ARGS, fields):
+        assert "{default}" not in text
+        if f.default is not None:
+            assert f"(default: {f.default})" in text or f"(default: {f.default};" in text, flag
+    assert "0.7 for code tasks" in dict((flag, text) for flag, _, text in RUN_ARGS)["--temperature"]

