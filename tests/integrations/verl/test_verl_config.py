@@ -231,16 +231,104 @@ def test_entry_point_rejects_a_bad_config_before_ray_starts():
     assert "Started a local Ray instance" not in err and "TaskRunner" not in err  # Ray never started
 
 
-def test_task_runner_builds_the_troll_trainer(monkeypatch):
-    """verl's v0 TaskRunner.run builds ``RayPPOTrainer`` by its module-level name; TrollTaskRunner rebinds it."""
-    main = _main()
-    from verl.trainer import main_ppo_v0
+_LOAD_AS_RAY_DOES = """
+import importlib, sys
+from ray import cloudpickle
+base = cloudpickle.loads(sys.stdin.buffer.read()).__ray_actor_class__  # the task runner class, as the actor gets it
+module = importlib.import_module(base.__module__)
+print(getattr(module, base.__qualname__, None) is base, base.run.__globals__ is module.__dict__,
+      getattr(getattr(base, "trainer_class", None), "__name__", None))
+"""
 
+
+def test_the_task_runner_reaches_a_ray_actor_as_trolls_class(monkeypatch):
+    """Ray ships an actor class to its process with cloudpickle: a class it cannot find by name in its module is sent
+    by value, with a private copy of its module's globals (a rebound module name never reaches it). The task runner
+    must arrive as troll's own class, by reference, so that its ``run`` builds troll's trainer in the actor's process
+    (tests/integrations/verl/test_verl_e2e.py checks the trainer that actually ran)."""
+    import subprocess
+
+    import ray
+    from ray import cloudpickle
+
+    main = _main()
     seen = {}
-    base = main_ppo_v0.TaskRunner.__ray_actor_class__
-    monkeypatch.setattr(base, "run", lambda self, config: seen.setdefault("trainer", main_ppo_v0.RayPPOTrainer))
-    monkeypatch.setattr(main_ppo_v0, "RayPPOTrainer", main_ppo_v0.RayPPOTrainer)  # restored after the test
-    monkeypatch.setattr(main, "register", lambda: seen.setdefault("registered", True))
-    runner = main.TrollTaskRunner.__ray_actor_class__
-    runner.run(object.__new__(runner), None)
-    assert seen == {"registered": True, "trainer": main.TrollRayPPOTrainer}
+    monkeypatch.setattr(main.main_ppo, "run_ppo", lambda config, task_runner_class: seen.update(cls=task_runner_class))
+    monkeypatch.setattr(main.main_ppo, "validate_config", lambda **kwargs: None)  # it would load the tokenizer
+    main.main.__wrapped__(_recipe_config())  # the entry point without Hydra's command-line parsing
+    assert isinstance(seen["cls"], ray.actor.ActorClass)
+    shipped = cloudpickle.dumps(seen["cls"].__ray_metadata__.modified_class)  # what Ray exports to the actor process
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(
+        [sys.executable, "-c", _LOAD_AS_RAY_DOES], input=shipped, capture_output=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    # by reference: the actor imports the module, and run reads the module's own names
+    assert done.stdout.decode().split() == ["True", "True", "TrollRayPPOTrainer"]
+
+
+def test_the_task_runner_builds_the_troll_trainer(monkeypatch):
+    """TrollTaskRunner.run hands verl's helpers' results to its trainer_class and runs it."""
+    main = _main()
+    trainer = importlib.import_module("troll.integrations.verl.trainer")
+    seen = {}
+
+    class Probe:
+        def __init__(self, **kwargs):
+            seen["kwargs"] = sorted(kwargs)
+
+        def init_workers(self):
+            seen["init_workers"] = True
+
+        def fit(self):
+            seen["fit"] = True
+
+    for name in ("validate_config", "create_rl_sampler", "register"):
+        monkeypatch.setattr(trainer, name, lambda *args, **kwargs: None)
+    monkeypatch.setattr(trainer, "create_rl_dataset", lambda files, *args, **kwargs: f"dataset of {files}")
+    model = type("Model", (), {"tokenizer": "tok", "processor": None})()
+    monkeypatch.setattr(trainer, "omega_conf_to_dataclass", lambda config: model)
+    runner = main.TrollTaskRunner()
+    assert runner.trainer_class is trainer.TrollRayPPOTrainer
+    runner.trainer_class = Probe
+    monkeypatch.setattr(runner, "init_resource_pool_mgr", lambda config: "pools")
+    runner.run(_recipe_config("data.train_files=a.parquet", "data.val_files=b.parquet"))
+    assert seen["init_workers"] and seen["fit"]
+    assert seen["kwargs"] == sorted(
+        [
+            "config", "tokenizer", "processor", "role_worker_mapping", "resource_pool_manager",
+            "ray_worker_group_cls", "train_dataset", "val_dataset", "collate_fn", "train_sampler",
+        ]
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("algorithm.rollout_correction.rollout_is=token", r"algorithm\.rollout_correction\.rollout_is=null"),
+        ("algorithm.rollout_correction.rollout_is=sequence", r"algorithm\.rollout_correction\.rollout_is=null"),
+        ("algorithm.rollout_correction.bypass_mode=True", r"algorithm\.rollout_correction\.bypass_mode=false"),
+    ],
+)
+def test_rollout_correction_weights_and_bypass_mode_are_refused_at_start(override, message):
+    """TROLL's loss has no per-token weight for verl's IS weights, and bypass mode skips the capture of the old
+    policy: both are refused before Ray starts (check_config) and again by the trainer before its workers start."""
+    main = _main()
+    trainer = importlib.import_module("troll.integrations.verl.trainer")
+    config = _recipe_config(override)
+    with pytest.raises(ValueError, match=message):
+        main.check_config(config)
+    stub = object.__new__(type("T", (trainer.TrollTrainerMixin, object), {}))
+    stub.config = config
+    with pytest.raises(ValueError, match=message):
+        stub.init_workers()  # before verl's init_workers: the stand-in base has none
+    assert main.check_config(_recipe_config(override, "actor_rollout_ref.actor.policy_loss.loss_mode=vanilla")) is None
+
+
+def test_rejection_sampling_alone_is_allowed():
+    """verl's rejection sampling only drops tokens from response_mask, which the TROLL loss honours."""
+    main = _main()
+    config = _recipe_config(
+        "algorithm.rollout_correction.rollout_rs=token_k1", "algorithm.rollout_correction.rollout_rs_threshold=2.0"
+    )
+    assert main.check_config(config)["level"] == "token"

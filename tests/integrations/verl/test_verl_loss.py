@@ -139,3 +139,15 @@ def test_troll_ppo_loss_errors_are_clear():
     # ends, and the (tokens, V) logits must not stay there
     verl_loss.troll_ppo_loss(_actor_config(), out, data)
     assert "troll_logits" not in out
+
+
+def test_rollout_correction_weights_are_refused_not_dropped():
+    """verl's ppo_loss multiplies its per-token surrogate by ``rollout_is_weights`` (TIS/MIS); the TROLL loss has no
+    such weight, so a batch that carries them is an error naming the setting, never trained on without them."""
+    verl_loss = _verl("loss")
+    import torch
+
+    logits, data, _ = _micro_batch()
+    data["rollout_is_weights"] = _nested(torch.full((sum(RESPONSE_LENS),), 2.0, dtype=torch.float64), RESPONSE_LENS)
+    with pytest.raises(ValueError, match=r"algorithm\.rollout_correction\.rollout_is=null"):
+        verl_loss.troll_ppo_loss(_actor_config(), {"troll_logits": _nested(logits, [5, 4, 5])}, data)

@@ -97,6 +97,36 @@ def troll_settings(actor_config) -> dict | None:
     return {**settings, **{key: float(settings[key]) for key in ("kl_bound", "alpha", "delta")}}
 
 
+ROLLOUT_CORRECTION = "algorithm.rollout_correction"  # verl's rollout correction in the Hydra config
+
+
+def check_rollout_correction(config) -> None:
+    """Refuse the parts of verl's rollout correction that TROLL cannot honour; a ValueError names the key.
+
+    ``config``: the whole verl config. ``rollout_correction.rollout_is`` (TIS/MIS importance weights between the
+    rollout engine's and the trainer's log-probs) gives each token a weight that verl's clip losses multiply their
+    per-token surrogate by; TROLL's loss has no such weight, and ignoring it would train on another objective in
+    silence. ``bypass_mode=True`` makes verl skip ``compute_old_log_prob`` and take the rollout's log-probs as the
+    old policy: TROLL's old sparse policy is captured there, so the update would have none. Rejection sampling
+    (``rollout_rs``) alone only masks tokens out of ``response_mask``, which TROLL's loss honours: it is allowed.
+    """
+    section = get_key(get_key(config, "algorithm", {}) or {}, "rollout_correction")
+    if section is None:
+        return
+    weights = get_key(section, "rollout_is")
+    if weights is not None:
+        raise ValueError(
+            f"TROLL in verl does not apply rollout-correction importance weights: {ROLLOUT_CORRECTION}.rollout_is="
+            f"{weights!r} would be ignored by the TROLL loss; set {ROLLOUT_CORRECTION}.rollout_is=null (the trust "
+            "region bounds each token's change from the old policy; rejection sampling, rollout_rs, is supported)."
+        )
+    if bool(get_key(section, "bypass_mode", False)):
+        raise ValueError(
+            f"TROLL in verl needs the old policy from the actor's compute_log_prob, which {ROLLOUT_CORRECTION}"
+            f".bypass_mode=True skips; set {ROLLOUT_CORRECTION}.bypass_mode=false."
+        )
+
+
 def troll_lm_head(actor_config) -> str:
     """``actor_rollout_ref.actor.troll.lm_head``: "chunked" (the default: the final hidden states and the LM head in
     vocabulary chunks, never the (tokens, V) logits) or "dense" (the model's logits). A bad value is a ValueError."""

@@ -30,7 +30,7 @@ from troll.categorical.defaults import OLD_PREFIX
 from troll.categorical.distributed import gather_lm_head
 from troll.categorical.losses import troll_loss, troll_loss_from_hidden
 from troll.categorical.sparse import SparseLogProbs
-from troll.integrations.verl.config import troll_settings
+from troll.integrations.verl.config import ROLLOUT_CORRECTION, troll_settings
 from troll.output import LossOutput
 
 # The old policy's fields in verl's batch: the keys of SparseLogProbs.to_dict(OLD_PREFIX).
@@ -136,11 +136,17 @@ def troll_ppo_loss(config, model_output, data, dp_group=None):
 
     Installed by :func:`troll.integrations.verl.engine.register` where verl installs ``ppo_loss``. Needs the
     engine's :data:`TROLL_LOGITS` (dense) or :data:`TROLL_HIDDEN` and :data:`TROLL_HEAD` (chunked), which it pops
-    from ``model_output``, and the captured old policy in ``data``.
+    from ``model_output``, and the captured old policy in ``data``. A batch with verl's rollout-correction weights
+    (``rollout_is_weights``) is refused: the TROLL loss has no per-token weight to apply them with.
     """
     settings = troll_settings(config)
     if settings is None:
         return ppo_loss(config, model_output, data, dp_group)
+    if "rollout_is_weights" in data.keys():
+        raise ValueError(
+            "TROLL loss: the batch carries rollout_is_weights (verl's rollout-correction importance weights), which "
+            f"the TROLL loss does not apply; set {ROLLOUT_CORRECTION}.rollout_is=null."
+        )
     logits, hidden = model_output.pop(TROLL_LOGITS, None), model_output.pop(TROLL_HIDDEN, None)
     head = model_output.pop(TROLL_HEAD, None)
     if logits is None and (hidden is None or head is None):

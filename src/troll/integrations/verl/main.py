@@ -4,14 +4,13 @@ The same Hydra config and overrides as ``python -m verl.trainer.main_ppo`` (docs
 from a stock GRPO run). What differs:
 
 1. The trainer is :class:`~troll.integrations.verl.trainer.TrollRayPPOTrainer`, verl's ``RayPPOTrainer`` with the
-   TROLL mixin: the old sparse policy is captured in ``compute_log_prob`` and kept in the batch for the update.
+   TROLL mixin (the old sparse policy is captured in ``compute_log_prob`` and kept in the batch for the update),
+   built in verl's Ray task-runner actor by :class:`~troll.integrations.verl.trainer.TrollTaskRunner`.
 2. Every Ray process imports :data:`PLUGIN` (``VERL_USE_EXTERNAL_MODULES`` in the Ray runtime environment), so the
    workers build ``TrollFSDPEngine`` and install troll's ``ppo_loss``.
 3. It runs verl's ``RayPPOTrainer`` (the trainer of ``main_ppo_v0``) whatever ``trainer.use_v1`` says: verl's v1
    trainers (transfer-queue based) are not supported yet.
 4. The TROLL settings are checked before Ray starts (:func:`check_config`), each error naming the Hydra key.
-
-Not run end to end here: a verl run needs a rollout server (vLLM, SGLang or TensorRT-LLM) and GPUs.
 """
 
 # ruff: noqa: E402  (verl is imported after the version guard)
@@ -26,12 +25,17 @@ check_verl_version()
 import hydra
 import ray
 from omegaconf import OmegaConf
-from verl.trainer import main_ppo, main_ppo_v0
+from verl.trainer import main_ppo
 
 from troll.categorical.defaults import TROLL_LOSSES
-from troll.integrations.verl.config import ACTOR, ACTOR_CONFIG, troll_lm_head, troll_settings
-from troll.integrations.verl.engine import register
-from troll.integrations.verl.trainer import TrollRayPPOTrainer
+from troll.integrations.verl.config import (
+    ACTOR,
+    ACTOR_CONFIG,
+    check_rollout_correction,
+    troll_lm_head,
+    troll_settings,
+)
+from troll.integrations.verl.trainer import TrollTaskRunner
 
 PLUGIN = "troll.integrations.verl.plugin"  # the module that registers the engine and the loss when imported
 
@@ -40,8 +44,9 @@ def check_config(config) -> dict | None:
     """The TROLL settings of a composed verl config, or None for a stock loss mode; a ValueError names the key.
 
     Checks what the plug-in needs beyond :func:`~troll.integrations.verl.config.troll_settings`: the actor config
-    class, the remove-padding path, no Ulysses sequence parallelism, no fused kernels, an FSDP strategy and no
-    distillation.
+    class, the remove-padding path, no Ulysses sequence parallelism, no fused kernels, an FSDP strategy, no
+    distillation, and no rollout-correction weights or bypass mode
+    (:func:`~troll.integrations.verl.config.check_rollout_correction`).
     """
     actor = config.actor_rollout_ref.actor
     mode = actor.get("policy_loss", {}).get("loss_mode", "vanilla")
@@ -54,6 +59,7 @@ def check_config(config) -> dict | None:
         )
     settings = troll_settings(actor)
     troll_lm_head(actor)  # a bad troll.lm_head names itself here, before Ray starts
+    check_rollout_correction(config)
     model = config.actor_rollout_ref.model
     required = [
         (f"{ACTOR}.strategy", actor.get("strategy"), ("fsdp", "fsdp2")),
@@ -81,26 +87,13 @@ def add_plugin_to_runtime_env(config) -> None:
         OmegaConf.update(config, key, ",".join([*current, PLUGIN]), force_add=True)
 
 
-@ray.remote
-class TrollTaskRunner(main_ppo_v0.TaskRunner.__ray_actor_class__):
-    """verl's v0 TaskRunner, building :class:`TrollRayPPOTrainer` instead of ``RayPPOTrainer``.
-
-    ``TaskRunner.run`` builds the trainer inline through its module's ``RayPPOTrainer`` name, with no hook to
-    choose the class; this rebinds that name in the TaskRunner's own Ray process, and nowhere else.
-    """
-
-    def run(self, config):
-        register()
-        main_ppo_v0.RayPPOTrainer = TrollRayPPOTrainer
-        return super().run(config)
-
-
 _CONFIG_DIR = os.path.join(os.path.dirname(main_ppo.__file__), "config")
 
 
 @hydra.main(config_path=_CONFIG_DIR, config_name="ppo_trainer", version_base=None)
 def main(config) -> None:
-    """verl's ``main_ppo.main`` with :class:`TrollTaskRunner` and the plug-in in every Ray process."""
+    """verl's ``main_ppo.main`` with :class:`~troll.integrations.verl.trainer.TrollTaskRunner` and the plug-in in
+    every Ray process."""
     check_config(config)
     add_plugin_to_runtime_env(config)
     main_ppo.auto_set_device(config)
@@ -109,7 +102,7 @@ def main(config) -> None:
         use_reference_policy=main_ppo.need_reference_policy(config),
         use_critic=main_ppo.need_critic(config),
     )
-    main_ppo.run_ppo(config, task_runner_class=TrollTaskRunner)
+    main_ppo.run_ppo(config, task_runner_class=ray.remote(TrollTaskRunner))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ verl 0.9's ``RayPPOTrainer`` calls the actor's worker group (``compute_log_prob`
 TensorDict, and its ``_compute_old_log_prob`` keeps only the outputs it names. :class:`TrollTrainerMixin` wraps the
 worker group in :class:`TrollActorGroup`, which sets the flags the engine reads
 (:mod:`troll.integrations.verl.engine`), and adds the captured old policy to the batch the update gets.
-:class:`TrollRayPPOTrainer` is the mixin on verl's trainer, the one ``python -m troll.integrations.verl.main`` runs.
+:class:`TrollRayPPOTrainer` is the mixin on verl's trainer, and :class:`TrollTaskRunner` the Ray task runner that
+builds it: the one ``python -m troll.integrations.verl.main`` runs.
 """
 
 # ruff: noqa: E402  (verl is imported after the version guard)
@@ -18,12 +19,23 @@ from troll.integrations.verl.config import check_verl_version
 
 check_verl_version()
 
+from omegaconf import OmegaConf
+from verl.trainer.main_ppo_v0 import BaseTaskRunner
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+from verl.trainer.ppo.utils import create_rl_dataset, create_rl_sampler, need_critic, need_reference_policy
 from verl.utils import tensordict_utils as tu
+from verl.utils.config import omega_conf_to_dataclass, validate_config
+from verl.utils.dataset.rl_dataset import collate_fn
 from verl.workers.utils.padding import no_padding_2_padding
 
-from troll.integrations.verl.config import chunked_blocker, get_key, troll_lm_head, troll_settings
-from troll.integrations.verl.engine import FLAG_CAPTURE, FLAG_LM_HEAD, FLAG_LOGPROB_GRAD, FLAG_LOSS
+from troll.integrations.verl.config import (
+    check_rollout_correction,
+    chunked_blocker,
+    get_key,
+    troll_lm_head,
+    troll_settings,
+)
+from troll.integrations.verl.engine import FLAG_CAPTURE, FLAG_LM_HEAD, FLAG_LOGPROB_GRAD, FLAG_LOSS, register
 from troll.integrations.verl.loss import OLD_KEYS
 
 
@@ -75,8 +87,10 @@ class TrollTrainerMixin:
 
     Three overrides, each calling verl's method first:
 
-    - ``init_workers`` wraps ``actor_rollout_wg`` in :class:`TrollActorGroup` (the TROLL batch flags), with the
-      configured LM-head path, or the dense one, with a warning, where the actor config rules the chunked one out
+    - ``init_workers`` refuses a rollout correction TROLL cannot honour
+      (:func:`~troll.integrations.verl.config.check_rollout_correction`), then wraps ``actor_rollout_wg`` in
+      :class:`TrollActorGroup` (the TROLL batch flags), with the configured LM-head path, or the dense one, with a
+      warning, where the actor config rules the chunked one out
       (:func:`~troll.integrations.verl.config.chunked_blocker`);
     - ``_compute_old_log_prob`` adds the captured ``troll_old_*`` fields, padded to (B, T_resp, K), to the DataProto
       verl returns (verl keeps only the outputs it names, and would drop them);
@@ -85,6 +99,8 @@ class TrollTrainerMixin:
     """
 
     def init_workers(self):
+        if troll_settings(self.config.actor_rollout_ref.actor) is not None:
+            check_rollout_correction(self.config)  # before any worker starts
         super().init_workers()
         self._troll_wrap_workers()
 
@@ -126,3 +142,53 @@ class TrollTrainerMixin:
 
 class TrollRayPPOTrainer(TrollTrainerMixin, RayPPOTrainer):
     """verl 0.9's ``RayPPOTrainer`` that trains with TROLL when the actor's loss_mode is "troll" or "troll_seq"."""
+
+
+class TrollTaskRunner(BaseTaskRunner):
+    """verl 0.9's v0 task runner (``main_ppo_v0.TaskRunner``) building :attr:`trainer_class` instead of
+    ``RayPPOTrainer``; ``python -m troll.integrations.verl.main`` starts it as a Ray actor (``ray.remote(...)``).
+
+    verl's ``TaskRunner.run`` builds its trainer inline by a module-level name and offers no hook to choose the class,
+    so :meth:`run` is the one method replaced: the same steps through verl's own helpers (the worker roles and
+    resource pools of ``BaseTaskRunner``, ``validate_config``, the tokenizer of the model config, the datasets and
+    sampler), then :attr:`trainer_class`'s ``init_workers`` and ``fit``. The class is deliberately not decorated with
+    ``ray.remote``: a plain class of an importable module is pickled by reference, so the Ray actor imports this
+    module and its ``run`` sees this module's names (a decorated class is pickled by value, with a private copy of its
+    module's globals: rebinding a name there does not reach it).
+    """
+
+    trainer_class = TrollRayPPOTrainer
+
+    def run(self, config):
+        register()  # the plug-in, in this process too (the Ray runtime environment imports it in every worker)
+        OmegaConf.resolve(config)
+        actor_rollout_cls, worker_group_cls = self.add_actor_rollout_worker(config)
+        self.add_critic_worker(config)
+        self.add_reward_model_resource_pool(config)
+        self.add_teacher_model_resource_pool(config)
+        self.add_ref_policy_worker(config, actor_rollout_cls)
+        validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+        model = omega_conf_to_dataclass(config.actor_rollout_ref.model)
+        data = config.data
+        datasets = {
+            split: create_rl_dataset(
+                files, data, model.tokenizer, model.processor, is_train=train, max_samples=data.get(limit, -1)
+            )
+            for split, files, train, limit in [
+                ("train_dataset", data.train_files, True, "train_max_samples"),
+                ("val_dataset", data.val_files, False, "val_max_samples"),
+            ]
+        }
+        trainer = self.trainer_class(
+            config=config,
+            tokenizer=model.tokenizer,
+            processor=model.processor,
+            role_worker_mapping=self.role_worker_mapping,
+            resource_pool_manager=self.init_resource_pool_mgr(config),
+            ray_worker_group_cls=worker_group_cls,
+            collate_fn=collate_fn,
+            train_sampler=create_rl_sampler(data, datasets["train_dataset"]),
+            **datasets,
+        )
+        trainer.init_workers()
+        trainer.fit()
