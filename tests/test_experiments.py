@@ -75,3 +75,29 @@ def test_tables_print_counts_whole():
         script = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(script)
         assert [script.cell(v) for v in (1316, 0.12345, 1316.0, missing)] == ["1316", "0.123", "1.32e+03", "-"]
+
+
+def test_code_recipe_table_worked_by_hand(tmp_path, capsys):
+    """experiments/code_recipe.py: a run folder built by hand (evaluations at steps 0 and 4, rewards 0.1 to 0.4 over
+    four steps: the last quarter is the last step's 0.4) and an eval-code result give the rows worked out here."""
+    import json
+
+    spec = importlib.util.spec_from_file_location("code_recipe", SCRIPT.parent / "code_recipe.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    run = tmp_path / "r1"
+    run.mkdir()
+    options = {"loss": "clip", "lr": 1e-5, "temperature": 0.7, "prompts_per_step": 4, "generations": 4,
+               "steps_per_rollout": 2, "heldout": 64, "steps": 8}  # fmt: skip
+    (run / "config.json").write_text(json.dumps({"options": options}))
+    rows = [{"step": 0, "heldout/accuracy": 0.5}, *({"step": s, "reward": s / 10} for s in range(1, 5)),
+            {"step": 4, "heldout/accuracy": 0.375, "heldout/cut": 0.25, "heldout/prose_first": 0.5}]  # fmt: skip
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = tmp_path / "base.json"
+    result.write_text(json.dumps({"model": "smollm2", "n": 64, "pass_at_1": 0.5, "temperature": 0.7, "cut": 0.0,
+                                  "prose_first": 0.125, "sampled": {"pass@1": 0.25, "pass@4": 0.6}}))  # fmt: skip
+    assert script.main([str(run), "--evals", str(result)]) == 0
+    out = capsys.readouterr().out
+    assert "| r1 | clip | 1e-05 | 0.7 | 4 x 4 | 2 | 64 | 4/8 | 0: 0.500, 4: 0.375 | -0.125 | 0.400 |" in out
+    assert "| base | smollm2 | 64 | 0.500 | 0.250 | 0.600 | 0.7 | 0.000 | 0.125 |" in out
+    assert script.run_row(run)["cut"] == 0.25 and script.run_row(run)["prose_first"] == 0.5

@@ -1,0 +1,92 @@
+"""The table of docs/code.md, "Training on code: what moves held-out accuracy": one row per `troll train` run on a
+code task, its settings and its greedy held-out accuracy at each evaluation, and one row per `troll eval-code`
+result (greedy pass@1 beside the sampled pass@1 and pass@4, and the format measures).
+
+    python experiments/code_recipe.py RUN_FOLDER... [--evals EVAL_JSON...]
+
+A run folder needs config.json and metrics.jsonl (a run still going shows the evaluations it has logged so far);
+an eval JSON is what `troll eval-code --out` wrote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+SETTINGS = ("loss", "lr", "temperature", "prompts_per_step", "generations", "steps_per_rollout", "heldout")
+
+
+def read_rows(folder: Path) -> list[dict]:
+    path = folder / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def run_row(folder: Path) -> dict:
+    """A run's settings, its held-out greedy accuracy by step, its mean reward over the last quarter of the steps
+    logged, and the last evaluation's share of cut and prose-first completions (when logged)."""
+    options = json.loads((folder / "config.json").read_text())["options"]
+    rows = read_rows(folder)
+    evals = [r for r in rows if "heldout/accuracy" in r]
+    rewards = [r["reward"] for r in rows if "reward" in r]
+    tail = rewards[-max(1, len(rewards) // 4) :] if rewards else []
+    last = evals[-1] if evals else {}
+    return {
+        "run": folder.name,
+        **{k: options.get(k) for k in SETTINGS},
+        "steps": f"{max((r['step'] for r in rows), default=0)}/{options.get('steps')}",
+        "accuracy": {r["step"]: r["heldout/accuracy"] for r in evals},
+        "reward_last_quarter": sum(tail) / len(tail) if tail else None,
+        "cut": last.get("heldout/cut"),
+        "prose_first": last.get("heldout/prose_first"),
+    }
+
+
+def _f(value, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def runs_table(rows: list[dict]) -> str:
+    head = "| run | loss | lr | T | prompts x samples | steps/rollout | held-out | steps | "
+    head += "greedy held-out acc. by step | change | reward, last quarter |\n"
+    head += "|---|---|---|---|---|---|---|---|---|---|---|\n"
+    lines = []
+    for r in rows:
+        acc = r["accuracy"]
+        curve = ", ".join(f"{s}: {a:.3f}" for s, a in sorted(acc.items()))
+        change = acc[max(acc)] - acc[min(acc)] if len(acc) > 1 else None
+        cells = [r["run"], r["loss"], f"{r['lr']:g}", _f(r["temperature"], 1), f"{r['prompts_per_step']} x "
+                 f"{r['generations']}", str(r["steps_per_rollout"]), str(r["heldout"]), r["steps"], curve,
+                 "-" if change is None else f"{change:+.3f}", _f(r["reward_last_quarter"])]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |\n")
+    return head + "".join(lines)
+
+
+def evals_table(paths: list[Path]) -> str:
+    head = "| eval | model | n | greedy pass@1 | sampled pass@1 | sampled pass@4 | T | cut | prose first |\n"
+    head += "|---|---|---|---|---|---|---|---|---|\n"
+    lines = []
+    for path in paths:
+        e = json.loads(path.read_text())
+        sampled = e.get("sampled") or {}
+        cells = [path.stem, str(e.get("model")), str(e["n"]), _f(e["pass_at_1"]), _f(sampled.get("pass@1")),
+                 _f(sampled.get("pass@4")), _f(e.get("temperature"), 1), _f(e.get("cut")),
+                 _f(e.get("prose_first"))]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |\n")
+    return head + "".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="*", type=Path, help="run folders of troll train on a code task")
+    parser.add_argument("--evals", nargs="*", type=Path, default=[], help="JSON files of troll eval-code --out")
+    args = parser.parse_args(argv)
+    if args.runs:
+        print(runs_table([run_row(folder) for folder in args.runs]))
+    if args.evals:
+        print(evals_table(args.evals))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
