@@ -418,7 +418,7 @@ def test_resume_with_damaged_config(tmp_path, capsys, config, message):
 
 
 # Every flag of train / compare / study with values it must refuse (exit 2, nothing written).
-ZERO_OK = {"--alpha", "--delta", "--eval-every", "--save-every", "--seed", "--dual-clip"}
+ZERO_OK = {"--alpha", "--delta", "--eval-every", "--save-every", "--seed", "--dual-clip", "--heldout-samples"}
 
 
 def _bad_values(flag: str, kind: type) -> list[str]:

@@ -101,3 +101,15 @@ def test_list_tasks_names_the_code_tasks(capsys):
     listed = capsys.readouterr().out.splitlines()
     assert "chain_sum [default]" in [line.split("  ")[0] for line in listed]
     assert any(line.startswith("code_string  (code:") for line in listed) and listed[-1].startswith("jsonl:PATH")
+
+
+def test_training_and_held_out_items_are_the_same_mix_of_families():
+    """The five families take turns in both splits (item i of seed s is family (s + i) mod 5, and the held-out seed
+    is s + 1,000,000, a multiple of 5 away): any 64 held-out items and 64 training items hold 13, 13, 13, 13, 12."""
+    from collections import Counter
+
+    for seed in (0, 1, 2):
+        task = tasks.build_task("code", seed=seed, n_train=64, n_heldout=64, system=None)
+        held = Counter(e["family"] for e in task.heldout)
+        train = Counter(e["family"] for e in task.train)
+        assert held == train and sorted(held.values()) == [12, 13, 13, 13, 13]
