@@ -103,6 +103,15 @@ def test_the_seccomp_filter_refuses_user_namespaces_and_keyrings():
         assert run_filter(code, arch, clone3) == enosys
         assert all(run_filter(code, arch, nr) == eperm for nr in keys)
         assert run_filter(code, arch, read) == allow
+        column = 0 if machine == "x86_64" else 1
+        others = [nrs[column] for nrs in seccomp.ALWAYS.values()]
+        shared = [nrs[column] for nrs in seccomp.SHARED_MEMORY.values()]
+        assert all(run_filter(code, arch, nr) == eperm for nr in others)  # ptrace, pidfds, process_vm_*
+        assert all(run_filter(code, arch, nr) == allow for nr in shared)  # bounded by the run's cgroup
+        blocking = seccomp.program(machine, block_shared_memory=True)
+        assert all(run_filter(blocking, arch, nr) == eperm for nr in shared + others)
+        assert run_filter(blocking, arch, clone, newuser | 17) == eperm
+        assert run_filter(blocking, arch, clone, fork_flags) == allow and run_filter(blocking, arch, read) == allow
         assert run_filter(code, 0x40000003, 1) == eperm  # i386 on x86_64: a foreign ABI
     x86 = seccomp.program("x86_64")
     assert run_filter(x86, 0xC000003E, 0x40000000 | 272, newuser) == eperm  # x32

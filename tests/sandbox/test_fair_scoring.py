@@ -118,5 +118,7 @@ def test_only_the_standard_library_is_visible(sandbox):
 
 
 def test_correct_programs_keep_full_marks(sandbox):
-    scores = score_completions([fenced(SUM), fenced("def f(a, b):\n    return a + b")], [sums(), adds()], sandbox=sandbox)
+    scores = score_completions(
+        [fenced(SUM), fenced("def f(a, b):\n    return a + b")], [sums(), adds()], sandbox=sandbox
+    )
     assert [s.reward for s in scores] == [1.0, 1.0]

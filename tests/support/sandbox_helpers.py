@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-
 from typing import TYPE_CHECKING
 
 from troll.sandbox import Limits, RunResult, Sandbox

@@ -5,13 +5,14 @@ expected outputs), then for stdio tests each test's input as ``<length>\n<bytes>
 It sets the rlimits, takes private references to everything it writes with, moves the result channel off fd 1,
 reports ``{"ready": 1}`` and only then runs untrusted code. It reports *values*, one JSON line per test, and the
 parent compares them with the expected ones and keeps the time: a test counts only if its report arrives within
-the test's time after the previous one (the parent ends the run when one does not), whatever the program does to
-signals, timers or exceptions. Whatever the model's code patches afterwards (``json``, ``print``, builtins), it
-can at most forge values it does not know, or stop the reports (its tests then fail).
+the test's time after the previous one, whatever the program does to signals, timers or exceptions, and the first
+test over its time ends the run (the harness stops there, and the parent ends the run if it does not). Whatever
+the model's code patches afterwards (``json``, ``print``, builtins), it can at most forge values it does not know,
+or stop the reports (its tests then fail).
 
 - ``call``: the program runs once as a module (reported as ``{"loaded": 1}``); each test calls
-  ``entry_point(*input)`` under a per-test timer (a courtesy that lets the next tests run; the parent's clock is
-  the limit), and the return value is written by a strict serialiser that takes only exact builtin types
+  ``entry_point(*input)`` under a per-test timer (a courtesy that reports the timeout; the parent's clock is the
+  limit), and the return value is written by a strict serialiser that takes only exact builtin types
   (``type(x) is int`` and so on; a dict subclass as the dict it holds), so an object with an always-true
   ``__eq__`` is no value at all.
 - ``stdio``: the harness makes itself non-dumpable (its program's processes, of the same uid, can then neither
@@ -127,7 +128,8 @@ def run_calls(job, code, report, quote, setitimer=signal.setitimer, signal_=sign
             setitimer(signal.ITIMER_REAL, 0)
             line = f'{{"case": {i}, "value": {dump(value, quote, job["output"])}}}'
         except _Timeout:
-            line = f'{{"case": {i}, "error": "timeout"}}'
+            report(f'{{"case": {i}, "error": "timeout"}}')
+            return  # the first test over its time ends the run
         except BaseException as err:  # noqa: BLE001 -- the model's exception, or SystemExit
             setitimer(signal.ITIMER_REAL, 0)
             line = f'{{"case": {i}, "error": {quote(type_(err).__name__)}}}'
@@ -210,6 +212,8 @@ def run_stdio(job, job_in, code, report, quote, out, fork, killpg, waitpid, _exi
             continue
         flags = f'"timeout": {"true" if timed_out else "false"}, "truncated": {"true" if truncated else "false"}'
         report(f'{{"case": {i}, "stdout": {text}, {flags}}}')
+        if timed_out:
+            return  # the first test over its time ends the run
 
 
 def exchange(job, job_in, size, in_w, read_end, pid, waitpid, os):

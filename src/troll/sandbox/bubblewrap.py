@@ -74,7 +74,11 @@ def package_dirs(binds: list[str]) -> list[str]:
     found = set()
     for path in binds:
         found.update(p for p in (os.path.join(path, "site-packages"), os.path.join(path, "dist-packages")))
-    for pattern in ("/usr/lib/python3*/*-packages", "/usr/local/lib/python3*/*-packages", "/usr/lib64/python3*/*-packages"):
+    for pattern in (
+        "/usr/lib/python3*/*-packages",
+        "/usr/local/lib/python3*/*-packages",
+        "/usr/lib64/python3*/*-packages",
+    ):
         found.update(glob.glob(pattern))
     return sorted(p for p in found if os.path.isdir(p) and not os.path.islink(p))
 

@@ -180,15 +180,6 @@ class RunCgroup:
     def procs_files(self) -> list[str]:
         return [os.path.join(path, "cgroup.procs") for path in self.dirs.values()]
 
-    def pids(self) -> list[int]:
-        return sorted({int(p) for path in self.dirs.values() for p in _read(os.path.join(path, "cgroup.procs")).split()})
-
-    def memory_peak(self) -> int:
-        """The most memory the run held at once (bytes)."""
-        name = "memory.peak" if self.v2 else "memory.max_usage_in_bytes"
-        path = os.path.join(self.dirs["" if self.v2 else "memory"], name)
-        return int(_read(path)) if os.path.exists(path) else 0
-
     def remove(self, timeout: float = 10.0) -> None:
         """Kill every process in the cgroup, wait until it is empty, and remove it; :class:`SandboxError` if it does
         not empty within ``timeout`` seconds (its uid must then not be reused)."""

@@ -24,7 +24,7 @@ from troll.sandbox.backend import Limits, Sandbox, SandboxError, Watch
 KINDS = ("call", "stdio")
 HARNESS = (Path(__file__).parent / "_harness.py").read_text()
 STARTUP = 2.0  # seconds of wall time a run gets for starting the sandbox and the interpreter, besides the tests
-GRACE = 0.5  # seconds past a test's time before the parent ends the run (the harness's own time-keeping and reports)
+GRACE = 0.25  # seconds past a test's time before the parent ends the run (the harness's own time-keeping, reports)
 BUDGET = 6.0  # default seconds of wall time one completion's run may take in all, startup included
 OUTPUT = 1 << 20  # default bytes of stdout per stdio test, or of one return value
 MAX_OUTPUT = 16 << 20
@@ -215,7 +215,7 @@ def score_completions(
     ]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _takes_watch(backend: type) -> bool:
     return "watch" in inspect.signature(backend.run).parameters
 
@@ -266,8 +266,9 @@ def run_tests(
 class CaseClock(Watch):
     """The parent's clock over a run's reports. Test i starts when the report of test i - 1 first arrives (test 0:
     when the call-style module has loaded, or the stdio harness is ready); the run is ended ``GRACE`` seconds after
-    the earliest test without a report is over its time, and a call-style test whose report came later than its
-    time after its start fails. The harness writes "ready", one line per test and at most two more; only the
+    the earliest test without a report is over its time, or as soon as a test is reported over its time (a
+    call-style report later than the test's time after its start counts so, and fails): the tests after the first
+    one over its time fail. The harness writes "ready", one line per test and at most two more; only the
     first 2n + 8 lines are read, so flooding the channel with short lines costs this process nothing."""
 
     def __init__(self, kind: str, n: int, timeout: float):
@@ -277,6 +278,7 @@ class CaseClock(Watch):
         self.loaded: float | None = None
         self.items: list[tuple[dict, float]] = []
         self.first: dict[int, float] = {}  # test -> when its first report arrived
+        self.over = math.inf  # when a test was reported over its time
 
     def feed(self, data: bytes, now: float) -> None:
         limit = 2 * self.n + 8
@@ -301,6 +303,8 @@ class CaseClock(Watch):
             case = item.get("case")
             if type(case) is int and 0 <= case < self.n:
                 self.first.setdefault(case, now)
+                if item.get("timeout") is True or item.get("error") == "timeout" or self.late(case, now):
+                    self.over = min(self.over, now)  # the first test over its time ends the run
             self.items.append((item, now))
 
     def start(self, i: int) -> float | None:
@@ -310,6 +314,8 @@ class CaseClock(Watch):
         return self.loaded if self.kind == "call" else self.ready
 
     def deadline(self) -> float:
+        if self.over < math.inf:
+            return self.over
         if self.ready is None:
             return math.inf  # the run's wall clock covers the start
         if self.kind == "call" and self.loaded is None:
