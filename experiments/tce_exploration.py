@@ -3,7 +3,7 @@ TCE is slow at 2M steps").
 
 Part 1, the initial policy (no learning). For each preset (``authors``: the metaworld/* preset; ``hand``: the same
 with metaworld's own env options, as the runs of docs/archive/tce-hand-study.md had; ``earlier``: the same with
-every field the authors' setup sets put back to the dataclass default, the preset of 2026-11-23), build
+every field the authors' setup sets put back to its value before it (:data:`EARLIER`, the preset of 2026-11-23), build
 the agent for ``--env``, reset E episodes and draw ``--samples`` parameter vectors theta per episode from the
 initial policy. Reported, from the desired trajectories (E x samples):
 
@@ -40,13 +40,17 @@ from pathlib import Path
 import torch
 
 from troll.episodic.agent import TCEAgent
-from troll.episodic.config import METAWORLD_ENV, PRESETS, TCEConfig
+from troll.episodic.config import METAWORLD_ENV, TCEConfig
 from troll.episodic.envs import make_env
 from troll.episodic.envs.metaworld import MetaWorldConfig
 from troll.runs import CONFIG_FILE, METRICS_FILE, read_jsonl
 
-# fields of the metaworld preset that are budgets, sizes or bounds shared by both presets (not exploration)
-SHARED = {"episodes", "eval_episodes", "eval_every", "total_env_steps", "mean_bound", "cov_bound"}
+# the Meta-World preset of 2026-11-23, before the authors' setup: the fields that setup changed, as they were
+EARLIER = dict(
+    tau=None, basis_bandwidth=2.0, auto_scale_basis=False, weights_scale=10.0, goal_scale=0.2, relative_goal=True,
+    activation="tanh", init_std=0.5, min_std=1e-4, lr_final=1.0, entropy_schedule="none", entropy_reference="initial",
+    entropy_target=0.0, values_before_fit=False, offset_per_iteration=False,
+)  # fmt: skip
 
 
 # metaworld/*'s own values of the options the preset sets (envs/metaworld.py's defaults)
@@ -55,15 +59,11 @@ METAWORLD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(MetaWorldCon
 
 def presets(env: str) -> dict[str, TCEConfig]:
     """The authors' preset of ``env``; ``hand``, the same with metaworld's own env options (the runs of
-    docs/archive/tce-hand-study.md); and the earlier one (the dataclass defaults for what the authors' sets)."""
-    authors = TCEConfig.preset(env, workers=1)
-    defaults = {f.name: f.default for f in dataclasses.fields(TCEConfig) if f.default is not dataclasses.MISSING}
-    back = {k: defaults[k] for k in PRESETS["metaworld"] if k not in SHARED and k in defaults}
-    back["env_options"] = METAWORLD_DEFAULTS
+    docs/archive/tce-hand-study.md); and the earlier one (:data:`EARLIER`)."""
     return {
-        "authors": authors,
+        "authors": TCEConfig.preset(env, workers=1),
         "hand": TCEConfig.preset(env, workers=1, env_options=METAWORLD_DEFAULTS),
-        "earlier": TCEConfig.preset(env, workers=1, **back),
+        "earlier": TCEConfig.preset(env, workers=1, **EARLIER, env_options=METAWORLD_DEFAULTS),
     }
 
 

@@ -47,6 +47,8 @@ BASE = dict(
     critic_minibatches=1, normalize_observations=True, normalize_values=True, critic_context=True,
     gae_lambda=0.95, gamma=1.0, normalize_advantages=True, distance="kl", mean_bound=0.005, cov_bound=0.0005,
     trust_region_coeff=1.0, entropy_schedule="none", entropy_target=0.0, entropy_rate=0.01, seed=3,
+    tau=None, basis_bandwidth=2.0, auto_scale_basis=False, offset_per_iteration=False, lr_final=1.0,
+    values_before_fit=False, entropy_reference="initial", covariance="full", env_options={},
 )  # fmt: skip
 TOY = dict(
     env="toy/viapoint", episodes=8, num_basis=5, dmp_alpha=25.0, weights_scale=500.0, goal_scale=1.0,

@@ -28,8 +28,7 @@ def test_presets_per_family():
     assert env_family("metaworld/push-v3") == "metaworld"
     mw = TCEConfig.preset("metaworld/push-v3")
     assert mw.env == "metaworld/push-v3" and (mw.mean_bound, mw.cov_bound) == (0.005, 0.0005) and mw.relative_goal
-    # the dataclass defaults are the settings before the faithful preset (old config.json files resume as they ran);
-    # the Meta-World preset is the authors' setup on top of them
+    # the dataclass defaults are the authors' setup; the Meta-World preset adds that env's tau and options
     assert mw == TCEConfig(env="metaworld/push-v3", **PRESETS["metaworld"])
     assert TCEConfig().env_options == {} and TCEConfig().covariance == "full"
     toy = TCEConfig.preset("toy/viapoint", seed=3, algo="bbrl")

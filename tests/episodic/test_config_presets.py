@@ -5,6 +5,7 @@ diagonal covariance. Synthetic Meta-World-sized batches (no simulator) come from
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -19,8 +20,8 @@ from troll.tce import flags as opts
 
 from .test_agent_golden import BASE, FAITHFUL, synthetic_batch
 
-# the fields the faithful preset added, at their defaults: the behaviour before it (old config.json files resume)
-OLD_BEHAVIOUR = dict(
+# what the toy and gym presets keep of the settings they were tuned with, where the authors' setup differs
+NOT_THE_AUTHORS = dict(
     tau=None, basis_bandwidth=2.0, auto_scale_basis=False, offset_per_iteration=False, covariance="full",
     lr_final=1.0, values_before_fit=False, entropy_reference="initial", env_options={},
 )  # fmt: skip
@@ -63,13 +64,25 @@ def test_bbrl_presets_and_the_other_families_keep_their_numbers():
     assert cov.covariance == "full" and cov.num_basis == 4 and cov.trust_region_coeff == 10.0
     assert bbrl.tau == cov.tau == 5.0  # the same env and ProDMP as TCE
     for family in ("toy", "gym"):
-        assert not set(PRESETS[family]) & set(OLD_BEHAVIOUR)
         env = {"toy": "toy/viapoint", "gym": "gym/reacher"}[family]
         for algo in ("tce", "bbrl-cov"):  # bbrl-cov is the old full-covariance bbrl
             cfg = TCEConfig.preset(env, algo=algo)
-            assert {k: getattr(cfg, k) for k in OLD_BEHAVIOUR} == OLD_BEHAVIOUR
+            assert {k: getattr(cfg, k) for k in NOT_THE_AUTHORS} == NOT_THE_AUTHORS
+            assert (cfg.activation, cfg.entropy_schedule, cfg.min_std) == ("tanh", "none", 1e-4)
         assert ALGO_PRESETS[(family, "bbrl")] == {"covariance": "diag"}
-    assert {k: getattr(TCEConfig(), k) for k in OLD_BEHAVIOUR} == OLD_BEHAVIOUR
+    # TCEConfig() is the recommended setup: the authors' on Meta-World, but for that env's tau and options
+    authors = TCEConfig.preset("metaworld/reach-v3")
+    assert dataclasses.replace(TCEConfig(), tau=5.0, env_options=METAWORLD_ENV) == authors
+    assert set(PRESETS["metaworld"]) - {"tau", "env_options"} <= {
+        "episodes",
+        "eval_episodes",
+        "eval_every",
+        "total_env_steps",
+        "relative_goal",
+        "entropy_target",
+        "mean_bound",
+        "cov_bound",
+    }  # at their defaults
     with pytest.raises(ValueError, match="bbrl-cov' is BBRL with the full covariance"):
         TCEConfig.preset("toy/viapoint", algo="bbrl-cov", covariance="diag")
     with pytest.raises(ValueError, match="lr_final must lie in"):
