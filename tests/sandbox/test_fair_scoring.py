@@ -122,3 +122,15 @@ def test_correct_programs_keep_full_marks(sandbox):
         [fenced(SUM), fenced("def f(a, b):\n    return a + b")], [sums(), adds()], sandbox=sandbox
     )
     assert [s.reward for s in scores] == [1.0, 1.0]
+
+
+def test_eval_code_takes_the_output_cap_and_checks_it():
+    import troll.cli
+    from troll.lm.cli import _check_eval_code
+    from troll.runs.files import UsageError
+
+    parser = troll.cli.build_parser()
+    args = parser.parse_args(["eval-code", "--task", "humaneval", "--output", "0"])
+    with pytest.raises(UsageError, match="--output"):
+        _check_eval_code(args)
+    assert parser.parse_args(["eval-code", "--task", "humaneval", "--output", "4194304"]).output == 4 << 20

@@ -360,6 +360,8 @@ def _add_eval_code_parser(sub) -> None:
     )
     p.add_argument("--system", default=None, help="system message (default: the chat template's own)")
     p.add_argument("--slots", type=int, default=2, help="sandboxed processes at once (default: 2)")
+    p.add_argument("--output", type=int, default=1 << 20, help="bytes a stdio test may print or one return value "
+                   "may take (default: 1 MiB, at most 16 MiB)")  # fmt: skip
     p.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
     p.add_argument("--out", default=None, help="also write the result as JSON to this new file")
     p.set_defaults(run=cmd_eval_code, name="eval-code")
@@ -378,6 +380,7 @@ def _check_eval_code(args: argparse.Namespace) -> int:
     check_int("--samples", args.samples, low=0, high=1024, error=UsageError)
     check_real("--temperature", args.temperature, low=0, high=1e6, error=UsageError)
     check_int("--slots", args.slots, low=1, high=256, error=UsageError)
+    check_int("--output", args.output, low=1, high=16 << 20, error=UsageError)
     check_int("--threads", args.threads, low=1, high=1024, error=UsageError)
     if args.out is not None and Path(args.out).exists():
         raise UsageError(f"--out {args.out} exists; troll never overwrites a result: give a new file name.")
@@ -394,13 +397,16 @@ def cmd_eval_code(args: argparse.Namespace) -> int:
     import torch
 
     from troll.lm import code_eval, model
+    from troll.sandbox.scoring import default_sandbox
 
+    mode = default_sandbox().mode  # built (and self-tested) before the model: no sandbox, no generation
+    print(f"troll eval-code: sandbox mode {mode} (docs/sandbox.md)", file=sys.stderr)
     torch.set_num_threads(args.threads)
     net, tokenizer = model.load_model(model.resolve_model(args.model))
     result = code_eval.evaluate(net, tokenizer, args.task, n=args.n, seed=args.seed, max_new_tokens=length,
                                 system=args.system, slots=args.slots, samples=args.samples,
-                                temperature=args.temperature)  # fmt: skip
-    data = {**result.to_json(), "model": args.model, "max_completion_length": length}
+                                temperature=args.temperature, output=args.output)  # fmt: skip
+    data = {**result.to_json(), "model": args.model, "max_completion_length": length, "sandbox_mode": mode}
     text = json.dumps(data, indent=1)
     if args.out:
         Path(args.out).write_text(text + "\n")

@@ -59,9 +59,10 @@ CHUNK = 16  # items a chunk: generated, scored and shown on the bar together
 
 def evaluate(model, tokenizer, task: str, *, n: int | None, seed: int, max_new_tokens: int, system: str | None = None,
              slots: int = 2, keep: int = 3, samples: int = 0, temperature: float = 1.0, bar: bool = True,
-             chunk: int = CHUNK) -> CodeEval:  # fmt: skip
+             chunk: int = CHUNK, output: int = 1 << 20) -> CodeEval:  # fmt: skip
     """Greedy pass@1 of ``model`` on ``task`` (:func:`eval_items`), and with ``samples`` the sampled pass@1 and
-    pass@4 at ``temperature`` (seeded by ``seed``); ``bar``: a tqdm bar on stderr."""
+    pass@4 at ``temperature`` (seeded by ``seed``); ``bar``: a tqdm bar on stderr; ``output``: the sandbox's
+    output cap per test in bytes."""
     from tqdm.auto import tqdm
 
     from troll.lm.evaluate import generate, mean_pass_at_k, prompt_texts, prose_first
@@ -78,11 +79,11 @@ def evaluate(model, tokenizer, task: str, *, n: int | None, seed: int, max_new_t
             greedy, ended = generate(model, tokenizer, texts[part], max_new_tokens=max_new_tokens)
             completions += [c[0] for c in greedy]
             cut += [c[0] for c in ended]
-            raw += [item[0] for item in item_scores(rows[part], greedy, slots)]
+            raw += [item[0] for item in item_scores(rows[part], greedy, slots, output=output)]
             if samples:
                 drawn, _ = generate(model, tokenizer, texts[part], max_new_tokens=max_new_tokens, samples=samples,
                                     temperature=temperature, seed=seed * 1_000_003 + start)  # fmt: skip
-                rights += [[s == 1.0 for s in item] for item in item_scores(rows[part], drawn, slots)]
+                rights += [[s == 1.0 for s in item] for item in item_scores(rows[part], drawn, slots, output=output)]
             progress.update(len(greedy))
             progress.set_postfix({"pass": f"{sum(s == 1.0 for s in raw) / len(raw):.3f}"}, refresh=False)
     result = summarise(task, rows, completions, raw, skipped, keep=keep)
@@ -92,7 +93,8 @@ def evaluate(model, tokenizer, task: str, *, n: int | None, seed: int, max_new_t
     return result
 
 
-def item_scores(rows: list[dict], completions: list[list[str]], slots: int) -> list[list[float | None]]:
+def item_scores(rows: list[dict], completions: list[list[str]], slots: int,
+                output: int = 1 << 20) -> list[list[float | None]]:  # fmt: skip
     """Each item's completions scored on all of its tests (HumanEval's after the problem's prompt); None where the
     sandbox could not run one."""
     from troll.integrations.code_reward import CodeReward
@@ -100,7 +102,8 @@ def item_scores(rows: list[dict], completions: list[list[str]], slots: int) -> l
     flat = [(r, c) for r, cs in zip(rows, completions) for c in cs]
     programs = [humaneval.with_preamble(c, r["preamble"]) if "preamble" in r else c for r, c in flat]
     most = max(len(r["tests"]["cases"]) for r in rows)
-    rewards = CodeReward(slots=slots, max_tests=most)(None, programs, tests=[r["tests"] for r, _ in flat])
+    reward = CodeReward(slots=slots, max_tests=most, output=output)
+    rewards = reward(None, programs, tests=[r["tests"] for r, _ in flat])
     out, at = [], 0
     for cs in completions:
         out.append(list(rewards[at : at + len(cs)]))
