@@ -1,5 +1,5 @@
 """Programs that game the scoring or load the host, and the correct programs that must keep 1.0 beside them (the
-tests of tests/sandbox/test_run_limits.py and test_fair_scoring.py, and benchmarks/bench_sandbox.py's hostile mix).
+tests of tests/sandbox/test_bubblewrap_limits.py).
 
 Each hostile program is a completion whose honest score is 0: it is too slow, or asks for more than the limits,
 so a reward above 0 means it got past them."""
