@@ -220,12 +220,7 @@ def _stop(proc: subprocess.Popen) -> None:
     """End a run and wait until nothing of it is left: SIGKILL bwrap's child (the init of the run's PID namespace,
     whose death kills every process in it) and wait for bwrap, which reaps it only once the kernel has reaped the
     whole namespace. Killing bwrap first would return before that, and the run's uid with processes still on it."""
-    try:
-        with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as f:
-            children = [int(pid) for pid in f.read().split()]
-    except OSError:
-        children = []
-    for pid in children:
+    for pid in _children(proc.pid):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -238,6 +233,28 @@ def _stop(proc: subprocess.Popen) -> None:
         except ProcessLookupError:
             pass
         proc.wait()
+
+
+def _children(pid: int) -> list[int]:
+    """The children of ``pid``: from /proc/<pid>/task/<pid>/children, or where the kernel has no such file
+    (CONFIG_PROC_CHILDREN off) from every process's parent pid."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(child) for child in f.read().split()]
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return []
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    return found
 
 
 @contextmanager
