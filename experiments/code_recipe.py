@@ -37,6 +37,9 @@ def run_row(folder: Path) -> dict:
         "steps": f"{max((r['step'] for r in rows), default=0)}/{options.get('steps')}",
         "accuracy": {r["step"]: r["heldout/accuracy"] for r in evals},
         "reward_last_quarter": sum(tail) / len(tail) if tail else None,
+        # the rollouts' completions: mean length (tokens) at the first and last rollout, share cut at the limit
+        "length": [r["completions/mean_length"] for r in rows if "completions/mean_length" in r],
+        "rollout_cut": [r["completions/clipped_ratio"] for r in rows if "completions/clipped_ratio" in r],
         "cut": last.get("heldout/cut"),
         "prose_first": last.get("heldout/prose_first"),
     }
@@ -48,8 +51,8 @@ def _f(value, digits: int = 3) -> str:
 
 def runs_table(rows: list[dict]) -> str:
     head = "| run | loss | lr | T | prompts x samples | steps/rollout | held-out | steps | "
-    head += "greedy held-out acc. by step | change | reward, last quarter |\n"
-    head += "|---|---|---|---|---|---|---|---|---|---|---|\n"
+    head += "greedy held-out acc. by step | change | reward, last quarter | sample length, first -> last | "
+    head += "samples cut, mean |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     lines = []
     for r in rows:
         acc = r["accuracy"]
@@ -57,7 +60,9 @@ def runs_table(rows: list[dict]) -> str:
         change = acc[max(acc)] - acc[min(acc)] if len(acc) > 1 else None
         cells = [r["run"], r["loss"], f"{r['lr']:g}", _f(r["temperature"], 1), f"{r['prompts_per_step']} x "
                  f"{r['generations']}", str(r["steps_per_rollout"]), str(r["heldout"]), r["steps"], curve,
-                 "-" if change is None else f"{change:+.3f}", _f(r["reward_last_quarter"])]  # fmt: skip
+                 "-" if change is None else f"{change:+.3f}", _f(r["reward_last_quarter"]),
+                 f"{r['length'][0]:.0f} -> {r['length'][-1]:.0f}" if r["length"] else "-",
+                 _f(sum(r["rollout_cut"]) / len(r["rollout_cut"]) if r["rollout_cut"] else None)]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |\n")
     return head + "".join(lines)
 

@@ -90,7 +90,9 @@ def test_code_recipe_table_worked_by_hand(tmp_path, capsys):
     options = {"loss": "clip", "lr": 1e-5, "temperature": 0.7, "prompts_per_step": 4, "generations": 4,
                "steps_per_rollout": 2, "heldout": 64, "steps": 8}  # fmt: skip
     (run / "config.json").write_text(json.dumps({"options": options}))
-    rows = [{"step": 0, "heldout/accuracy": 0.5}, *({"step": s, "reward": s / 10} for s in range(1, 5)),
+    rows = [{"step": 0, "heldout/accuracy": 0.5},
+            *({"step": s, "reward": s / 10, "completions/mean_length": 60 + s, "completions/clipped_ratio": s % 2 / 2}
+              for s in range(1, 5)),
             {"step": 4, "heldout/accuracy": 0.375, "heldout/cut": 0.25, "heldout/prose_first": 0.5}]  # fmt: skip
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     result = tmp_path / "base.json"
@@ -98,6 +100,10 @@ def test_code_recipe_table_worked_by_hand(tmp_path, capsys):
                                   "prose_first": 0.125, "sampled": {"pass@1": 0.25, "pass@4": 0.6}}))  # fmt: skip
     assert script.main([str(run), "--evals", str(result)]) == 0
     out = capsys.readouterr().out
-    assert "| r1 | clip | 1e-05 | 0.7 | 4 x 4 | 2 | 64 | 4/8 | 0: 0.500, 4: 0.375 | -0.125 | 0.400 |" in out
+    # lengths 61 -> 64; cut shares 0.5, 0, 0.5, 0: mean 0.25
+    assert (
+        "| r1 | clip | 1e-05 | 0.7 | 4 x 4 | 2 | 64 | 4/8 | 0: 0.500, 4: 0.375 | -0.125 | 0.400 | 61 -> 64 | 0.250 |"
+        in out
+    )
     assert "| base | smollm2 | 64 | 0.500 | 0.250 | 0.600 | 0.7 | 0.000 | 0.125 |" in out
     assert script.run_row(run)["cut"] == 0.25 and script.run_row(run)["prose_first"] == 0.5

@@ -310,7 +310,8 @@ def _prepare_default_model(names: set[str]) -> None:
 
 def _report(out: str, summary: dict) -> None:
     keys = ("heldout_accuracy_before", "heldout_accuracy_after", "train_time_s", "wall_time_s")
-    print(json.dumps({k: summary.get(k) for k in keys}))
+    sampled = {k: v for k, v in summary.items() if k.startswith("heldout_sampled_")}  # code tasks: pass@1, pass@4
+    print(json.dumps({k: summary.get(k) for k in keys} | sampled))
     print(f"run folder: {out}")
 
 
