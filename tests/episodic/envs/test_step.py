@@ -80,3 +80,26 @@ def test_step_task_training_episodes_follow_the_seed():
 def test_an_env_without_a_step_interface_is_refused():
     with pytest.raises(ValueError, match="env 'toy/viapoint' has no step interface"):
         make_step_task("toy/viapoint", seed=0)
+
+
+def test_box_pushing_ends_a_success_as_terminated_as_fancy_gym_does():
+    """fancy_gym's box pushing returns terminated = (last step and success), truncated = (last step and not success),
+    so that PPO bootstraps no value past a success; the task's success is forced at the last step here."""
+    task = make_step_task("fancy/box-pushing-dense", seed=0)
+    real, success = task.sim.step, [True]
+
+    def step(action):
+        obs, reward, info = real(action)
+        return obs, reward, {**info, "is_success": success[0]} if info else info
+
+    task.sim.step = step  # an instance attribute: the task's next steps call it
+    try:
+        _, _, steps = run_episode(task, 7, np.zeros(7))
+        assert [(t, u) for t, u, _ in steps[:-1]] == [(False, False)] * 99
+        assert steps[-1][:2] == (True, False) and steps[-1][2]["is_success"]
+        success[0], task.t, task.sim.t = False, 99, 99  # the last step again, failed
+        _, _, terminated, truncated, info = task.step(np.zeros(7))
+        assert (terminated, truncated, info["is_success"]) == (False, True, False)
+        assert not make_step_task.__globals__["_GymnasiumTask"].terminates_on_success  # Reacher: always truncated
+    finally:
+        task.close()
