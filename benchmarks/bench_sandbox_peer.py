@@ -10,10 +10,11 @@ budget); ``prime_code.compute_score`` (verl 0.9.1, ``continuous=True`` as verl's
 calls it: 5 s for all tests, then 10 s per test on a failure, a process per check) runs in verl's own
 environment (``.venv-verl``) in a subprocess, ``--workers`` completions at once in a process pool, as verl's
 ``PrimeRewardManager`` does, and times itself there (its interpreter's start and imports excluded). Each scorer
-scores each batch ``--repeats`` times after one warm-up, taking turns; the table gives the median seconds,
-completions per second, the mean reward of the correct programs and the 1-minute load average.
+scores each batch ``--repeats`` times after one warm-up, taking turns (``prime_code`` the hostile batch once: it
+takes minutes); the table gives the median seconds, completions per second, the ratio to the scorer's honest
+batch, the mean reward of the correct programs and the 1-minute load average.
 
-    python benchmarks/bench_sandbox_peer.py             # B = 16, T = 10, 3 repeats
+    python benchmarks/bench_sandbox_peer.py             # B = 16, T = 10, troll at 2 and 4 slots, 3 repeats
     python benchmarks/bench_sandbox_peer.py --quick     # B = 8, 1 repeat
 Writes benchmarks/results/bench_sandbox_peer.csv (--quick: bench_sandbox_peer-quick.csv) and prints the table.
 """
@@ -93,7 +94,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, default=16, help="B, completions per batch")
     parser.add_argument("--tests", type=int, default=10, help="T, tests per completion")
-    parser.add_argument("--slots", type=int, default=2, help="troll's runs at once")
+    parser.add_argument("--slots", type=int, nargs="+", default=[2, 4], help="troll's runs at once (one row each)")
     parser.add_argument("--workers", type=int, default=2, help="prime_code's processes at once")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="B = 8, 1 repeat")
@@ -104,14 +105,17 @@ def main() -> None:
         raise SystemExit(f"{VERL_PYTHON} is missing: `make test` (or the Makefile's verl environment) builds it")
     sandbox = BubblewrapSandbox()
     scorers = {
-        f"troll ({sandbox.mode}, {args.slots} slots)": lambda c, t: troll(sandbox, c, t, args.slots),
-        f"verl prime_code ({args.workers} processes)": lambda c, t: prime(c, t, args.workers),
+        f"troll ({sandbox.mode}, {slots} slots)": lambda c, t, slots=slots: troll(sandbox, c, t, slots)
+        for slots in args.slots
     }
+    scorers[f"verl prime_code ({args.workers} processes)"] = lambda c, t: prime(c, t, args.workers)
     times, rewards, loads = {}, {}, {}
     for round_ in range(args.repeats + 1):  # round 0 warms up
         for mix in ("honest", "hostile quarter"):
             completions, apps, correct = batch(args.batch, args.tests, mix != "honest")
             for name, score in scorers.items():
+                if name.startswith("verl") and mix != "honest" and round_ != 1:
+                    continue  # minutes a batch: scored once
                 seconds, got = score(completions, apps)
                 if round_:
                     times.setdefault((name, mix), []).append(seconds)
