@@ -293,45 +293,54 @@ def make_env(
         from troll.episodic.envs.toy import ViaPointEnv
 
         return ViaPointEnv(num_episodes=num_episodes, sparse=name.endswith("-sparse"), **options)
-
+    if backend == "envpool":
+        return _envpool_env(name, num_episodes, workers, seed, options)
     from troll.episodic.envs.workers import PooledEnv
 
+    factory, preload = _worker_factory(name, seed, options)
+    return PooledEnv(
+        factory, name=name, num_episodes=num_episodes, workers=workers, start_method=start_method, preload=preload
+    )
+
+
+def _envpool_env(name: str, num_episodes: int, workers: int, seed: int, options: dict) -> EpisodicEnv:
+    """gym/* or metaworld/* on EnvPool's C++ simulators, all episodes in this process on ``workers`` threads."""
+    if name in GYM:
+        from troll.episodic.envs.reacher import EnvPoolReacher, ReacherConfig
+
+        config = ReacherConfig(sparse=name.endswith("-sparse"), **options)
+        _require(name, ("envpool",), "--backend python runs gymnasium's Reacher-v5 instead")
+        return EnvPoolReacher(config, num_episodes=num_episodes, threads=max(workers, 1))
+    from troll.episodic.envs.envpool_backend import EnvPoolMetaWorld
+    from troll.episodic.envs.metaworld import MetaWorldConfig
+
+    config = MetaWorldConfig(task=name.split("/", 1)[1], seed=seed, **options)
+    _require(name, ("envpool", "metaworld"), "--backend python runs the metaworld package instead")
+    return EnvPoolMetaWorld(config, num_episodes=num_episodes, threads=max(workers, 1))
+
+
+def _worker_factory(name: str, seed: int, options: dict):
+    """(the factory of one worker's runner, the simulator packages its processes import first) of a Python env."""
     if name in BOX_PUSHING:
         from troll.episodic.envs.box_pushing import BoxPushingConfig, BoxPushingRunner
         from troll.episodic.envs.box_pushing_sim import read_assets
 
         _require(name, ("mujoco",))
         read_assets()  # missing or damaged assets: an AssetError naming the install step, before any process starts
-        factory = partial(BoxPushingRunner, BoxPushingConfig(sparse=name.endswith("-sparse"), **options))
-        return PooledEnv(factory, name=name, num_episodes=num_episodes, workers=workers, start_method=start_method,
-                         preload=("mujoco",))  # fmt: skip
+        return partial(BoxPushingRunner, BoxPushingConfig(sparse=name.endswith("-sparse"), **options)), ("mujoco",)
     if name in GYM:
-        from troll.episodic.envs.reacher import EnvPoolReacher, ReacherConfig, ReacherRunner
+        from troll.episodic.envs.reacher import ReacherConfig, ReacherRunner
 
         config = ReacherConfig(sparse=name.endswith("-sparse"), **options)
-        if backend == "envpool":
-            _require(name, ("envpool",), "--backend python runs gymnasium's Reacher-v5 instead")
-            return EnvPoolReacher(config, num_episodes=num_episodes, threads=max(workers, 1))
         _require(name, ("gymnasium", "mujoco"))
-        factory = partial(ReacherRunner, config)
-        preload = ("gymnasium", "mujoco")
-    elif name in HOPPER:
-        factory, preload = _hopper_factory(name, options)
-    else:
-        from troll.episodic.envs.metaworld import MetaWorldConfig, MetaWorldRunner
+        return partial(ReacherRunner, config), ("gymnasium", "mujoco")
+    if name in HOPPER:
+        return _hopper_factory(name, options)
+    from troll.episodic.envs.metaworld import MetaWorldConfig, MetaWorldRunner
 
-        config = MetaWorldConfig(task=name.split("/", 1)[1], seed=seed, **options)
-        if backend == "envpool":
-            _require(name, ("envpool", "metaworld"), "--backend python runs the metaworld package instead")
-            from troll.episodic.envs.envpool_backend import EnvPoolMetaWorld
-
-            return EnvPoolMetaWorld(config, num_episodes=num_episodes, threads=max(workers, 1))
-        _require(name, ("gymnasium", "mujoco", "metaworld", "packaging"))
-        factory = partial(MetaWorldRunner, config)
-        preload = ("gymnasium", "mujoco", "metaworld")
-    return PooledEnv(
-        factory, name=name, num_episodes=num_episodes, workers=workers, start_method=start_method, preload=preload
-    )
+    config = MetaWorldConfig(task=name.split("/", 1)[1], seed=seed, **options)
+    _require(name, ("gymnasium", "mujoco", "metaworld", "packaging"))
+    return partial(MetaWorldRunner, config), ("gymnasium", "mujoco", "metaworld")
 
 
 def _hopper_factory(name: str, options: dict):
