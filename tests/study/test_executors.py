@@ -13,14 +13,14 @@ which would end every Ray process of the machine). The SLURM path runs through s
 - the study killed with its SLURM task mid-cell: ``--resume`` runs only the unfinished cells, from their checkpoints;
   the study killed alone while its task runs: ``--resume`` reattaches to the live job, submits nothing and starts no
   second writer; a failed cell fails alone and is not retried;
-- the sbatch script matches a golden file and is the one submitit submits (a fake sbatch records it);
-- bad input (exit 2, nothing written): an unreachable --ray-address, a relative path where nodes need a shared
-  one, SLURM without sbatch, options of another executor, an --executor typo;
+- a cell larger than every node of the cluster is refused (exit 2, nothing written), as the probe of the cluster
+  reads its nodes; the checks that need no cluster are tests/study/test_executor_checks.py;
 - teardown: no process of the cluster left, nothing written in the real $HOME.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import json
@@ -46,7 +46,6 @@ from troll.study.frontend import Frontend, Pairing, against
 from troll.study.grid import Cell
 
 SRC = Path(__file__).parents[2] / "src"
-GOLDEN = Path(__file__).parent / "data" / "sbatch.golden"
 RAY = shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray"
 TINY = ["--env", "toy/viapoint", "--algos", "tce,bbrl", "--seeds", "1", "--steps", "4800", "--episodes", "8",
         "--eval-episodes", "8", "--eval-every", "1", "--checkpoint-every", "1", "--policy-hidden", "16",
@@ -248,91 +247,6 @@ def _safe_parent(pid: str) -> int | None:
         return None
 
 
-# ---------------------------------------------------------------- the sbatch script
-
-SLURM = ["--executor", "slurm", "--slurm-partition", "cpu", "--slurm-time", "90", "--slurm-cpus-per-task", "2",
-         "--slurm-mem-gb", "4", "--slurm-array-parallelism", "8", "--slurm-sbatch", "account=proj",
-         "--slurm-setup", "source /shared/venv/bin/activate", "--slurm-cells-per-task", "2"]  # fmt: skip
-
-
-def _neutral(script: str, out: Path) -> str:
-    return script.replace(str(out), "<out>").replace(sys.executable, "<python>")
-
-
-def test_sbatch_script_is_the_golden_one_and_what_submitit_submits(tmp_path, capsys, monkeypatch):
-    out = tmp_path / "study"
-    code, printed, err = cli(capsys, "--out", str(out), *TINY, "--seeds", "2", *SLURM, "--slurm-script")
-    assert code == 0, err
-    assert not out.exists()  # printed, nothing written
-    assert _neutral(printed, out) == GOLDEN.read_text()  # 4 cells, 2 per task: an array of 2
-    # what submitit's SlurmExecutor writes and hands to sbatch (a fake one that records it) is that script
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for tool, body in (("sbatch", 'cp "$1" "$(dirname "$0")/submitted.sh"; echo "Submitted batch job 4242"'),
-                       ("srun", "exit 0")):  # fmt: skip
-        (bin_dir / tool).write_text(f"#!/bin/sh\n{body}\n")
-        (bin_dir / tool).chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    executor = _slurm_from(SLURM)
-    executor = executors.Executor("slurm", slurm=executor.slurm, out=out)
-    jobs = on_slurm.submit(executor, [["cell a", "cell b"], ["cell c", "cell d"]], cores=1)
-    assert [j.job_id for j in jobs] == ["4242_0", "4242_1"]
-    assert (bin_dir / "submitted.sh").read_text() == printed.removesuffix("\n")
-
-
-def _slurm_from(argv: list[str]) -> executors.Executor:
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    executors.add_flags(parser)
-    return executors.from_args(parser.parse_args(argv))
-
-
-# ---------------------------------------------------------------- bad input
-
-
-@pytest.mark.parametrize(
-    "extra, env, message",
-    [
-        (["--executor", "rey"], {}, "--executor 'rey' is not one of local, ray, slurm. Did you mean --executor ray?"),
-        (["--executor", "ray", "--ray-address", "127.0.0.1:1"], {}, "--ray-address 127.0.0.1:1: nothing answers"),
-        (["--executor", "ray", "--ray-address", "head-node"], {}, "give HOST:PORT"),
-        (["--ray-address", "127.0.0.1:6379"], {}, "--ray-address applies to --executor ray"),
-        (["--slurm-partition", "cpu"], {}, "--slurm-partition applies to --executor slurm"),
-        (["--executor", "slurm"], {"PATH": "/nonexistent"}, "--executor slurm: there is no sbatch on this machine"),
-        (["--executor", "slurm", "--slurm-mem-gb", "0"], {}, "--slurm-mem-gb must be a number of GB > 0"),
-        (["--executor", "slurm", "--slurm-time", "1"], {}, "--slurm-time must be at least 2 minutes, got 1: each"),
-        (["--executor", "slurm", "--slurm-time", "1h"], {}, "--slurm-time must be a whole number of minutes, got '1h'"),
-        (["--executor", "slurm", "--slurm-sbatch", "account"], {}, "--slurm-sbatch 'account': write KEY=VALUE"),
-        (["--executor", "slurm", "--slurm-local"], {"PYTHONPATH": "src"}, "PYTHONPATH entry 'src', a relative path"),
-    ],
-)
-def test_bad_input_exits_2_and_writes_nothing(tmp_path, capsys, monkeypatch, extra, env, message):
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.chdir(SRC.parent)  # where a relative PYTHONPATH entry "src" exists
-    out = tmp_path / "study"
-    code, printed, err = cli(capsys, "--out", str(out), *TINY, *extra)
-    assert code == 2, err
-    assert message in err, err
-    assert printed == "" and not out.exists()
-
-
-def test_a_relative_path_a_cell_reads_is_refused_and_the_study_folder_resolved(tmp_path, capsys, monkeypatch):
-    """The language-model study through the same executors: a model folder given relatively is refused (a node
-    starts elsewhere); a relative --out is made absolute in the cells' command lines."""
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "my-model").mkdir()
-    (tmp_path / "my-model" / "config.json").write_text("{}")  # a saved model, as far as the checks look
-    code = main(["study", "--model", "my-model", "--losses", "grpo", "--seeds", "1", "--out", "rel", "--executor",
-                 "slurm", "--slurm-script"])  # fmt: skip
-    err = capsys.readouterr().err
-    assert code == 2 and "the cells would read --model my-model, a relative path" in err, err
-    code, printed, err = cli(capsys, "--out", "rel", *TINY, "--executor", "slurm", "--slurm-script")
-    assert code == 0, err
-    assert f"{tmp_path}/rel/slurm" in printed and not (tmp_path / "rel").exists()
-
-
 # ---------------------------------------------------------------- SLURM through submitit's local executor
 
 
@@ -340,11 +254,8 @@ def _study_until(argv: list[str], cell: Path) -> subprocess.Popen:
     """The study as a process of its own session (with the array tasks it starts), once ``cell`` has a checkpoint
     (any: a run keeps only its newest, so on a fast machine checkpoint-1.pt may be gone before a poll sees it)."""
     log = cell.parents[2] / f"{cell.parents[1].name}-{time.monotonic_ns()}.log"  # beside the study folder
-    # without what an in-process Ray driver of an earlier test left in os.environ (RAY_AUTH_MODE=token, which the
-    # module's cluster does not use)
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_CLIENT_MODE")}
     with log.open("w") as sink:
-        study = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        study = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 120
     while not any(cell.glob("checkpoint-*.pt")):
         ended = study.poll() is not None
@@ -696,7 +607,7 @@ def test_the_entry_point_s_parts_that_a_stop_relies_on(tmp_path, monkeypatch):
     assert on_slurm.NOTICE_S >= cell_lib.STOP_GRACE_S + 30
     assert executors.SLURM_TIME_LOW * 60 > on_slurm.NOTICE_S  # the shortest task allowed gets its notice
     with pytest.raises(UsageError, match=f"its stop notice {on_slurm.NOTICE_S} s before its time limit"):
-        _slurm_from(["--executor", "slurm", "--slurm-time", str(executors.SLURM_TIME_LOW - 1)])
+        executors.from_args(argparse.Namespace(executor="slurm", slurm_time=str(executors.SLURM_TIME_LOW - 1)))
 
 
 LM_CELL = """
@@ -771,7 +682,9 @@ def _fake_frontend(tmp_path) -> Frontend:
 @pytest.mark.parametrize("where", ["slurm", "ray", "ray started here"])
 def test_a_failing_cell_fails_alone_once(tmp_path, where, request, monkeypatch):
     """Through the array, the module's cluster, and a cluster ``ray.init()`` starts for the study when no
-    --ray-address is given (its processes ended with the study; HOME and Ray's folder in a temporary one)."""
+    --ray-address is given (its processes ended with the study; HOME and Ray's folder in a temporary one). The study
+    gives the process back the RAY_* variables it had (``ray.init()`` sets RAY_AUTH_MODE=token for a cluster it
+    starts, which the next study's probe of a cluster without tokens would inherit)."""
     address = request.getfixturevalue("cluster")[0] if where == "ray" else None
     own = Path(tempfile.mkdtemp(prefix="trhere", dir="/tmp")) if where == "ray started here" else None
     if own is not None:
@@ -781,6 +694,9 @@ def test_a_failing_cell_fails_alone_once(tmp_path, where, request, monkeypatch):
     cells = [Cell(None, "a", s, tmp_path / "a" / f"seed{s}") for s in (0, 1)]
     name = where.split()[0]
     executor = executors.Executor(name, ray_address=address, slurm=executors.SlurmOptions(local=True), out=tmp_path)
+    import ray  # noqa: F401 -- on import it sets RAY_CLIENT_MODE=0 (once); the study must change nothing else
+
+    environ = dict(os.environ)
     try:
         status = runner.run_cells(_fake_frontend(tmp_path), cells, jobs=1, report=lambda text: None, executor=executor)
     finally:
@@ -798,6 +714,7 @@ def test_a_failing_cell_fails_alone_once(tmp_path, where, request, monkeypatch):
             assert not left, f"the cluster ray.init() started outlived the study: {left}"
     assert status == {cells[0].label: "done", cells[1].label: "failed (exit 3)"}
     assert starts(tmp_path, "a/seed1") == 1  # not retried
+    assert dict(os.environ) == environ
 
 
 # ---------------------------------------------------------------- Ray, losing a node
@@ -869,6 +786,32 @@ def test_a_second_ctrl_c_on_ray_ends_the_cells_at_once(tmp_path, capsys, cluster
     code, _, err = cli(capsys, "--out", str(out), "--resume", "--executor", "ray", "--ray-address", address)
     assert code == 0, err
     assert_same_study(out, reference)
+
+
+def test_a_cell_larger_than_every_node_is_refused(tmp_path, capsys, cluster, monkeypatch, within):
+    """The module's cluster: a head without CPUs and two 1-CPU nodes, as the study's probe of it reads them. A cell of
+    2 threads would wait for ever for a 2-CPU node: refused before anything is written, as is one larger than this
+    machine when the study would start its own cluster here (none is started)."""
+    from troll.study import on_ray
+
+    address, _ = cluster
+    assert sorted(on_ray.probe(address)) == [0.0, 1.0, 1.0]
+    out = tmp_path / "study"
+    with within(60):
+        code, printed, err = cli(capsys, "--out", str(out), *TINY, "--threads", "2", "--executor", "ray",
+                                 "--ray-address", address)  # fmt: skip
+    assert code == 2, err
+    assert (f"--executor ray: a cell asks for 2 cores (--threads) but the Ray cluster at {address} has no node that "
+            "large: its largest node has 1; Ray would hold the cell until such a node joins. Lower --threads or give "
+            "the cluster larger nodes. Nothing was written.") in err  # fmt: skip
+    assert printed == "" and not out.exists()
+    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    with within(60):
+        code, printed, err = cli(capsys, "--out", str(out), *TINY, "--threads", "4", "--executor", "ray")
+    assert code == 2, err
+    assert ("a cell asks for 4 cores (--threads) but the cluster the study starts on this machine has no node that "
+            "large: its largest node has 3;") in err  # fmt: skip
+    assert printed == "" and not out.exists()
 
 
 def test_ray_survives_a_lost_node_and_matches_local(tmp_path, capsys, cluster, reference):

@@ -4,11 +4,14 @@ cells and checked its folder, :func:`cmd_study` runs them and reports, the same 
 It prints timestamped progress to stderr (``[HH:MM:SS +M.m min] ...``), names the files it wrote, and exits with 1
 when a cell failed (why is above and in the cell's .log file) or was stopped before its end, else 0. Stopped by
 SIGTERM, SIGUSR1 or Ctrl-C (:func:`troll.study.runner.run_cells`), it prints the command that continues the study
-and exits with 128 + the signal's number (143, 138, 130). :func:`check_jobs` is the one rule of ``--jobs``.
+(:func:`resume_command`: with its executor's flags, so that pasted on a cluster's login node it does not run the
+cells there) and exits with 128 + the signal's number (143, 138, 130). :func:`check_jobs` is the one rule of ``--jobs``
+(and :func:`troll.study.executors.from_args` refuses it beside a cluster executor).
 """
 
 from __future__ import annotations
 
+import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -28,6 +31,13 @@ def check_jobs(jobs) -> int:
     return jobs
 
 
+def resume_command(name: str, out: Path, jobs: int, executor: executors.Executor) -> str:
+    """The command that continues the study in ``out`` where it ran: ``--resume`` with the executor's flags (and
+    ``--jobs`` of a local one); the grid and the cells' options are in its config.json."""
+    jobs_flags = ["--jobs", str(jobs)] if executor.name == "local" and jobs != 1 else []
+    return shlex.join(["troll", *name.split(), "--out", str(out), "--resume", *jobs_flags, *executors.flags(executor)])
+
+
 def cmd_study(name: str, out: Path, cells: int, jobs: int, run: Callable[[Callable[[str], None]], dict], *,
               executor: executors.Executor) -> int:  # fmt: skip
     """Run a planned study: ``run(report)`` runs its ``cells`` cells on ``executor`` (:mod:`troll.study.executors`;
@@ -40,7 +50,7 @@ def cmd_study(name: str, out: Path, cells: int, jobs: int, run: Callable[[Callab
         print(f"{stamp} {text}", file=sys.stderr, flush=True)
 
     report(f"study of {cells} cells in {out}, {executors.describe(executor, jobs)}")
-    again = f"troll {name} --out {out} --resume"
+    again = resume_command(name, out, jobs, executor)
     try:
         status = run(report)
     except KeyboardInterrupt:

@@ -13,7 +13,10 @@ lease and resumes it from its newest checkpoint: a retried, requeued or resubmit
 uninterrupted one gives. What a cluster needs and this module checks before anything is written: the study folder on
 one file system shared by every node under the same absolute path (a relative ``--out`` is resolved here; any other
 relative path a cell would read is refused, since a node starts in another directory), the cluster's tools
-(``sbatch``; a Ray head that answers), and the Python packages (``pip install 'troll[cluster]'``).
+(``sbatch``; a Ray cluster that answers as Ray, :func:`troll.study.on_ray.probe`, with a node that has a cell's cores),
+the Python packages (``pip install 'troll[cluster]'``), and options that would be ignored or overridden (``--jobs``
+beside a cluster executor, an ``--slurm-sbatch`` option one of the study's own flags or submitit sets).
+:func:`flags` gives back the flags of an executor, for the command that continues a study.
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ import difflib
 import math
 import os
 import shutil
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,7 +36,6 @@ SLURM_TIME_MIN = 60
 # the fewest minutes --slurm-time takes: a cell's stop notice comes troll.study.on_slurm.NOTICE_S (90 s) before the
 # time limit, and a shorter task would get it before it started
 SLURM_TIME_LOW = 2
-RAY_CONNECT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -144,12 +145,57 @@ def _slurm_time(text: str) -> int:
     return value
 
 
+# sbatch options a --slurm-sbatch may not set: one of the study's flags sets it (sbatch's long name and short letter)
+OWN_SBATCH = {"time": ("t", "--slurm-time"), "partition": ("p", "--slurm-partition"),
+              "cpus-per-task": ("c", "--slurm-cpus-per-task"), "mem": (None, "--slurm-mem-gb")}  # fmt: skip
+# ... or submitit and the study need it as they set it
+SET_SBATCH = {"array": ("a", "the array of the study's cells; --slurm-array-parallelism sets how many run at once"),
+              "signal": (None, "the stop notice the cells save their checkpoint on, 90 s before the time limit"),
+              "output": ("o", "submitit reads each task's result and log there"),
+              "error": ("e", "submitit reads each task's log there"),
+              "open-mode": (None, "a requeued task appends to its logs")}  # fmt: skip
+
+
 def _sbatch_option(text: str) -> tuple[str, str]:
     key, sep, value = text.removeprefix("#SBATCH").strip().removeprefix("--").partition("=")
     if not sep or not key.strip() or not value.strip() or " " in key.strip():
         raise UsageError(f"--slurm-sbatch {text!r}: write KEY=VALUE, an sbatch option without its dashes, e.g. "
                          "--slurm-sbatch account=myproject.")  # fmt: skip
-    return key.strip(), value.strip()
+    key = key.strip().lstrip("-")
+    name = _sbatch_name(key)
+    if name in OWN_SBATCH:
+        flag = OWN_SBATCH[name][1]
+        raise UsageError(f"--slurm-sbatch {text}: sbatch's --{name} is what {flag} sets, and the two would overrule "
+                         f"each other; give {flag} instead.")  # fmt: skip
+    if name in SET_SBATCH:
+        raise UsageError(f"--slurm-sbatch {text}: the study sets sbatch's --{name} itself ({SET_SBATCH[name][1]}); "
+                         "drop this --slurm-sbatch.")  # fmt: skip
+    return key, value.strip()
+
+
+def _sbatch_name(key: str) -> str | None:
+    """The option of :data:`OWN_SBATCH` or :data:`SET_SBATCH` that the --slurm-sbatch ``key`` names: its long name
+    (or a prefix of it of three letters or more, as sbatch takes one; ``_`` for ``-``, as submitit writes keys) or
+    its short letter. None for any other option."""
+    key = key.replace("_", "-")
+    for name, (letter, _) in (*OWN_SBATCH.items(), *SET_SBATCH.items()):
+        if key == letter or key == name or (len(key) >= 3 and name.startswith(key)):
+            return name
+    return None
+
+
+def _check_jobs(args, name: str) -> None:
+    """``--jobs`` counts the cells that run at once *here*; a cluster executor decides that itself."""
+    text = str(getattr(args, "jobs", 1)).strip()
+    try:
+        given = int(text) != 1
+    except ValueError:  # not a number: the application's own check of --jobs names it
+        return
+    if given and name != "local":
+        how = ("Ray starts each cell as soon as a node has its cores free" if name == "ray" else
+               "--slurm-array-parallelism sets how many array tasks run at once")  # fmt: skip
+        raise UsageError(f"--jobs {text} applies to --executor local (cells run at once on this machine); with "
+                         f"--executor {name}, {how}. Drop --jobs.")  # fmt: skip
 
 
 def from_args(args) -> Executor:
@@ -165,6 +211,7 @@ def from_args(args) -> Executor:
         raise UsageError(f"--{given[0].replace('_', '-')} applies to --executor slurm; add it or drop the flag.")
     if hasattr(args, "ray_address") and name != "ray":
         raise UsageError("--ray-address applies to --executor ray; add it or drop the flag.")
+    _check_jobs(args, name)
     if name != "slurm":
         return Executor(name, ray_address=getattr(args, "ray_address", None))
     has = lambda f: hasattr(args, f)  # noqa: E731
@@ -193,7 +240,34 @@ def from_args(args) -> Executor:
     )
     if slurm.local and slurm.script:
         raise UsageError("--slurm-local runs the array here and --slurm-script only prints it; give one of them.")
+    per = [k for k, _ in slurm.sbatch if k.replace("_", "-") in ("mem-per-cpu", "mem-per-gpu")]
+    if per and slurm.mem_gb is not None:
+        raise UsageError(f"--slurm-sbatch {per[0]}=... and --slurm-mem-gb both set the memory (sbatch takes one of "
+                         "--mem, --mem-per-cpu, --mem-per-gpu); give one of them.")  # fmt: skip
     return Executor("slurm", slurm=slurm)
+
+
+def flags(executor: Executor) -> list[str]:
+    """The command-line flags that choose ``executor`` again (:func:`from_args` of them gives it back), for the
+    command that continues a study; none for ``local``."""
+    if executor.name == "local":
+        return []
+    if executor.name == "ray":
+        return ["--executor", "ray", *(["--ray-address", executor.ray_address] if executor.ray_address else [])]
+    s = executor.slurm
+    mem = None if s.mem_gb is None else (str(int(s.mem_gb)) if s.mem_gb == int(s.mem_gb) else repr(s.mem_gb))
+    values = {"--slurm-partition": s.partition, "--slurm-time": s.time_min if s.time_min != SLURM_TIME_MIN else None,
+              "--slurm-cpus-per-task": s.cpus_per_task, "--slurm-mem-gb": mem,
+              "--slurm-array-parallelism": s.array_parallelism,
+              "--slurm-cells-per-task": s.cells_per_task if s.cells_per_task != 1 else None}  # fmt: skip
+    argv = ["--executor", "slurm"]
+    for flag, value in values.items():
+        argv += [flag, str(value)] if value is not None else []
+    for key, value in s.sbatch:
+        argv += ["--slurm-sbatch", f"{key}={value}"]
+    for line in s.setup:
+        argv += ["--slurm-setup", line]
+    return argv + ["--slurm-local"] * s.local + ["--slurm-script"] * s.script
 
 
 # ---------------------------------------------------------------------------------------------- checks
@@ -236,7 +310,7 @@ def prepare(executor: Executor, out: Path, frontend, cells) -> Executor:
                              "every node shares.")  # fmt: skip
     if executor.name == "ray":
         _require("ray", "--executor ray")
-        _check_ray_address(executor.ray_address)
+        _check_ray(executor.ray_address, frontend, cells)
     else:
         _require("submitit", "--executor slurm")
         if not (executor.slurm.local or executor.slurm.script) and shutil.which("sbatch") is None:
@@ -253,22 +327,26 @@ def _require(module: str, flag: str) -> None:
         raise UsageError(f"{flag} needs the Python package {module}: pip install 'troll[cluster]'.")
 
 
-def _check_ray_address(address: str | None) -> None:
-    """A given ``--ray-address`` must answer within :data:`RAY_CONNECT_S` (else Ray would retry for minutes)."""
-    if address is None or address == "auto":
-        return
-    target = address.removeprefix("ray://")
-    host, sep, port = target.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise UsageError(f"--ray-address {address!r}: give HOST:PORT (e.g. 10.0.0.1:6379, the head's GCS port), "
-                         "ray://HOST:PORT or auto.")  # fmt: skip
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_CONNECT_S).close()
-    except OSError as err:
-        raise UsageError(
-            f"--ray-address {address}: nothing answers there ({err.strerror or err}); start the cluster "
-            "(ray start --head on its head node) or give its address. Nothing was written."
-        ) from None
+def _check_ray(address: str | None, frontend, cells) -> None:
+    """The Ray cluster answers as Ray (:func:`troll.study.on_ray.probe`; without ``--ray-address``: the cluster the
+    study starts here, of this machine's cores), and one of its nodes has the cores a cell asks for: Ray would
+    otherwise hold the cell, silently, until such a node joins."""
+    from troll.study import on_ray
+
+    if address is None:
+        cpus, where = [float(os.cpu_count() or 1)], "the cluster the study starts on this machine"
+    else:
+        try:
+            cpus, where = on_ray.probe(address), f"the Ray cluster at {address}"
+        except on_ray.NotRay as err:
+            raise UsageError(f"--ray-address {address}: {err}. Nothing was written.") from None
+    need = max((int(frontend.cores(c)) for c in cells), default=1)
+    most = max(cpus, default=0.0)
+    if need > most:
+        has = f"its largest node has {most:g}" if most else "none of its nodes has any (start worker nodes)"
+        raise UsageError(f"--executor ray: a cell asks for {need} cores ({frontend.cores_from}) but {where} has no "
+                         f"node that large: {has}; Ray would hold the cell until such a node joins. Lower "
+                         f"{frontend.cores_from} or give the cluster larger nodes. Nothing was written.")  # fmt: skip
 
 
 def array_tasks(executor: Executor, cells) -> int:

@@ -112,7 +112,8 @@ class Frontend:
     (:mod:`troll.runs.folder`) says what in a cell's folder may be deleted; ``arm`` names the grid's first axis
     (``loss``, ``algo``) in study.json, study.md and the plots. ``env`` is added to each cell's environment: one
     thread each by default, so that ``--jobs N`` cells share N cores without oversubscribing them.
-    ``cores(cell)``: the cores a cell uses, what a Ray task or a SLURM array task asks for (one by default).
+    ``cores(cell)``: the cores a cell uses, what a Ray task or a SLURM array task asks for (one by default);
+    ``cores_from`` names the flags that set them, in messages (a cell larger than every node of a Ray cluster).
     ``title(grid, cells)`` heads study.png; ``note(grid, cells)`` ends study.md (how the numbers were computed).
     """
 
@@ -135,6 +136,7 @@ class Frontend:
     note: Callable[[Grid, list[Cell]], str] = _no_text
     env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({"OMP_NUM_THREADS": "1"}))
     cores: Callable[[Cell], int] = _one_core
+    cores_from: str = "--threads"
 
 
 @dataclass

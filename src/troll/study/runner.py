@@ -61,12 +61,41 @@ def check_folder(out: Path, *, command: str, overwrite: bool, resume: bool) -> b
 
     The rules of every run folder (:func:`troll.runs.check_folder`): a folder of another command is refused, one of
     ``command`` is continued with ``resume`` or replaced with ``overwrite`` when it holds nothing the study did not
-    write (its cells checked by their own manifests), never silently reused. Touches nothing.
+    write (its cells checked by their own manifests), never silently reused; and the folder can be written
+    (:func:`check_writable`). Leaves nothing behind.
     """
     action = runs.check_folder(out, command, resume=resume, overwrite=overwrite, what="study")
     if resume and action == "new":
         raise UsageError(f"--resume: {out} holds no study; start it without --resume.")
+    check_writable(out)
     return action == "replace"
+
+
+def check_writable(out: Path) -> None:
+    """:class:`UsageError` naming ``--out`` when the study folder could not be made or written: an existing one must
+    be a writable folder; for a new one the first missing folder of its path is made and removed again (permissions
+    alone do not tell: root may write anywhere, yet not make a folder in /proc or on a read-only file system)."""
+    path = Path(os.path.abspath(out))
+    first = path
+    while not os.path.lexists(first.parent) and first.parent != first:
+        first = first.parent
+    fix = "give --out a folder on a file system you can write"
+    if os.path.lexists(path):
+        if not path.is_dir():
+            raise UsageError(f"--out {out} is a file, not a folder; {fix}.")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise UsageError(f"--out {out}: this user may not write in that folder; {fix}.")
+        return
+    if not first.parent.is_dir():
+        raise UsageError(f"--out {out}: {first.parent} is a file, not a folder; {fix}.")
+    try:
+        first.mkdir()
+    except FileExistsError:  # made by another process meanwhile: it can be made
+        return
+    except OSError as err:
+        raise UsageError(f"--out {out}: a folder cannot be made in {first.parent} ({err.strerror or err}); "
+                         f"{fix}.") from None  # fmt: skip
+    first.rmdir()
 
 
 def load_spec(out: Path) -> dict:
