@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import held_elsewhere
+from conftest import held_elsewhere, make_run
 
 from troll.cli import main
 from troll.runs.files import read_jsonl, write_json
@@ -103,14 +103,14 @@ def test_a_folder_holding_something_else_or_a_study_is_not_reused(tmp_path, caps
         assert code == 2, extra
         assert "holds something else" in err or "config.json not found" in err
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
-    (out / "notes.txt").unlink()
-    write_json(out / "config.json", {"command": "tce study", "spec": {}})
-    code, _, err = cli(capsys, "study", "--out", str(out), "--env", "toy/viapoint")
+    study = make_run(tmp_path / "a-study", "tce study")
+    code, _, err = cli(capsys, "study", "--out", str(study), "--env", "toy/viapoint")
     assert code == 2 and "already holds a study of 'troll tce study'; pass --resume to continue it, --overwrite" in err
-    write_json(out / "config.json", {"command": "tce train", "config": {}})  # a run folder is not a study
-    code, _, err = cli(capsys, "study", "--out", str(out), "--env", "toy/viapoint", "--overwrite")
+    run = make_run(tmp_path / "a-run", "tce train")  # a run folder is not a study
+    before = sorted(p.name for p in run.iterdir())
+    code, _, err = cli(capsys, "study", "--out", str(run), "--env", "toy/viapoint", "--overwrite")
     assert code == 2 and "'troll tce train', which 'troll tce study' never continues nor replaces" in err
-    assert [p.name for p in out.iterdir()] == ["config.json"]
+    assert sorted(p.name for p in run.iterdir()) == before
 
 
 @pytest.mark.parametrize("cell", ["with a checkpoint", "without one"])
@@ -258,8 +258,6 @@ def test_a_study_records_its_backend_and_an_old_one_keeps_its_cells_backend(tmp_
     a study saved before that rule resumes on the backend its started cells recorded, not today's default."""
     import argparse
 
-    from troll.runs.files import write_json
-
     def new(env, given):
         return study.spec_from_args(argparse.Namespace(resume=False, env=env, out=str(tmp_path / "x")), given)[0]
 
@@ -287,8 +285,6 @@ def test_resume_refuses_a_study_whose_started_cells_ran_other_settings(tmp_path,
     options, as every cell did before the preset's options were kept) is refused by --resume with exit 2, naming
     the cell, and left untouched; a cell started with today's settings (other threads allowed) passes."""
     import dataclasses
-
-    from troll.runs.files import write_json
 
     out = tmp_path / "st"
     spec = study.StudySpec("metaworld/reach-v3", ["tce", "bbrl"], [0], steps=16_000,
@@ -326,8 +322,6 @@ def test_resume_takes_the_env_options_the_study_was_started_with(tmp_path):
     """--resume with the --env-options a study was started with is not refused, though the saved spec also holds
     the backend the study recorded; a value that differs is."""
     import argparse
-
-    from troll.runs.files import write_json
 
     saved = study.StudySpec("metaworld/reach-v3", ["tce"], [0], steps=16_000,
                             options={"env_options": {"context": "varying", "backend": "envpool"}})  # fmt: skip

@@ -57,8 +57,8 @@ def add_commands(sub) -> None:
     tce_sub = tce.add_subparsers(dest="tce_command", required=True, metavar="{train,study,render,status}")
     train = tce_sub.add_parser("train", help="one run", description=TRAIN_DOC)
     train.add_argument("--env", default=argparse.SUPPRESS, help="toy/viapoint[-sparse], gym/reacher[-sparse], "
-                       "metaworld/<task>-v3, fancy/box-pushing-{dense,sparse} or fancy/hopper-jump (needed unless "
-                       "--resume)")  # fmt: skip
+                       "metaworld/<task>-v3, fancy/box-pushing-{dense,sparse}, fancy/hopper-jump, or your own: "
+                       "module:function or an entry point's name (needed unless --resume)")  # fmt: skip
     train.add_argument(
         "--algo",
         default=argparse.SUPPRESS,
