@@ -45,7 +45,22 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from troll.runs.files import CONFIG_FILE, UsageError, check_out_path, write_json
+from troll.runs.files import (
+    CHECKPOINT_FILE,
+    COMPARE,
+    CONFIG_FILE,
+    METRICS_FILE,
+    PLOTS_FILE,
+    STUDY,
+    SUMMARY_FILE,
+    TCE_STUDY,
+    TCE_TRAIN,
+    TRAIN,
+    VIDEO_FILE,
+    UsageError,
+    check_out_path,
+    write_json,
+)
 
 try:
     import fcntl
@@ -56,13 +71,13 @@ MANIFEST = ".troll-run.json"
 _TMP = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)$")
 
 # What each command writes at the top of its folder (the manifest's ``files``); the sub-runs are listed per folder.
-RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "plots.png")
+RUN_FILES = (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, PLOTS_FILE)
 LAYOUTS: dict[str, tuple[str, ...]] = {
-    "train": (*RUN_FILES, "model/", "checkpoint-{n}/"),
-    "tce train": (*RUN_FILES, "checkpoint-{n}.pt", "checkpoint-{n}.zip", "video.mp4"),  # the video: troll tce render
-    "compare": ("config.json", "compare.png", "compare.md"),
-    "study": ("config.json", "study.json", "study.md", "study.png"),
-    "tce study": ("config.json", "study.json", "study.md", "study.png"),
+    TRAIN: (*RUN_FILES, "model/", "checkpoint-{n}/"),
+    TCE_TRAIN: (*RUN_FILES, CHECKPOINT_FILE.format("{n}"), "checkpoint-{n}.zip", VIDEO_FILE),  # video: troll tce render
+    COMPARE: (CONFIG_FILE, "compare.png", "compare.md"),
+    STUDY: (CONFIG_FILE, "study.json", "study.md", "study.png"),
+    TCE_STUDY: (CONFIG_FILE, "study.json", "study.md", "study.png"),
 }
 
 

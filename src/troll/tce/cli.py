@@ -17,7 +17,7 @@ from pathlib import Path
 
 from troll import runs
 from troll.runs import protocol
-from troll.runs.files import CONFIG_FILE, TCE_TRAIN, VIDEO_FILE, UsageError, read_config
+from troll.runs.files import CONFIG_FILE, TCE_STUDY, TCE_TRAIN, VIDEO_FILE, UsageError, read_config
 from troll.study import executors
 from troll.tce import flags as opts
 
@@ -73,7 +73,7 @@ def add_commands(sub) -> None:
     train.add_argument("--video", action="store_true", help=f"at the end, render the evaluation episodes into "
                        f"<out>/{VIDEO_FILE} (MuJoCo tasks; see 'troll tce render')")  # fmt: skip
     _add_run_flags(train)
-    train.set_defaults(run=cmd_train, name="tce train")
+    train.set_defaults(run=cmd_train, name=TCE_TRAIN)
 
     study = tce_sub.add_parser("study", help="algorithms x seeds (x one swept option), with statistics",
                                description=STUDY_DOC)  # fmt: skip
@@ -97,7 +97,7 @@ def add_commands(sub) -> None:
                        f"<cell>/{VIDEO_FILE} when it ends, and study.md links them")  # fmt: skip
     _add_run_flags(study, study=True)
     executors.add_flags(study)
-    study.set_defaults(run=cmd_study, name="tce study")
+    study.set_defaults(run=cmd_study, name=TCE_STUDY)
 
     _add_viewers(tce_sub)
 
@@ -385,5 +385,5 @@ def cmd_study(args: argparse.Namespace) -> int:
     if script is not None:
         print(script)
         return 0
-    return cmd_study("tce study", out, len(cells), jobs, lambda report: study.run(out, spec, cells, clear=clear,
+    return cmd_study(TCE_STUDY, out, len(cells), jobs, lambda report: study.run(out, spec, cells, clear=clear,
                      jobs=jobs, report=report, executor=executor), executor=executor)  # fmt: skip
