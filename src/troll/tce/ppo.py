@@ -345,15 +345,9 @@ def _run(config: PPOConfig, out: Path, progress: bool, on_row) -> None:
 
         def _row(self, last: bool) -> None:
             steps = int(self.model.num_timesteps)
-            row = {"iteration": steps // config.n_steps, "env_steps": steps} | _episode_metrics(self.episodes)
-            row |= {k: float(v) for k, v in self.model.logger.name_to_value.items() if k.startswith("train/")}
-            if "train/entropy_loss" in row:  # SB3 logs minus the mean entropy of its action Gaussian
-                row["policy/action_entropy"] = -row["train/entropy_loss"]
-            row["time/rollout"] = self.rollout_t
-            if last or steps >= self.next_eval:
-                t = time.perf_counter()
-                row |= evaluate(self.model, eval_task, seeds)
-                row["time/eval"] = time.perf_counter() - t
+            evaluated = last or steps >= self.next_eval
+            row = _row(self.model, config, self.episodes, self.rollout_t, (eval_task, seeds) if evaluated else None)
+            if evaluated:
                 self.next_eval = (steps // config.eval_every_steps + 1) * config.eval_every_steps
             row["time/iteration"] = time.perf_counter() - self.t0
             row = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
@@ -377,6 +371,22 @@ def _run(config: PPOConfig, out: Path, progress: bool, on_row) -> None:
         bar.close()
         task.close()
         eval_task.close()
+
+
+def _row(model, config: PPOConfig, episodes: list[dict], rollout_t: float, evaluation) -> dict:
+    """One rollout's metrics row: its episodes, SB3's train/* values, and (``evaluation`` = (task, episode seeds))
+    the deterministic policy's evaluation."""
+    steps = int(model.num_timesteps)
+    row = {"iteration": steps // config.n_steps, "env_steps": steps} | _episode_metrics(episodes)
+    row |= {k: float(v) for k, v in model.logger.name_to_value.items() if k.startswith("train/")}
+    if "train/entropy_loss" in row:  # SB3 logs minus the mean entropy of its action Gaussian
+        row["policy/action_entropy"] = -row["train/entropy_loss"]
+    row["time/rollout"] = rollout_t
+    if evaluation is not None:
+        t = time.perf_counter()
+        row |= evaluate(model, *evaluation)
+        row["time/eval"] = time.perf_counter() - t
+    return row
 
 
 def _episode_metrics(episodes: list[dict]) -> dict[str, float]:
