@@ -16,6 +16,7 @@ batch, the mean reward of the correct programs and the 1-minute load average.
 
     python benchmarks/bench_sandbox_peer.py             # B = 16, T = 10, troll at 2 and 4 slots, 3 repeats
     python benchmarks/bench_sandbox_peer.py --quick     # B = 8, 1 repeat
+    python benchmarks/bench_sandbox_peer.py --batch 64 --slots 2 4 16 --skip-peer-hostile
 Writes benchmarks/results/bench_sandbox_peer.csv (--quick: bench_sandbox_peer-quick.csv) and prints the table.
 """
 
@@ -98,6 +99,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="prime_code's processes at once")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="B = 8, 1 repeat")
+    parser.add_argument("--skip-peer-hostile", action="store_true",
+                        help="prime_code scores only the honest batch (its hostile one takes B/4 x 110 s)")  # fmt: skip
     args = parser.parse_args()
     if args.quick:
         args.batch, args.repeats = 8, 1
@@ -114,7 +117,7 @@ def main() -> None:
         for mix in ("honest", "hostile quarter"):
             completions, apps, correct = batch(args.batch, args.tests, mix != "honest")
             for name, score in scorers.items():
-                if name.startswith("verl") and mix != "honest" and round_ != 1:
+                if name.startswith("verl") and mix != "honest" and (round_ != 1 or args.skip_peer_hostile):
                     continue  # minutes a batch: scored once
                 seconds, got = score(completions, apps)
                 if round_:
@@ -137,7 +140,7 @@ def main() -> None:
                 "load_1min": round(loads[(name, mix)], 2),
             }
         )
-    out = RESULTS / "bench_sandbox_peer.csv"
+    out = RESULTS / f"bench_sandbox_peer{'' if args.batch == 16 else f'-b{args.batch}'}.csv"
     cores, uid = os.cpu_count(), os.geteuid()
     header = f"# troll sandbox vs verl prime_code ({cores} cores, median of {args.repeats}, uid {uid})"
     write_results(table, quick_path(out) if args.quick else out, header)
