@@ -177,6 +177,7 @@ bench: bubblewrap $(VENV)/.installed $(VERL_VENV)/.installed
 	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_envs.py --quick
 	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_tce.py --quick
 	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_sandbox.py --quick
+	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_sandbox_peer.py --quick --skip-peer-hostile
 	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_code_reward.py --quick
 
 # docs/tce.md's evidence with the authors' Meta-World setup (the metaworld/* preset), 3 seeds: MT10 at 2M env steps
