@@ -65,9 +65,9 @@ def test_the_command_line_binds_no_checkout_or_home():
         assert "--reuid=2000123" in argv and "--no-new-privs" in argv
 
 
-def run_filter(code: bytes, arch: int, nr: int, arg0: int = 0) -> int:
+def run_filter(code: bytes, arch: int, nr: int, arg0: int = 0, arg1: int = 0) -> int:
     """A classic-BPF interpreter for the instructions the filter uses, on one ``struct seccomp_data``."""
-    data = struct.pack("=iIQ6Q", nr, arch, 0, arg0, 0, 0, 0, 0, 0)
+    data = struct.pack("=iIQ6Q", nr, arch, 0, arg0, arg1, 0, 0, 0, 0)
     ops = [struct.unpack("=HBBI", code[i : i + 8]) for i in range(0, len(code), 8)]
     pc, acc = 0, 0
     while True:
@@ -112,6 +112,13 @@ def test_the_seccomp_filter_refuses_user_namespaces_and_keyrings():
         assert all(run_filter(blocking, arch, nr) == eperm for nr in shared + others)
         assert run_filter(blocking, arch, clone, newuser | 17) == eperm
         assert run_filter(blocking, arch, clone, fork_flags) == allow and run_filter(blocking, arch, read) == allow
+        for name, nrs in seccomp.SIGNALS.items():  # the sandbox's init and harness, and everyone, cannot be signalled
+            nr = nrs[column]
+            assert [run_filter(code, arch, nr, pid) for pid in (1, 2, -1 & 0xFFFFFFFF)] == [eperm] * 3, name
+            assert run_filter(code, arch, nr, 3) == allow and run_filter(code, arch, nr, 0) == allow, name
+        setpgid = seccomp.SETPGID[column]
+        assert run_filter(code, arch, setpgid, 0, 1) == eperm and run_filter(code, arch, setpgid, 0, 2) == eperm
+        assert run_filter(code, arch, setpgid, 0, 0) == allow and run_filter(code, arch, setpgid, 0, 7) == allow
         assert run_filter(code, 0x40000003, 1) == eperm  # i386 on x86_64: a foreign ABI
     x86 = seccomp.program("x86_64")
     assert run_filter(x86, 0xC000003E, 0x40000000 | 272, newuser) == eperm  # x32

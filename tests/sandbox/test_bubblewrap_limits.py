@@ -20,6 +20,7 @@ from sandbox_hostile import (
     IGNORE_ALARM,
     MEMFD,
     SPINNERS,
+    STOP_HARNESS,
     SUM,
     SWALLOW_ALARM,
     SYSV_SHM,
@@ -82,6 +83,11 @@ def test_a_stdio_program_cannot_take_the_harness_s_channel(sandbox):
     scores = score_completions([slow, fast], [suite, suite], sandbox=sandbox)
     assert scores[0].reward == 0.0 and scores[0].status == "timeout", scores[0]
     assert scores[1].reward == 1.0, scores[1]
+
+
+def test_a_stdio_program_cannot_stop_the_harness(sandbox):
+    score = score_completions([fenced(STOP_HARNESS)], [sums(n=2)], sandbox=sandbox)[0]
+    assert score.reward == 1.0 and score.status == "ok", score
 
 
 def test_memory_outside_the_per_process_limits_is_bounded_per_run(sandbox):

@@ -80,6 +80,22 @@ time.sleep($slow)
 a, b = map(int, input().split())
 print(a + b)
 """
+# a stdio test's program that tries every way to stop the harness, then answers: it must still count
+STOP_HARNESS = """
+import os, signal
+for target in (os.getppid(), 2, 1, -1):
+    try:
+        os.kill(target, signal.SIGSTOP)
+    except OSError:
+        pass
+try:
+    os.setpgid(0, 1)
+    os.kill(0, signal.SIGSTOP)
+except OSError:
+    pass
+a, b = map(int, input().split())
+print(a + b)
+"""
 # -- memory outside every per-process limit: 1.5 GiB of SysV shared memory, or of memfd files from two processes
 SYSV_SHM = """
 import ctypes

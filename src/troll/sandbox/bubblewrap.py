@@ -48,7 +48,7 @@ USERNS_HINT = (
 )
 _SELF_TEST = (
     "import os, sys; seccomp = 'Seccomp:\\t2' in open('/proc/self/status').read(); "
-    "sys.stdout.write('sandbox-ok %d %d %d' % (os.getuid(), len(os.environ), seccomp))"
+    "sys.stdout.write('sandbox-ok %d %d %d %d' % (os.getuid(), len(os.environ), seccomp, os.getpid()))"
 )
 
 
@@ -141,7 +141,7 @@ class BubblewrapSandbox(Sandbox):
         except SandboxError as err:
             raise SandboxUnavailable(f"bubblewrap could not start: {err}; {INSTALL_HINT}") from err
         words = result.stdout.decode(errors="replace").split()
-        if result.returncode != 0 or len(words) != 4 or words[0] != "sandbox-ok":
+        if result.returncode != 0 or len(words) != 5 or words[0] != "sandbox-ok":
             detail = result.stderr.decode(errors="replace").strip()[-500:]
             fix = INSTALL_HINT if self.as_root else USERNS_HINT
             raise SandboxUnavailable(f"the bubblewrap sandbox does not work here ({detail or 'no output'}): {fix}")
@@ -150,6 +150,11 @@ class BubblewrapSandbox(Sandbox):
         if self._filter is not None and words[3] != "1":
             raise SandboxUnavailable(
                 f"the seccomp filter did not apply in the sandbox ({self.bwrap}); refusing to run untrusted code"
+            )
+        if self._filter is not None and int(words[4]) not in seccomp.PROTECTED:
+            raise SandboxUnavailable(
+                f"the sandboxed program is pid {words[4]} in its namespace, not one the seccomp filter guards "
+                f"{seccomp.PROTECTED} ({self.bwrap} starts it differently); refusing to run untrusted code"
             )
 
     def argv(self, program: str, limits: Limits, uid: int | None, seccomp_fd: int | None = None) -> list[str]:

@@ -12,8 +12,10 @@ refuses every system call of a foreign ABI (i386 on x86_64, x32), whose numbers 
 - the kernel keyrings (``add_key``, ``request_key``, ``keyctl``): a uid's keyring outlives the run, so one run could
   leave data there for a later run on the same uid;
 - ``ptrace``, ``process_vm_readv``/``writev`` and the pidfd calls: a stdio test's program runs as the same uid as the
-  harness that forked it, and could otherwise stop it, read its memory or copy its result channel
+  harness that forked it, and could otherwise read its memory or copy its result channel
   (``pidfd_getfd(pidfd_open(ppid))``) and report every test itself;
+- signals to the sandbox's init and the harness (``kill``, ``tkill``, ``tgkill`` to pid 1 or 2, ``kill(-1)``) and
+  ``setpgid`` into their process group (1 or 2), so that no program stops the harness;
 - with ``block_shared_memory`` (the mode without a cgroup): ``shmget``, ``shmat``, ``memfd_create`` and
   ``memfd_secret``, memory that RLIMIT_AS does not count.
 
@@ -53,15 +55,37 @@ ALWAYS = {
 SHARED_MEMORY = {"shmget": (29, 194), "shmat": (30, 196), "memfd_create": (319, 279), "memfd_secret": (447, 447)}
 
 
+# the sandbox's own processes in its PID namespace: bwrap's init (pid 1, whose process group and session the harness
+# shares) and the harness (pid 2); no program may signal them or join their process group, so none can stop the
+# harness (a stdio test's program runs as its uid)
+PROTECTED = (1, 2)
+SIGNALS = {"kill": (62, 129), "tkill": (200, 130), "tgkill": (234, 131)}  # the pid (tgid) in args[0]
+SETPGID = (109, 154)  # the process group in args[1]
+
+
 def _op(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
     return struct.pack("=HBBI", code, jt, jf, k)
+
+
+def _assemble(ops: list[tuple]) -> bytes:
+    """Classic BPF from ``(code, k, jt, jf)`` where a jump target may be a label (a str) placed as ``(label,)``."""
+    at, placed = {}, []
+    for op in ops:
+        if len(op) == 1:
+            at[op[0]] = len(placed)
+        else:
+            placed.append(op)
+    out = []
+    for pc, (code, k, jt, jf) in enumerate(placed):
+        jt, jf = (at[j] - pc - 1 if isinstance(j, str) else j for j in (jt, jf))
+        out.append(_op(code, k, jt, jf))
+    return b"".join(out)
 
 
 def program(machine: str | None = None, *, block_shared_memory: bool = False) -> bytes | None:
     """The filter for ``machine`` (default: this one) as the bytes of ``struct sock_filter[]`` bubblewrap's
     ``--seccomp FD`` reads, or None for a machine it does not know. ``block_shared_memory`` also refuses SysV
-    shared memory and memfd (the mode without a cgroup). A jump goes ``jt`` or ``jf`` instructions past the next
-    one."""
+    shared memory and memfd (the mode without a cgroup)."""
     machine = machine or platform.machine()
     known = ARCHES.get(machine)
     if known is None:
@@ -72,26 +96,33 @@ def program(machine: str | None = None, *, block_shared_memory: bool = False) ->
     if block_shared_memory:
         refused += [numbers[column] for numbers in SHARED_MEMORY.values()]
     eperm, enosys = ERRNO | errno.EPERM, ERRNO | errno.ENOSYS
-    n = len(refused)
     ops = [
         (LD_ABS, 4, 0, 0),  # A = arch
         (JEQ, arch, 1, 0),  # native -> skip the next
         (RET, eperm, 0, 0),  # a foreign ABI: refused
         (LD_ABS, 0, 0, 0),  # A = nr
-        (JGE, X32_BIT if x32 else 0xFFFFFFFF, 0, 1),  # x32 -> refused
-        (RET, eperm, 0, 0),
+        (JGE, X32_BIT if x32 else 0xFFFFFFFF, "deny", 0),  # x32: refused
         (JEQ, clone3, 0, 1),  # clone3 -> ENOSYS (the C library falls back to clone)
         (RET, enosys, 0, 0),
-        (JEQ, unshare, n + 3, 0),  # unshare -> check the flags
-        (JEQ, clone, n + 2, 0),  # clone -> check the flags
-    ]
-    ops += [(JEQ, nr, n - i, 0) for i, nr in enumerate(refused)]  # -> RET eperm
-    ops += [
+        (JEQ, unshare, "flags", 0),
+        (JEQ, clone, "flags", 0),
+        *[(JEQ, numbers[column], "target", 0) for numbers in SIGNALS.values()],
+        (JEQ, SETPGID[column], "group", 0),
+        *[(JEQ, nr, "deny", 0) for nr in refused],
         (RET, ALLOW, 0, 0),
-        (RET, eperm, 0, 0),
+        ("flags",),
         (LD_ABS, 16, 0, 0),  # A = low 32 bits of args[0] (the flags)
-        (JSET, CLONE_NEWUSER, 0, 1),  # CLONE_NEWUSER -> refused
-        (RET, eperm, 0, 0),
+        (JSET, CLONE_NEWUSER, "deny", "allow"),
+        ("target",),
+        (LD_ABS, 16, 0, 0),  # A = args[0], the pid (an int: its low 32 bits)
+        *[(JEQ, pid, "deny", 0) for pid in PROTECTED],
+        (JEQ, 0xFFFFFFFF, "deny", "allow"),  # -1: every process the caller may signal
+        ("group",),
+        (LD_ABS, 24, 0, 0),  # A = args[1], the process group
+        *[(JEQ, pid, "deny", 0) for pid in PROTECTED],
+        ("allow",),
         (RET, ALLOW, 0, 0),
+        ("deny",),
+        (RET, eperm, 0, 0),
     ]
-    return b"".join(_op(code, k, jt, jf) for code, k, jt, jf in ops)
+    return _assemble(ops)
