@@ -40,9 +40,10 @@ from pathlib import Path
 import torch
 
 from troll.episodic.agent import TCEAgent
-from troll.episodic.config import METAWORLD_ENV, TCEConfig
+from troll.episodic.config import TCEConfig
 from troll.episodic.envs import make_env
 from troll.episodic.envs.metaworld import MetaWorldConfig
+from troll.episodic.presets import METAWORLD_ENV
 from troll.runs import CONFIG_FILE, METRICS_FILE, read_jsonl
 
 # the Meta-World preset of 2026-11-23, before the authors' setup: the fields that setup changed, as they were

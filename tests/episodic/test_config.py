@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from troll.episodic.config import PRESETS, RESUMABLE_FIELDS, TCEConfig, env_family
+from troll.episodic.config import DISTANCES, RESUMABLE_FIELDS, TCEConfig
+from troll.episodic.presets import PRESETS, env_family
 from troll.runs.protocol import differences
 
 
@@ -96,3 +97,10 @@ def test_unknown_env_family():
     with pytest.raises(ValueError, match="unknown episodic environment 'mine'"):
         TCEConfig(env="mine")  # a user's env is family/task or module:function
     assert env_family("mine/reach") == "user" and TCEConfig.preset("mine/reach").num_basis == TCEConfig().num_basis
+
+
+def test_the_distances_are_gaussians_that_project_a_cholesky_factor():
+    from troll.gaussian.distances import DISTANCES as GAUSSIAN
+    from troll.gaussian.projection import KINDS_FOR
+
+    assert DISTANCES == tuple(d for d in GAUSSIAN if "chol" in KINDS_FOR[d])  # config.py reads it without torch

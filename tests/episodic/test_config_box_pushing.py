@@ -4,7 +4,8 @@ shared.yaml and horeka.yaml, the paper's runs), and PPO's step interface on the 
 import numpy as np
 import pytest
 
-from troll.episodic.config import TCEConfig, env_family
+from troll.episodic.config import TCEConfig
+from troll.episodic.presets import env_family
 from troll.runs.protocol import differences
 from troll.tce.flags import build_config
 

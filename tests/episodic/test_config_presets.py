@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from troll.episodic.agent import TCEAgent, discounted_returns
-from troll.episodic.config import ALGO_PRESETS, METAWORLD_ENV, PRESETS, TCEConfig
+from troll.episodic.config import TCEConfig
 from troll.episodic.critic import alive_mask, step_inputs
+from troll.episodic.presets import ALGO_PRESETS, METAWORLD_ENV, PRESETS
 from troll.episodic.segments import segment_advantages, segment_index
 from troll.gaussian import Gaussian, control_entropy
 from troll.tce import flags as opts

@@ -104,7 +104,7 @@ def test_every_preset_value_round_trips_through_its_flag_text(env):
 def test_env_options_given_complete_the_presets(extra, changed):
     """Regression: a backend or env option on the command line once replaced the metaworld/* preset's env options,
     and the run lost the authors' controller, gripper start and context without a word. Given ones complete them."""
-    from troll.episodic.config import METAWORLD_ENV
+    from troll.episodic.presets import METAWORLD_ENV
     from troll.tce.cli import train_config
 
     args = build_parser().parse_args(["tce", "train", "--env", "metaworld/reach-v3", "--algo", "bbrl", *extra])

@@ -237,7 +237,7 @@ def test_a_metaworld_study_cell_runs_the_authors_env_options(tmp_path, algos):
     import argparse
 
     from troll.cli import build_parser
-    from troll.episodic.config import METAWORLD_ENV
+    from troll.episodic.presets import METAWORLD_ENV
     from troll.tce.cli import train_config
 
     args = argparse.Namespace(resume=False, env="metaworld/reach-v3", algos=algos, out=str(tmp_path / "x"))

@@ -6,8 +6,8 @@ The ``troll tce`` command line (:mod:`troll.tce`) stands on it; it never imports
 
 docs/tce.md describes the method and the results. The package needs torch alone to import; the MuJoCo
 environments import gymnasium, mujoco and metaworld only when they are built (``pip install troll[episodic]``).
-The names below are imported on first use, so that importing a torch-free submodule (the flag checks of the
-command line read :mod:`troll.episodic.envs.registry`) does not import torch through this package.
+The names below are imported on first use, so that importing a torch-free submodule (the command line's flags read
+:mod:`troll.episodic.config` and :mod:`troll.episodic.envs.registry`) does not import torch through this package.
 """
 
 from __future__ import annotations

@@ -29,9 +29,10 @@ import torch
 
 from troll._threads import threads
 from troll.episodic.agent import EVAL_STREAM, TCEAgent, reset_seed
-from troll.episodic.config import ALGO_PRESETS, PRESETS, TCEConfig, check_critic_batches, env_family
+from troll.episodic.config import TCEConfig, check_critic_batches
 from troll.episodic.envs.base import EpisodeStart, EpisodicEnv
 from troll.episodic.envs.registry import make_env
+from troll.episodic.presets import ALGO_PRESETS, PRESETS, env_family
 from troll.runs.checkpoints import numbered_files
 from troll.runs.files import CHECKPOINT_FILE
 

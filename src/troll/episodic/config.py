@@ -24,9 +24,8 @@ import json
 import math
 from dataclasses import dataclass, field
 
-from troll.episodic.envs.registry import BOX_PUSHING, ENV_NAMES, GYM, HOPPER, METAWORLD, TOY, check_name
-from troll.gaussian.distances import DISTANCES as GAUSSIAN_DISTANCES
-from troll.gaussian.projection import KINDS_FOR
+from troll.episodic.envs.registry import check_name
+from troll.episodic.presets import ALGO_PRESETS, ENV_PRESETS, PRESETS, env_family, unknown
 from troll.runs.numbers import SEED_LIMIT, FieldError, check_int, check_real
 
 # Upper limits of the numbers a config takes (checked before anything is built or written): beyond them the float32
@@ -40,226 +39,21 @@ SIZE_LIMITS = {"episodes": 100_000, "eval_episodes": 100_000, "num_basis": 1000,
 ALGOS = ("tce", "bbrl", "bbrl-cov")  # bbrl: diagonal covariance (the authors'); bbrl-cov: full (the paper's BBRL-Cov)
 COVARIANCES = ("full", "diag")
 ENTROPY_REFERENCES = ("initial", "zero")
-# troll.gaussian's distances that project the policy's Cholesky factor (w2 needs a symmetric square root)
-DISTANCES = tuple(d for d in GAUSSIAN_DISTANCES if "chol" in KINDS_FOR[d])
+# troll.gaussian's distances that project the policy's Cholesky factor (w2 needs a symmetric square root); a test
+# holds this to troll.gaussian's table, which this module does not import (it is read without torch)
+DISTANCES = ("kl", "frobenius")
 ACTIVATIONS = ("tanh", "relu", "elu", "silu", "leaky_relu")  # leaky_relu: slope 0.01, the box-pushing configs'
 ENTROPY_SCHEDULES = ("none", "linear", "exponential")
+PRESET = "default: the env family's preset"  # the help's words for a value TCEConfig.preset decides
+
+
+def flag(metavar: str, help: str) -> dict:
+    """A field's metadata for its ``troll tce train`` flag (``--<field>``): the value's name and the help text."""
+    return {"metavar": metavar, "help": help}
+
+
 # Fields that say how a run executes, not what it computes: a resumed run may change them.
 RESUMABLE_FIELDS = ("threads", "workers")
-
-# Per environment family: what the spec fixes (Meta-World bounds) and what we chose (docs/tce.md, "Config and presets").
-# Scales: a unit weight of the ProDMP moves a DoF by ~0.008 (std at mid-motion) per unit of weights_scale, a unit
-# goal by goal_scale (96 % of it at the end of the episode), so theta ~ N(0, init_std^2) explores positions of about
-# init_std * goal_scale, and the network's outputs stay O(1).
-METAWORLD_ENV = {"controller": "mocap", "gain": 100.0, "gripper_start": "fingers", "context": "full"}
-PRESETS: dict[str, dict] = {
-    # point mass, positions in [-1, 1], 100 steps (docs/tce.md, "Config and presets"). A stiffer DMP (alpha 25) settles
-    # within the episode, so the mass can stop at the goal (with alpha 10 and tau = the duration it is still moving,
-    # and the success rule's speed limit failed); unit weights then move it ~0.0015, hence weights_scale 500. 64
-    # episodes (the env is nearly free), 10 pairs 10 steps apart (24 pairs 4 steps apart learned 3x slower: the pair
-    # covariances are nearly singular and their ratios noisy), and fewer, larger steps: solved in ~130 iterations.
-    "toy": dict(
-        episodes=64,
-        eval_episodes=64,
-        eval_every=10,
-        total_env_steps=140 * 64 * 100,
-        num_basis=5,
-        dmp_alpha=25.0,
-        weights_scale=500.0,
-        goal_scale=1.0,
-        relative_goal=False,
-        init_std=0.3,
-        num_segments=10,
-        policy_lr=1e-3,
-        policy_epochs=10,
-        critic_hidden=(64, 64),
-        critic_lr=1e-3,
-        critic_epochs=5,
-        critic_minibatches=4,
-        mean_bound=0.1,
-        cov_bound=0.02,
-        checkpoint_every=20,
-        # not the authors' setup: basis width 2 unscaled, tanh, constant rates, no entropy schedule, a segment offset
-        # per episode, advantages from the critic just fitted
-        basis_bandwidth=2.0,
-        auto_scale_basis=False,
-        offset_per_iteration=False,
-        activation="tanh",
-        min_std=1e-4,
-        lr_final=1.0,
-        values_before_fit=False,
-        entropy_schedule="none",
-        entropy_reference="initial",
-    ),
-    # Reacher-v5: joint angles in rad, 50 steps; the target disc needs final angles over about [-pi, pi]
-    "gym": dict(
-        episodes=16,
-        eval_episodes=32,
-        eval_every=10,
-        total_env_steps=400_000,
-        weights_scale=30.0,
-        goal_scale=1.0,
-        relative_goal=False,
-        init_std=1.0,
-        num_segments=10,
-        mean_bound=0.05,
-        cov_bound=0.001,
-        # not the authors' setup: basis width 2 unscaled, tanh, constant rates, no entropy schedule, a segment offset
-        # per episode, advantages from the critic just fitted
-        basis_bandwidth=2.0,
-        auto_scale_basis=False,
-        offset_per_iteration=False,
-        activation="tanh",
-        min_std=1e-4,
-        lr_final=1.0,
-        values_before_fit=False,
-        entropy_schedule="none",
-        entropy_reference="initial",
-    ),
-    # The authors' Meta-World setup (TCE_RL's public configs; docs/tce.md, "Config and presets" and the departures):
-    # the env's mocap controller (gain 100), the gripper starting at the fingers and the full observation as the
-    # context (env options of metaworld/*); a ProDMP with tau 5 s of the 6.25 s episode, centres over [0, tau],
-    # bandwidth factor 5 and every basis column scaled to a peak of 1 before the scales 0.1; ReLU, init_std 1,
-    # min_std 1e-5, learning rates decaying linearly to 1 %; a linear entropy schedule from the initial entropy to
-    # 0 nats over the run; advantages from the critic's values at sampling time; one segment offset per iteration.
-    "metaworld": dict(
-        env_options=dict(METAWORLD_ENV),
-        episodes=16,
-        eval_episodes=16,
-        eval_every=10,
-        total_env_steps=2_000_000,
-        tau=5.0,
-        relative_goal=True,
-        entropy_target=0.0,
-        mean_bound=0.005,
-        cov_bound=0.0005,
-    ),
-    # The authors' hopper-jump config (TCE_RL's hopper_jump/tcp, its paper setting; docs/tce-tasks.md, "Hopper
-    # jump"): 64 episodes an iteration, a ProDMP of 3 basis functions with tau 0.8 s of the 2 s episode,
-    # bandwidth 3, scaled basis, absolute goal, scales 1; learning rates 1e-4 decaying linearly to 1 %; bounds
-    # 0.1 / 0.02 and no entropy schedule; evaluation every 25 iterations on 64 episodes; 10M env steps (theirs 48M).
-    "hopper": dict(
-        episodes=64,
-        eval_episodes=64,
-        eval_every=25,
-        total_env_steps=10_000_000,
-        num_basis=3,
-        tau=0.8,
-        basis_bandwidth=3.0,
-        auto_scale_basis=True,
-        weights_scale=1.0,
-        goal_scale=1.0,
-        relative_goal=False,
-        activation="relu",
-        init_std=1.0,
-        min_std=1e-4,
-        policy_lr=1e-4,
-        critic_lr=1e-4,
-        lr_final=0.01,
-        values_before_fit=True,
-        offset_per_iteration=True,
-        mean_bound=0.1,
-        cov_bound=0.02,
-        entropy_schedule="none",
-        entropy_reference="initial",
-    ),
-    # The authors' box-pushing setup (TCE_RL's mprl/config/box_push_random_init/tcp/entire/shared.yaml and
-    # horeka.yaml, the dense task; the sparse one differs by ENV_PRESETS; docs/tce-tasks.md, "Box pushing"): 152
-    # an iteration (38 environments x 4), a ProDMP with tau 2 s (the episode), bandwidth 3, auto-scaled basis,
-    # absolute goal, scales 0.3; leaky ReLU, 2 x 128 policy and 2 x 256 critic, policy 3e-4 and critic 1e-3
-    # decaying linearly, min_std 1e-4, trust region 0.05 / 0.0005, a linear entropy schedule to 0 nats, 25 pair
-    # indices, evaluation every 25 iterations on 152 episodes. Budget: their local 10M env steps (the paper's
-    # runs: 7,500 iterations, 114M dense and 57M sparse).
-    "box-pushing": dict(
-        episodes=152,
-        eval_episodes=152,
-        eval_every=25,
-        total_env_steps=10_000_000,
-        tau=2.0,
-        basis_bandwidth=3.0,
-        auto_scale_basis=True,
-        weights_scale=0.3,
-        goal_scale=0.3,
-        relative_goal=False,
-        policy_hidden=(128, 128),
-        activation="leaky_relu",
-        init_std=1.0,
-        min_std=1e-4,
-        policy_lr=3e-4,
-        critic_hidden=(256, 256),
-        critic_activation="leaky_relu",
-        critic_lr=1e-3,
-        lr_final=0.01,
-        entropy_schedule="linear",
-        entropy_reference="zero",
-        entropy_target=0.0,
-        values_before_fit=True,
-        offset_per_iteration=True,
-        mean_bound=0.05,
-        cov_bound=0.0005,
-    ),
-}
-
-
-# Per algorithm, over the family's preset. BBRL is the authors' black-box baseline with a diagonal covariance;
-# bbrl-cov the same with TCE's full covariance. On Meta-World both take the authors' BBRL config
-# (mprl/config/metaworld/bbrl/entire/shared.yaml): their sizes, and neither an entropy schedule nor a learning-rate
-# decay (both TCE's alone there).
-_BBRL_METAWORLD = dict(
-    num_basis=4, policy_hidden=(32, 32), critic_hidden=(32, 32), policy_epochs=100, critic_epochs=100,
-    trust_region_coeff=10.0, entropy_schedule="none", lr_final=1.0,
-)  # fmt: skip
-# The authors have no BBRL config for hopper jump: BBRL there keeps the hopper preset's task settings (ProDMP, sizes,
-# bounds, budget) and takes what their two BBRL configs (Meta-World, box pushing) share: learning rates 3e-4
-# without decay, regression weight 10, no entropy schedule (docs/tce-tasks.md, "Hopper jump").
-_BBRL_HOPPER = dict(policy_lr=3e-4, critic_lr=3e-4, lr_final=1.0, trust_region_coeff=10.0, entropy_schedule="none")
-# The authors' box-pushing BBRL (mprl/config/box_push_random_init/bbrl/entire/shared.yaml): both rates 3e-4 and
-# constant, 20 policy and 10 critic epochs, trust region 0.05 / 0.001 with regression weight 10, no entropy schedule.
-_BBRL_BOX = dict(
-    policy_lr=3e-4, critic_lr=3e-4, lr_final=1.0, policy_epochs=20, critic_epochs=10, cov_bound=0.001,
-    trust_region_coeff=10.0, entropy_schedule="none",
-)  # fmt: skip
-ALGO_PRESETS: dict[tuple[str, str], dict] = {
-    **{(family, "bbrl"): dict(covariance="diag") for family in ("toy", "gym")},
-    ("hopper", "bbrl"): dict(_BBRL_HOPPER, covariance="diag"),
-    ("hopper", "bbrl-cov"): dict(_BBRL_HOPPER),
-    ("metaworld", "bbrl"): dict(_BBRL_METAWORLD, covariance="diag"),
-    ("metaworld", "bbrl-cov"): dict(_BBRL_METAWORLD),
-    ("box-pushing", "bbrl"): dict(_BBRL_BOX, covariance="diag"),
-    ("box-pushing", "bbrl-cov"): dict(_BBRL_BOX),
-}
-# Per env over the family's and the algorithm's: the authors' temporally sparse box pushing runs 76 episodes an
-# iteration (38 x 2), and TCE's policy rate there is 1e-4 (horeka.yaml's list pairs each env with its values).
-ENV_PRESETS: dict[tuple[str, str], dict] = {
-    ("fancy/box-pushing-sparse", "tce"): dict(episodes=76, policy_lr=1e-4),
-    ("fancy/box-pushing-sparse", "bbrl"): dict(episodes=76),
-    ("fancy/box-pushing-sparse", "bbrl-cov"): dict(episodes=76),
-}
-
-
-def env_family(env: str) -> str:
-    """ "toy", "gym", "metaworld", "hopper" or "box-pushing" for an env name of :data:`troll.episodic.ENV_NAMES`,
-    "user" for a user's env (envs/registry.check_name: no preset, TCEConfig's defaults)."""
-    if env in TOY:
-        return "toy"
-    if env in GYM:
-        return "gym"
-    if env in METAWORLD:
-        return "metaworld"
-    if env in HOPPER:
-        return "hopper"
-    if env in BOX_PUSHING:
-        return "box-pushing"
-    if env not in ENV_NAMES and check_name(env):
-        return "user"
-    raise ValueError(_unknown("env", env, ENV_NAMES, "e.g. env='toy/viapoint' or 'metaworld/reach-v3'"))
-
-
-def _unknown(name: str, value, choices, example: str) -> str:
-    close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1, cutoff=0.5)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    listed = ", ".join(map(repr, choices)) if len(choices) <= 8 else f"{len(choices)} names, {example}"
-    return f"unknown {name} {value!r}.{hint} Choose one of {listed}."
 
 
 @dataclass(frozen=True)
@@ -305,62 +99,168 @@ class TCEConfig:
 
     algo: str = "tce"
     env: str = "metaworld/reach-v3"
-    env_options: dict = field(default_factory=dict)
-    episodes: int = 16
+    env_options: dict = field(
+        default_factory=dict,
+        metadata=flag(
+            "JSON",
+            "the env's own options as a JSON object, e.g. '{\"gain\": 25}': the keys given complete the env family's "
+            "preset's (on Meta-World: mocap, gain 100, gripper from the fingers, full context)",
+        ),
+    )
+    episodes: int = field(
+        default=16,
+        metadata=flag(
+            "E",
+            f"episodes per iteration ({PRESET}: 16 on Meta-World and Reacher, 64 on the toy and hopper jump, 152 "
+            "on dense and 76 on sparse box pushing)",
+        ),
+    )
     total_env_steps: int = 2_000_000
-    eval_every: int = 10
-    eval_episodes: int = 16
+    eval_every: int = field(
+        default=10,
+        metadata=flag("N", f"evaluate the mean trajectory every N iterations and after the last ({PRESET}: 10)"),
+    )
+    eval_episodes: int = field(
+        default=16, metadata=flag("N", f"episodes of each evaluation, the same contexts every time ({PRESET})")
+    )
     # ProDMP
-    num_basis: int = 8
-    dmp_alpha: float = 10.0
-    dmp_alpha_x: float = 3.0
-    weights_scale: float = 0.1
-    goal_scale: float = 0.1
-    relative_goal: bool = True
-    tau: float | None = None
-    basis_bandwidth: float = 5.0
-    auto_scale_basis: bool = True
+    num_basis: int = field(default=8, metadata=flag("N", f"ProDMP basis functions per DoF ({PRESET}: 8; toy 5)"))
+    dmp_alpha: float = field(default=10.0, metadata=flag("X", f"ProDMP stiffness alpha ({PRESET}: 10; toy 25)"))
+    dmp_alpha_x: float = field(default=3.0, metadata=flag("X", "ProDMP phase decay alpha_x (default: 3)"))
+    weights_scale: float = field(default=0.1, metadata=flag("X", f"scale of the ProDMP weights ({PRESET})"))
+    goal_scale: float = field(default=0.1, metadata=flag("X", f"scale of the ProDMP goal ({PRESET})"))
+    relative_goal: bool = field(
+        default=True, metadata=flag("BOOL", f"goal relative to the start position ({PRESET}: true on Meta-World)")
+    )
+    tau: float | None = field(
+        default=None,
+        metadata=flag(
+            "SECONDS", f"ProDMP time constant, basis centres over [0, tau]; none: the episode ({PRESET}: Meta-World 5)"
+        ),
+    )
+    basis_bandwidth: float = field(
+        default=5.0, metadata=flag("X", f"ProDMP basis width factor ({PRESET}: Meta-World 5; else 2)")
+    )
+    auto_scale_basis: bool = field(
+        default=True,
+        metadata=flag("BOOL", f"scale every ProDMP basis column to a peak of 1 ({PRESET}: true on Meta-World)"),
+    )
     # segments
-    num_segments: int = 24
-    random_offset: bool = True
-    offset_per_iteration: bool = True
+    num_segments: int = field(
+        default=24,
+        metadata=flag("K", f"segment pairs per episode, K + 1 step indices (TCE; {PRESET}: 24, Reacher/toy 10)"),
+    )
+    random_offset: bool = field(
+        default=True, metadata=flag("BOOL", "random offset of the segment indices per episode (default: true)")
+    )
+    offset_per_iteration: bool = field(
+        default=True,
+        metadata=flag("BOOL", f"one segment offset for all episodes of an iteration ({PRESET}: Meta-World)"),
+    )
     # policy
-    policy_hidden: tuple[int, ...] = (128, 128)
-    activation: str = "relu"
-    init_std: float = 1.0
-    min_std: float = 1e-5
-    covariance: str = "full"
-    normalize_context: bool = True
-    policy_lr: float = 3e-4
-    policy_epochs: int = 50
-    lr_final: float = 0.01
+    policy_hidden: tuple[int, ...] = field(
+        default=(128, 128),
+        metadata=flag("WIDTHS", "policy MLP widths, e.g. 128,128; 'none' for linear (default: 128,128)"),
+    )
+    activation: str = field(
+        default="relu",
+        metadata=flag(
+            "NAME",
+            f"policy activation: tanh, relu, elu, silu, leaky_relu ({PRESET}: relu; tanh on the toy and Reacher, "
+            "leaky_relu on box pushing)",
+        ),
+    )
+    init_std: float = field(default=1.0, metadata=flag("X", f"initial std of every ProDMP parameter ({PRESET})"))
+    min_std: float = field(
+        default=1e-5, metadata=flag("X", f"floor added to the Cholesky diagonal ({PRESET}: 1e-4; Meta-World 1e-5)")
+    )
+    covariance: str = field(
+        default="full", metadata=flag("NAME", f"policy covariance: full or diag ({PRESET}: full; diag for --algo bbrl)")
+    )
+    normalize_context: bool = field(
+        default=True, metadata=flag("BOOL", "standardise the context by running statistics (default: true)")
+    )
+    policy_lr: float = field(default=3e-4, metadata=flag("X", f"policy Adam step size ({PRESET}: 3e-4; toy 1e-3)"))
+    policy_epochs: int = field(
+        default=50, metadata=flag("N", f"full-batch policy epochs per iteration ({PRESET}: 50; toy 10)")
+    )
+    lr_final: float = field(
+        default=0.01,
+        metadata=flag("X", f"learning rates decay linearly to this share over the run ({PRESET}: 1; Meta-World 0.01)"),
+    )
     # critic
-    critic_hidden: tuple[int, ...] = (128, 128)
-    critic_activation: str = "relu"
-    critic_lr: float = 3e-4
-    critic_epochs: int = 50
-    critic_minibatches: int = 1
-    normalize_observations: bool = True
-    normalize_values: bool = True
-    critic_context: bool = True
-    gae_lambda: float = 0.95
-    gamma: float = 1.0
-    normalize_advantages: bool = True
-    values_before_fit: bool = True
+    critic_hidden: tuple[int, ...] = field(
+        default=(128, 128), metadata=flag("WIDTHS", f"critic MLP widths ({PRESET}: 128,128; toy 64,64)")
+    )
+    critic_activation: str = field(
+        default="relu", metadata=flag("NAME", f"critic activation ({PRESET}: relu; leaky_relu on box pushing)")
+    )
+    critic_lr: float = field(default=3e-4, metadata=flag("X", f"critic Adam step size ({PRESET}: 3e-4; toy 1e-3)"))
+    critic_epochs: int = field(default=50, metadata=flag("N", f"critic epochs per iteration ({PRESET}: 50; toy 5)"))
+    critic_minibatches: int = field(
+        default=1, metadata=flag("N", f"critic minibatches per epoch, 1: full batch ({PRESET}: 1; toy 4)")
+    )
+    normalize_observations: bool = field(
+        default=True, metadata=flag("BOOL", "standardise the critic's inputs (default: true)")
+    )
+    normalize_values: bool = field(
+        default=True, metadata=flag("BOOL", "standardise the critic's targets, outputs preserved (default: true)")
+    )
+    critic_context: bool = field(
+        default=True, metadata=flag("BOOL", "append the context to the step critic's input (default: true)")
+    )
+    gae_lambda: float = field(default=0.95, metadata=flag("X", "GAE lambda (default: 0.95)"))
+    gamma: float = field(default=1.0, metadata=flag("X", "discount (default: 1.0)"))
+    normalize_advantages: bool = field(
+        default=True, metadata=flag("BOOL", "normalise the advantages over the batch (default: true)")
+    )
+    values_before_fit: bool = field(
+        default=True,
+        metadata=flag("BOOL", f"advantages from the critic at sampling time ({PRESET}: true on Meta-World)"),
+    )
     # trust region
-    distance: str = "kl"
-    mean_bound: float = 0.005
-    cov_bound: float = 0.0005
-    trust_region_coeff: float = 1.0
-    entropy_schedule: str = "linear"
-    entropy_target: float = 0.0
-    entropy_reference: str = "zero"
-    entropy_rate: float = 0.01
+    distance: str = field(default="kl", metadata=flag("NAME", "trust-region distance: kl or frobenius (default: kl)"))
+    mean_bound: float = field(
+        default=0.005, metadata=flag("X", f"trust-region bound of the mean part, > 0 ({PRESET}: Meta-World 0.005)")
+    )
+    cov_bound: float = field(
+        default=0.0005,
+        metadata=flag("X", f"trust-region bound of the covariance part, > 0 ({PRESET}: Meta-World 0.0005)"),
+    )
+    trust_region_coeff: float = field(
+        default=1.0,
+        metadata=flag(
+            "X",
+            f"weight of the regression to the projection ({PRESET}: 1; bbrl 10 on Meta-World, hopper jump and box "
+            "pushing)",
+        ),
+    )
+    entropy_schedule: str = field(
+        default="linear",
+        metadata=flag(
+            "NAME",
+            f"entropy bound schedule: none, linear, exponential ({PRESET}: none; linear for tce on Meta-World and box "
+            "pushing)",
+        ),
+    )
+    entropy_target: float = field(
+        default=0.0,
+        metadata=flag("X", "final entropy bound, nats per parameter, relative to --entropy-reference (default: 0)"),
+    )
+    entropy_reference: str = field(
+        default="zero",
+        metadata=flag("NAME", f"initial (the initial entropy) or zero ({PRESET}: initial; Meta-World zero)"),
+    )
+    entropy_rate: float = field(
+        default=0.01, metadata=flag("X", "the exponential schedule's remaining share (default: 0.01)")
+    )
     # run
     seed: int = 0
     threads: int = 1
     workers: int = 2
-    checkpoint_every: int = 10
+    checkpoint_every: int = field(
+        default=10, metadata=flag("N", "iterations (ppo: rollouts) between checkpoints (default: 10; toy 20)")
+    )
 
     def __post_init__(self) -> None:
         # JSON gives lists; the dataclass keeps tuples (hashable, and equal after a round trip)
@@ -386,7 +286,7 @@ class TCEConfig:
         ):
             value = getattr(self, name)
             if value not in choices:
-                raise FieldError(_unknown(name, value, choices, example) + f" E.g. {example}.", name)
+                raise FieldError(unknown(name, value, choices, example) + f" E.g. {example}.", name)
         try:
             check_name(self.env)
         except ValueError as err:

@@ -1,8 +1,9 @@
 """The options of ``troll tce train`` and ``troll tce study``: flag tables, value parsing, and the run config they give.
 
-Torch-free at import (the command line's parser is built from these tables without loading torch): the flags are
-listed here with their help, and their values arrive as text; :func:`build_config` converts them with the types of
-the :class:`~troll.episodic.config.TCEConfig` / :class:`~troll.tce.ppo.PPOConfig` fields (imported then) and
+Torch-free at import (the command line's parser is built from these tables without loading torch): TCE's flags are
+made from the metadata of :class:`~troll.episodic.config.TCEConfig`'s fields (their help and value names; the config
+module imports no torch), PPO's are listed here, and their values arrive as text; :func:`build_config` converts them
+with the types of the :class:`~troll.episodic.config.TCEConfig` / :class:`~troll.tce.ppo.PPOConfig` fields and
 builds the config, turning every error into a :class:`troll.study.UsageError` that names the flag and the fix.
 ``tests/tce/test_cli.py`` checks that the tables cover every field of both configs.
 
@@ -13,10 +14,12 @@ that PPO is evaluated at the env steps and on the episodes a TCE run of the same
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import math
 
+from troll.episodic.config import TCEConfig
 from troll.runs.files import UsageError
 
 ALGOS = ("tce", "bbrl", "bbrl-cov", "ppo")
@@ -30,84 +33,11 @@ OWN_FLAGS = {"algo": "--algo", "env": "--env", "seed": "--seed", "total_env_step
 # TCE fields that a PPO run takes too: its budget and evaluation follow TCE's (ppo.PPOConfig.preset)
 SHARED = ("episodes", "eval_every", "eval_episodes", "checkpoint_every")
 
-PRESET = "default: the env family's preset"
-# (TCEConfig field, metavar, help); the default of each comes from TCEConfig.preset(env)
-# (docs/tce.md, "Config and presets")
-TCE_FLAGS: tuple[tuple[str, str, str], ...] = (
-    (
-        "env_options",
-        "JSON",
-        "the env's own options as a JSON object, e.g. '{\"gain\": 25}': the keys given complete the env family's "
-        "preset's (on Meta-World: mocap, gain 100, gripper from the fingers, full context)",
-    ),
-    (
-        "episodes",
-        "E",
-        f"episodes per iteration ({PRESET}: 16 on Meta-World and Reacher, 64 on the toy and hopper jump, 152 on dense "
-        "and 76 on sparse box pushing)",
-    ),
-    ("eval_every", "N", f"evaluate the mean trajectory every N iterations and after the last ({PRESET}: 10)"),
-    ("eval_episodes", "N", f"episodes of each evaluation, the same contexts every time ({PRESET})"),
-    ("num_basis", "N", f"ProDMP basis functions per DoF ({PRESET}: 8; toy 5)"),
-    ("dmp_alpha", "X", f"ProDMP stiffness alpha ({PRESET}: 10; toy 25)"),
-    ("dmp_alpha_x", "X", "ProDMP phase decay alpha_x (default: 3)"),
-    ("weights_scale", "X", f"scale of the ProDMP weights ({PRESET})"),
-    ("goal_scale", "X", f"scale of the ProDMP goal ({PRESET})"),
-    ("relative_goal", "BOOL", f"goal relative to the start position ({PRESET}: true on Meta-World)"),
-    (
-        "tau",
-        "SECONDS",
-        f"ProDMP time constant, basis centres over [0, tau]; none: the episode ({PRESET}: Meta-World 5)",
-    ),
-    ("basis_bandwidth", "X", f"ProDMP basis width factor ({PRESET}: Meta-World 5; else 2)"),
-    ("auto_scale_basis", "BOOL", f"scale every ProDMP basis column to a peak of 1 ({PRESET}: true on Meta-World)"),
-    ("num_segments", "K", f"segment pairs per episode, K + 1 step indices (TCE; {PRESET}: 24, Reacher/toy 10)"),
-    ("random_offset", "BOOL", "random offset of the segment indices per episode (default: true)"),
-    ("offset_per_iteration", "BOOL", f"one segment offset for all episodes of an iteration ({PRESET}: Meta-World)"),
-    ("policy_hidden", "WIDTHS", "policy MLP widths, e.g. 128,128; 'none' for linear (default: 128,128)"),
-    (
-        "activation",
-        "NAME",
-        f"policy activation: tanh, relu, elu, silu, leaky_relu ({PRESET}: tanh; relu on Meta-World and hopper jump, "
-        "leaky_relu on box pushing)",
-    ),
-    ("init_std", "X", f"initial std of every ProDMP parameter ({PRESET})"),
-    ("min_std", "X", f"floor added to the Cholesky diagonal ({PRESET}: 1e-4; Meta-World 1e-5)"),
-    ("covariance", "NAME", f"policy covariance: full or diag ({PRESET}: full; diag for --algo bbrl)"),
-    ("normalize_context", "BOOL", "standardise the context by running statistics (default: true)"),
-    ("policy_lr", "X", f"policy Adam step size ({PRESET}: 3e-4; toy 1e-3)"),
-    ("policy_epochs", "N", f"full-batch policy epochs per iteration ({PRESET}: 50; toy 10)"),
-    ("lr_final", "X", f"learning rates decay linearly to this share over the run ({PRESET}: 1; Meta-World 0.01)"),
-    ("critic_hidden", "WIDTHS", f"critic MLP widths ({PRESET}: 128,128; toy 64,64)"),
-    ("critic_activation", "NAME", f"critic activation ({PRESET}: relu; leaky_relu on box pushing)"),
-    ("critic_lr", "X", f"critic Adam step size ({PRESET}: 3e-4; toy 1e-3)"),
-    ("critic_epochs", "N", f"critic epochs per iteration ({PRESET}: 50; toy 5)"),
-    ("critic_minibatches", "N", f"critic minibatches per epoch, 1: full batch ({PRESET}: 1; toy 4)"),
-    ("normalize_observations", "BOOL", "standardise the critic's inputs (default: true)"),
-    ("normalize_values", "BOOL", "standardise the critic's targets, outputs preserved (default: true)"),
-    ("critic_context", "BOOL", "append the context to the step critic's input (default: true)"),
-    ("gae_lambda", "X", "GAE lambda (default: 0.95)"),
-    ("gamma", "X", "discount (default: 1.0)"),
-    ("normalize_advantages", "BOOL", "normalise the advantages over the batch (default: true)"),
-    ("values_before_fit", "BOOL", f"advantages from the critic at sampling time ({PRESET}: true on Meta-World)"),
-    ("distance", "NAME", "trust-region distance: kl or frobenius (default: kl)"),
-    ("mean_bound", "X", f"trust-region bound of the mean part, > 0 ({PRESET}: Meta-World 0.005)"),
-    ("cov_bound", "X", f"trust-region bound of the covariance part, > 0 ({PRESET}: Meta-World 0.0005)"),
-    (
-        "trust_region_coeff",
-        "X",
-        f"weight of the regression to the projection ({PRESET}: 1; bbrl 10 on Meta-World, hopper jump and box pushing)",
-    ),
-    (
-        "entropy_schedule",
-        "NAME",
-        f"entropy bound schedule: none, linear, exponential ({PRESET}: none; linear for tce on Meta-World and box "
-        "pushing)",
-    ),
-    ("entropy_target", "X", "final entropy bound, nats per parameter, relative to --entropy-reference (default: 0)"),
-    ("entropy_reference", "NAME", f"initial (the initial entropy) or zero ({PRESET}: initial; Meta-World zero)"),
-    ("entropy_rate", "X", "the exponential schedule's remaining share (default: 0.01)"),
-    ("checkpoint_every", "N", "iterations (ppo: rollouts) between checkpoints (default: 10; toy 20)"),
+# (TCEConfig field, metavar, help) of every field with a flag of the --<field> form: made from the fields' metadata
+# (troll.episodic.config.flag), so that a new setting needs no edit here; the default of each comes from
+# TCEConfig.preset(env) (docs/tce.md, "Config and presets")
+TCE_FLAGS: tuple[tuple[str, str, str], ...] = tuple(
+    (f.name, f.metadata["metavar"], f.metadata["help"]) for f in dataclasses.fields(TCEConfig) if "help" in f.metadata
 )
 # (PPOConfig field, metavar, help): stable-baselines3's PPO, with SB3's defaults
 PPO_FLAGS: tuple[tuple[str, str, str], ...] = (
@@ -239,7 +169,6 @@ def kinds() -> dict[str, type]:
     """Field name -> Python type of its value, for every TCE field and every ``ppo_``-prefixed PPO field."""
     import dataclasses
 
-    from troll.episodic.config import TCEConfig
     from troll.tce.ppo import PPOConfig
 
     default = TCEConfig()
@@ -299,7 +228,6 @@ def build_config(algo: str, env: str, *, seed: int, steps: int | None, options: 
             shared = {k: v for k, v in options.items() if k in ("eval_episodes", "checkpoint_every")}
             return PPOConfig.preset(env, eval_every=options.get("eval_every"), episodes=options.get("episodes"),
                                     seed=seed, threads=threads, **budget, **shared, **own)  # fmt: skip
-        from troll.episodic.config import TCEConfig
 
         config = TCEConfig.preset(env, algo=algo, seed=seed, threads=threads, workers=workers, **budget, **options)
     except ValueError as err:
@@ -319,8 +247,6 @@ def resumed_config(saved: dict):
         from troll.tce.ppo import PPOConfig
 
         return PPOConfig.from_dict(saved)
-    from troll.episodic.config import TCEConfig
-
     config = TCEConfig.from_dict(saved)
     if has_backends(config.env) and "backend" not in config.env_options:
         config = dataclasses.replace(config, env_options={**config.env_options, "backend": "python"})

@@ -51,10 +51,11 @@ import numpy as np
 
 from troll import runs
 from troll.episodic.agent import EVAL_STREAM, reset_seed
-from troll.episodic.config import PRESETS, SIZE_LIMITS, TCEConfig, env_family
+from troll.episodic.config import SIZE_LIMITS, TCEConfig
 from troll.episodic.envs.base import episode_seeds
 from troll.episodic.envs.registry import ppo_envs
 from troll.episodic.envs.step import make_step_task
+from troll.episodic.presets import PRESETS, env_family
 from troll.runs import numbered_files, protocol
 from troll.runs.files import (
     CONFIG_FILE,

@@ -25,8 +25,10 @@ import importlib.util
 import re
 from collections.abc import Callable
 from functools import partial
+from typing import TYPE_CHECKING
 
-from troll.episodic.envs.base import EpisodicEnv
+if TYPE_CHECKING:  # the interface imports torch; the names here are checked without it
+    from troll.episodic.envs.base import EpisodicEnv
 from troll.runs.numbers import FieldError
 
 TOY = ("toy/viapoint", "toy/viapoint-sparse")
@@ -118,6 +120,8 @@ def _make_user(name: str, num_episodes: int, seed: int, options: dict) -> Episod
     if factory is None:
         raise _unknown(name)
     env = factory(num_episodes, seed=seed, **options)
+    from troll.episodic.envs.base import EpisodicEnv
+
     if not isinstance(env, EpisodicEnv):
         raise TypeError(f"env {name!r}: its factory returned a {type(env).__name__}, not an EpisodicEnv.")
     if env.num_episodes != num_episodes:
