@@ -68,26 +68,38 @@ def test_without_cgroups_the_mode_says_so_and_shared_memory_is_refused(monkeypat
     assert result.stdout.split() == [b"-1", b"1", b"1"], result  # EPERM from the seccomp filter
 
 
+CLOCK = {  # name: (program, suite, expected reward); the slow ones are over their time, the fast ones are not
+    "ignore_alarm": (fill(IGNORE_ALARM, slow=1.3), adds(n=2), 0.0),
+    "ignore_alarm_fast": (fill(IGNORE_ALARM, slow=0.0), adds(n=2), 1.0),
+    "swallow_alarm": (fill(SWALLOW_ALARM, slow=1.3), adds(n=2), 0.0),
+    "swallow_alarm_fast": (fill(SWALLOW_ALARM, slow=0.0), adds(n=2), 1.0),
+    "take_channel": (fill(TAKE_CHANNEL, slow=1.3), sums(n=3), 0.0),
+    "take_channel_fast": (fill(TAKE_CHANNEL, slow=0.0), sums(n=3), 1.0),
+    "stop_harness": (fenced(STOP_HARNESS), sums(n=2), 1.0),
+}
+
+
+@pytest.fixture(scope="module")
+def clock(sandbox):
+    """Every program of CLOCK scored in one batch (4 slots): name -> Score."""
+    scores = score_completions([c for c, _, _ in CLOCK.values()], [s for _, s, _ in CLOCK.values()],
+                               sandbox=sandbox, slots=4)  # fmt: skip
+    return dict(zip(CLOCK, scores))
+
+
 @pytest.mark.parametrize("attack", ["ignore_alarm", "swallow_alarm"])
-def test_a_test_over_its_time_fails_whatever_the_program_does_to_the_timer(sandbox, attack):
-    code = {"ignore_alarm": IGNORE_ALARM, "swallow_alarm": SWALLOW_ALARM}[attack]
-    suite = adds(timeout=1.0, n=2)
-    scores = score_completions([fill(code, slow=1.3), fill(code, slow=0.0)], [suite, suite], sandbox=sandbox)
-    assert scores[0].reward == 0.0 and scores[0].status == "timeout", scores[0]
-    assert scores[1].reward == 1.0, scores[1]  # the same program within its time
+def test_a_test_over_its_time_fails_whatever_the_program_does_to_the_timer(clock, attack):
+    assert clock[attack].reward == 0.0 and clock[attack].status == "timeout", clock[attack]
+    assert clock[f"{attack}_fast"].reward == 1.0, clock[f"{attack}_fast"]  # the same program within its time
 
 
-def test_a_stdio_program_cannot_take_the_harness_s_channel(sandbox):
-    suite = sums(timeout=1.0, n=3)
-    slow, fast = fill(TAKE_CHANNEL, slow=1.3), fill(TAKE_CHANNEL, slow=0.0)
-    scores = score_completions([slow, fast], [suite, suite], sandbox=sandbox)
-    assert scores[0].reward == 0.0 and scores[0].status == "timeout", scores[0]
-    assert scores[1].reward == 1.0, scores[1]
+def test_a_stdio_program_cannot_take_the_harness_s_channel(clock):
+    assert clock["take_channel"].reward == 0.0 and clock["take_channel"].status == "timeout", clock["take_channel"]
+    assert clock["take_channel_fast"].reward == 1.0, clock["take_channel_fast"]
 
 
-def test_a_stdio_program_cannot_stop_the_harness(sandbox):
-    score = score_completions([fenced(STOP_HARNESS)], [sums(n=2)], sandbox=sandbox)[0]
-    assert score.reward == 1.0 and score.status == "ok", score
+def test_a_stdio_program_cannot_stop_the_harness(clock):
+    assert clock["stop_harness"].reward == 1.0 and clock["stop_harness"].status == "ok", clock["stop_harness"]
 
 
 def test_memory_outside_the_per_process_limits_is_bounded_per_run(sandbox):
@@ -168,7 +180,7 @@ def test_two_scorers_and_a_hostile_quarter_leave_every_correct_program_at_one():
 def test_a_noisy_neighbour_does_not_starve_a_run(sandbox):
     """30 spinning children in sessions of their own in one run; a CPU-bound correct program in the other slot
     still gets its share (its cgroup's) and passes within its time."""
-    noisy = fill(SPINNERS, hold=0.9)
+    noisy = fill(SPINNERS, hold=0.5)
     work = fenced(Template(CPU_BOUND).substitute(work=2_000_000))
     scores = score_completions([noisy, work], [adds(n=3), adds(timeout=1.0, n=3)], sandbox=sandbox, slots=2)
     assert scores[1].reward == 1.0, scores[1]
