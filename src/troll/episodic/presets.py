@@ -14,6 +14,13 @@ from troll.episodic.envs.registry import BOX_PUSHING, ENV_NAMES, GYM, HOPPER, ME
 # goal by goal_scale (96 % of it at the end of the episode), so theta ~ N(0, init_std^2) explores positions of about
 # init_std * goal_scale, and the network's outputs stay O(1).
 METAWORLD_ENV = {"controller": "mocap", "gain": 100.0, "gripper_start": "fingers", "context": "full"}
+# What the toy and Reacher presets keep where the authors' setup (TCEConfig's defaults) differs: basis width 2
+# unscaled, tanh, constant rates, no entropy schedule, a segment offset per episode, advantages from the critic just
+# fitted (the settings they were tuned with)
+_NOT_THE_AUTHORS = dict(
+    basis_bandwidth=2.0, auto_scale_basis=False, offset_per_iteration=False, activation="tanh", min_std=1e-4,
+    lr_final=1.0, values_before_fit=False, entropy_schedule="none", entropy_reference="initial",
+)  # fmt: skip
 PRESETS: dict[str, dict] = {
     # point mass, positions in [-1, 1], 100 steps (docs/tce.md, "Config and presets"). A stiffer DMP (alpha 25) settles
     # within the episode, so the mass can stop at the goal (with alpha 10 and tau = the duration it is still moving,
@@ -41,17 +48,7 @@ PRESETS: dict[str, dict] = {
         mean_bound=0.1,
         cov_bound=0.02,
         checkpoint_every=20,
-        # not the authors' setup: basis width 2 unscaled, tanh, constant rates, no entropy schedule, a segment offset
-        # per episode, advantages from the critic just fitted
-        basis_bandwidth=2.0,
-        auto_scale_basis=False,
-        offset_per_iteration=False,
-        activation="tanh",
-        min_std=1e-4,
-        lr_final=1.0,
-        values_before_fit=False,
-        entropy_schedule="none",
-        entropy_reference="initial",
+        **_NOT_THE_AUTHORS,
     ),
     # Reacher-v5: joint angles in rad, 50 steps; the target disc needs final angles over about [-pi, pi]
     "gym": dict(
@@ -66,17 +63,7 @@ PRESETS: dict[str, dict] = {
         num_segments=10,
         mean_bound=0.05,
         cov_bound=0.001,
-        # not the authors' setup: basis width 2 unscaled, tanh, constant rates, no entropy schedule, a segment offset
-        # per episode, advantages from the critic just fitted
-        basis_bandwidth=2.0,
-        auto_scale_basis=False,
-        offset_per_iteration=False,
-        activation="tanh",
-        min_std=1e-4,
-        lr_final=1.0,
-        values_before_fit=False,
-        entropy_schedule="none",
-        entropy_reference="initial",
+        **_NOT_THE_AUTHORS,
     ),
     # The authors' Meta-World setup (TCE_RL's public configs; docs/tce.md, "Config and presets" and the departures):
     # the env's mocap controller (gain 100), the gripper starting at the fingers and the full observation as the
