@@ -3,6 +3,8 @@ test styles scored in the real sandbox (hand-computed fractions), the first-10 c
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from sandbox_helpers import Recording, fenced
 
@@ -156,3 +158,24 @@ def test_a_flood_of_result_lines_costs_the_scorer_little(monkeypatch):
     score = judged(flood, suite)
     assert score.passed == 3 and len(calls) <= 2 * 3 + 8, len(calls)
     assert judged(honest + b'{"done": 1}\n', suite) == Score(3, 3, 1.0, True, "ok")
+
+
+def test_the_parent_s_clock_over_the_reports():
+    """Test i starts when test i - 1's report arrives; a call-style report later than the test's time fails it and
+    ends the run; the run is stopped GRACE after a test without a report is over its time."""
+    grace = scoring.GRACE
+    suite = TestSuite("call", [TestCase([1], 1), TestCase([2], 2)], "f", timeout=1.0)
+    clock = scoring.CaseClock("call", 2, 1.0)
+    clock.feed(b'{"ready": 1}\n', 10.0)
+    assert clock.deadline() == 10.0 + 1.0 + grace  # the module's load
+    clock.feed(b'{"loaded": 1}\n{"case": 0, "val', 10.1)
+    assert clock.deadline() == 10.1 + 1.0 + grace
+    clock.feed(b'ue": 1}\n', 10.5)
+    assert clock.deadline() == 10.5 + 1.0 + grace and clock.over == math.inf
+    clock.feed(b'{"case": 1, "value": 2}\n', 11.6)  # 1.1 s after its start: over its time
+    assert clock.deadline() == 11.6
+    result = RunResult(b"", b"", -9, True, False, 1.6)
+    assert scoring._judge(result, clock, suite, suite.cases) == Score(1, 2, 0.5, False, "timeout")
+    stdio = scoring.CaseClock("stdio", 2, 1.0)
+    stdio.feed(b'{"ready": 1}\n', 0.0)
+    assert not stdio.late(0, 1.0 + grace) and stdio.late(0, 1.01 + grace)  # the harness's own time-keeping

@@ -285,6 +285,8 @@ class CaseClock(Watch):
         if self.lines >= limit:
             return
         self.buf += data
+        if b"\n" not in data:  # the rest of a long line: no need to look through all of it again
+            return
         while self.lines < limit and b"\n" in self.buf:
             end = self.buf.index(b"\n")
             raw = bytes(self.buf[:end])
