@@ -227,6 +227,12 @@ def test_sigkill_of_the_scorer_leaves_no_sandbox_process():
     while time.monotonic() < deadline and (_alive(tree) or processes_of_uids(base, base + 32)):
         time.sleep(0.05)
     assert not _alive(tree) and not processes_of_uids(base, base + 32)
+    from troll.sandbox import cgroups
+
+    killed = [uid for uid in cgroups.left_behind(cgroups.detect()) if base <= uid < base + 64]
+    assert killed, "the killed scorer's runs had cgroups"
+    BubblewrapSandbox(check=False)  # a new sandbox removes what a killed scorer left
+    assert not [uid for uid in cgroups.left_behind(cgroups.detect()) if base <= uid < base + 64]
 
 
 def _alive(pids: set[int]) -> set[int]:

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from troll.sandbox import cgroups, seccomp
 from troll.sandbox.backend import Limits, RunResult, Sandbox, SandboxError, SandboxUnavailable, Watch, run_capped
-from troll.sandbox.uids import FIRST, UidPool
+from troll.sandbox.uids import FIRST, UidPool, reclaim
 
 INSTALL_HINT = "install bubblewrap: `apt-get update && apt-get install -y bubblewrap` (as root)"
 USERNS_HINT = (
@@ -116,6 +116,9 @@ class BubblewrapSandbox(Sandbox):
                 "(systemd: `systemd-run --user -p Delegate=yes --scope ...`)"
             )
         self._uids = UidPool(FIRST if uid_base is None else uid_base) if self.as_root else None
+        if self._uids is not None and self.mode != "rlimits":  # the cgroups of runs of scorers that were killed
+            stale = cgroups.left_behind(self._cgroups)
+            reclaim(stale, lambda uid: cgroups.remove_dirs(stale[uid], self.mode == "cgroup-v2"))
         self._names = itertools.count()
         # as root, the dropped uid could create user namespaces (and mount a tmpfs of half the RAM) without it
         self._filter = seccomp.program(block_shared_memory=self.mode == "rlimits")
@@ -203,7 +206,8 @@ class BubblewrapSandbox(Sandbox):
         cgroup = None
         try:
             if self.mode != "rlimits":
-                name = f"troll-sandbox.{uid}" if uid is not None else f"troll-sandbox.{os.getpid()}.{next(self._names)}"
+                own = uid if uid is not None else f"{os.getpid()}.{next(self._names)}"
+                name = f"{cgroups.PREFIX}{own}"
                 cgroup = cgroups.RunCgroup(self._cgroups, name, limits)
             # bwrap itself gets an empty environment too: its own, as the sandbox's pid 1, is readable in /proc/1/
             # environ from inside when it runs as the same user (not as root)

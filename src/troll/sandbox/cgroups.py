@@ -27,6 +27,7 @@ from troll.sandbox.backend import Limits, SandboxError
 
 V1 = ("memory", "pids", "cpu")  # the controllers used; cpu only where mounted
 WRAPPER = 'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; shift; n=$((n - 1)); done; exec "$@"'
+PREFIX = "troll-sandbox."  # a root run's cgroup is PREFIX + its uid
 EXTRA_PROCESSES = 8  # pids the cgroup allows besides Limits.processes: the wrapper, bwrap and its init, setpriv
 
 
@@ -152,7 +153,7 @@ class RunCgroup:
         self.dirs = {key: os.path.join(parent, name) for key, parent in setup.parents.items()}
         for path in self.dirs.values():
             if os.path.isdir(path):  # left by a scorer that died holding the same uid: end it first
-                self._empty(path, time.monotonic() + 5.0)
+                _empty(path, self.v2, time.monotonic() + 5.0)
                 os.rmdir(path)
             os.mkdir(path)
         try:
@@ -186,7 +187,7 @@ class RunCgroup:
         deadline = time.monotonic() + timeout
         for path in self.dirs.values():
             if os.path.isdir(path):
-                self._empty(path, deadline)
+                _empty(path, self.v2, deadline)
         for path in self.dirs.values():
             while True:
                 try:
@@ -199,22 +200,50 @@ class RunCgroup:
                         raise SandboxError(f"could not remove the run's cgroup {path}: {err}") from err
                     time.sleep(0.002)
 
-    def _empty(self, path: str, deadline: float) -> None:
-        kill = os.path.join(path, "cgroup.kill")
-        if self.v2 and os.path.exists(kill):
-            _write(kill, "1")
-        while True:
-            pids = _read(os.path.join(path, "cgroup.procs")).split()
-            if not pids:
-                return
-            if time.monotonic() > deadline:
-                raise SandboxError(f"the run's cgroup {path} did not empty: pids {pids[:8]}")
-            for pid in pids:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.001)
+
+def _empty(path: str, v2: bool, deadline: float) -> None:
+    """Kill every process in the cgroup ``path`` until it has none; :class:`SandboxError` past ``deadline``."""
+    kill = os.path.join(path, "cgroup.kill")
+    if v2 and os.path.exists(kill):
+        _write(kill, "1")
+    while True:
+        pids = _read(os.path.join(path, "cgroup.procs")).split()
+        if not pids:
+            return
+        if time.monotonic() > deadline:
+            raise SandboxError(f"the run's cgroup {path} did not empty: pids {pids[:8]}")
+        for pid in pids:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.001)
+
+
+def left_behind(setup: Setup) -> dict[int, list[str]]:
+    """The cgroups named after a uid (``troll-sandbox.<uid>``) under this process's parents: uid -> directories.
+    A scorer that was killed leaves its runs' cgroups (empty: the runs die with it) behind."""
+    found: dict[int, list[str]] = {}
+    for parent in setup.parents.values():
+        try:
+            names = os.listdir(parent)
+        except OSError:
+            continue
+        for name in names:
+            uid = name.removeprefix(PREFIX)
+            if name.startswith(PREFIX) and uid.isdigit():
+                found.setdefault(int(uid), []).append(os.path.join(parent, name))
+    return found
+
+
+def remove_dirs(paths: list[str], v2: bool) -> None:
+    """Empty and remove the cgroups ``paths`` (best effort: one that will not go is left)."""
+    for path in paths:
+        try:
+            _empty(path, v2, time.monotonic() + 2.0)
+            os.rmdir(path)
+        except (OSError, SandboxError):
+            continue
 
 
 def wrap(argv: list[str], cgroup: RunCgroup | None) -> list[str]:
