@@ -14,7 +14,7 @@ which would end every Ray process of the machine). The SLURM path runs through s
   the study killed alone while its task runs: ``--resume`` reattaches to the live job, submits nothing and starts no
   second writer; a failed cell fails alone and is not retried;
 - a cell larger than every node of the cluster is refused (exit 2, nothing written), as the probe of the cluster
-  reads its nodes; the checks that need no cluster are tests/study/test_executor_checks.py;
+  reads its nodes; the checks that need no cluster are tests/study/test_executors_checks.py;
 - teardown: no process of the cluster left, nothing written in the real $HOME.
 """
 
@@ -38,6 +38,7 @@ from pathlib import Path
 import pytest
 import submitit
 from conftest import parent_pid, process_state
+from deadline import within
 
 from troll.cli import main
 from troll.runs.files import UsageError, read_jsonl
@@ -788,7 +789,7 @@ def test_a_second_ctrl_c_on_ray_ends_the_cells_at_once(tmp_path, capsys, cluster
     assert_same_study(out, reference)
 
 
-def test_a_cell_larger_than_every_node_is_refused(tmp_path, capsys, cluster, monkeypatch, within):
+def test_a_cell_larger_than_every_node_is_refused(tmp_path, capsys, cluster, monkeypatch):
     """The module's cluster: a head without CPUs and two 1-CPU nodes, as the study's probe of it reads them. A cell of
     2 threads would wait for ever for a 2-CPU node: refused before anything is written, as is one larger than this
     machine when the study would start its own cluster here (none is started). The message names the flags that set

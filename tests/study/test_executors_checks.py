@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
+from deadline import within
 
 from troll.cli import main
 from troll.runs.files import UsageError
@@ -183,7 +184,7 @@ class _Server(threading.Thread):
             conn.close()
 
 
-def test_an_address_where_no_ray_cluster_answers_is_refused_quickly(tmp_path, capsys, monkeypatch, within):
+def test_an_address_where_no_ray_cluster_answers_is_refused_quickly(tmp_path, capsys, monkeypatch):
     """Something answers at --ray-address, not a Ray cluster: an HTTP server (``python3 -m http.server``'s), a server
     that accepts and then says nothing, one that speaks HTTP/2 as gRPC does but is no Ray cluster (the driver the
     study starts to list the nodes is ended after ``on_ray.PROBE_S``, with all it started), or Ray's connection
