@@ -84,8 +84,8 @@ def evaluate(model, tokenizer, task: str, *, n: int | None, seed: int, max_new_t
                 drawn, _ = generate(model, tokenizer, texts[part], max_new_tokens=max_new_tokens, samples=samples,
                                     temperature=temperature, seed=seed * 1_000_003 + start)  # fmt: skip
                 rights += [[s == 1.0 for s in item] for item in item_scores(rows[part], drawn, slots, output=output)]
-            progress.update(len(greedy))
             progress.set_postfix({"pass": f"{sum(s == 1.0 for s in raw) / len(raw):.3f}"}, refresh=False)
+            progress.update(len(greedy))  # draws the bar with the pass rate of the items done so far
     result = summarise(task, rows, completions, raw, skipped, keep=keep)
     result.cut, result.prose_first = sum(cut) / len(rows), sum(map(prose_first, completions)) / len(rows)
     if samples:
