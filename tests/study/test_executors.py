@@ -803,16 +803,16 @@ def test_a_cell_larger_than_every_node_is_refused(tmp_path, capsys, cluster, mon
         code, printed, err = cli(capsys, "--out", str(out), *TINY, "--threads", "2", "--executor", "ray",
                                  "--ray-address", address)  # fmt: skip
     assert code == 2, err
-    assert "--executor ray: a cell asks for 2 cores (--threads" in err, err
+    assert "--executor ray: a cell asks for 2 cores (--threads + --workers)" in err, err
     assert (f") but the Ray cluster at {address} has no node that large: its largest node has 1; Ray would hold the "
-            "cell until such a node joins. Lower --threads") in err  # fmt: skip
+            "cell until such a node joins. Lower --threads + --workers") in err  # fmt: skip
     assert " or give the cluster larger nodes. Nothing was written." in err
     assert printed == "" and not out.exists()
     monkeypatch.setattr(os, "cpu_count", lambda: 3)
     with within(60):
         code, printed, err = cli(capsys, "--out", str(out), *TINY, "--threads", "4", "--executor", "ray")
     assert code == 2, err
-    assert "a cell asks for 4 cores (--threads" in err
+    assert "a cell asks for 4 cores (--threads + --workers)" in err
     assert ") but the cluster the study starts on this machine has no node that large: its largest node has 3;" in err
     assert printed == "" and not out.exists()
 

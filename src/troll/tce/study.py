@@ -387,6 +387,7 @@ def frontend(spec: StudySpec) -> Frontend:
         note=lambda grid, cells: _note(spec, cells),
         env={"OMP_NUM_THREADS": str(spec.threads)},
         cores=lambda cell: spec.threads + (spec.workers if cell.arm != "ppo" else 0),
+        cores_from="--threads + --workers",
     )
 
 
