@@ -192,8 +192,9 @@ def test_check_config_names_the_key_to_fix(override, message):
         main.check_config(_recipe_config(override))
 
 
-def test_the_plugin_is_added_to_the_ray_runtime_env():
+def test_the_plugin_is_added_to_the_ray_runtime_env(monkeypatch):
     main = _main()
+    monkeypatch.delenv("VERL_USE_EXTERNAL_MODULES", raising=False)
     config = _recipe_config("+ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES=my.mod")
     main.add_plugin_to_runtime_env(config)
     main.add_plugin_to_runtime_env(config)  # idempotent
@@ -202,6 +203,11 @@ def test_the_plugin_is_added_to_the_ray_runtime_env():
     fresh = _recipe_config()
     main.add_plugin_to_runtime_env(fresh)
     assert fresh.ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES == main.PLUGIN
+    # modules named in this process's environment reach the Ray processes too, before the plug-in
+    monkeypatch.setenv("VERL_USE_EXTERNAL_MODULES", "platform.mod")
+    from_env = _recipe_config()
+    main.add_plugin_to_runtime_env(from_env)
+    assert from_env.ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES == f"platform.mod,{main.PLUGIN}"
 
 
 def test_trainer_class_puts_the_mixin_before_verls_trainer():

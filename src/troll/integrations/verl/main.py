@@ -76,13 +76,16 @@ def check_config(config) -> dict | None:
 
 
 def add_plugin_to_runtime_env(config) -> None:
-    """Add :data:`PLUGIN` to ``VERL_USE_EXTERNAL_MODULES`` in ``ray_kwargs.ray_init.runtime_env`` (kept if set).
+    """Add :data:`PLUGIN` to ``VERL_USE_EXTERNAL_MODULES`` in ``ray_kwargs.ray_init.runtime_env``, after the modules
+    already named there or, where the config names none, in this process's ``VERL_USE_EXTERNAL_MODULES``.
 
     verl's ``run_ppo`` merges that runtime environment into its own before ``ray.init``, so every Ray process
-    imports the plug-in when it imports verl.
+    imports the plug-in when it imports verl. The runtime environment's value replaces the variable in Ray's
+    processes, so modules the caller set in the environment (a platform plug-in, say) are carried over, first.
     """
     key = "ray_kwargs.ray_init.runtime_env.env_vars.VERL_USE_EXTERNAL_MODULES"
-    current = [m for m in str(OmegaConf.select(config, key, default="") or "").split(",") if m]
+    given = OmegaConf.select(config, key, default=None) or os.environ.get("VERL_USE_EXTERNAL_MODULES", "")
+    current = [m for m in str(given).split(",") if m]
     if PLUGIN not in current:
         OmegaConf.update(config, key, ",".join([*current, PLUGIN]), force_add=True)
 
