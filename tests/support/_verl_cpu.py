@@ -3,7 +3,8 @@
 verl 0.9 ships CUDA, NPU and ROCm platforms only, and its FSDP engine asks the platform for its device, its
 device module and its communication backend. ``PlatformCPU`` answers "cpu", a torch.cpu-like module and "gloo",
 through verl's public platform registry (``PlatformRegistry.register``, selected with ``VERL_PLATFORM=cpu``). It is
-for tests: it reports no memory statistics and no FLOPs.
+for tests: it reports no memory statistics and no FLOPs. Under Ray it names the resource "GPU", so that verl's worker
+groups schedule on logical GPUs (``+ray_kwargs.ray_init.num_gpus=N``) while every tensor stays on the CPU.
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ class PlatformCPU(PlatformBase):
         pass
 
     def ray_resource_name(self) -> str:
-        return "CPU"
+        return "GPU"  # verl's worker groups ask Ray for one of these a process: logical GPUs (ray_init.num_gpus)
 
     def ray_noset_envvars(self) -> list[str]:
         return []
