@@ -23,9 +23,9 @@ worker (``compute_log_prob`` -> ``infer_batch``, ``update_actor`` -> ``train_min
 4. a stock loss mode ("vanilla") through TrollFSDPEngine and troll's ``ppo_loss`` against a second worker on verl's
    own FSDPEngineWithLMHead and ``verl.workers.utils.losses.ppo_loss``, from the same weights.
 
-Rank 0 writes the measured deviations to OUT/result.json. Usage:
-torchrun --standalone --nproc_per_node N tests/support/_torchrun_verl_engine.py MODEL_DIR OUT LM_HEAD
-(LM_HEAD: "chunked" or "dense", the actor's troll.lm_head)
+Rank 0 writes the measured deviations to OUT/result-<LM_HEAD>.json. Usage:
+torchrun --standalone --nproc_per_node N tests/support/_torchrun_verl_engine.py MODEL_DIR OUT LM_HEADS
+(LM_HEADS: "chunked", "dense" or both, comma-separated: the actor's troll.lm_head, one after the other)
 """
 
 from __future__ import annotations
@@ -218,16 +218,13 @@ def gather_rows(local: dict) -> dict:
     return {k: torch.cat([p[k] for p in parts]) for k in local}
 
 
-def main() -> None:
-    model_dir, out_dir, lm_head = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+def measure(model_dir: str, lm_head: str, rank: int, world: int) -> dict:
+    """Steps 1-4 above with the actor's ``troll.lm_head=lm_head``; the result rank 0 writes."""
     import verl.workers.engine_workers as engine_workers
     from verl import DataProto
     from verl.utils.config import omega_conf_to_dataclass
 
-    register(devices=("cpu",))
+    register(devices=("cpu",))  # again for each head: step 4 puts verl's own engine in the table
     assert engine_workers.ppo_loss is troll_ppo_loss
     config = _verl_cpu.compose(overrides_for(model_dir, lm_head))
     settings = check_config(config)
@@ -339,7 +336,14 @@ def main() -> None:
         "grad_rel": (diff / sum((g**2).sum() for g in grads.values()).sqrt()).item(),
     }
 
-    # 3. a stock loss mode through troll's engine and loss equals verl's own engine and ppo_loss
+    result["stock"] = stock_check(model_dir, batch, rows, old_global)
+    return result
+
+
+def stock_check(model_dir: str, batch: dict, rows: slice, old_global: dict) -> dict:
+    """Step 4: a stock loss mode through troll's engine and loss equals verl's own engine and ppo_loss."""
+    import verl.workers.engine_workers as engine_workers
+
     vanilla = _verl_cpu.actor_config("vanilla", TROLL)
     stock_td = lambda: update_batch(batch, rows, old_global)  # noqa: E731
     ours = training_worker(model_dir)
@@ -352,14 +356,23 @@ def main() -> None:
     got, want = ours.train_mini_batch(stock_td()), stock.train_mini_batch(stock_td())
     got_m, want_m = tu.get(got, "metrics"), tu.get(want, "metrics")
     got_state, want_state = full_state(ours), full_state(stock)
-    result["stock"] = {
+    return {
         "engines": [type(ours.engine).__name__, type(stock.engine).__name__],
         "loss": [float(got_m["loss"][0]), float(want_m["loss"][0])],
         "params_equal": all(torch.equal(got_state[k], want_state[k]) for k in want_state),
         "troll_metrics": sorted(k for k in got_m if k.startswith("troll/")),
     }
-    if rank == 0:
-        (out_dir / "result.json").write_text(json.dumps(result, indent=1))
+
+
+def main() -> None:
+    model_dir, out_dir, heads = sys.argv[1], Path(sys.argv[2]), sys.argv[3].split(",")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for lm_head in heads:  # one launch for both heads: each rank's start-up (verl's import) is most of its time
+        result = measure(model_dir, lm_head, rank, world)
+        if rank == 0:
+            (out_dir / f"result-{lm_head}.json").write_text(json.dumps(result, indent=1))
     dist.barrier()
     dist.destroy_process_group()
     # Leave without the interpreter's finalization: everything this script checks is written by now. A rank of this

@@ -1,10 +1,11 @@
 """TROLL through verl 0.9's real actor and trainer methods on CPU (run in .venv-verl; skipped without verl).
 
 tests/support/_torchrun_verl_engine.py runs under torchrun with 1 and 2 processes (gloo, FSDP2 sharded across them),
-with the chunked LM head (troll.lm_head=chunked, the default) and the dense one. It builds verl's TrainingWorker with
-TrollFSDPEngine, and drives it through verl's own ``RayPPOTrainer._compute_old_log_prob`` and ``_update_actor`` (as
-``TrollRayPPOTrainer``, with the config composed from verl's ppo_trainer.yaml and docs/verl.md's overrides). The
-reference is troll's own float32 functions on an unsharded copy of the same model. These tests read what it measured.
+with the chunked LM head (troll.lm_head=chunked, the default) and then the dense one in the same launch. It builds
+verl's TrainingWorker with TrollFSDPEngine, and drives it through verl's own ``RayPPOTrainer._compute_old_log_prob``
+and ``_update_actor`` (as ``TrollRayPPOTrainer``, with the config composed from verl's ppo_trainer.yaml and
+docs/verl.md's overrides). The reference is troll's own float32 functions on an unsharded copy of the same model.
+These tests read what it measured.
 """
 
 import ast
@@ -41,6 +42,27 @@ def _qwen2_dir(folder: Path) -> Path:
     return folder
 
 
+_LAUNCHES: dict[int, tuple[int, str, object]] = {}  # processes -> (exit code, stderr, result folder)
+
+
+def _launch(procs: int, tmp_path_factory):
+    """One torchrun launch of ``procs`` processes that measures both LM heads, one after the other (a rank's start-up,
+    verl's import, is most of its time); cached for the module."""
+    if procs not in _LAUNCHES:
+        model = _qwen2_dir(tmp_path_factory.mktemp("qwen2"))
+        out = tmp_path_factory.mktemp(f"verl-engine-{procs}")
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "HF_HUB_OFFLINE": "1",
+            "VERL_PLATFORM": "cpu",
+            "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
+        }
+        command = [*torchrun(procs, out / "torchrun"), str(SCRIPT), str(model), str(out), "chunked,dense"]
+        _LAUNCHES[procs] = (*run_script(command, env, timeout=300), out)
+    return _LAUNCHES[procs]
+
+
 @pytest.fixture(
     scope="module",
     params=[(1, "chunked"), (2, "chunked"), (1, "dense"), (2, "dense")],
@@ -51,20 +73,9 @@ def run(request, tmp_path_factory):
     import json
 
     procs, lm_head = request.param
-    model = _qwen2_dir(tmp_path_factory.mktemp("qwen2"))
-    out = tmp_path_factory.mktemp(f"verl-engine-{procs}-{lm_head}")
-    src = str(SRC)
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "HF_HUB_OFFLINE": "1",
-        "VERL_PLATFORM": "cpu",
-        "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]),
-    }
-    command = [*torchrun(procs, out / "torchrun"), str(SCRIPT), str(model), str(out), lm_head]
-    code, err = run_script(command, env, timeout=300)
+    code, err, out = _launch(procs, tmp_path_factory)
     assert code == 0, err[-3000:]
-    result = {**json.loads((out / "result.json").read_text()), "lm_head": lm_head}
+    result = {**json.loads((out / f"result-{lm_head}.json").read_text()), "lm_head": lm_head}
     update, extras = result["update"], result["extras"]
     print(  # the figures docs/verl.md quotes (pytest -s)
         f"verl {procs} proc {lm_head}: capture {result['capture']['rows_mismatched']} rows differ, max |d log p| "
