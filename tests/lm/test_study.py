@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -80,9 +81,10 @@ def test_parse_grid():
     assert study.StudySpec.from_json(json.loads(json.dumps(spec.to_json()))) == spec
 
 
-def test_arms_with_their_own_options():
+def test_arms_with_their_own_options(tmp_path, monkeypatch):
     """--losses troll,troll:tail=renormalize,...: arms that differ by more than the loss, in one study, paired like
     the plain losses (each TROLL arm minus each baseline arm)."""
+    monkeypatch.chdir(tmp_path)  # the cells' options files are written beside their folders
     assert study.split_arm("troll:kl-bound=0.2:tail=renormalize") == ("troll", {"kl_bound": 0.2, "tail": "renormalize"})
     assert study.split_arm(" clip : dual-clip=5 ") == ("clip", {"dual_clip": 5.0})
     arms = study.parse_arms("troll, troll:tail=renormalize,troll_seq:agg=token-mean:kl-bound=0.2,gspo_tm")
@@ -99,14 +101,28 @@ def test_arms_with_their_own_options():
     assert study.troll_minus_baselines(arms) == pairs
     reuse = [f"{loss}:steps-per-rollout={k}" for k in (1, 16) for loss in ("troll", "clip")]
     assert study.troll_minus_baselines(reuse) == [(reuse[0], reuse[1]), (reuse[2], reuse[3])]
-    argv = study.cell_argv(cells["troll:tail=renormalize"], resume=False, keep_checkpoints=False, keep_model=False)
-    assert argv[argv.index("--loss") + 1] == "troll" and argv[argv.index("--tail") + 1] == "renormalize"
+    ran = cell_runs(cells["troll:tail=renormalize"])
+    assert ran == cells["troll:tail=renormalize"].options and (ran.loss, ran.tail) == ("troll", "renormalize")
 
 
-def test_arms_take_the_shared_options_that_concern_them():
+def cell_runs(cell) -> RunOptions:
+    """The options a cell's ``troll train`` builds from its command line and the options file the study writes."""
+    from troll.cli import build_parser
+    from troll.lm.cli import given_options
+    from troll.study import options as options_file
+
+    options_file.write(cell.options_file, study.cell_data(cell))
+    argv = study.cell_argv(cell, resume=False, keep_checkpoints=False, keep_model=False)
+    assert argv[:5] == [sys.executable, "-m", "troll.cli", "train", "--out"]
+    assert argv[argv.index("--options") + 1] == str(cell.options_file)
+    return given_options(build_parser().parse_args(argv[3:])).resolved()
+
+
+def test_arms_take_the_shared_options_that_concern_them(tmp_path, monkeypatch):
     """One command line for every arm: --agg reaches the TROLL losses only, the clip options the clip losses only
     (resolved: clip-higher defaults to clip_eps, the dual clip to the loss's own: 10 for clip, none for grpo), and a
-    cell's command line spells out what its loss uses, nothing else."""
+    cell's options file holds what its loss uses (None for the rest), which its command reads back as planned."""
+    monkeypatch.chdir(tmp_path)  # the cells' options files are written beside their folders
     base = RunOptions(loss=None, steps=2, agg="token-mean", clip_eps_high=0.28)
     spec = study.StudySpec(base, ["troll_seq", "clip", "grpo"], [0], "tail", ["bucket", "renormalize"])
     cells = {(c.value, c.arm): c for c in study.plan(spec, Path("st"))}
@@ -114,17 +130,20 @@ def test_arms_take_the_shared_options_that_concern_them():
     assert (troll.agg, troll.clip_eps_high, troll.dual_clip, troll.tail) == ("token-mean", None, None, "renormalize")
     assert (clip.agg, clip.clip_eps, clip.clip_eps_high, clip.dual_clip) == (None, 0.2, 0.28, 10.0)
     assert (grpo.agg, grpo.clip_eps_high, grpo.dual_clip) == (None, 0.28, 0.0)
-    argv = study.cell_argv(cells["renormalize", "clip"], resume=False, keep_checkpoints=False, keep_model=False)
-    assert "--agg" not in argv and argv[argv.index("--dual-clip") + 1] == "10.0"
-    assert argv[argv.index("--tail") + 1] == "renormalize" and argv[argv.index("--measure-kl") + 1] == "auto"
-    argv = study.cell_argv(cells["bucket", "troll_seq"], resume=False, keep_checkpoints=False, keep_model=False)
-    assert "--dual-clip" not in argv and "--clip-eps-high" not in argv and argv[argv.index("--agg") + 1] == "token-mean"
+    data = study.cell_data(cells["renormalize", "clip"])
+    assert data["agg"] is None and data["dual_clip"] == 10.0 and "out" not in data
+    assert (data["tail"], data["measure_kl"]) == ("renormalize", "auto")
+    assert cell_runs(cells["renormalize", "clip"]) == clip
+    data = study.cell_data(cells["bucket", "troll_seq"])
+    assert data["dual_clip"] is None and data["clip_eps_high"] is None and data["agg"] == "token-mean"
+    assert cell_runs(cells["bucket", "troll_seq"]) == cells["bucket", "troll_seq"].options
 
 
-def test_an_arms_bound_takes_its_losss_name_and_eps_warns_once(capsys):
+def test_an_arms_bound_takes_its_losss_name_and_eps_warns_once(capsys, tmp_path, monkeypatch):
     """An arm names its loss's bound as ``troll train`` does (troll:kl-bound=, grpo:clip-eps=, cispo:cispo-cap=);
-    ``eps=`` still works with the warning of --eps, once per arm however many cells it has; a cell's command line
-    spells its bound with the loss's own flag, not the deprecated --eps."""
+    ``eps=`` still works with the warning of --eps, once per arm however many cells it has; a cell's options name
+    its bound with the loss's own field, not the deprecated eps."""
+    monkeypatch.chdir(tmp_path)  # the cells' options files are written beside their folders
     arms = study.parse_arms("troll:eps=0.2,grpo:eps=0.3,cispo:eps=4")
     err = capsys.readouterr().err
     for arm, new, value in [("troll:eps=0.2", "kl-bound=", "0.2"), ("grpo:eps=0.3", "clip-eps=", "0.3"),
@@ -148,8 +167,9 @@ def test_an_arms_bound_takes_its_losss_name_and_eps_warns_once(capsys):
     with pytest.raises(UsageError, match="clip-eps= sets the clip range .* the loss troll takes kl-bound="):
         study.split_arm("troll:clip-eps=0.2")
     for arm, flag in [("troll:eps=0.2", "--kl-bound"), ("grpo:eps=0.3", "--clip-eps"), ("cispo:eps=4", "--cispo-cap")]:
-        argv = study.cell_argv(cells[arm], resume=False, keep_checkpoints=False, keep_model=False)
-        assert "--eps" not in argv and argv[argv.index(flag) + 1] == str(cells[arm].options.bound)
+        data = study.cell_data(cells[arm])
+        assert "eps" not in data and data[flag[2:].replace("-", "_")] == cells[arm].options.bound
+        assert cell_runs(cells[arm]) == cells[arm].options
 
 
 @pytest.mark.parametrize(

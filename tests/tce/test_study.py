@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -153,8 +154,12 @@ def test_study_end_to_end_then_resume(tmp_path, capsys):
         assert (summary["algo"], summary["seed"], summary["env_steps"]) == (algo, seed, 1600)
         assert [r["env_steps"] for r in rows[algo, seed]] == [800, 1600]
     log = (out / "tce" / "seed1.log").read_text().splitlines()[0]
-    assert "tce train --out" in log and "--env toy/viapoint --algo tce --seed 1 --threads 1 --workers 0" in log
-    assert "--steps 1600 --episodes 8" in log
+    assert log.endswith(f"tce train --out {folders['tce', 1]} --no-progress --options {out / 'tce/seed1.options.json'}")
+    given = json.loads((out / "tce" / "seed1.options.json").read_text())  # the cell's config, as data
+    assert given == json.loads((folders["tce", 1] / "config.json").read_text())["config"]
+    assert (given["env"], given["algo"], given["seed"], given["threads"], given["workers"]) == ("toy/viapoint", "tce",
+                                                                                               1, 1, 0)  # fmt: skip
+    assert (given["total_env_steps"], given["episodes"]) == (1600, 8)
 
     data = json.loads((out / "study.json").read_text())
     table = (out / "study.md").read_text()
@@ -231,14 +236,13 @@ def test_study_end_to_end_then_resume(tmp_path, capsys):
 
 @pytest.mark.parametrize("algos", ["tce,bbrl,bbrl-cov", "tce"])
 def test_a_metaworld_study_cell_runs_the_authors_env_options(tmp_path, algos):
-    """Regression: the backend a study records (and passes to each cell as ``--env-options``) once replaced the
+    """Regression: the backend a study records (and passes to each cell in its env options) once replaced the
     preset's env options, so every metaworld/* study cell ran without the authors' mocap controller, gripper start
-    and full context. Each planned cell, and the config its ``troll tce train`` command line builds, keeps them."""
+    and full context. Each planned cell, and the config its ``troll tce train`` builds from its options file, keeps
+    them."""
     import argparse
 
-    from troll.cli import build_parser
     from troll.episodic.presets import METAWORLD_ENV
-    from troll.tce.cli import train_config
 
     args = argparse.Namespace(resume=False, env="metaworld/reach-v3", algos=algos, out=str(tmp_path / "x"))
     spec = study.spec_from_args(args, {})[0]
@@ -248,9 +252,7 @@ def test_a_metaworld_study_cell_runs_the_authors_env_options(tmp_path, algos):
     for cell in cells:
         config = cell.options["config"]
         assert config.env_options == {**METAWORLD_ENV, "backend": backend}, cell.folder
-        argv = study.cell_argv(cell, spec, resume=False)
-        assert argv[1:3] == ["-m", "troll.cli"]
-        assert train_config(build_parser().parse_args(argv[3:]), None) == config
+        assert cell_runs(cell, spec) == config
 
 
 def test_a_study_records_its_backend_and_an_old_one_keeps_its_cells_backend(tmp_path):
@@ -276,8 +278,22 @@ def test_a_study_records_its_backend_and_an_old_one_keeps_its_cells_backend(tmp_
     write_json(tmp_path / "old" / "tce" / "seed0" / "config.json", cell)
     spec, _ = study.spec_from_args(resume, {})
     assert spec.options["env_options"] == {"backend": "python"}
-    argv = study.cell_argv(study.plan(spec, tmp_path / "old")[-1], spec, resume=False)
-    assert argv[argv.index("--env-options") + 1] == '{"backend": "python"}'
+    cell = study.plan(spec, tmp_path / "old")[-1]
+    assert study.cell_data(cell)["env_options"] == {"backend": "python"}
+    assert cell_runs(cell, spec).env_options == {"backend": "python"}
+
+
+def cell_runs(cell, spec):
+    """The config a cell's ``troll tce train`` builds from its command line and the options file the study writes."""
+    from troll.cli import build_parser
+    from troll.study import options as options_file
+    from troll.tce.cli import train_config
+
+    options_file.write(cell.options_file, study.cell_data(cell))
+    argv = study.cell_argv(cell, spec, resume=False)
+    assert argv[:5] == [sys.executable, "-m", "troll.cli", "tce", "train"]
+    assert argv[argv.index("--options") + 1] == str(cell.options_file)
+    return train_config(build_parser().parse_args(argv[3:]), None)
 
 
 def test_resume_refuses_a_study_whose_started_cells_ran_other_settings(tmp_path, capsys):

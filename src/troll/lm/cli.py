@@ -84,6 +84,8 @@ def add_commands(sub) -> None:
         train.add_argument(flag, type=float, default=argparse.SUPPRESS, help=f"{meaning} (default: {shown})")
     train.add_argument("--eps", type=float, default=argparse.SUPPRESS, help=DEPRECATED_EPS)
     add_run_args(train, "run folder (default: runs/<loss>-<task>-seed<seed>)")
+    train.add_argument("--options", default=argparse.SUPPRESS, metavar="FILE", help="the run's options as a JSON "
+                       "object of their fields instead of flags (a study writes one for each cell)")  # fmt: skip
     train.add_argument(
         "--keep-checkpoints",
         action="store_true",
@@ -135,6 +137,8 @@ def resume_options(args: argparse.Namespace) -> RunOptions:
 
     if not hasattr(args, "out"):
         raise UsageError("--resume needs --out, the run folder to continue.")
+    if hasattr(args, "options"):
+        raise UsageError("--resume continues with the options in the folder's config.json; drop --options.")
     # each flag's value checked; how they fit together is the saved run's (its loss, batch shape, ...)
     options_from_args(args, shared=True)
     path = Path(args.out) / CONFIG_FILE
@@ -159,13 +163,32 @@ def resume_options(args: argparse.Namespace) -> RunOptions:
     return dataclasses.replace(saved, **given, out=args.out)
 
 
+def given_options(args: argparse.Namespace) -> RunOptions:
+    """The options of a new run: from the flags, or all from ``--options FILE`` (:mod:`troll.study.options`), which
+    no run flag may join and ``--resume`` does not read (the folder's config.json holds the run's options)."""
+    if not hasattr(args, "options"):
+        return options_from_args(args)
+    from troll.study import options as cell_options
+
+    flags = [
+        "--" + f.name.replace("_", "-")
+        for f in dataclasses.fields(RunOptions)
+        if f.name != "out" and hasattr(args, f.name)
+    ]
+    if flags:
+        raise UsageError(f"--options {args.options} gives every option of the run; drop {', '.join(flags)} (or drop "
+                         "--options and give them all as flags).")  # fmt: skip
+    values = cell_options.read(Path(args.options), RunOptions)
+    return RunOptions(**values, **({"out": args.out} if hasattr(args, "out") else {}))
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     runs.exclusive(resume=args.resume, overwrite=args.overwrite)
     train_bound(args)
     # --out from the first look on (the default folder once it is known), so that no other process changes it
     # between the checks and the run
     with runs.holding(args.out) if hasattr(args, "out") else contextlib.nullcontext():
-        opts = (resume_options(args) if args.resume else options_from_args(args)).resolved()
+        opts = (resume_options(args) if args.resume else given_options(args)).resolved()
         with runs.holding(opts.out):
             return _train_command(args, opts)
 

@@ -1,13 +1,13 @@
 """``troll study``: the language-model frontend of the study engine (:mod:`troll.study`).
 
 The grid is losses x seeds, optionally swept over one ``troll train`` option; each cell is a ``troll train`` run,
-started as ``python -m troll.cli train ...`` with every option spelled out. What this module adds to the engine:
-the grid's options (:class:`StudySpec`: the base RunOptions, with the TROLL losses' ``kl_bound`` and the clip
-losses' ``clip_eps``), a cell's command line, the numbers of a cell (held-out accuracy before and after, reward of
-the last quarter, final entropy, and over the off-policy steps the largest KL after projection or the clipped
-share), the pairs (each TROLL loss minus each baseline) and the curves against optimiser steps. Cells drop their
-checkpoints and final model when they finish unless ``--keep-checkpoints`` / ``--keep-model``: a cell then holds
-config.json, metrics.jsonl, summary.json and plots.png (a few hundred kB).
+started as ``python -m troll.cli train --options FILE``, its options as data (:mod:`troll.study.options`). What this
+module adds to the engine: the grid's options (:class:`StudySpec`: the base RunOptions, with the TROLL losses'
+``kl_bound`` and the clip losses' ``clip_eps``), a cell's command line and options, the numbers of a cell (held-out
+accuracy before and after, reward of the last quarter, final entropy, and over the off-policy steps the largest KL
+after projection or the clipped share), the pairs (each TROLL loss minus each baseline) and the curves against
+optimiser steps. Cells drop their checkpoints and final model when they finish unless ``--keep-checkpoints`` /
+``--keep-model``: a cell then holds config.json, metrics.jsonl, summary.json and plots.png (a few hundred kB).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from troll.lm.metrics import off_policy_rows
 from troll.lm.options import LOSSES, RunOptions
 from troll.study import Cell, Curve, Frontend, Grid, Number, Pairing, Study, UsageError, runner, stats
 from troll.study import grid as grid_lib
+from troll.study import options as cell_options_file
 
 __all__ = [
     "StudySpec",
@@ -182,20 +183,21 @@ def plan(spec: StudySpec, out: Path) -> list[Cell]:
 
 
 def cell_argv(cell: Cell, *, resume: bool, keep_checkpoints: bool, keep_model: bool) -> list[str]:
-    """The ``troll train`` command line of a cell: every option spelled out (or --resume from its folder)."""
+    """The ``troll train`` command line of a cell: its options from its options file (:func:`cell_data`), or
+    --resume from its folder."""
     argv = [sys.executable, "-m", "troll.cli", "train", "--out", str(cell.folder)]
-    if resume:
-        argv.append("--resume")
-    else:
-        for f in dataclasses.fields(RunOptions):
-            value = getattr(cell.options, f.name)
-            if f.name != "out" and value is not None:  # None: the option does not concern this loss
-                argv += ["--" + f.name.replace("_", "-"), str(value)]
+    argv += ["--resume"] if resume else [cell_options_file.FLAG, str(cell.options_file)]
     if keep_checkpoints:
         argv.append("--keep-checkpoints")
     if not keep_model:
         argv.append("--no-model")
     return argv
+
+
+def cell_data(cell: Cell) -> dict:
+    """A cell's options as data (:mod:`troll.study.options`): every RunOptions field but the folder (``--out``);
+    None where the option does not concern the cell's loss."""
+    return {k: v for k, v in cell.options.to_json().items() if k != "out"}
 
 
 # ---------------------------------------------------------------- what a cell gives
@@ -320,6 +322,7 @@ def frontend(*, keep_checkpoints: bool = False, keep_model: bool = False, thread
         cell_argv=lambda cell, resume: cell_argv(
             cell, resume=resume, keep_checkpoints=keep_checkpoints, keep_model=keep_model
         ),
+        cell_options=cell_data,
         numbers=lambda cell, summary, rows: cell_metrics(summary, rows, cell.options.steps_per_rollout),
         table=CELL_METRICS,
         paired=PAIRED_METRICS,

@@ -279,12 +279,15 @@ def resolve_out(executor: Executor, out: Path) -> Path:
     return Path(out) if executor.name == "local" else Path(os.path.abspath(out))
 
 
-def _relative_paths(argv, env: dict) -> list[str]:
-    """Tokens of a cell's command line that name an existing file or folder by a relative path, and relative
-    entries of the PYTHONPATH the cell inherits."""
+def _relative_paths(argv, env: dict, options: dict | None = None) -> list[str]:
+    """Tokens of a cell's command line, and text values of its options (:mod:`troll.study.options`, named in flag
+    form), that name an existing file or folder by a relative path, and relative entries of the PYTHONPATH the
+    cell inherits."""
     found = []
-    for before, token in zip(("", *argv), argv):  # option values only: a command's words are not paths
-        value = before.startswith("-") and token and not token.startswith("-")
+    given = list(zip(("", *argv), argv))
+    given += [("--" + str(name).replace("_", "-"), value) for name, value in (options or {}).items()]
+    for before, token in given:  # option values only: a command's words are not paths
+        value = before.startswith("-") and isinstance(token, str) and token and not token.startswith("-")
         if value and not os.path.isabs(token) and os.path.exists(token):
             found.append(f"{before} {token}".strip())
     for entry in filter(None, env.get("PYTHONPATH", "").split(os.pathsep)):
@@ -303,7 +306,8 @@ def prepare(executor: Executor, out: Path, frontend, cells) -> Executor:
                          "file system every node shares.")  # fmt: skip
     env = {**os.environ, **frontend.env}
     for cell in cells:
-        bad = _relative_paths(frontend.cell_argv(cell, False), env)
+        data = frontend.cell_options(cell) if frontend.cell_options is not None else None
+        bad = _relative_paths(frontend.cell_argv(cell, False), env, data)
         if bad:
             raise UsageError(f"--executor {executor.name}: the cells would read {bad[0]}, a relative path, and a "
                              "node starts in another directory; give it as an absolute path on the file system "

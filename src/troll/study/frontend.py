@@ -4,7 +4,9 @@ The engine (:mod:`troll.study.runner`, :mod:`troll.study.report`) knows grids, f
 statistics; a frontend knows its runs. It says
 
 - how a cell is run: :attr:`Frontend.cell_argv` (a command line that writes the cell's folder: ``metrics.jsonl``
-  while it runs, ``summary.json`` last, once it has finished), :attr:`Frontend.can_resume` (whether an unfinished
+  while it runs, ``summary.json`` last, once it has finished), :attr:`Frontend.cell_options` (the cell's options as
+  data, written to :attr:`~troll.study.grid.Cell.options_file` before the cells run for the command line to name:
+  :mod:`troll.study.options`), :attr:`Frontend.can_resume` (whether an unfinished
   cell's folder holds a checkpoint its command can continue from), :attr:`Frontend.tidy` (what to drop from a cell
   found finished, e.g. checkpoints);
 - which numbers a cell gives: :attr:`Frontend.numbers` maps (cell, summary, metrics rows) to a dict; the keys listed
@@ -128,6 +130,8 @@ class Frontend:
     x_key: str = "step"
     x_label: str = "step"
     can_resume: Callable[[Cell], bool] = _never
+    # the fields of a cell's config (a JSON object), written to its options_file; None: the command line says all
+    cell_options: Callable[[Cell], dict] | None = None
     # the command of a cell's folder ("train", "tce train"), whose manifest says what in it may be deleted; None:
     # an unfinished cell's folder is left to the cell's command as it is
     run_command: str | None = None

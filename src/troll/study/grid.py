@@ -54,6 +54,11 @@ class Cell:
         return self.folder.with_name(self.folder.name + ".log")
 
     @property
+    def options_file(self) -> Path:
+        """Beside its folder: the cell's options as data, which its command reads (:mod:`troll.study.options`)."""
+        return self.folder.with_name(self.folder.name + ".options.json")
+
+    @property
     def stop_request(self) -> Path:
         """Beside its folder: while this file exists, the cell's entry point stops it (:mod:`troll.study.cell`)."""
         return self.folder.with_name(self.folder.name + ".stop")

@@ -48,6 +48,7 @@ from troll.runs.files import (
     write_json,
 )
 from troll.study import lease as lease_lib
+from troll.study import options as cell_options
 from troll.study import report as report_lib
 from troll.study.frontend import Frontend, Study
 from troll.study.grid import Cell
@@ -116,7 +117,8 @@ def run_study(study: Study, *, clear: bool, jobs: int, report: Callable[[str], N
     if clear:
         runs.clear(study.out, command)
     cells = tuple(c.folder.relative_to(study.out).as_posix() for c in study.cells)
-    beside = tuple(p.relative_to(study.out).as_posix() for c in study.cells for p in (c.log, c.stop_request))
+    beside = tuple(p.relative_to(study.out).as_posix() for c in study.cells
+                   for p in (c.log, c.stop_request, c.options_file))  # fmt: skip
     files = (*runs.LAYOUTS.get(command, STUDY_FILES), *beside)
     files += tuple(e for c in cells for e in lease_lib.manifest_entries(c))
     files += tuple(executor.files) if executor is not None else ()
@@ -129,6 +131,10 @@ def run_study(study: Study, *, clear: bool, jobs: int, report: Callable[[str], N
 
 def _run(study: Study, *, jobs: int, report: Callable[[str], None], executor=None) -> dict[str, str]:
     write_json(study.out / CONFIG_FILE, {"command": study.frontend.command, "spec": study.spec, "argv": sys.argv})
+    if study.frontend.cell_options is not None:  # before any cell starts, here or on a cluster's nodes
+        for cell in study.cells:
+            if not (cell.folder / SUMMARY_FILE).is_file():
+                cell_options.write(cell.options_file, study.frontend.cell_options(cell))
 
     def partial(status: dict[str, str]) -> None:
         try:

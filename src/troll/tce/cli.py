@@ -72,6 +72,8 @@ def add_commands(sub) -> None:
                        "command holding nothing else is deleted)")  # fmt: skip
     train.add_argument("--video", action="store_true", help=f"at the end, render the evaluation episodes into "
                        f"<out>/{VIDEO_FILE} (MuJoCo tasks; see 'troll tce render')")  # fmt: skip
+    train.add_argument("--options", default=argparse.SUPPRESS, metavar="FILE", help="the run's config as a JSON "
+                       "object of its fields instead of flags (a study writes one for each cell)")  # fmt: skip
     _add_run_flags(train)
     train.set_defaults(run=cmd_train, name=TCE_TRAIN)
 
@@ -180,7 +182,10 @@ def saved_run(out: Path) -> dict | None:
 
 
 def train_config(args: argparse.Namespace, saved: dict | None):
-    """The run's config: from the flags and the preset, or (resuming) the folder's, which given flags must match."""
+    """The run's config: from the flags and the preset, or from ``--options FILE``, or (resuming) the folder's,
+    which given flags must match."""
+    if hasattr(args, "options"):
+        return _file_config(args)
     given = given_options(args)
     threads = opts.int_flag(args, "threads", 1)
     workers = opts.int_flag(args, "workers", 0)
@@ -194,6 +199,18 @@ def train_config(args: argparse.Namespace, saved: dict | None):
         return opts.build_config(algo, env, seed=seed or 0, steps=steps, options=given, threads=threads or 1,
                                  workers=2 if workers is None else workers)  # fmt: skip
     return _resumed_config(args, saved, given, seed, steps, threads, workers)
+
+
+def _file_config(args: argparse.Namespace):
+    """``--options FILE``: every setting of the run from the file (:func:`troll.tce.flags.config_from_file`), which
+    no setting's flag may join (nor ``--resume``: :func:`cmd_train`)."""
+    names = ["env", "algo", "seed", "steps", "threads", "workers", "backend"]
+    names += [name for name, _, _ in opts.TCE_FLAGS] + [f"ppo_{name}" for name, _, _ in opts.PPO_FLAGS]
+    given = [opts.flag(name) for name in names if hasattr(args, name)]
+    if given:
+        raise UsageError(f"--options {args.options} gives every setting of the run; drop {', '.join(given)} (or "
+                         "drop --options and give them as flags).")  # fmt: skip
+    return opts.config_from_file(Path(args.options))
 
 
 def _resumed_config(args, saved: dict, given: dict, seed, steps, threads, workers):
@@ -235,6 +252,8 @@ def _resumed_config(args, saved: dict, given: dict, seed, steps, threads, worker
 
 def cmd_train(args: argparse.Namespace) -> int:
     runs.exclusive(resume=args.resume, overwrite=args.overwrite)
+    if args.resume and hasattr(args, "options"):
+        raise UsageError("--resume continues with the settings in the folder's config.json; drop --options.")
     if not hasattr(args, "out") and args.resume:
         raise UsageError("--resume needs --out, the run folder to continue.")
     out = Path(args.out) if hasattr(args, "out") else None

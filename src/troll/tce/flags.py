@@ -2,8 +2,8 @@
 
 Torch-free at import (the command line's parser is built from these tables without loading torch): TCE's flags are
 made from the metadata of :class:`~troll.episodic.config.TCEConfig`'s fields (their help and value names; the config
-module imports no torch), PPO's are listed here, and their values arrive as text; :func:`build_config` converts them
-with the types of the :class:`~troll.episodic.config.TCEConfig` / :class:`~troll.tce.ppo.PPOConfig` fields and
+module imports no torch), PPO's from :class:`~troll.tce.ppo_config.PPOConfig`'s, and their values arrive as text;
+:func:`build_config` converts them with the types of the TCEConfig / PPOConfig fields and
 builds the config, turning every error into a :class:`troll.study.UsageError` that names the flag and the fix.
 ``tests/tce/test_cli.py`` checks that the tables cover every field of both configs.
 
@@ -21,6 +21,7 @@ import math
 
 from troll.episodic.config import TCEConfig
 from troll.runs.files import UsageError
+from troll.tce.ppo_config import PPOConfig
 
 ALGOS = ("tce", "bbrl", "bbrl-cov", "ppo")
 TOY_ENVS = ("toy/viapoint", "toy/viapoint-sparse")
@@ -39,19 +40,10 @@ SHARED = ("episodes", "eval_every", "eval_episodes", "checkpoint_every")
 TCE_FLAGS: tuple[tuple[str, str, str], ...] = tuple(
     (f.name, f.metadata["metavar"], f.metadata["help"]) for f in dataclasses.fields(TCEConfig) if "help" in f.metadata
 )
-# (PPOConfig field, metavar, help): stable-baselines3's PPO, with SB3's defaults
-PPO_FLAGS: tuple[tuple[str, str, str], ...] = (
-    ("learning_rate", "X", "PPO: Adam step size (SB3 default: 3e-4)"),
-    ("n_steps", "N", "PPO: env steps per rollout (SB3 default: 2048)"),
-    ("batch_size", "N", "PPO: minibatch size (SB3 default: 64)"),
-    ("n_epochs", "N", "PPO: epochs per rollout (SB3 default: 10)"),
-    ("gamma", "X", "PPO: discount (SB3 default: 0.99)"),
-    ("gae_lambda", "X", "PPO: GAE lambda (SB3 default: 0.95)"),
-    ("clip_range", "X", "PPO: clip range (SB3 default: 0.2)"),
-    ("ent_coef", "X", "PPO: entropy bonus weight (SB3 default: 0)"),
-    ("vf_coef", "X", "PPO: value loss weight (SB3 default: 0.5)"),
-    ("max_grad_norm", "X", "PPO: gradient norm clip (SB3 default: 0.5)"),
-    ("net_arch", "WIDTHS", "PPO: hidden widths of the policy and of the value MLP (SB3 default: 64,64)"),
+# (PPOConfig field, metavar, help) of the SB3 settings, flags --ppo-<field>: made from the fields' metadata too, with
+# SB3's defaults
+PPO_FLAGS: tuple[tuple[str, str, str], ...] = tuple(
+    (f.name, f.metadata["metavar"], f.metadata["help"]) for f in dataclasses.fields(PPOConfig) if "help" in f.metadata
 )
 PPO_NAMES = frozenset(name for name, _, _ in PPO_FLAGS)
 # PPOConfig fields set from the flags above or from TCE's (not flags of their own)
@@ -169,8 +161,6 @@ def kinds() -> dict[str, type]:
     """Field name -> Python type of its value, for every TCE field and every ``ppo_``-prefixed PPO field."""
     import dataclasses
 
-    from troll.tce.ppo import PPOConfig
-
     default = TCEConfig()
     out = {f.name: OptionalFloat if getattr(default, f.name) is None else type(getattr(default, f.name))
            for f in dataclasses.fields(TCEConfig)}  # fmt: skip
@@ -222,8 +212,6 @@ def build_config(algo: str, env: str, *, seed: int, steps: int | None, options: 
     budget = {} if steps is None else {"total_env_steps": steps}
     try:
         if algo == "ppo":
-            from troll.tce.ppo import PPOConfig
-
             own = {k[4:]: v for k, v in options.items() if k.startswith("ppo_")}
             shared = {k: v for k, v in options.items() if k in ("eval_episodes", "checkpoint_every")}
             return PPOConfig.preset(env, eval_every=options.get("eval_every"), episodes=options.get("episodes"),
@@ -235,6 +223,25 @@ def build_config(algo: str, env: str, *, seed: int, steps: int | None, options: 
     return with_env_options(config)
 
 
+def config_from_file(path):
+    """``--options FILE``: the config a study wrote for its cell (:mod:`troll.study.options`): a TCEConfig's fields,
+    or a PPOConfig's when its ``algo`` is "ppo"; each field checked, then the config's own checks and the env's
+    options. UsageError naming the file and the field otherwise."""
+    from troll.study import options as cell_options
+
+    data, source = cell_options.load(path), cell_options.source(path)
+    kind = PPOConfig if data.get("algo") == "ppo" else TCEConfig
+    values = cell_options.check(data, kind, source)
+    algo = check_algo(values.get("algo", kind.algo), f"{source}: field 'algo'")
+    check_env(values.get("env", kind.env), algo)
+    try:
+        config = kind(**values)
+    except ValueError as err:
+        name = getattr(err, "field", None)
+        raise UsageError(f"{source}: " + (f"field {name!r}: {err}" if name else str(err))) from None
+    return config if algo == "ppo" else with_env_options(config)
+
+
 def resumed_config(saved: dict):
     """The config a run resumes with, from the "config" entry of its config.json: the TCEConfig or PPOConfig it
     holds (fields added since take their defaults), and a TCE run on an env that has since gained an EnvPool backend
@@ -244,8 +251,6 @@ def resumed_config(saved: dict):
     from troll.episodic.envs.registry import has_backends
 
     if saved.get("algo") == "ppo":
-        from troll.tce.ppo import PPOConfig
-
         return PPOConfig.from_dict(saved)
     config = TCEConfig.from_dict(saved)
     if has_backends(config.env) and "backend" not in config.env_options:

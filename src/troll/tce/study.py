@@ -1,7 +1,8 @@
 """``troll tce study``: the episodic frontend of the study engine (:mod:`troll.study`), arms = algorithms.
 
-What the engine needs from it (:class:`troll.study.Frontend`): a cell's command line (``troll tce train`` with every
-option spelled out, or ``--resume`` from its folder when it holds a checkpoint), a cell's numbers, the pairs and the
+What the engine needs from it (:class:`troll.study.Frontend`): a cell's command line and options (``troll tce train
+--options FILE``, its config as data: :mod:`troll.study.options`; or ``--resume`` from its folder when it holds a
+checkpoint), a cell's numbers, the pairs and the
 curves against environment steps. Numbers of a cell, from its summary.json and metrics.jsonl (evaluations of the
 mean trajectory for TCE / BBRL, of the deterministic policy for PPO, on the same episode seeds; PPO steps the Python
 packages, so on EnvPool its episodes are other draws from the same distribution):
@@ -32,6 +33,7 @@ from pathlib import Path
 from troll.runs.files import TCE_STUDY, TCE_TRAIN, VIDEO_FILE
 from troll.study import Cell, Curve, Frontend, Grid, Number, Pairing, Study, UsageError, runner, stats
 from troll.study import grid as grid_lib
+from troll.study import options as cell_options_file
 from troll.tce import flags as opts
 
 COMMAND, RUN_COMMAND = TCE_STUDY, TCE_TRAIN  # the study's command and each cell's
@@ -240,20 +242,20 @@ def plan(spec: StudySpec, out: Path) -> list[Cell]:
 
 
 def cell_argv(cell: Cell, spec: StudySpec, *, resume: bool) -> list[str]:
-    """The ``troll tce train`` command line of a cell (every option spelled out), or ``--resume`` from its folder."""
+    """The ``troll tce train`` command line of a cell: its config from its options file (:func:`cell_data`), or
+    ``--resume`` from its folder with the study's runtime (which a resumed study may change)."""
     argv = [sys.executable, "-m", "troll.cli", "tce", "train", "--out", str(cell.folder), "--no-progress"]
-    o = cell.options
-    # the runtime, which a resumed study may change: a resumed cell takes it too
-    runtime = ["--threads", str(spec.threads)] + (["--workers", str(spec.workers)] if o["algo"] != "ppo" else [])
-    runtime += ["--video"] if spec.videos else []
-    if resume:
-        return argv + ["--resume"] + runtime
-    argv += ["--env", spec.env, "--algo", o["algo"], "--seed", str(o["seed"])] + runtime
-    if o["steps"] is not None:
-        argv += ["--steps", str(o["steps"])]
-    for name, value in o["options"].items():
-        argv += [opts.flag(name), opts.format_value(value)]
-    return argv
+    argv += ["--video"] if spec.videos else []
+    if not resume:
+        return argv + [cell_options_file.FLAG, str(cell.options_file)]
+    runtime = ["--threads", str(spec.threads)] + (["--workers", str(spec.workers)] if cell.arm != "ppo" else [])
+    return argv + ["--resume"] + runtime
+
+
+def cell_data(cell: Cell) -> dict:
+    """A cell's options as data (:mod:`troll.study.options`): every field of its config (the TCEConfig or
+    PPOConfig ``troll tce train`` writes to the cell's config.json)."""
+    return cell.options["config"].to_dict()
 
 
 def cell_numbers(summary: dict, rows: list[dict]) -> dict:
@@ -375,6 +377,7 @@ def frontend(spec: StudySpec) -> Frontend:
         run_command=RUN_COMMAND,
         arm="algo",
         cell_argv=lambda cell, resume: cell_argv(cell, spec, resume=resume),
+        cell_options=cell_data,
         numbers=lambda cell, summary, rows: cell_numbers(summary, rows),
         table=TABLE + (HEIGHT_TABLE if spec.env in opts.HOPPER_ENVS else ()),
         paired=PAIRED + (HEIGHT_TABLE[:1] if spec.env in opts.HOPPER_ENVS else ()),
