@@ -623,7 +623,7 @@ out.mkdir(parents=True, exist_ok=True)
 
 def test_language_model_cells_through_an_array(tmp_path):
     """``troll study``'s frontend through the same executor, each cell a stand-in that records the command line
-    the frontend built (a real language-model cell takes minutes here): a fresh cell gets its full ``troll train``
+    the frontend built (a real language-model cell takes minutes here): a fresh cell gets its ``troll train --options``
     command, a cell with a complete checkpoint its ``--resume`` one, and every task its cores (``--threads``)."""
     import dataclasses
 
@@ -649,7 +649,9 @@ def test_language_model_cells_through_an_array(tmp_path):
         argv = json.loads((cell.folder / "argv.json").read_text())
         assert argv == engine.cell_argv(cell, False)
         assert argv[3:6] == ["train", "--out", str(cell.folder)] and "--resume" not in argv
-        assert argv[argv.index("--loss") + 1] == cell.arm and argv[argv.index("--threads") + 1] == "2"
+        assert argv[6:8] == ["--options", str(cell.options_file)]  # written by the study (run_study) before its cells
+        data = study.cell_data(cell)
+        assert (data["loss"], data["threads"]) == (cell.arm, 2)
     troll = cells[1].folder
     (troll / "summary.json").unlink()  # stopped after its checkpoint at step 2
     (troll / "checkpoint-2").mkdir()
