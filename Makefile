@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test lint bench bubblewrap results map code-results tce-results tce-authors tce-hopper tce-box \
+.PHONY: demo test lint bench bubblewrap verl-demo results map code-results tce-results tce-authors tce-hopper tce-box \
 	tce-hopper-lr tce-ablation tce-backends envpool-equivalence clean
 
 # Offscreen OpenGL for `troll tce render` (MuJoCo's EGL backend on Mesa; no display needed): Debian packages,
@@ -78,6 +78,14 @@ test: bubblewrap $(VENV)/.installed $(VERL_VENV)/.installed $(VLLM_VENV)/.instal
 	$(PY) -m pytest --require ray,submitit $(CLUSTER_TESTS)
 	$(VERL_VENV)/bin/python -m pytest --require verl,tensordict $(VERL_TESTS)
 	$(VLLM_VENV)/bin/python -m pytest --require vllm,trl $(VLLM_TESTS)
+
+# docs/verl.md, "End to end on CPU": verl's trainer with TROLL (python -m troll.integrations.verl.main) on
+# SmolLM2-135M-Instruct, 2 trainer processes, 3 GRPO steps on the CPU, with the CPU harness of the verl tests; the
+# model is the main environment's packaged GGUF, converted once into a folder in $TROLL_CACHE. A new folder each time.
+verl-demo: bubblewrap $(VENV)/.installed $(VERL_VENV)/.installed
+	m=$$($(PY) -c 'import troll.lm.model as m; print(m.ensure_cached(m.resolve_model(m.DEFAULT_MODEL)))') && \
+	OMP_NUM_THREADS=1 $(VERL_VENV)/bin/python tests/support/_verl_e2e.py --model $$m \
+		--out runs/verl-demo-$$(date +%Y%m%d-%H%M%S)
 
 # docs/archive/results-first-study.md: the four studies behind it (about 2 hours on a 2-core CPU), in a new folder
 # each time.

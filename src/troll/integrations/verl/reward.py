@@ -1,16 +1,17 @@
 """verl's custom reward function for code: ``compute_score`` runs a response's program on its tests in the sandbox.
 
-Point verl at it (no verl file changed)::
+Point verl 0.9's trainer at it (no verl file changed)::
 
-    custom_reward_function.path=<site-packages>/troll/integrations/verl/reward.py
-    custom_reward_function.name=compute_score            # or compute_score_batch with reward_model.reward_manager=batch
+    reward.custom_reward_function.path=<site-packages>/troll/integrations/verl/reward.py
+    reward.custom_reward_function.name=compute_score
 
 with each row's ``reward_model.ground_truth`` the tests as a JSON string, in troll's form or the APPS/Eurus form
-``{"inputs", "outputs"[, "fn_name"]}`` (:mod:`troll.integrations.code_reward`). The score is a dict, as verl's
-reward managers accept: ``score`` (the fraction of the first 10 tests passed, verl's reward), ``acc`` (1.0 when all
-passed) and ``scored`` (0.0 where the sandbox itself failed: that response gets score 0, and ``scored`` tells such
-rows from code that failed). ``output`` (both functions; verl passes it from ``custom_reward_function.reward_kwargs``)
-is the bytes a stdio test may print or one return value may take (default 1 MiB). Needs no verl to import.
+``{"inputs", "outputs"[, "fn_name"]}`` (:mod:`troll.integrations.code_reward`). verl 0.9.1's trainer scores through
+its reward loop, one response a call (``reward.reward_manager.name=naive``, the default); ``compute_score_batch`` is
+the form of verl's older batch reward manager (``verl.workers.reward_manager``, ``batch``), which verl 0.9.1's
+trainer no longer calls. The score is a dict, as verl's reward managers accept: ``score`` (the fraction of the first
+10 tests passed, verl's reward), ``acc`` (1.0 when all passed) and ``scored`` (0.0 where the sandbox itself failed:
+that response gets score 0, and ``scored`` tells such rows from code that failed). Needs no verl to import.
 """
 
 from __future__ import annotations
