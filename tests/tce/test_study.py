@@ -283,6 +283,25 @@ def test_a_study_records_its_backend_and_an_old_one_keeps_its_cells_backend(tmp_
     assert cell_runs(cell, spec).env_options == {"backend": "python"}
 
 
+def test_a_cell_reads_back_the_config_the_study_planned_bit_for_bit(tmp_path):
+    """Each algorithm's cell (PPO's config too) builds from its options file the config the study planned: floats
+    without a short decimal, widths and None come back exactly, through JSON rather than flag text."""
+    import argparse
+
+    args = argparse.Namespace(resume=False, env="gym/reacher", algos="tce,ppo", seeds="2", out=str(tmp_path / "x"))
+    given = {"ppo_gamma": 0.1 + 0.2, "ppo_net_arch": (7, 5), "mean_bound": 1e-7 / 3, "policy_hidden": (9,), "tau": None}
+    spec = study.spec_from_args(args, given)[0]
+    cells = study.plan(spec, tmp_path / "x")
+    assert sorted((c.arm, c.seed) for c in cells) == [("ppo", 0), ("ppo", 1), ("tce", 0), ("tce", 1)]
+    for cell in cells:
+        ran = cell_runs(cell, spec)
+        assert ran == cell.options["config"] and type(ran) is type(cell.options["config"]) and ran.seed == cell.seed
+        if cell.arm == "ppo":
+            assert (ran.gamma, ran.net_arch) == (0.30000000000000004, (7, 5))
+        else:
+            assert (ran.mean_bound, ran.policy_hidden, ran.tau) == (1e-7 / 3, (9,), None)
+
+
 def cell_runs(cell, spec):
     """The config a cell's ``troll tce train`` builds from its command line and the options file the study writes."""
     from troll.cli import build_parser
