@@ -176,6 +176,7 @@ def test_run_folder_refusal(tmp_path, capsys):
 
 def test_resume_refuses_changed_options(tmp_path, capsys):
     out = tmp_path / "run"
+    runs.begin(out, options.COMMAND)  # a run folder of troll train (its manifest) with a checkpoint
     (out / "checkpoint-2").mkdir(parents=True)
     saved = RunOptions(steps=2, out=str(out)).resolved()
     (out / options.CONFIG_FILE).write_text(json.dumps({"command": "train", "options": saved.to_json()}))
@@ -193,6 +194,7 @@ def test_resume_checks_the_flags_against_the_saved_run(tmp_path, capsys):
         return resume_options(build_parser().parse_args(["train", "--out", str(out), "--resume", *argv]))
 
     out = tmp_path / "run"
+    runs.begin(out, options.COMMAND)  # a run folder of troll train (its manifest) with a checkpoint
     (out / "checkpoint-2").mkdir(parents=True)
     saved = RunOptions(steps=6, prompts_per_step=3, generations=2, steps_per_rollout=3, out=str(out)).resolved()
     (out / options.CONFIG_FILE).write_text(json.dumps({"command": "train", "options": saved.to_json()}))
@@ -203,6 +205,7 @@ def test_resume_checks_the_flags_against_the_saved_run(tmp_path, capsys):
     with pytest.raises(UsageError, match="--steps-per-rollout differ from its config.json"):
         resumed(out, "--steps-per-rollout", "2")
     clip = tmp_path / "clip"
+    runs.begin(clip, options.COMMAND)
     (clip / "checkpoint-2").mkdir(parents=True)
     saved = RunOptions(loss="grpo", clip_eps=0.05, dual_clip=1.1, steps=4, out=str(clip)).resolved()
     (clip / options.CONFIG_FILE).write_text(json.dumps({"command": "train", "options": saved.to_json()}))

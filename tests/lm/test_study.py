@@ -18,6 +18,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from conftest import SRC, run_cli  # noqa: E402
 
+from troll import runs  # noqa: E402
 from troll.lm import study  # noqa: E402
 from troll.lm.options import RunOptions, UsageError  # noqa: E402
 from troll.study import parse_seeds  # noqa: E402
@@ -240,10 +241,11 @@ def test_folder_holding_something_else(tmp_path, capsys):
     for extra in [[], ["--overwrite"], ["--resume"]]:
         code, err = run_cli(capsys, "study", "--out", str(out), *extra)
         assert code == 2 and ("holds something else" in err or "not found" in err), err
-    (out / "config.json").write_text(json.dumps({"command": "train", "options": {}}))  # a train run, not a study
+    runs.begin(out, "train")  # a train run (its manifest and config.json), not a study
+    (out / "config.json").write_text(json.dumps({"command": "train", "options": {}}))
     code, err = run_cli(capsys, "study", "--out", str(out), "--overwrite")
     assert code == 2 and "'troll train', which 'troll study' never continues nor replaces" in err
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "notes.txt"]
+    assert sorted(p.name for p in out.iterdir()) == [".troll-run.json", "config.json", "notes.txt"]
     (tmp_path / "file").write_text("x")
     code, err = run_cli(capsys, "study", "--out", str(tmp_path / "file" / "below"))
     assert code == 2 and "is a file" in err
