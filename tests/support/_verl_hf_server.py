@@ -2,10 +2,10 @@
 verl's token-in-token-out ``generate`` requests with a Hugging Face causal LM in fp32 (sdpa attention, one thread).
 
 It imports neither verl nor Ray, so its process starts with torch and transformers alone (verl's own import costs
-seconds a process). It samples one token at a time with the KV cache: softmax of the logits / temperature, then top-k
-and top-p as in vLLM (temperature 0: greedy). The log-prob it returns for a sampled token is that of the
-temperature-scaled distribution before top-k / top-p, the one verl's actor recomputes as ``old_log_probs``. The
-answer has the fields of verl's ``TokenOutput`` that the agent loop reads.
+seconds a process). It samples one token at a time with the KV cache from the softmax of the logits / temperature
+(temperature 0: greedy; no top-k or top-p) and returns each sampled token's log-prob under that distribution, the one
+verl's actor recomputes as ``old_log_probs``. The answer has the fields of verl's ``TokenOutput`` that the agent loop
+reads.
 """
 
 from __future__ import annotations
@@ -49,14 +49,15 @@ class HFRolloutServer:
     @torch.no_grad()
     def _sample(self, prompt_ids: list[int], max_tokens: int, params: dict) -> tuple[list[int], list[float]]:
         temperature = float(params.get("temperature", 1.0))
-        top_k, top_p = int(params.get("top_k", -1)), float(params.get("top_p", 1.0))
+        if int(params.get("top_k", -1)) > 0 or float(params.get("top_p", 1.0)) < 1.0:
+            raise NotImplementedError("HFRolloutServer samples the whole distribution: set rollout.top_k=-1, top_p=1")
         out = self.model(input_ids=torch.tensor([prompt_ids]), use_cache=True)
         tokens, logps = [], []
         for _ in range(max_tokens):
             logits = out.logits[0, -1].float()
             logp = torch.log_softmax(logits / temperature if temperature > 0 else logits, -1)
             if temperature > 0:
-                token = int(torch.multinomial(_filtered(logp, top_k, top_p).exp(), 1, generator=self.generator))
+                token = int(torch.multinomial(logp.exp(), 1, generator=self.generator))
             else:
                 token = int(logp.argmax())
             tokens.append(token)
@@ -96,15 +97,3 @@ class HFRolloutServer:
 
     async def set_global_steps(self, global_steps):
         pass
-
-
-def _filtered(logp: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
-    """``logp`` (V,) renormalised to its top-k ids (top_k > 0) and the smallest head of mass >= top_p (< 1)."""
-    keep = torch.ones_like(logp, dtype=torch.bool)
-    if 0 < top_k < logp.numel():
-        keep &= logp >= logp.topk(top_k).values[-1]
-    if top_p < 1.0:
-        order = logp.argsort(descending=True)
-        before = logp[order].exp().cumsum(0) - logp[order].exp()  # mass of the ids ranked above each
-        keep[order[before >= top_p]] = False
-    return torch.log_softmax(logp.masked_fill(~keep, float("-inf")), -1)
