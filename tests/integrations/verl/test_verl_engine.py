@@ -10,36 +10,12 @@ These tests read what it measured.
 
 import ast
 import os
-from pathlib import Path
 
 import pytest
+from _verl_e2e import write_model  # a tiny random Qwen2 (verl's CPU actor tests use one)
 from conftest import ROOT, SRC, SUPPORT, run_script, torchrun
 
 SCRIPT = SUPPORT / "_torchrun_verl_engine.py"
-
-
-def _qwen2_dir(folder: Path) -> Path:
-    """A tiny random Qwen2 (verl's CPU actor tests use one) with the offline tokenizer, saved as a model folder."""
-    import torch
-    from tiny import tiny_tokenizer
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    tokenizer = tiny_tokenizer()
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        tie_word_embeddings=False,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
 
 
 _LAUNCHES: dict[int, tuple[int, str, object]] = {}  # processes -> (exit code, stderr, result folder)
@@ -49,7 +25,7 @@ def _launch(procs: int, tmp_path_factory):
     """One torchrun launch of ``procs`` processes that measures both LM heads, one after the other (a rank's start-up,
     verl's import, is most of its time); cached for the module."""
     if procs not in _LAUNCHES:
-        model = _qwen2_dir(tmp_path_factory.mktemp("qwen2"))
+        model = write_model(tmp_path_factory.mktemp("qwen2"))
         out = tmp_path_factory.mktemp(f"verl-engine-{procs}")
         env = {
             **os.environ,
