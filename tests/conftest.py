@@ -275,3 +275,14 @@ def process_state(pid: int) -> str:
 def parent_pid(pid: int) -> int:
     """The parent of the live process ``pid``."""
     return int(_proc_stat(pid)[1])
+
+
+def processes_under(marker: str) -> list[int]:
+    """Pids of the processes whose command line mentions ``marker`` (a cluster's or a study's folder)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    found.append(int(entry.name))
+    return found

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import pytest
 import submitit
-from conftest import parent_pid, process_state
+from conftest import parent_pid, process_state, processes_under
 from deadline import within
 
 from troll.cli import main
@@ -119,17 +119,6 @@ def reference(tmp_path_factory):
 # ---------------------------------------------------------------- the Ray cluster
 
 
-def _processes_under(marker: str) -> list[int]:
-    """Pids of the processes whose command line mentions ``marker`` (the cluster's temp folder)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
-                    found.append(int(entry.name))
-    return found
-
-
 def _start_node(argv: list[str], env: dict, log: Path) -> subprocess.Popen:
     proc = subprocess.Popen(argv + ["--block"], stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
                             start_new_session=True)  # fmt: skip
@@ -184,15 +173,15 @@ class _Cluster:
         deadline = time.monotonic() + 5
         while any(p.poll() is None for p in self.nodes) and time.monotonic() < deadline:
             time.sleep(0.2)
-        for pid in _processes_under(str(self.root)):
+        for pid in processes_under(str(self.root)):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         for proc in self.nodes:
             proc.wait(timeout=10)
         deadline = time.monotonic() + 5
-        while _processes_under(str(self.root)) and time.monotonic() < deadline:
+        while processes_under(str(self.root)) and time.monotonic() < deadline:
             time.sleep(0.2)
-        left = _processes_under(str(self.root))
+        left = processes_under(str(self.root))
         shutil.rmtree(self.root, ignore_errors=True)
         return left
 
@@ -335,7 +324,7 @@ def test_a_time_limit_notice_checkpoints_the_running_cell_and_requeues(tmp_path,
     slurm = ["--executor", "slurm", "--slurm-local", "--slurm-cells-per-task", "2"]
     study = _study_until([sys.executable, "-m", "troll.cli", "tce", "study", "--out", str(out), *TINY, *slurm],
                          out / "tce/seed0")  # fmt: skip
-    (cell,) = [pid for pid in _processes_under(str(out / "tce/seed0")) if _cmdline(pid)[3:5] == ["tce", "train"]]
+    (cell,) = [pid for pid in processes_under(str(out / "tce/seed0")) if _cmdline(pid)[3:5] == ["tce", "train"]]
     _freeze(cell)
     try:
         done = [int(p.stem.split("-")[1]) for p in (out / "tce/seed0").glob("checkpoint-*.pt")]
@@ -705,9 +694,9 @@ def test_a_failing_cell_fails_alone_once(tmp_path, where, request, monkeypatch):
     finally:
         if own is not None:
             deadline = time.monotonic() + 15
-            while _processes_under(str(own)) and time.monotonic() < deadline:
+            while processes_under(str(own)) and time.monotonic() < deadline:
                 time.sleep(0.2)
-            left = _processes_under(str(own))
+            left = processes_under(str(own))
             for pid in left:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
@@ -729,7 +718,7 @@ def _ray_study_with_frozen_cell(out: Path, address: str) -> tuple[subprocess.Pop
     argv = [sys.executable, "-m", "troll.cli", "tce", "study", "--out", str(out), *TINY, "--executor", "ray",
             "--ray-address", address]  # fmt: skip
     study = _study_until(argv, out / "tce/seed0")
-    (cell,) = [pid for pid in _processes_under(str(out / "tce/seed0")) if _cmdline(pid)[3:5] == ["tce", "train"]]
+    (cell,) = [pid for pid in processes_under(str(out / "tce/seed0")) if _cmdline(pid)[3:5] == ["tce", "train"]]
     _freeze(cell)
     return study, cell
 

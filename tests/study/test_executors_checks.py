@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import processes_under
 from deadline import within
 
 from troll.cli import main
@@ -37,17 +38,6 @@ def cli(capsys, *argv: str) -> tuple[int, str, str]:
     code = main(["tce", "study", *argv])
     captured = capsys.readouterr()
     return code, captured.out, captured.err
-
-
-def _processes_under(marker: str) -> list[int]:
-    """Pids of the processes whose command line mentions ``marker``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
-                    found.append(int(entry.name))
-    return found
 
 
 SLURM = ["--executor", "slurm", "--slurm-partition", "cpu", "--slurm-time", "90", "--slurm-cpus-per-task", "2",
@@ -224,7 +214,7 @@ def test_an_address_where_no_ray_cluster_answers_is_refused_quickly(tmp_path, ca
         assert time.monotonic() - start < most_s
         assert code == 2 and f"--ray-address {address}: {message}" in err and "Nothing was written." in err, err
         assert printed == "" and not out.exists()
-    assert not _processes_under(on_ray.NODES_LINE)  # the probe that was ended left nothing behind
+    assert not processes_under(on_ray.NODES_LINE)  # the probe that was ended left nothing behind
     # Ray's own refusal reaches the user as its last line, not as a traceback
     monkeypatch.setattr(on_ray, "_PROBE", "raise ConnectionError('Could not find any running Ray instance.')")
     with pytest.raises(on_ray.NotRay, match=r"^Ray could not connect to a cluster there \(ConnectionError: Could not "
