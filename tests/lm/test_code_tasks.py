@@ -113,3 +113,34 @@ def test_training_and_held_out_items_are_the_same_mix_of_families():
         held = Counter(e["family"] for e in task.heldout)
         train = Counter(e["family"] for e in task.train)
         assert held == train and sorted(held.values()) == [12, 13, 13, 13, 13]
+
+
+def test_a_family_left_out_is_never_drawn_and_the_other_four_take_turns():
+    drawn = [x["family"] for x in code_tasks.items("code_except_string", seed=0, size=8)]
+    assert drawn == ["affine", "piecewise", "list", "compose"] * 2
+
+
+def test_the_all_pass_reward_is_one_only_when_every_test_passes():
+    from troll.lm.code_data import CodeTaskReward
+
+    class Fixed:  # the sandbox's fraction of tests passed, as CodeReward returns it
+        def __call__(self, prompts, completions, tests):
+            return [1.0, 5 / 6, 0.0, None]
+
+    items = [{"tests": {}}] * 4
+    rewards = {}
+    for shape in ("fraction", "all"):
+        reward = CodeTaskReward(items, shape=shape)
+        reward.reward = Fixed()
+        rewards[shape] = reward(completions=["a"] * 4, rg_index=[0, 1, 2, 3])
+    assert rewards == {"fraction": [1.0, 5 / 6, 0.0, None], "all": [1.0, 0.0, 0.0, None]}
+
+
+def test_the_code_reward_option_is_checked_and_only_for_code_tasks():
+    assert RunOptions(task="code", code_reward="all").resolved().code_reward == "all"
+    assert RunOptions(task="code").resolved().code_reward == "fraction"
+    assert RunOptions(task="chain_sum").resolved().code_reward is None
+    with pytest.raises(UsageError, match="--code-reward must be one of fraction, all"):
+        RunOptions(task="code", code_reward="most")
+    with pytest.raises(UsageError, match="--code-reward applies to code tasks only"):
+        RunOptions(task="chain_sum", code_reward="all")

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 __all__ = ["LIMITS", "MEASURE_KL", "check_batch_shape", "check_run", "check_used", "check_values"]
 
 MEASURE_KL = ("auto", "on", "off")
+CODE_REWARDS = ("fraction", "all")  # --code-reward: the share of tests passed, or all of them
 # How check_troll_settings names TROLL's settings in a message: as the flags of troll train.
 TROLL_FLAGS = {"kl_bound": "--kl-bound", "alpha": "--alpha", "top_k": "--top-k", "delta": "--delta"}
 
@@ -68,7 +69,19 @@ def check_values(opts: RunOptions) -> None:
         raise UsageError(f"--out must be a folder path, got {opts.out!r}.")
     if opts.system is not None and not (isinstance(opts.system, str) and opts.system.isprintable()):
         raise UsageError(f'--system must be one line of printable text ("" for an empty message), got {opts.system!r}.')
+    _check_code_reward(opts)
     check_batch_shape(opts)
+
+
+def _check_code_reward(opts: RunOptions) -> None:
+    from troll.lm import code_data
+
+    if opts.code_reward is None:
+        return
+    if opts.code_reward not in CODE_REWARDS:
+        raise UsageError(f"--code-reward must be one of {', '.join(CODE_REWARDS)}, got {opts.code_reward!r}.")
+    if not code_data.is_code_task(opts.task):
+        raise UsageError(f"--code-reward applies to code tasks only; --task {opts.task} has its own reward: drop it.")
 
 
 def _check_troll(opts: RunOptions) -> None:

@@ -111,7 +111,7 @@ def _tests_field(row: dict, where: str) -> tuple[str, Any]:
     raise UsageError(f"{where}: field tests: missing (also looked for input_output and reward_model.ground_truth).")
 
 
-def card_section(name: str, *, seed: int, system: str | None) -> str:
+def card_section(name: str, *, seed: int, system: str | None, reward: str = "fraction") -> str:
     """The model card's task section of a code task."""
     if name.startswith(JSONL_PREFIX):
         what = f"the user's prompts and tests in `{name[len(JSONL_PREFIX) :]}` (held-out lines by a fixed shuffle)"
@@ -119,9 +119,12 @@ def card_section(name: str, *, seed: int, system: str | None) -> str:
         what = f"troll's generated code task `{name}` (training items from seed {seed}, held-out items from another)"
     note = "" if system is None else f" The chat prompts start with the system message {system!r}."
     return (
-        f"## Task\n\nWriting Python functions: {what}. The reward is the fraction of an item's tests (at most 10) "
+        f"## Task\n\nWriting Python functions: {what}. The reward is {REWARD_WORDS[reward]} (at most 10) "
         f"that the completion's last code block passes, run in troll's sandbox.{note}\n"
     )
+
+
+REWARD_WORDS = {"fraction": "the fraction of an item's tests", "all": "1 when it passes all of an item's tests"}
 
 
 class CodeItems(list):
@@ -146,15 +149,19 @@ def code_splits(name: str, *, seed: int, heldout_seed: int, n_train: int, n_held
 
 
 class CodeTaskReward:
-    """The TRL reward of a code task: the sandbox's fraction of tests passed of item ``rg_index``; None where the
-    sandbox failed. ``scores`` serves the held-out evaluation (the same numbers for given items; 1.0: all passed)."""
+    """The TRL reward of a code task: the sandbox's fraction of tests passed of item ``rg_index`` (``shape="all"``:
+    1.0 when all passed, else 0.0); None where the sandbox failed. ``scores`` serves the held-out evaluation (the
+    fraction passed of given items whatever the shape; 1.0: all passed)."""
 
     __name__ = "correct"  # the same log keys as the math tasks' reward: rewards/correct/mean
 
-    def __init__(self, items: list[dict], *, sandbox=None, slots: int = 2):
+    def __init__(self, items: list[dict], *, sandbox=None, slots: int = 2, shape: str = "fraction"):
         from troll.integrations.code_reward import CodeReward
 
+        if shape not in REWARD_WORDS:
+            raise ValueError(f"shape must be one of {', '.join(REWARD_WORDS)}, got {shape!r}")
         self.items = items
+        self.shape = shape
         self.reward = CodeReward(sandbox=sandbox, slots=slots)
 
     def scores(self, completions: list, entries: list[dict]) -> list[float | None]:
@@ -162,4 +169,7 @@ class CodeTaskReward:
 
     def __call__(self, prompts=None, completions=None, rg_index=None, **kwargs) -> list[float | None]:
         tests = [self.items[int(i)]["tests"] for i in rg_index]
-        return self.reward(prompts, completions, tests=tests)
+        scores = self.reward(prompts, completions, tests=tests)
+        if self.shape == "all":
+            return [None if s is None else float(s == 1.0) for s in scores]
+        return scores

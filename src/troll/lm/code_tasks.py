@@ -6,7 +6,8 @@ its tests are call-style cases (``{"input": [args], "expected": value}``) whose 
 computes in the trainer's own process with a reference written here. The model's code only ever runs in
 :mod:`troll.sandbox`.
 
-Families (``code_<family>`` tasks; ``code`` mixes them, one family per item in turn):
+Families (``code_<family>`` tasks; ``code`` mixes them, one family per item in turn; ``code_except_<family>`` mixes
+the other four):
 
 - ``affine``: ``a * x + b`` of an integer;
 - ``piecewise``: two branches on a threshold (a number or a word);
@@ -136,7 +137,12 @@ FAMILIES: dict[str, Callable[[random.Random], Spec]] = {
     "string": string_op,
     "compose": compose,
 }
-TASKS = {"code": tuple(FAMILIES), **{f"code_{name}": (name,) for name in FAMILIES}}
+TASKS = {
+    "code": tuple(FAMILIES),
+    **{f"code_{name}": (name,) for name in FAMILIES},
+    # Four families, the fifth left out: train on one of these, evaluate on code_<name> to see what carries over
+    **{f"code_except_{name}": tuple(f for f in FAMILIES if f != name) for name in FAMILIES},
+}
 
 
 def prompt(spec: Spec) -> str:

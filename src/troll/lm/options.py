@@ -116,7 +116,7 @@ class RunOptions:
         DEFAULT_TASK,
         "reasoning_gym task (default: {default}; --list-tasks lists them), or a code task scored by running tests in "
         "a sandbox: code (generated functions of five families), code_affine, code_piecewise, code_list, code_string, "
-        "code_compose, or jsonl:PATH (your prompts and tests; docs/code.md)",
+        "code_compose, code_except_<family> (the other four), or jsonl:PATH (your prompts and tests; docs/code.md)",
     )
     loss: str | None = "troll"  # None: the shared options of a comparison or study (for_loss picks the loss)
     # The loss's bound, under its family's name (BOUNDS); only the loss's own is set. None: the loss's default.
@@ -176,6 +176,11 @@ class RunOptions:
         None,
         f"sampling temperature, of training and of the held-out pass@k (default: {MATH_DEFAULTS.temperature:g} for "
         f"reasoning_gym tasks, {CODE_DEFAULTS.temperature:g} for code tasks)",
+    )
+    code_reward: str | None = _flag(  # None: the task's ("fraction" for code tasks; reasoning_gym tasks have their own)
+        None,
+        "code tasks: the training reward, fraction (of an item's tests passed) or all (1 when every test passes, "
+        "else 0); held-out accuracy counts an item right when all its tests pass either way (default: fraction)",
     )
     # The system message of the chat prompts; None: the chat template's default (SmolLM2's adds "You are a helpful AI
     # assistant named SmolLM, trained by Hugging Face", 17 tokens of every sequence's ~60)

@@ -193,7 +193,7 @@ def _train(opts: RunOptions, out: Path, start: float, *, resume: bool, keep_chec
         model = model_lib.load_weights(checkpoint)
     trainer = trainer_cls(
         model=model,
-        reward_funcs=[tasks.task_reward(task)],
+        reward_funcs=[tasks.task_reward(task, code_reward=opts.code_reward)],
         args=build_config(opts, config_cls),
         train_dataset=tasks.train_dataset(task, tokenizer.chat_template is not None),
         processing_class=tokenizer,

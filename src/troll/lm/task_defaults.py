@@ -21,16 +21,18 @@ class TaskDefaults:
     max_completion_length: int
     heldout: int
     heldout_samples: int
+    code_reward: str | None  # code tasks: "fraction" of an item's tests passed, or "all" (1 when all pass, else 0)
 
 
 # reasoning_gym tasks: short answers, sampled at 1.0, greedy held-out accuracy only.
 MATH_DEFAULTS = TaskDefaults(temperature=1.0, max_completion_length=MATH_COMPLETION_LENGTH, heldout=HELDOUT,
-                             heldout_samples=0)  # fmt: skip
+                             heldout_samples=0, code_reward=None)  # fmt: skip
 # Code tasks: at 1.0 the default model's samples are right far less often than at 0.7 (docs/code.md: a mean reward
 # of 0.05 against 0.2 over 16 samples); its function and fence take ~64 tokens; pass@1 and pass@4 sampled beside
 # the greedy pass@1.
 CODE_DEFAULTS = TaskDefaults(
-    temperature=0.7, max_completion_length=CODE_COMPLETION_LENGTH, heldout=HELDOUT, heldout_samples=4
+    temperature=0.7, max_completion_length=CODE_COMPLETION_LENGTH, heldout=HELDOUT, heldout_samples=4,
+    code_reward="fraction",
 )
 
 

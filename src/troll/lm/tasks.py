@@ -177,9 +177,11 @@ class TaskReward:
         return [self.score(completion_text(c), self.dataset[int(i)]) for c, i in zip(completions, rg_index)]
 
 
-def task_reward(task: Task, split: str = "train"):
+def task_reward(task: Task, split: str = "train", *, code_reward: str | None = None):
     """The reward of ``task``'s ``split`` ("train" or "heldout"): the reasoning_gym scorer, or the sandbox's
-    fraction of tests passed for a code task (:class:`troll.lm.code_data.CodeTaskReward`). Both have
-    ``scores(completions, entries)`` for the held-out evaluation."""
+    fraction of tests passed for a code task (:class:`troll.lm.code_data.CodeTaskReward`; ``code_reward="all"``:
+    1 when all pass). Both have ``scores(completions, entries)`` for the held-out evaluation."""
     data = task.train if split == "train" else task.heldout
-    return code_data.CodeTaskReward(data) if code_data.is_code_task(task.name) else TaskReward(data)
+    if code_data.is_code_task(task.name):
+        return code_data.CodeTaskReward(data, shape=code_reward or "fraction")
+    return TaskReward(data)
