@@ -126,7 +126,9 @@ def task_section(opts: RunOptions) -> str:
     from troll.lm import code_data
 
     if code_data.is_code_task(opts.task):
-        return code_data.card_section(opts.task, seed=opts.seed, system=opts.system, reward=opts.code_reward or "fraction")
+        return code_data.card_section(
+            opts.task, seed=opts.seed, system=opts.system, reward=opts.code_reward or "fraction"
+        )
     preset = PRESETS.get(opts.task)
     settings = f" with the settings {', '.join(f'{k}={v}' for k, v in preset.items())}" if preset else ""
     system = "" if opts.system is None else f" The chat prompts start with the system message {opts.system!r}."
