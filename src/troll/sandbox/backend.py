@@ -10,6 +10,7 @@ one run that fails for a reason of the sandbox itself (not of the program) raise
 from __future__ import annotations
 
 import abc
+import math
 import os
 import selectors
 import signal
@@ -110,6 +111,15 @@ class Watch(abc.ABC):
     def deadline(self) -> float:
         """The monotonic time at which the run must be stopped (``math.inf``: none yet)."""
 
+    poll = math.inf  # seconds between calls of :meth:`tick` while the run lasts (math.inf: no calls)
+
+    def tick(self, now: float) -> None:  # noqa: B027 (a hook: most watches need none)
+        """Called at least every :attr:`poll` seconds while the run lasts, at monotonic time ``now``."""
+
+    def attach(self, cgroup) -> None:  # noqa: B027 (a hook: most watches need none)
+        """The run's cgroup (:class:`troll.sandbox.cgroups.RunCgroup`), given before the run starts by a backend
+        that makes one."""
+
 
 def run_capped(
     argv: list[str],
@@ -168,11 +178,13 @@ def _pump(proc: subprocess.Popen, stdin: bytes, wall: float, cap: int, watch: Wa
         for stream in (proc.stdout, proc.stderr):
             sel.register(stream, selectors.EVENT_READ)
         while sel.get_map():
+            if watch is not None:
+                watch.tick(time.monotonic())
             left = (wall if watch is None else min(wall, watch.deadline())) - time.monotonic()
             if left <= 0:
                 result[2] = True
                 return tuple(result)
-            for key, _ in sel.select(left):
+            for key, _ in sel.select(left if watch is None else min(left, watch.poll)):
                 if key.fileobj is proc.stdin:
                     try:
                         pending = pending[os.write(key.fd, pending[: 1 << 16]) :]

@@ -25,6 +25,7 @@ The rlimits themselves are set by the program's first statements, before any unt
 
 from __future__ import annotations
 
+import functools
 import glob
 import itertools
 import os
@@ -209,12 +210,15 @@ class BubblewrapSandbox(Sandbox):
                 own = uid if uid is not None else f"{os.getpid()}.{next(self._names)}"
                 name = f"{cgroups.PREFIX}{own}"
                 cgroup = cgroups.RunCgroup(self._cgroups, name, limits)
+                if watch is not None:
+                    watch.attach(cgroup)
             # bwrap itself gets an empty environment too: its own, as the sandbox's pid 1, is readable in /proc/1/
             # environ from inside when it runs as the same user (not as root)
             with _filter_pipe(self._filter) as fd:
                 argv = cgroups.wrap(self.argv(program, limits, uid, fd), cgroup)
+                stop = _stop if cgroup is None else functools.partial(_stop, cgroup=cgroup)
                 return run_capped(
-                    argv, stdin, wall=limits.wall, cap=limits.output, env={}, pass_fds=_fds(fd), watch=watch, stop=_stop
+                    argv, stdin, wall=limits.wall, cap=limits.output, env={}, pass_fds=_fds(fd), watch=watch, stop=stop
                 )
         except OSError as err:
             raise SandboxError(f"could not start {self.bwrap}: {err}") from err
@@ -225,10 +229,13 @@ class BubblewrapSandbox(Sandbox):
                 self._uids.give_back(uid)
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def _stop(proc: subprocess.Popen, cgroup: cgroups.RunCgroup | None = None) -> None:
     """End a run and wait until nothing of it is left: SIGKILL bwrap's child (the init of the run's PID namespace,
     whose death kills every process in it) and wait for bwrap, which reaps it only once the kernel has reaped the
-    whole namespace. Killing bwrap first would return before that, and the run's uid with processes still on it."""
+    whole namespace. Killing bwrap first would return before that, and the run's uid with processes still on it.
+    A run whose CPU weight was lowered (it gave its slot back) gets the default again first, to die quickly."""
+    if cgroup is not None:
+        cgroup.restore_weight()
     for pid in _children(proc.pid):
         try:
             os.kill(pid, signal.SIGKILL)

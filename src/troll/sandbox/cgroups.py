@@ -177,6 +177,61 @@ class RunCgroup:
             _write(memsw, str(limits.run_memory))
         _write(os.path.join(self.dirs["pids"], "pids.max"), pids)
 
+    def cpu_ticks(self) -> dict[int, int]:
+        """pid -> CPU time in clock ticks (its own and its reaped children's, user and system) of each process in
+        the cgroup now: unchanged between two calls when none of them ran, or ended, or started."""
+        ticks = {}
+        for pid in _read(self.procs_files[0]).split():
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                ticks[int(pid)] = sum(int(v) for v in fields[11:15])  # utime, stime, cutime, cstime
+            except (OSError, IndexError, ValueError):
+                ticks[int(pid)] = -1  # gone since the list was read: a change
+        return ticks
+
+    def memory_bytes(self) -> int:
+        """The memory the run holds now (the memory controller's usage)."""
+        if self.v2:
+            return int(_read(os.path.join(self.dirs[""], "memory.current")))
+        return int(_read(os.path.join(self.dirs["memory"], "memory.usage_in_bytes")))
+
+    def cap_memory(self, limit: int) -> bool:
+        """Lower the run's memory limit to ``limit`` bytes (above what it holds now); False if the kernel refused."""
+        try:
+            if self.v2:
+                _write(os.path.join(self.dirs[""], "memory.max"), str(limit))
+                return True
+            _write(os.path.join(self.dirs["memory"], "memory.limit_in_bytes"), str(limit))
+            memsw = os.path.join(self.dirs["memory"], "memory.memsw.limit_in_bytes")
+            if os.path.exists(memsw):  # memory and swap >= memory at all times: lowered after it
+                _write(memsw, str(limit))
+        except OSError:
+            return False
+        return True
+
+    def lower_weight(self) -> bool:
+        """Give the run the smallest CPU weight (v2 cpu.weight 1, v1 cpu.shares 2, against 100 and 1024 for the
+        other runs); False where this cgroup has no cpu controller."""
+        return self._weight("1", "2")
+
+    def restore_weight(self) -> None:
+        """The default CPU weight again: a run being stopped needs the CPU to die (the scorer waits for that)."""
+        self._weight("100", "1024")
+
+    def _weight(self, v2: str, v1: str) -> bool:
+        if self.v2:
+            path, value = os.path.join(self.dirs[""], "cpu.weight"), v2
+        else:
+            path, value = os.path.join(self.dirs.get("cpu", "/nonexistent"), "cpu.shares"), v1
+        if not os.path.exists(path):
+            return False
+        try:
+            _write(path, value)
+        except OSError:
+            return False
+        return True
+
     @property
     def procs_files(self) -> list[str]:
         return [os.path.join(path, "cgroup.procs") for path in self.dirs.values()]

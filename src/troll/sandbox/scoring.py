@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from troll.sandbox.backend import Limits, Sandbox, SandboxError, Watch
+from troll.sandbox.slots import IDLE_RUNS, POLL, IdleWatch, Slots
 
 KINDS = ("call", "stdio")
 HARNESS = (Path(__file__).parent / "_harness.py").read_text()
@@ -183,8 +184,9 @@ def score_completions(
     budget: float = BUDGET,
 ) -> list[Score | None]:
     """Score each completion against its suite (``suites[i]`` for ``completions[i]``): one sandboxed run per
-    distinct (program, suite) pair, ``slots`` runs at a time, each at most ``budget`` seconds in all (tests that
-    have not reported by then fail). ``None`` where the sandbox itself failed. ``sandbox=None`` uses a shared
+    distinct (program, suite) pair, ``slots`` runs at a time (and as many more that have been idle and gave their
+    slot back: :mod:`troll.sandbox.slots`), each at most ``budget`` seconds in all (tests that have not reported by
+    then fail). ``None`` where the sandbox itself failed. ``sandbox=None`` uses a shared
     :class:`BubblewrapSandbox` (raises SandboxUnavailable where none works)."""
     if len(completions) != len(suites):
         raise ValueError(f"completions and suites must have one entry each, got {len(completions)} and {len(suites)}")
@@ -206,8 +208,11 @@ def score_completions(
             jobs.setdefault((program, suite._key), (program, suite))
     if jobs and sandbox is None:
         sandbox = default_sandbox()
-    with ThreadPoolExecutor(max_workers=min(slots, max(1, len(jobs)))) as pool:
-        scored = pool.map(lambda job: run_tests(sandbox, *job, max_tests=max_tests, budget=budget), jobs.values())
+    free = Slots(slots)
+    with ThreadPoolExecutor(max_workers=min((1 + IDLE_RUNS) * slots, max(1, len(jobs)))) as pool:
+        scored = pool.map(
+            lambda job: run_tests(sandbox, *job, max_tests=max_tests, budget=budget, slots=free), jobs.values()
+        )
         done = dict(zip(jobs, scored))
     return [
         Score.of(0, min(len(s.cases), max_tests), "no_code") if p is None else done[(p, s._key)]
@@ -228,10 +233,17 @@ def default_sandbox() -> Sandbox:
 
 
 def run_tests(
-    sandbox: Sandbox, program: str, suite: TestSuite, *, max_tests: int = 10, budget: float = BUDGET
+    sandbox: Sandbox,
+    program: str,
+    suite: TestSuite,
+    *,
+    max_tests: int = 10,
+    budget: float = BUDGET,
+    slots: Slots | None = None,
 ) -> Score | None:
-    """One sandboxed run of ``program`` on the first ``max_tests`` tests of ``suite``, at most ``budget`` seconds;
-    ``None`` if the sandbox failed (it raised, or the harness never reported ready)."""
+    """One sandboxed run of ``program`` on the first ``max_tests`` tests of ``suite``, at most ``budget`` seconds,
+    in one of ``slots`` (held from start to end, or until the run has been idle a while); ``None`` if the sandbox
+    failed (it raised, or the harness never reported ready)."""
     cases = suite.cases[:max_tests]
     limits = limits_for(suite, len(cases), budget)
     header = {
@@ -251,7 +263,9 @@ def run_tests(
         for case in cases:
             data = case.input.encode("utf-8")
             job += [str(len(data)).encode(), b"\n", data]
-    clock = CaseClock(suite.kind, len(cases), suite.timeout)
+    slot = slots.take() if slots is not None else None
+    idle = IdleWatch(slot, limits.run_memory) if slot is not None else None
+    clock = CaseClock(suite.kind, len(cases), suite.timeout, idle=idle)
     try:
         if _takes_watch(type(sandbox)):
             result = sandbox.run(HARNESS, b"".join(job), limits, watch=clock)
@@ -260,6 +274,9 @@ def run_tests(
             clock.feed(result.stdout, time.monotonic())
     except SandboxError:
         return None
+    finally:
+        if slot is not None:
+            slot.give_back()
     return _judge(result, clock, suite, cases)
 
 
@@ -269,10 +286,13 @@ class CaseClock(Watch):
     the earliest test without a report is over its time, or as soon as a test is reported over its time (a
     call-style report later than the test's time after its start counts so, and fails): the tests after the first
     one over its time fail. The harness writes "ready", one line per test and at most two more; only the
-    first 2n + 8 lines are read, so flooding the channel with short lines costs this process nothing."""
+    first 2n + 8 lines are read, so flooding the channel with short lines costs this process nothing. With ``idle``,
+    the run gives its slot back once idle (:class:`troll.sandbox.slots.IdleWatch`)."""
 
-    def __init__(self, kind: str, n: int, timeout: float):
+    def __init__(self, kind: str, n: int, timeout: float, idle: IdleWatch | None = None):
         self.kind, self.n, self.timeout = kind, n, timeout
+        self.idle = idle
+        self.poll = POLL if idle is not None else math.inf
         self.buf, self.lines = bytearray(), 0
         self.ready: float | None = None
         self.loaded: float | None = None
@@ -308,6 +328,16 @@ class CaseClock(Watch):
                 if item.get("timeout") is True or item.get("error") == "timeout" or self.late(case, now):
                     self.over = min(self.over, now)  # the first test over its time ends the run
             self.items.append((item, now))
+
+    def attach(self, cgroup) -> None:
+        if self.idle is not None:
+            self.idle.attach(cgroup)
+
+    def tick(self, now: float) -> None:
+        if self.idle is not None:
+            self.idle.tick(now)
+            if not self.idle.slot.held:
+                self.poll = math.inf  # nothing more to watch for
 
     def start(self, i: int) -> float | None:
         """When test ``i`` started (None: not yet)."""
