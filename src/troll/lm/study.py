@@ -46,6 +46,7 @@ COMMAND = "study"  # config.json's "command": a folder is resumed only by the co
 NOT_SWEPT = frozenset({"loss", "seed", "out"})
 # The bounds a study sweeps (--sweep kl-bound=..., clip-eps=...): each reaches the losses of its family only.
 SWEEP_BOUNDS = {"kl_bound": float, "clip_eps": float}
+SWEEP_BOUND_HINT = " A loss's bound is swept as kl-bound=... (the TROLL losses') or clip-eps=... (the clip losses')."
 
 
 @dataclass
@@ -78,14 +79,9 @@ class StudySpec:
 
     @classmethod
     def from_json(cls, data: dict) -> StudySpec:
-        """A saved grid; one saved before the bounds had their names (TROLL's as the base's ``eps``, the clip
-        losses' as ``clip_eps`` beside the base, the sweep key ``eps``) loads as the same grid."""
-        base = dict(data["base"])
-        if data.get("clip_eps") is not None and base.get("clip_eps") is None:
-            base["clip_eps"] = data["clip_eps"]
-        base = RunOptions.from_json(base, shared=True)  # a base's "eps" was TROLL's bound
-        key = "kl_bound" if data.get("sweep_key") == "eps" else data.get("sweep_key")
-        return cls(base, list(data["losses"]), [int(s) for s in data["seeds"]], key,
+        """The grid :meth:`to_json` saved."""
+        base = RunOptions.from_json(data["base"], shared=True)
+        return cls(base, list(data["losses"]), [int(s) for s in data["seeds"]], data.get("sweep_key"),
                    list(data.get("sweep_values") or []))  # fmt: skip
 
 
@@ -100,17 +96,16 @@ def load_spec(out: Path) -> StudySpec:
 
 def parse_sweep(text: str, types: dict[str, type]) -> tuple[str, list]:
     """``--sweep KEY=V1,V2``: one run option, never the loss, the seed or the folder."""
-    return grid_lib.parse_sweep(text, types, NOT_SWEPT)
+    return grid_lib.parse_sweep(text, types, NOT_SWEPT, hint=SWEEP_BOUND_HINT)
 
 
 ARM_SEP = ":"  # an arm with options: LOSS:KEY=VALUE[:KEY=VALUE...], e.g. troll:tail=renormalize
 
 
-def split_arm(arm: str, *, warn: bool = False) -> tuple[str, dict]:
+def split_arm(arm: str) -> tuple[str, dict]:
     """``"troll:kl-bound=0.2:tail=renormalize"`` -> ("troll", {"kl_bound": 0.2, "tail": "renormalize"}): the loss and
     the run options this arm sets on top of the study's (KEY in flag form, any option --sweep takes; the loss's bound
-    under the name ``troll train`` gives it, kl-bound, clip-eps or cispo-cap; UsageError otherwise). ``eps``, the
-    bounds' deprecated name, still works, with the warning of ``--eps`` when ``warn`` (:func:`parse_arms`: once)."""
+    under the name ``troll train`` gives it, kl-bound, clip-eps or cispo-cap; UsageError otherwise)."""
     loss, *parts = [part.strip() for part in arm.split(ARM_SEP)]
     if loss not in LOSSES:
         raise UsageError(f"unknown loss {loss!r} in --losses; choose from: {', '.join(LOSSES)}.")
@@ -120,11 +115,7 @@ def split_arm(arm: str, *, warn: bool = False) -> tuple[str, dict]:
     for part in parts:
         key, sep, raw = part.partition("=")
         name = key.strip().replace("-", "_")
-        if sep and name == "eps":
-            if warn:
-                options.warn_deprecated(f"eps= in --losses {arm}", f"{own.replace('_', '-')}=", raw.strip())
-            name = own
-        elif sep and name in options.BOUNDS:
+        if sep and name in options.BOUNDS:
             try:
                 options.check_bound_name(loss, name, form="{}=", subject="the loss")
             except UsageError as err:
@@ -150,7 +141,7 @@ def parse_arms(text: str) -> list[str]:
     if len(set(arms)) != len(arms):
         raise UsageError(f"--losses names a loss twice: {text}; list each once.")
     for arm in arms:
-        split_arm(arm, warn=True)
+        split_arm(arm)
     return arms
 
 

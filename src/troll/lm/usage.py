@@ -1,25 +1,17 @@
-"""What the command line tells a user beyond a bad value: a deprecated name's warning and a run folder that may
-not be used (:func:`check_run_folder`)."""
+"""What the command line tells a user beyond a bad value: a run folder that may not be used
+(:func:`check_run_folder`)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from troll import runs
 from troll.lm.checkpoints import last_checkpoint
 from troll.runs.files import SUMMARY_FILE, UsageError
 
-__all__ = ["COMMAND", "check_run_folder", "warn_deprecated"]
+__all__ = ["COMMAND", "check_run_folder"]
 
 COMMAND = "train"  # a run folder's config.json "command" and manifest (troll.runs.folder)
-
-
-def warn_deprecated(old: str, new: str, value: str) -> None:
-    """The one warning for a deprecated name that still works for one release: the flag --eps, the sweep key eps=
-    and an arm's option eps= (``troll:eps=0.2``), each naming where ``value`` went instead."""
-    print(f"troll: warning: {old} is deprecated and will be removed in the next release; its value {value} went "
-          f"to {new}. Write {new} instead.", file=sys.stderr, flush=True)  # fmt: skip
 
 
 def check_run_folder(out: Path, *, overwrite: bool, resume: bool) -> bool:

@@ -110,11 +110,12 @@ def parse_seeds(text: str) -> list[int]:
     return values
 
 
-def parse_sweep(text: str, types: dict[str, type], not_swept=frozenset()) -> tuple[str, list]:
+def parse_sweep(text: str, types: dict[str, type], not_swept=frozenset(), hint: str = "") -> tuple[str, list]:
     """``"steps-per-rollout=2,4,8"`` -> ("steps_per_rollout", [2, 4, 8]).
 
     ``types`` maps each sweepable option (field form) to int, float or str; ``not_swept`` names options the grid
-    itself varies (the arm, the seed) or that belong to the study (its folder).
+    itself varies (the arm, the seed) or that belong to the study (its folder); ``hint`` ends the message of an
+    unknown key.
     """
     key, sep, raw = text.partition("=")
     name = key.strip().removeprefix("--").replace("-", "_")
@@ -122,7 +123,7 @@ def parse_sweep(text: str, types: dict[str, type], not_swept=frozenset()) -> tup
     if not sep or not key.strip():
         raise UsageError(f"--sweep {text!r}: write KEY=V1,V2,..., e.g. --sweep steps-per-rollout=2,4,8.")
     if name not in types or name in not_swept:
-        raise UsageError(f"--sweep: unknown key {key.strip()!r}; sweep one of: {', '.join(allowed)}.")
+        raise UsageError(f"--sweep: unknown key {key.strip()!r}; sweep one of: {', '.join(allowed)}.{hint}")
     parts = [p.strip() for p in raw.split(",")]
     if not raw.strip() or not all(parts):
         raise UsageError(f"--sweep {text!r}: the value list is empty or has an empty entry.")
