@@ -58,6 +58,65 @@ class Rollout:
     episodes: Episodes
 
 
+def _movement_primitive(cfg: TCEConfig, *, dof: int, duration: float, horizon: int) -> ProDMP:
+    """The run's ProDMP: D = ``dof`` over the episode's ``duration`` seconds in T = ``horizon`` steps."""
+    return ProDMP(
+        num_dof=dof,
+        duration=duration,
+        num_steps=horizon,
+        num_basis=cfg.num_basis,
+        alpha=cfg.dmp_alpha,
+        alpha_x=cfg.dmp_alpha_x,
+        weights_scale=cfg.weights_scale,
+        goal_scale=cfg.goal_scale,
+        relative_goal=cfg.relative_goal,
+        tau=cfg.tau,
+        basis_bandwidth=cfg.basis_bandwidth,
+        auto_scale=cfg.auto_scale_basis,
+    )
+
+
+def _networks(cfg: TCEConfig, context_dim: int, num_params: int, critic_in: int) -> tuple[ContextPolicy, Critic]:
+    """The policy (C -> P) and the critic (``critic_in`` inputs), initialised from the run's seed without touching
+    the global RNG."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        policy = ContextPolicy(
+            context_dim,
+            num_params,
+            hidden=cfg.policy_hidden,
+            activation=cfg.activation,
+            init_std=cfg.init_std,
+            min_std=cfg.min_std,
+            covariance=cfg.covariance,
+            normalize=cfg.normalize_context,
+        )
+        critic = Critic(
+            critic_in,
+            hidden=cfg.critic_hidden,
+            activation=cfg.critic_activation,
+            normalize_inputs=cfg.normalize_observations,
+            normalize_values=cfg.normalize_values,
+        )
+    return policy, critic
+
+
+def _entropy_schedule(cfg: TCEConfig, policy: ContextPolicy, num_params: int, total_iterations: int) -> EntropySchedule:
+    """The schedule over ``total_iterations``, from the entropy h0 of the initial policy's Gaussian over its P =
+    ``num_params`` parameters; its target is ``entropy_target`` nats a parameter above h0 (reference "initial") or
+    above 0."""
+    chol = policy.cholesky().detach()
+    h0 = float(Gaussian.from_chol(torch.zeros(1, num_params, dtype=chol.dtype), chol).entropy())
+    reference = h0 if cfg.entropy_reference == "initial" else 0.0
+    return EntropySchedule(
+        cfg.entropy_schedule,
+        initial=h0,
+        target=reference + cfg.entropy_target * num_params,
+        total_steps=total_iterations,
+        rate=cfg.entropy_rate,
+    )
+
+
 class TCEAgent:
     """Policy, critic, their optimisers and the sampling RNG of one TCE or BBRL run (``config.algo``).
 
@@ -83,54 +142,14 @@ class TCEAgent:
                 f"num_segments={cfg.num_segments} exceeds the env's horizon {horizon}: K pairs need K + 1 distinct "
                 f"step indices; set num_segments <= {horizon}."
             )
-        self.dmp = ProDMP(
-            num_dof=dof,
-            duration=horizon * dt,
-            num_steps=horizon,
-            num_basis=cfg.num_basis,
-            alpha=cfg.dmp_alpha,
-            alpha_x=cfg.dmp_alpha_x,
-            weights_scale=cfg.weights_scale,
-            goal_scale=cfg.goal_scale,
-            relative_goal=cfg.relative_goal,
-            tau=cfg.tau,
-            basis_bandwidth=cfg.basis_bandwidth,
-            auto_scale=cfg.auto_scale_basis,
-        )
-        with torch.random.fork_rng(devices=[]):  # initialise from the run's seed without touching the global RNG
-            torch.manual_seed(cfg.seed)
-            self.policy = ContextPolicy(
-                context_dim,
-                self.dmp.num_params,
-                hidden=cfg.policy_hidden,
-                activation=cfg.activation,
-                init_std=cfg.init_std,
-                min_std=cfg.min_std,
-                covariance=cfg.covariance,
-                normalize=cfg.normalize_context,
-            )
-            critic_in = context_dim if cfg.algo != "tce" else state_dim + 1 + context_dim * cfg.critic_context
-            self.critic = Critic(
-                critic_in,
-                hidden=cfg.critic_hidden,
-                activation=cfg.critic_activation,
-                normalize_inputs=cfg.normalize_observations,
-                normalize_values=cfg.normalize_values,
-            )
+        self.dmp = _movement_primitive(cfg, dof=dof, duration=horizon * dt, horizon=horizon)
+        critic_in = context_dim if cfg.algo != "tce" else state_dim + 1 + context_dim * cfg.critic_context
+        self.policy, self.critic = _networks(cfg, context_dim, self.dmp.num_params, critic_in)
         self.policy_opt = torch.optim.Adam(self.policy.parameters(), lr=cfg.policy_lr)
         self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_lr)
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.iteration, self.total_iterations = 0, max(1, total_iterations)
-        chol = self.policy.cholesky().detach()
-        h0 = float(Gaussian.from_chol(torch.zeros(1, self.dmp.num_params, dtype=chol.dtype), chol).entropy())
-        reference = h0 if cfg.entropy_reference == "initial" else 0.0
-        self.entropy_schedule = EntropySchedule(
-            cfg.entropy_schedule,
-            initial=h0,
-            target=reference + cfg.entropy_target * self.dmp.num_params,
-            total_steps=max(1, total_iterations),
-            rate=cfg.entropy_rate,
-        )
+        self.entropy_schedule = _entropy_schedule(cfg, self.policy, self.dmp.num_params, self.total_iterations)
 
     @classmethod
     def for_env(cls, config: TCEConfig, env, *, total_iterations: int = 1) -> TCEAgent:

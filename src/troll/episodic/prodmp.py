@@ -155,6 +155,45 @@ def gather_times(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return torch.gather(values, 1, flat).reshape(e, k, m * values.shape[-1])
 
 
+def _check_settings(
+    *,
+    num_dof,
+    duration,
+    num_steps,
+    num_basis,
+    alpha,
+    alpha_x,
+    tau,
+    weights_scale,
+    goal_scale,
+    relative_goal,
+    basis_bandwidth,
+    auto_scale,
+    resolution,
+) -> None:
+    """ValueError naming the argument of :class:`ProDMP` that is out of range (``tau``: already defaulted)."""
+    check_int("num_dof", num_dof, hint="; e.g. 4 for Meta-World (xyz + gripper)")
+    _check_seconds("duration", duration, "; pass the episode length in seconds, num_steps * dt")
+    check_int("num_steps", num_steps, hint="; pass the number of env steps of an episode, e.g. 500")
+    check_int("num_basis", num_basis, hint="; TCE uses num_basis=8")
+    check_number("alpha", alpha, hint="; TCE uses alpha=10")
+    check_number("alpha_x", alpha_x, hint="; TCE uses alpha_x=3")
+    _check_seconds("tau", tau, "; pass tau=None to use the duration")
+    check_number("weights_scale", weights_scale, hint="; TCE uses 0.1 - 1")
+    check_number("goal_scale", goal_scale, hint="; TCE uses 0.1 - 1")
+    check_number("basis_bandwidth", basis_bandwidth, hint="; 2 (neighbours overlap at e^-1), TCE Meta-World 5")
+    if not isinstance(auto_scale, bool):
+        raise ValueError(f"auto_scale must be True or False, got {auto_scale!r}.")
+    if not isinstance(relative_goal, bool):
+        raise ValueError(f"relative_goal must be True or False, got {relative_goal!r}.")
+    check_int("resolution", resolution, hint="; the default 10_000 keeps the quadrature error below 1e-12")
+    if alpha * duration / (2 * tau) > _MAX_EXPONENT or alpha_x * duration / tau > _MAX_EXPONENT:
+        raise ValueError(
+            f"tau={tau!r} is too small for duration={duration!r}: exp(alpha duration / (2 tau)) would overflow; "
+            f"use tau >= {max(alpha / 2, alpha_x) * duration / _MAX_EXPONENT:.3g} (TCE uses tau = duration)."
+        )
+
+
 class ProDMP:
     """Precomputed ProDMP basis for ``num_dof`` DoF over [0, duration] (module docstring: equations, layout).
 
@@ -195,27 +234,11 @@ class ProDMP:
         auto_scale: bool = False,
         resolution: int = 10_000,
     ):
-        check_int("num_dof", num_dof, hint="; e.g. 4 for Meta-World (xyz + gripper)")
-        _check_seconds("duration", duration, "; pass the episode length in seconds, num_steps * dt")
-        check_int("num_steps", num_steps, hint="; pass the number of env steps of an episode, e.g. 500")
-        check_int("num_basis", num_basis, hint="; TCE uses num_basis=8")
-        check_number("alpha", alpha, hint="; TCE uses alpha=10")
-        check_number("alpha_x", alpha_x, hint="; TCE uses alpha_x=3")
         tau = duration if tau is None else tau
-        _check_seconds("tau", tau, "; pass tau=None to use the duration")
-        check_number("weights_scale", weights_scale, hint="; TCE uses 0.1 - 1")
-        check_number("goal_scale", goal_scale, hint="; TCE uses 0.1 - 1")
-        check_number("basis_bandwidth", basis_bandwidth, hint="; 2 (neighbours overlap at e^-1), TCE Meta-World 5")
-        if not isinstance(auto_scale, bool):
-            raise ValueError(f"auto_scale must be True or False, got {auto_scale!r}.")
-        if not isinstance(relative_goal, bool):
-            raise ValueError(f"relative_goal must be True or False, got {relative_goal!r}.")
-        check_int("resolution", resolution, hint="; the default 10_000 keeps the quadrature error below 1e-12")
-        if alpha * duration / (2 * tau) > _MAX_EXPONENT or alpha_x * duration / tau > _MAX_EXPONENT:
-            raise ValueError(
-                f"tau={tau!r} is too small for duration={duration!r}: exp(alpha duration / (2 tau)) would overflow; "
-                f"use tau >= {max(alpha / 2, alpha_x) * duration / _MAX_EXPONENT:.3g} (TCE uses tau = duration)."
-            )
+        _check_settings(num_dof=num_dof, duration=duration, num_steps=num_steps, num_basis=num_basis, alpha=alpha,
+                        alpha_x=alpha_x, tau=tau, weights_scale=weights_scale, goal_scale=goal_scale,
+                        relative_goal=relative_goal, basis_bandwidth=basis_bandwidth, auto_scale=auto_scale,
+                        resolution=resolution)  # fmt: skip
         self.num_dof, self.num_basis, self.num_steps = num_dof, num_basis, num_steps
         self.num_params = num_dof * (num_basis + 1)
         self.duration, self.dt, self.tau = float(duration), duration / num_steps, float(tau)
@@ -224,15 +247,23 @@ class ProDMP:
         self.basis_bandwidth, self.auto_scale = float(basis_bandwidth), auto_scale
         self._scales = torch.tensor([self.weights_scale] * num_basis + [self.goal_scale], dtype=torch.float64)
         self.substeps = -(-resolution // num_steps)
-        intervals = num_steps * self.substeps
-        self._h = duration / intervals
+        self._precompute()
+        self._cache: dict = {}
+
+    # ------------------------------------------------------------------------------------ precomputation
+
+    def _precompute(self) -> None:
+        """The quadrature grid (M + 1 nodes, ``substeps`` per env step), the basis layout, the running integrals I1 and
+        I2 at the grid nodes, the auto-scale (when set), and the columns at the T + 1 step times."""
+        intervals = self.num_steps * self.substeps
+        self._h = self.duration / intervals
         self._grid = torch.arange(intervals + 1, dtype=torch.float64) * self._h  # (M + 1,)
         self._centres, self._widths = self._layout()
         q1, q2 = self._interval_integrals(self._grid[:-1], self._grid[1:])  # (M, N) each
-        zero = torch.zeros(1, num_basis, dtype=torch.float64)
+        zero = torch.zeros(1, self.num_basis, dtype=torch.float64)
         self._i1 = torch.cat([zero, q1.cumsum(0)])  # (M + 1, N): I1 at the grid nodes
         self._i2 = torch.cat([zero, q2.cumsum(0)])
-        if auto_scale:  # every column divided by its peak |value| over the episode, before the scales
+        if self.auto_scale:  # every column divided by its peak |value| over the episode, before the scales
             unit = self._scales.clone()
             self._scales = torch.ones_like(unit)
             peak = self._columns(self._grid, self._i1, self._i2)[0].abs().amax(0)
@@ -240,9 +271,6 @@ class ProDMP:
         steps = slice(None, None, self.substeps)
         self.times = self._grid[steps]  # (T + 1,) float64, exactly the grid nodes k * substeps
         self._step = self._columns(self.times, self._i1[steps], self._i2[steps]) + self._homogeneous(self.times)
-        self._cache: dict = {}
-
-    # ------------------------------------------------------------------------------------ precomputation
 
     def _layout(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Centres ``c_i = x(t_i)`` (N,) for t_i equally spaced over [0, tau], and widths ``h_i`` (N,)."""
