@@ -210,18 +210,33 @@ def _build(config: PPOConfig, out: Path):
 
 
 def _run(config: PPOConfig, out: Path, progress: bool, on_row) -> None:
-    from stable_baselines3.common.callbacks import BaseCallback
     from tqdm.auto import tqdm
 
     model, task, eval_task = _build(config, out)
-    seeds = episode_seeds(reset_seed(config.seed, EVAL_STREAM), config.eval_episodes)
     start = int(model.num_timesteps)
     bar = tqdm(total=config.total_env_steps, initial=min(start, config.total_env_steps), unit="step",
                desc=f"ppo {config.env}", file=sys.stderr, disable=not progress)  # fmt: skip
+    try:
+        remaining = config.total_env_steps - start
+        if remaining > 0:
+            with protocol.stop_requests() as stop:  # SIGTERM / SIGUSR1: stop after this rollout's update, resumable
+                log = _logger(config, out, start, eval_task, bar, stop, on_row)
+                model.learn(total_timesteps=remaining, callback=log, reset_num_timesteps=False)
+    finally:
+        bar.close()
+        task.close()
+        eval_task.close()
+
+
+def _logger(config: PPOConfig, out: Path, start: int, eval_task, bar, stop, on_row):
+    """SB3's callback of a run from env step ``start``: after each rollout's update one metrics row (evaluated on
+    ``eval_task`` on schedule), a checkpoint every few rollouts, the progress ``bar``; on a stop request (``stop``)
+    a checkpoint and :class:`~troll.runs.protocol.Stopped`."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    seeds = episode_seeds(reset_seed(config.seed, EVAL_STREAM), config.eval_episodes)
 
     class Log(BaseCallback):
-        """After each rollout's update: one metrics row (eval on schedule), a checkpoint every few rollouts."""
-
         def _on_training_start(self) -> None:
             self.episodes, self.t0, self.rollout_t = [], time.perf_counter(), 0.0
             self.rows = len(read_jsonl(out / METRICS_FILE))
@@ -264,15 +279,7 @@ def _run(config: PPOConfig, out: Path, progress: bool, on_row) -> None:
             shown = {k.split("/")[-1]: f"{row[k]:.3g}" for k in ("eval/success_rate", "eval/return") if k in row}
             bar.set_postfix(shown, refresh=False)
 
-    try:
-        remaining = config.total_env_steps - start
-        if remaining > 0:
-            with protocol.stop_requests() as stop:  # SIGTERM / SIGUSR1: stop after this rollout's update, resumable
-                model.learn(total_timesteps=remaining, callback=Log(), reset_num_timesteps=False)
-    finally:
-        bar.close()
-        task.close()
-        eval_task.close()
+    return Log()
 
 
 def _row(model, config: PPOConfig, episodes: list[dict], rollout_t: float, evaluation) -> dict:
