@@ -39,6 +39,7 @@ import json
 import math
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from troll.lm.metrics import off_policy_rows
@@ -147,7 +148,6 @@ def check_logits(logits, old, tokens, adv, mask, kwargs: dict, *, seed: int = 0)
     derivative (:func:`check_batch` without the trainer)."""
     import torch
 
-    from troll.categorical import reference
     from troll.categorical.losses import troll_loss
 
     x = logits.clone().requires_grad_(True)
@@ -156,6 +156,32 @@ def check_logits(logits, old, tokens, adv, mask, kwargs: dict, *, seed: int = 0)
     (grad,) = torch.autograd.grad(dense, x)
     direction = torch.randn(logits.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     direction = direction * mask.unsqueeze(-1)
+    ref, ref_frozen, projected = _references(logits, old, tokens, adv, mask, kwargs)
+    value = ref(logits)
+    # The loss's gradient treats the projection in the regression term KL(pi~ || sg(pi)) as a constant
+    # (docs/method.md, "The loss"), so the finite differences hold it fixed at the batch's logits.
+    fd = (ref_frozen(logits + FD_STEP * direction) - ref_frozen(logits - FD_STEP * direction)) / (2 * FD_STEP)
+    autograd = float((grad * direction).sum())
+    return {
+        "positions": int(mask.sum()),
+        "projected_positions": projected,
+        "sequences": int(tokens.shape[0]),
+        "dense": value_dense,
+        "reference": value,
+        "dense_minus_reference": value_dense - value,
+        "derivative_autograd": autograd,
+        "derivative_reference_fd": fd,
+        "derivative_rel_diff": abs(autograd - fd) / max(abs(fd), 1e-12),
+    }
+
+
+def _references(logits, old, tokens, adv, mask, kwargs: dict) -> tuple[Callable, Callable, int]:
+    """(the float64 reference loss as a function of the (B, T, V) logits, the same with the projection of its
+    regression term frozen at ``logits``, the number of projected positions), for the tail rule of ``kwargs``."""
+    import torch
+
+    from troll.categorical import reference
+
     level, agg, alpha, bound = kwargs["level"], kwargs["agg"], kwargs["alpha"], kwargs["kl_bound"]
     if kwargs["tail"] == "renormalize":
         rule = dict(top_k=kwargs["top_k"], delta=kwargs["delta"], fill=kwargs["fill"])
@@ -188,22 +214,7 @@ def check_logits(logits, old, tokens, adv, mask, kwargs: dict, *, seed: int = 0)
             reg = (a.exp() * (a - frozen)).sum(-1)
             return float(pg + alpha * reference.aggregate(reg, mask, agg, kwargs["max_len"]))
 
-    value = ref(logits)
-    # The loss's gradient treats the projection in the regression term KL(pi~ || sg(pi)) as a constant
-    # (docs/method.md, "The loss"), so the finite differences hold it fixed at the batch's logits.
-    fd = (ref_frozen(logits + FD_STEP * direction) - ref_frozen(logits - FD_STEP * direction)) / (2 * FD_STEP)
-    autograd = float((grad * direction).sum())
-    return {
-        "positions": int(mask.sum()),
-        "projected_positions": projected,
-        "sequences": int(tokens.shape[0]),
-        "dense": value_dense,
-        "reference": value,
-        "dense_minus_reference": value_dense - value,
-        "derivative_autograd": autograd,
-        "derivative_reference_fd": fd,
-        "derivative_rel_diff": abs(autograd - fd) / max(abs(fd), 1e-12),
-    }
+    return ref, ref_frozen, projected
 
 
 def _renormalized_projection(logits, old_logits, tokens, mask, bound: float, rule: dict) -> dict:
@@ -265,10 +276,9 @@ def _old_row(old, i: int, t: int, *, from_log_rest: bool = True):
     return ids, logp, 1.0 - float(logp.exp().sum())
 
 
-def rerun_and_check(run: Path, step: int | None = None, *, seed: int = 0) -> dict:
-    """Rerun ``run`` to ``step``, check the rerun against its log, and check the loss there (module docstring)."""
-    from troll.lm import run as run_lib
-
+def _checked_run(run: Path, step: int | None) -> tuple:
+    """(options, loss settings, step, {step: logged loss}) of a run the check covers, at ``step`` (None: its last);
+    UsageError naming what to pass instead otherwise, before anything is rerun."""
     if not (run / CONFIG_FILE).is_file():
         raise UsageError(f"{run} has no {CONFIG_FILE}: pass the folder of a troll train run or study cell")
     try:
@@ -296,6 +306,14 @@ def rerun_and_check(run: Path, step: int | None = None, *, seed: int = 0) -> dic
             f"{run / METRICS_FILE} lacks the loss of step {step} or an earlier one; pass a finished run, or a --step "
             "it has logged"
         )
+    return opts, settings, step, logged
+
+
+def rerun_and_check(run: Path, step: int | None = None, *, seed: int = 0) -> dict:
+    """Rerun ``run`` to ``step``, check the rerun against its log, and check the loss there (module docstring)."""
+    from troll.lm import run as run_lib
+
+    opts, settings, step, logged = _checked_run(run, step)
     _, trainer_cls = run_lib.trainer_classes(opts.loss)
     original = trainer_cls._compute_loss
     result = {}

@@ -192,13 +192,7 @@ def run_cells(
     the cells at once. The cells run in sessions of their own, so that a terminal's Ctrl-C reaches only the study;
     Ctrl-Z (SIGTSTP) pauses the study and its running cells together, and ``fg`` or ``bg`` resumes them.
     """
-    status, unfinished = {}, []
-    for cell in cells:
-        if (cell.folder / SUMMARY_FILE).is_file():
-            status[cell.label] = "kept"
-            frontend.tidy(cell)
-        else:
-            unfinished.append(cell)
+    status, unfinished = _keep_finished(frontend, cells)
     if executor is not None and executor.name != "local":
         return executor.run(frontend, unfinished, status, report=report, on_finish=on_finish)
     todo = runnable_cells(frontend, unfinished, status, report)
@@ -209,13 +203,9 @@ def run_cells(
         try:
             while todo or running:
                 while todo and len(running) < jobs and stop.signal is None:
-                    cell = todo.pop(0)
-                    try:
-                        running.append(_start(frontend, cell, env, report))
-                    except UsageError as err:  # another process took the cell's folder, or wrote in it, since
-                        report(f"FAILED {cell.label}: {err}")
-                        busy = isinstance(err, runs.Busy)
-                        status[cell.label] = "failed (in use)" if busy else "failed (foreign files)"
+                    started = _start_or_fail(frontend, todo.pop(0), env, report, status)
+                    if started is not None:
+                        running.append(started)
                 if stop.signal is not None and not stopping:
                     stopping, todo = True, []
                     again = " (Ctrl-C again: at once, losing their iteration)" if running else ""
@@ -243,6 +233,29 @@ def run_cells(
     if stop.signal is not None and any(c.label not in status or status[c.label] not in ("done", "kept") for c in cells):
         raise StudyStopped(stop.signal, status)
     return status
+
+
+def _keep_finished(frontend: Frontend, cells: list[Cell]) -> tuple[dict[str, str], list[Cell]]:
+    """({label: "kept"} of the cells that wrote their summary, each tidied; the other cells, to run)."""
+    status, unfinished = {}, []
+    for cell in cells:
+        if (cell.folder / SUMMARY_FILE).is_file():
+            status[cell.label] = "kept"
+            frontend.tidy(cell)
+        else:
+            unfinished.append(cell)
+    return status, unfinished
+
+
+def _start_or_fail(frontend: Frontend, cell: Cell, env: dict, report, status: dict[str, str]) -> _Running | None:
+    """The started cell; None, with its status "failed (in use)" or "failed (foreign files)", when another process
+    took the cell's folder, or wrote in it, since the cells were planned."""
+    try:
+        return _start(frontend, cell, env, report)
+    except UsageError as err:
+        report(f"FAILED {cell.label}: {err}")
+        status[cell.label] = "failed (in use)" if isinstance(err, runs.Busy) else "failed (foreign files)"
+        return None
 
 
 @contextlib.contextmanager
