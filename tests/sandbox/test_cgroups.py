@@ -32,3 +32,45 @@ def test_a_run_s_cgroup_has_its_limits_holds_its_processes_and_goes():
     finally:
         group.remove()
     assert not any(os.path.exists(path) for path in group.dirs.values())
+
+
+def test_the_v2_path_on_a_stand_in_hierarchy(tmp_path, monkeypatch):
+    """This machine's controllers are bound to v1, so the v2 path runs here against a directory standing for a
+    delegated v2 cgroup: it is chosen, the controllers are enabled for its children, and a run's limits, its
+    memory cap and weight when it gives its slot back, and its removal go to the v2 files."""
+    from troll.sandbox import cgroups
+
+    own = tmp_path / "user.slice" / "troll"
+    own.mkdir(parents=True)
+    (own / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    (own / "cgroup.subtree_control").write_text("")
+    monkeypatch.setattr(cgroups, "_mounts", lambda: ({}, (str(tmp_path), "/")))
+    monkeypatch.setattr(cgroups, "_own", lambda: {"": "/user.slice/troll"})
+    setup = detect()
+    assert setup.mode == "cgroup-v2" and setup.parents == {"": str(own)}
+    assert (own / "cgroup.subtree_control").read_text() == "+cpu"  # the last write; memory and pids before it
+    group = RunCgroup(setup, "troll-sandbox.4242", Limits(run_memory=200 << 20, processes=10))
+    path = own / "troll-sandbox.4242"
+    assert group.dirs == {"": str(path)} and group.procs_files == [str(path / "cgroup.procs")]
+    assert (path / "memory.max").read_text() == str(200 << 20) and (path / "pids.max").read_text() == "18"
+    (path / "cpu.weight").write_text("100")  # the kernel's files of a child with the cpu controller
+    (path / "memory.current").write_text(str(3 << 20))
+    (path / "cgroup.procs").write_text("")
+    assert group.memory_bytes() == 3 << 20
+    assert group.cap_memory(25 << 20) and (path / "memory.max").read_text() == str(25 << 20)
+    assert group.lower_weight() and (path / "cpu.weight").read_text() == "1"
+    group.restore_weight()
+    assert (path / "cpu.weight").read_text() == "100"
+    (path / "cgroup.kill").write_text("0")
+    removed = []
+
+    def rmdir(p):  # a real cgroup's directory goes with its kernel files in it; these are plain files
+        removed.append((p, (path / "cgroup.kill").read_text()))
+        for name in os.listdir(p):
+            os.unlink(os.path.join(p, name))
+        real_rmdir(p)
+
+    real_rmdir = os.rmdir
+    monkeypatch.setattr(cgroups.os, "rmdir", rmdir)
+    group.remove()
+    assert removed == [(str(path), "1")] and not path.exists()  # killed through cgroup.kill, then removed
