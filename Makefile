@@ -130,7 +130,7 @@ map: $(VENV)/.installed
 		|| status=1; \
 	go $$d/$(lastword $(MAP_TASKS))-reuse-eps --task $(lastword $(MAP_TASKS)) --lr $(MAP_LR) \
 		--losses troll:kl-bound=0.2:$(MAP_R16) || status=1; \
-	$(PY) -m troll.lm.results $$d && exit $$status
+	$(PY) experiments/stability_map.py $$d && exit $$status
 
 # docs/results.md's code study: TROLL against the paper's clip baseline on the generated code task, two cells side by
 # side: 6 seeds with completions cut at 96 tokens into $(CODE_DIR), then 3 seeds at the code tasks' default of 160

@@ -146,9 +146,9 @@ def test_the_run_layer_imports_nothing_above_it():
 # ---------------------------------------------------------------- two applications of one shape
 
 APPLICATIONS = ("troll.lm", "troll.tce")
-# the rooms every application has: its command line, its flag table, one run, its study frontend, the report over
-# studies (python -m troll.<app>.results)
-ROOMS = ("cli", "flags", "run", "study", "results")
+# the rooms every application has: its command line, its flag table, one run, its study frontend, where its studies'
+# cells stand (troll status, troll tce status)
+ROOMS = ("cli", "flags", "run", "study", "status")
 
 
 @pytest.mark.parametrize("app", APPLICATIONS)
@@ -224,6 +224,7 @@ CROSS_CUTTING = {
     "test_doc_references.py": "the pointers to docs sections in code and docs",
     "test_examples.py": "the scripts of examples/, run end to end",
     "test_experiments.py": "the scripts of experiments/, their options",
+    "test_stability_map.py": "experiments/stability_map.py, the stability map's report, on fabricated study folders",
     "categorical/test_bad_input.py": "bad input to every public function of the wing, refused by name",
     "categorical/test_properties.py": "hypothesis properties of the projection and the losses on it",
     "gaussian/test_bad_input.py": "bad input to every public function of the wing, refused by name (_checks.py too)",

@@ -9,9 +9,9 @@ Modules, lowest first: ``options`` (the run's validated settings, checked before
 metrics.jsonl), ``model`` (the default SmolLM2-135M-Instruct GGUF and its cache), ``tasks`` (reasoning_gym tasks,
 prompts, answer extraction, reward), ``evaluate`` (greedy held-out accuracy and sampled pass@k), ``callbacks``,
 ``card`` (the model card), ``plots``, ``run`` (one training run into a run folder), ``api`` (:func:`train`, its
-checked entry), ``compare``, ``study`` (the language-model frontend of the study engine :mod:`troll.study`) and
-``results`` (the stability map of ``make map`` over its studies). Nothing here imports
-:mod:`troll.cli`; the engine never imports this package.
+checked entry), ``compare`` and ``study`` (the language-model frontend of the study engine :mod:`troll.study`); the
+stability map's report over ``make map``'s studies is a script, ``experiments/stability_map.py``. Nothing here
+imports :mod:`troll.cli`; the engine never imports this package.
 """
 
 __all__ = ["RunOptions", "train"]

@@ -1,6 +1,6 @@
 """The stability map: does TROLL make a GRPO run more forgiving than the paper's clip baseline?
 
-``python -m troll.lm.results FOLDER`` (the last step of ``make map``) reads every finished ``troll train``
+``python experiments/stability_map.py FOLDER`` (the last step of ``make map``) reads every finished ``troll train``
 cell below FOLDER, whatever study it belongs to (a cell is a folder holding config.json with its "options" and
 summary.json), and groups the cells by task, *arm* (the loss and whatever else sets it apart, written as in ``troll
 study --losses``: ``troll``, ``troll:tail=renormalize``, ``troll_seq:agg=token-mean``), learning rate and *reuse*
@@ -468,7 +468,7 @@ def write_map(folder: Path, out: Path | None = None, *, troll: str = "troll", ba
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m troll.lm.results", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python experiments/stability_map.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path, help="the folder holding the map's studies (make map's studies/map-*)")
     parser.add_argument("--out", type=Path, default=None, help="where to write map.md and the PNGs (default: folder)")
     parser.add_argument("--troll", default="troll", help="the TROLL arm (default: troll)")
