@@ -31,7 +31,10 @@ MATH_DEFAULTS = TaskDefaults(temperature=1.0, max_completion_length=MATH_COMPLET
 # of 0.05 against 0.2 over 16 samples); its function and fence take ~64 tokens; pass@1 and pass@4 sampled beside
 # the greedy pass@1.
 CODE_DEFAULTS = TaskDefaults(
-    temperature=0.7, max_completion_length=CODE_COMPLETION_LENGTH, heldout=HELDOUT, heldout_samples=4,
+    temperature=0.7,
+    max_completion_length=CODE_COMPLETION_LENGTH,
+    heldout=HELDOUT,
+    heldout_samples=4,
     code_reward="fraction",
 )
 
