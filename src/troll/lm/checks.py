@@ -4,7 +4,7 @@ Each refusal is a :class:`~troll.runs.files.UsageError` naming the flag and how 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from troll.categorical import defaults
 from troll.categorical.settings import check_tail, check_troll_settings
@@ -12,8 +12,9 @@ from troll.lm.losses import BOUNDS, CLIP_LOSSES, LOSSES, TROLL_LOSSES, bound_nam
 from troll.runs.files import UsageError
 from troll.runs.numbers import check_choice, check_int, check_real, check_seed, is_int, is_real
 
-if TYPE_CHECKING:
-    from troll.lm.options import RunOptions
+# A troll.lm.options.RunOptions; not imported, not even for type checkers: options.py imports this module, and the
+# checks read only the options' fields.
+RunOptions = Any
 
 __all__ = ["LIMITS", "MEASURE_KL", "check_batch_shape", "check_run", "check_used", "check_values"]
 
