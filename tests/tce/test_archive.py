@@ -93,6 +93,9 @@ def test_restore_then_resume_runs_nothing_and_reports_the_same(original, tmp_pat
     err = capsys.readouterr().err
     assert code == 0, err
     assert "started" not in err
+    committed = (dest / "toy" / "config.json").read_text()
+    assert archive.main(["save", str(machine_b), str(dest)]) == 0  # as make's targets save after the study
+    assert (dest / "toy" / "config.json").read_text() == committed  # machine b's --out is not written into it
     want, got = (json.loads((d / "toy" / "study.json").read_text()) for d in (original, machine_b))
     assert {c["status"] for c in got["cells"]} == {"kept"}
     for a, b in zip(want["aggregates"], got["aggregates"]):

@@ -105,7 +105,9 @@ def save(
     A study's cells are the runs its manifest lists; unfinished ones (no summary.json) are skipped, and so is a cell
     run with other settings than ``expected`` gives today (it would be rerun, not restored). A study whose grid is
     smaller than the archived one (fewer seeds or arms) is not saved at all: the archive keeps what it holds.
-    Files already archived are rewritten only when their content changed.
+    Files already archived are rewritten only when their content changed; a study's config.json is kept when only
+    its command line differs (a restored study resumed elsewhere has another ``--out``: the archive stays as it was
+    committed).
     """
     root, archive, keys, runtime, outcome = Path(root), Path(archive), tuple(keys), frozenset(runtime), Outcome()
     for study in studies(root, command):
@@ -116,7 +118,8 @@ def save(
             outcome.skipped[rel.as_posix()] = f"its grid is not the archive's or grown from it; {archived} kept"
             continue
         wanted = expected(here["spec"], study)
-        _write_text(archived, (study / CONFIG_FILE).read_text())
+        if not (archived.is_file() and _same_but_argv(here, json.loads(archived.read_text()))):
+            _write_text(archived, (study / CONFIG_FILE).read_text())
         for cell in read_manifest(study).runs:
             folder, label = study / cell, (rel / cell).as_posix()
             if not (folder / SUMMARY_FILE).is_file():
@@ -186,6 +189,10 @@ def restore(
         finally:
             runs.release(study)  # the lock runs.begin took
     return outcome
+
+
+def _same_but_argv(config: dict, archived: dict) -> bool:
+    return {k: v for k, v in config.items() if k != "argv"} == {k: v for k, v in archived.items() if k != "argv"}
 
 
 def differs(config: dict, wanted: dict | None, runtime: frozenset) -> str | None:
