@@ -1,8 +1,9 @@
-"""The table of docs/code.md, "Training on code: what moves held-out accuracy": one row per `troll train` run on a
-code task, its settings and its greedy held-out accuracy at each evaluation, and one row per `troll eval-code`
-result (greedy pass@1 beside the sampled pass@1 and pass@4, and the format measures).
+"""The tables of docs/code.md, "Training on code: what moves held-out accuracy": one row per `troll train` run on a
+code task, its settings and its greedy held-out accuracy at each evaluation; with ``--gain``, the runs' changes of
+held-out accuracy (one run a seed of one setting) with their mean and 95% t-interval; and one row per `troll
+eval-code` result (greedy pass@1 beside the sampled pass@1 and pass@4, and the format measures).
 
-    python experiments/code_recipe.py RUN_FOLDER... [--evals EVAL_JSON...]
+    python experiments/code_recipe.py RUN_FOLDER... [--gain] [--evals EVAL_JSON...]
 
 A run folder needs config.json and metrics.jsonl (a run still going shows the evaluations it has logged so far);
 an eval JSON is what `troll eval-code --out` wrote.
@@ -14,7 +15,18 @@ import argparse
 import json
 from pathlib import Path
 
-SETTINGS = ("loss", "lr", "temperature", "prompts_per_step", "generations", "steps_per_rollout", "heldout")
+from troll.study import stats
+
+SETTINGS = (
+    "loss",
+    "code_reward",
+    "lr",
+    "temperature",
+    "prompts_per_step",
+    "generations",
+    "steps_per_rollout",
+    "heldout",
+)
 
 
 def read_rows(folder: Path) -> list[dict]:
@@ -50,21 +62,38 @@ def _f(value, digits: int = 3) -> str:
 
 
 def runs_table(rows: list[dict]) -> str:
-    head = "| run | loss | lr | T | prompts x samples | steps/rollout | held-out | steps | "
+    head = "| run | loss | reward | lr | T | prompts x samples | steps/rollout | held-out | steps | "
     head += "greedy held-out acc. by step | change | reward, last quarter | sample length, first -> last | "
-    head += "samples cut, mean |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+    head += "samples cut, mean |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     lines = []
     for r in rows:
         acc = r["accuracy"]
         curve = ", ".join(f"{s}: {a:.3f}" for s, a in sorted(acc.items()))
-        change = acc[max(acc)] - acc[min(acc)] if len(acc) > 1 else None
-        cells = [r["run"], r["loss"], f"{r['lr']:g}", _f(r["temperature"], 1), f"{r['prompts_per_step']} x "
-                 f"{r['generations']}", str(r["steps_per_rollout"]), str(r["heldout"]), r["steps"], curve,
-                 "-" if change is None else f"{change:+.3f}", _f(r["reward_last_quarter"]),
+        gained = change(r)
+        cells = [r["run"], r["loss"], r["code_reward"] or "fraction", f"{r['lr']:g}", _f(r["temperature"], 1),
+                 f"{r['prompts_per_step']} x {r['generations']}", str(r["steps_per_rollout"]), str(r["heldout"]),
+                 r["steps"], curve, "-" if gained is None else f"{gained:+.3f}", _f(r["reward_last_quarter"]),
                  f"{r['length'][0]:.0f} -> {r['length'][-1]:.0f}" if r["length"] else "-",
                  _f(sum(r["rollout_cut"]) / len(r["rollout_cut"]) if r["rollout_cut"] else None)]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |\n")
     return head + "".join(lines)
+
+
+def change(row: dict) -> float | None:
+    """Held-out accuracy at the last evaluation minus at the first (None with fewer than two)."""
+    acc = row["accuracy"]
+    return acc[max(acc)] - acc[min(acc)] if len(acc) > 1 else None
+
+
+def gain_table(rows: list[dict]) -> str:
+    """The runs' changes (one run a seed), their mean and its 95% t-interval (troll.study.stats)."""
+    changes = [change(r) for r in rows]
+    summary = stats.summarize(changes)
+    m, se, n = summary["mean"], summary["se"], summary["n"]
+    interval = "-" if se is None else f"[{m - stats.t975(n - 1) * se:+.3f}, {m + stats.t975(n - 1) * se:+.3f}]"
+    per_run = ", ".join(f"{r['run']}: {c:+.3f}" for r, c in zip(rows, changes) if c is not None)
+    head = "| runs | change of greedy held-out acc. | mean | 95% interval | n |\n|---|---|---|---|---|\n"
+    return head + f"| {len(rows)} | {per_run} | {_f(m if m is None else round(m, 6))} | {interval} | {n} |\n"
 
 
 def evals_table(paths: list[Path]) -> str:
@@ -84,10 +113,14 @@ def evals_table(paths: list[Path]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="*", type=Path, help="run folders of troll train on a code task")
+    parser.add_argument("--gain", action="store_true", help="the runs are seeds of one setting: their mean change")
     parser.add_argument("--evals", nargs="*", type=Path, default=[], help="JSON files of troll eval-code --out")
     args = parser.parse_args(argv)
     if args.runs:
-        print(runs_table([run_row(folder) for folder in args.runs]))
+        rows = [run_row(folder) for folder in args.runs]
+        print(runs_table(rows))
+        if args.gain:
+            print(gain_table(rows))
     if args.evals:
         print(evals_table(args.evals))
     return 0

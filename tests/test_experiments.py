@@ -102,8 +102,13 @@ def test_code_recipe_table_worked_by_hand(tmp_path, capsys):
     out = capsys.readouterr().out
     # lengths 61 -> 64; cut shares 0.5, 0, 0.5, 0: mean 0.25
     assert (
-        "| r1 | clip | 1e-05 | 0.7 | 4 x 4 | 2 | 64 | 4/8 | 0: 0.500, 4: 0.375 | -0.125 | 0.400 | 61 -> 64 | 0.250 |"
-        in out
+        "| r1 | clip | fraction | 1e-05 | 0.7 | 4 x 4 | 2 | 64 | 4/8 | 0: 0.500, 4: 0.375 | -0.125 | 0.400 | "
+        "61 -> 64 | 0.250 |" in out
     )
     assert "| base | smollm2 | 64 | 0.500 | 0.250 | 0.600 | 0.7 | 0.000 | 0.125 |" in out
     assert script.run_row(run)["cut"] == 0.25 and script.run_row(run)["prose_first"] == 0.5
+    # three seeds gaining 0.1, 0.2, 0.3: mean 0.2, standard error sqrt(0.01 / 3) = 0.057735, t(0.975, 2) = 4.3027:
+    # the interval 0.2 -/+ 0.248414
+    seeds = [{"run": f"s{k}", "accuracy": {0: 0.5, 24: 0.5 + g}} for k, g in enumerate((0.1, 0.2, 0.3))]
+    table = script.gain_table(seeds)
+    assert "| 3 | s0: +0.100, s1: +0.200, s2: +0.300 | 0.200 | [-0.048, +0.448] | 3 |" in table
