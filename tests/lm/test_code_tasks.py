@@ -137,8 +137,8 @@ def test_the_all_pass_reward_is_one_only_when_every_test_passes():
 
 
 def test_the_code_reward_option_is_checked_and_only_for_code_tasks():
-    assert RunOptions(task="code", code_reward="all").resolved().code_reward == "all"
-    assert RunOptions(task="code").resolved().code_reward == "fraction"
+    assert RunOptions(task="code", code_reward="fraction").resolved().code_reward == "fraction"
+    assert RunOptions(task="code").resolved().code_reward == "all"
     assert RunOptions(task="chain_sum").resolved().code_reward is None
     with pytest.raises(UsageError, match="--code-reward must be one of fraction, all"):
         RunOptions(task="code", code_reward="most")

@@ -13,12 +13,19 @@ from troll.lm.options import CODE_DEFAULTS, MATH_DEFAULTS, RunOptions, UsageErro
 def test_code_tasks_have_their_own_defaults_and_math_keeps_its_own():
     code = RunOptions(task="code").resolved()
     assert (code.temperature, code.max_completion_length, code.heldout, code.heldout_samples) == (0.7, 160, 128, 4)
-    assert RunOptions(task="code_list").resolved().temperature == CODE_DEFAULTS.temperature
+    # the code recipe (docs/code.md): 24 steps on the all-pass reward, a checkpoint at 12, an evaluation every 6
+    assert (code.steps, code.code_reward, code.lr, code.save_every, code.eval_every) == (24, "all", 1e-5, 12, 6)
+    assert (code.generations, code.prompts_per_step, code.steps_per_rollout, code.rollout_size) == (8, 4, 2, 32)
+    for task in ("code_list", "code_except_string"):
+        assert RunOptions(task=task).resolved().temperature == CODE_DEFAULTS.temperature
     math = RunOptions(task="chain_sum").resolved()
     assert (math.temperature, math.max_completion_length, math.heldout, math.heldout_samples) == (1.0, 16, 128, 0)
+    assert (math.steps, math.code_reward, math.save_every, math.eval_every) == (16, None, 8, 4)
+    assert (math.generations, math.rollout_size) == (4, 16)
     assert MATH_DEFAULTS.temperature == 1.0
-    given = RunOptions(task="code", temperature=1.0, heldout=8, heldout_samples=0).resolved()
-    assert (given.temperature, given.heldout, given.heldout_samples) == (1.0, 8, 0)  # what is given stays
+    given = RunOptions(task="code", temperature=1.0, heldout=8, heldout_samples=0, steps=8).resolved()
+    assert (given.temperature, given.heldout, given.heldout_samples, given.steps) == (1.0, 8, 0, 8)  # given stays
+    assert (given.save_every, given.eval_every) == (4, 2)  # from the steps given
 
 
 def _jsonl(path, lines: int) -> str:

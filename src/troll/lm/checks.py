@@ -51,7 +51,9 @@ def check_values(opts: RunOptions) -> None:
     _check_troll(opts)
     _check_loss_options(opts)
     _check_positive(lr=opts.lr)
-    _check_positive_int(steps=opts.steps, prompts_per_step=opts.prompts_per_step)
+    _check_positive_int(prompts_per_step=opts.prompts_per_step)
+    if opts.steps is not None:
+        _check_positive_int(steps=opts.steps)
     if opts.temperature is not None:
         _check_positive(temperature=opts.temperature)
     for name in ("max_completion_length", "heldout"):
@@ -204,15 +206,16 @@ def check_batch_shape(opts: RunOptions) -> None:
     Shared options (``loss=None``) are checked value by value only: a study's sweep or arm may still set
     --prompts-per-step, --generations, --steps-per-rollout or --save-every, and a resumed run keeps its saved
     ones, so how they fit together is checked in each run."""
-    if not (_is_int(opts.generations) and opts.generations >= 2):
+    if opts.generations is not None and not (_is_int(opts.generations) and opts.generations >= 2):
         raise UsageError(
             f"--generations must be >= 2: GRPO's advantage compares the samples of one prompt, got {opts.generations}."
         )
     if opts.loss is None:
         return
     if opts.rollout_size % opts.steps_per_rollout:
+        generations = opts.rollout_size // opts.prompts_per_step
         raise UsageError(
-            f"a rollout batch of --prompts-per-step {opts.prompts_per_step} x --generations {opts.generations} = "
+            f"a rollout batch of --prompts-per-step {opts.prompts_per_step} x --generations {generations} = "
             f"{opts.rollout_size} completions cannot be split into --steps-per-rollout {opts.steps_per_rollout} "
             "equal optimiser batches; pick values whose product is a multiple of --steps-per-rollout."
         )

@@ -35,6 +35,7 @@ from troll.lm.task_defaults import (
     MATH_DEFAULTS,
     TaskDefaults,
     default_completion_length,
+    default_generations,
     task_defaults,
     task_label,
 )
@@ -155,12 +156,20 @@ class RunOptions:
         "support (troll/kl_before/*; costs a vocabulary pass a step); auto: when --steps-per-rollout > 1 "
         "(default: {default})",
     )
-    steps: int = _flag(16, "optimiser steps (default: {default})")
+    steps: int | None = _flag(  # None: the task's (16 for reasoning_gym, 24 for code; resolved)
+        None,
+        f"optimiser steps (default: {MATH_DEFAULTS.steps} for reasoning_gym tasks, {CODE_DEFAULTS.steps} for code "
+        "tasks)",
+    )
     lr: float = _flag(1e-5, "learning rate, constant (default: {default})")
     prompts_per_step: int = _flag(
         4, "prompts per rollout batch, which holds prompts x generations completions (default: {default})"
     )
-    generations: int = _flag(4, "samples per prompt (default: {default})")
+    generations: int | None = _flag(  # None: the task's (4 for reasoning_gym, 8 for code; resolved)
+        None,
+        f"samples per prompt (default: {MATH_DEFAULTS.generations} for reasoning_gym tasks, "
+        f"{CODE_DEFAULTS.generations} for code tasks)",
+    )
     max_completion_length: int | None = _flag(  # None: the task's (TaskDefaults; resolved)
         None,
         f"tokens per completion, also for the held-out evaluation (default: {MATH_DEFAULTS.max_completion_length} "
@@ -222,23 +231,23 @@ class RunOptions:
         check_values(self)
 
     def resolved(self) -> RunOptions:
-        """A copy with the defaults that depend on other fields filled in (the clip options for the clip losses)."""
+        """A copy with the defaults that depend on other fields filled in: the task's (:meth:`task_defaults`), then
+        what depends on them (the clip options for the clip losses, checkpoints and evaluations by the steps)."""
         check_run(self)
-        bound = self.bound
+        opts = dataclasses.replace(self, **self.task_defaults())
         clip = {}
-        if self.loss in CLIP_LOSSES:
-            dual = LOSSES[self.loss].dual_clip if self.dual_clip is None else self.dual_clip
-            high = bound if self.clip_eps_high is None else self.clip_eps_high
+        if opts.loss in CLIP_LOSSES:
+            dual = LOSSES[opts.loss].dual_clip if opts.dual_clip is None else opts.dual_clip
+            high = opts.bound if opts.clip_eps_high is None else opts.clip_eps_high
             clip = dict(clip_eps_high=high, dual_clip=dual or 0.0)
         # Half the run, rounded down to whole rollouts: a checkpoint inside a rollout batch cannot hold the rest of
         # that batch, so a run resumed from it would sample a new one and depart from the uninterrupted run.
-        whole = (self.steps // 2) // self.steps_per_rollout * self.steps_per_rollout
-        save_every = max(self.steps_per_rollout, whole) if self.save_every is None else self.save_every
-        eval_every = max(1, self.steps // 4) if self.eval_every is None else self.eval_every
-        out = self.out or f"runs/{self.loss}-{task_label(self.task)}-seed{self.seed}"
-        own = {bound_name(self.loss): bound}
-        return dataclasses.replace(self, **own, save_every=save_every, eval_every=eval_every, out=out, **clip,
-                                   **self.task_defaults())  # fmt: skip
+        whole = (opts.steps // 2) // opts.steps_per_rollout * opts.steps_per_rollout
+        save_every = max(opts.steps_per_rollout, whole) if opts.save_every is None else opts.save_every
+        eval_every = max(1, opts.steps // 4) if opts.eval_every is None else opts.eval_every
+        out = opts.out or f"runs/{opts.loss}-{task_label(opts.task)}-seed{opts.seed}"
+        own = {bound_name(opts.loss): opts.bound}
+        return dataclasses.replace(opts, **own, save_every=save_every, eval_every=eval_every, out=out, **clip)
 
     def task_defaults(self) -> dict:
         """The options left None that the task decides (:func:`task_defaults`), with their values for this task."""
@@ -252,7 +261,8 @@ class RunOptions:
 
     @property
     def rollout_size(self) -> int:
-        return self.prompts_per_step * self.generations
+        generations = self.generations if self.generations is not None else default_generations(self.task)
+        return self.prompts_per_step * generations
 
     @property
     def measures_kl(self) -> bool:

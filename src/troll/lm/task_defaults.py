@@ -17,6 +17,8 @@ HELDOUT = 128
 class TaskDefaults:
     """The options whose default depends on the kind of task (a run's config.json records the values used)."""
 
+    steps: int
+    generations: int
     temperature: float
     max_completion_length: int
     heldout: int
@@ -25,17 +27,26 @@ class TaskDefaults:
 
 
 # reasoning_gym tasks: short answers, sampled at 1.0, greedy held-out accuracy only.
-MATH_DEFAULTS = TaskDefaults(temperature=1.0, max_completion_length=MATH_COMPLETION_LENGTH, heldout=HELDOUT,
-                             heldout_samples=0, code_reward=None)  # fmt: skip
+MATH_DEFAULTS = TaskDefaults(
+    steps=16,
+    generations=4,
+    temperature=1.0,
+    max_completion_length=MATH_COMPLETION_LENGTH,
+    heldout=HELDOUT,
+    heldout_samples=0,
+    code_reward=None,
+)
 # Code tasks: at 1.0 the default model's samples are right far less often than at 0.7 (docs/code.md: a mean reward
 # of 0.05 against 0.2 over 16 samples); its function and fence take ~64 tokens; pass@1 and pass@4 sampled beside
 # the greedy pass@1.
 CODE_DEFAULTS = TaskDefaults(
+    steps=24,
+    generations=8,
     temperature=0.7,
     max_completion_length=CODE_COMPLETION_LENGTH,
     heldout=HELDOUT,
     heldout_samples=4,
-    code_reward="fraction",
+    code_reward="all",
 )
 
 
@@ -60,6 +71,13 @@ def task_label(task: str) -> str:
     if isinstance(task, str) and task.startswith(code_data.JSONL_PREFIX):
         return "jsonl-" + Path(task[len(code_data.JSONL_PREFIX) :]).stem
     return task
+
+
+def default_generations(task: str) -> int:
+    """--generations when not given: 4 for reasoning_gym tasks, 8 for a code task."""
+    from troll.lm import code_data
+
+    return CODE_DEFAULTS.generations if code_data.is_code_task(task) else MATH_DEFAULTS.generations
 
 
 def default_completion_length(task: str) -> int:
