@@ -132,14 +132,15 @@ map: $(VENV)/.installed
 		--losses troll:kl-bound=0.2:$(MAP_R16) || status=1; \
 	$(PY) experiments/stability_map.py $$d && exit $$status
 
-# docs/results.md's code study: TROLL against the paper's clip baseline on the generated code task, two cells side by
-# side: 6 seeds with completions cut at 96 tokens into $(CODE_DIR), then 3 seeds at the code tasks' default of 160
+# docs/results.md's code study: TROLL against the paper's clip baseline on the generated code task (on the fraction of
+# tests passed, the reward of the code tasks when it ran), two cells side by side: 6 seeds with completions cut at 96 tokens into $(CODE_DIR), then 3 seeds at the code tasks' default of 160
 # into $(CODE_DIR)-160 (4 to 15 minutes a cell on the shared 2-core CPU, by its load), then the base model's greedy
 # pass@1 on HumanEval into $(CODE_DIR)-humaneval.json. CODE_DIR=studies/code-X continues there: each study resumes
 # with the same flags (finished cells kept) and a HumanEval result already written is kept.
 CODE_DIR ?= studies/code-$(shell date +%Y%m%d-%H%M%S)
 CODE_STUDY := $(VENV)/bin/troll study --task code --losses troll,clip --jobs 2 --steps 6 --steps-per-rollout 2 \
-	--prompts-per-step 4 --generations 4 --temperature 0.7 --lr 4e-5 --heldout 32 --eval-every 0
+	--prompts-per-step 4 --generations 4 --temperature 0.7 --lr 4e-5 --heldout 32 --eval-every 0 \
+	--code-reward fraction
 code-results: $(VENV)/.installed
 	d=$(CODE_DIR) && go() { out=$$1; shift; r=; [ ! -e $$out/config.json ] || r=--resume; \
 		$(CODE_STUDY) "$$@" --out $$out $$r; } && \
