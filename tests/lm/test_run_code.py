@@ -28,7 +28,7 @@ def test_train_on_a_code_task(tmp_path, capsys, tiny_model_dir, monkeypatch):
     assert summary["samples_after"][0]["answer"]["kind"] == "call"  # the tests stand for the answer
     # the code defaults not given on the command line, recorded as used
     options = json.loads((out / "config.json").read_text())["options"]
-    assert (options["temperature"], options["heldout_samples"]) == (0.7, 4)
+    assert (options["temperature"], options["heldout_samples"], options["code_reward"]) == (0.7, 4, "all")
     held = next(r for r in rows if r["step"] == 0 and "heldout/accuracy" in r)
     assert held["heldout/sampled_pass@1"] == 0.0 and held["heldout/sampled_pass@4"] == 0.0
     assert held["heldout/cut"] == 1.0 and held["heldout/prose_first"] == 1.0  # 8 random tokens: no end, no fence
