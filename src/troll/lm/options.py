@@ -185,10 +185,11 @@ class RunOptions:
         f"sampling temperature, of training and of the held-out pass@k (default: {MATH_DEFAULTS.temperature:g} for "
         f"reasoning_gym tasks, {CODE_DEFAULTS.temperature:g} for code tasks)",
     )
-    code_reward: str | None = _flag(  # None: the task's ("fraction" for code tasks; reasoning_gym tasks have their own)
+    code_reward: str | None = _flag(  # None: the task's ("all" for code tasks; reasoning_gym tasks have their own)
         None,
         "code tasks: the training reward, fraction (of an item's tests passed) or all (1 when every test passes, "
-        "else 0); held-out accuracy counts an item right when all its tests pass either way (default: fraction)",
+        "else 0); held-out accuracy counts an item right when all its tests pass either way (default: "
+        f"{CODE_DEFAULTS.code_reward})",
     )
     # The system message of the chat prompts; None: the chat template's default (SmolLM2's adds "You are a helpful AI
     # assistant named SmolLM, trained by Hugging Face", 17 tokens of every sequence's ~60)

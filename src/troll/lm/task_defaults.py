@@ -73,15 +73,19 @@ def task_label(task: str) -> str:
     return task
 
 
-def default_generations(task: str) -> int:
-    """--generations when not given: 4 for reasoning_gym tasks, 8 for a code task."""
+def kind_defaults(task: str) -> TaskDefaults:
+    """The defaults of the task's kind: :data:`CODE_DEFAULTS` for a code task, :data:`MATH_DEFAULTS` otherwise
+    (without reading a JSONL file's lines, which only the held-out share needs)."""
     from troll.lm import code_data
 
-    return CODE_DEFAULTS.generations if code_data.is_code_task(task) else MATH_DEFAULTS.generations
+    return CODE_DEFAULTS if code_data.is_code_task(task) else MATH_DEFAULTS
+
+
+def default_generations(task: str) -> int:
+    """--generations when not given: 4 for reasoning_gym tasks, 8 for a code task."""
+    return kind_defaults(task).generations
 
 
 def default_completion_length(task: str) -> int:
     """--max-completion-length when not given: 16 for reasoning_gym's short answers, more for a code task."""
-    from troll.lm import code_data
-
-    return CODE_DEFAULTS.max_completion_length if code_data.is_code_task(task) else MATH_COMPLETION_LENGTH
+    return kind_defaults(task).max_completion_length

@@ -216,7 +216,7 @@ class BubblewrapSandbox(Sandbox):
             # environ from inside when it runs as the same user (not as root)
             with _filter_pipe(self._filter) as fd:
                 argv = cgroups.wrap(self.argv(program, limits, uid, fd), cgroup)
-                stop = _stop if cgroup is None else functools.partial(_stop, cgroup=cgroup)
+                stop = functools.partial(_stop, cgroup=cgroup)
                 return run_capped(
                     argv, stdin, wall=limits.wall, cap=limits.output, env={}, pass_fds=_fds(fd), watch=watch, stop=stop
                 )
