@@ -22,16 +22,20 @@ cell or over a file a command did not write (:mod:`troll.runs.folder`'s rules).
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from troll import runs
 from troll.runs.files import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, UsageError, read_jsonl, write_json
 from troll.runs.folder import read_manifest
+from troll.study import report as report_lib
 from troll.study.grid import grows
 
 DIGITS = 7  # significant digits kept of each logged number; float32 metrics carry about 7
@@ -196,11 +200,15 @@ def _same_but_argv(config: dict, archived: dict) -> bool:
 
 
 def differs(config: dict, wanted: dict | None, runtime: frozenset) -> str | None:
-    """Why a cell's config.json is not the one its command would write today (None when it is)."""
+    """Why a cell's config.json is not the one its command would write today (None when it is): its command, and
+    each section of ``wanted`` beside it (the settings: ``config`` of ``troll tce train``, ``options`` of ``troll
+    train``) key by key, the ``runtime`` keys aside."""
     if wanted is None:
         return "not a cell of the study's grid"
-    old, new = config.get("config", {}), wanted.get("config", {})
-    differ = sorted(k for k in set(old) | set(new) if k not in runtime and old.get(k) != new.get(k))
+    differ = []
+    for section in sorted(k for k in wanted if k != "command"):  # "config" (troll tce train), "options" (troll train)
+        old, new = config.get(section) or {}, wanted[section]
+        differ += sorted(k for k in set(old) | set(new) if k not in runtime and old.get(k) != new.get(k))
     if config.get("command") != wanted.get("command") or differ:
         return "run with other settings than today's (" + (", ".join(differ) or "command") + ")"
     return None
@@ -247,3 +255,58 @@ def _restore_cell(
         _write_text(folder / METRICS_FILE, "".join(json.dumps(r) + "\n" for r in rows))
         write_json(folder / SUMMARY_FILE, summary)  # last: a cell is finished when its summary exists
     return None
+
+
+def write_reports(root: Path, command: str, study_of: Callable[[Path], Any]) -> None:
+    """Write each study's study.json / study.md / study.png below ``root`` over its finished cells, as a running
+    study writes them, so that its numbers read without running a cell; ``study_of(folder)`` gives the
+    :class:`troll.study.Study` of a study folder. A study another process is running is left to it."""
+    for folder in studies(root, command):
+        try:
+            runs.hold(folder)
+        except UsageError:
+            print(f"{folder}: another process is running this study; its report is left to it", file=sys.stderr)
+            continue
+        try:
+            study = study_of(folder)
+            status = {c.label: "kept" for c in study.cells if (c.folder / SUMMARY_FILE).is_file()}
+            if status:
+                report_lib.write(study, status)
+        finally:
+            runs.release(folder)
+
+
+def main(argv: list[str] | None, *, prog: str, doc: str, study_command: str,
+         save: Callable[[Path, Path], Outcome], restore: Callable[[Path, Path], Outcome]) -> int:  # fmt: skip
+    """The command line of an application's archive (``python -m troll.tce.archive``, ``python -m
+    troll.lm.archive``): ``save STUDIES ARCHIVE`` or ``restore ARCHIVE STUDIES``; prints what was done and why a
+    cell was not; 2 on bad input."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n")[0])
+    sub = parser.add_subparsers(dest="action", required=True)
+    s = sub.add_parser("save", help="archive the finished cells of the studies below STUDIES into ARCHIVE")
+    s.add_argument("studies", type=Path)
+    s.add_argument("archive", type=Path)
+    r = sub.add_parser("restore", help="write the cells of ARCHIVE back below STUDIES as finished cells")
+    r.add_argument("archive", type=Path)
+    r.add_argument("studies", type=Path)
+    args = parser.parse_args(argv)
+    try:
+        if args.action == "save":
+            if not args.studies.is_dir():
+                raise UsageError(f"{args.studies} is not a folder of studies; give the folder '{study_command}' "
+                                 "wrote.")  # fmt: skip
+            outcome = save(args.studies, args.archive)
+        else:
+            if not args.archive.is_dir():
+                print(f"{args.archive} does not exist: no archive yet, nothing restored.")
+                return 0
+            outcome = restore(args.archive, args.studies)
+    except (UsageError, ValueError) as err:  # ValueError: a damaged config.json of a study or of the archive
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    verb = "saved" if args.action == "save" else "restored"
+    print(f"{verb} {len(outcome.done)} finished cell(s)")
+    for label, why in outcome.skipped.items():
+        if why != "not finished":
+            print(f"  {label}: {why}")
+    return 0

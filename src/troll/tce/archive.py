@@ -15,15 +15,11 @@ tce-authors`` does both, so its study continues on a new machine from what was c
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from troll import runs
 from troll.episodic.config import RESUMABLE_FIELDS
-from troll.runs.files import SUMMARY_FILE, UsageError
 from troll.study import Study, archive
-from troll.study import report as report_lib
 from troll.tce import study as study_lib
 
 # the report's curves, and what benchmarks/tce_exploration.py --runs reads to say why a run is slow
@@ -41,6 +37,11 @@ def expected(spec_json: dict, folder: Path) -> dict[str, dict]:
     }
 
 
+def study_of(folder: Path) -> Study:
+    spec = study_lib.load_spec(folder)
+    return Study(folder, study_lib.frontend(spec), spec.grid, spec.to_json(), study_lib.plan(spec, folder))
+
+
 def save(root: Path, dest: Path) -> archive.Outcome:
     return archive.save(root, dest, command=study_lib.COMMAND, keys=KEYS, expected=expected, runtime=RESUMABLE_FIELDS)
 
@@ -52,53 +53,13 @@ def restore(source: Path, root: Path, *, report: bool = True) -> archive.Outcome
     outcome = archive.restore(source, root, command=study_lib.COMMAND, run_command=study_lib.RUN_COMMAND,
                               expected=expected, runtime=RESUMABLE_FIELDS)  # fmt: skip
     if report:
-        for folder in archive.studies(root, study_lib.COMMAND):
-            try:
-                runs.hold(folder)
-            except UsageError:  # a study running there writes its own report
-                print(f"{folder}: another process is running this study; its report is left to it", file=sys.stderr)
-                continue
-            try:
-                spec = study_lib.load_spec(folder)
-                cells = study_lib.plan(spec, folder)
-                status = {c.label: "kept" for c in cells if (c.folder / SUMMARY_FILE).is_file()}
-                if status:
-                    study = Study(folder, study_lib.frontend(spec), spec.grid, spec.to_json(), cells)
-                    report_lib.write(study, status)
-            finally:
-                runs.release(folder)
+        archive.write_reports(root, study_lib.COMMAND, study_of)
     return outcome
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m troll.tce.archive", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="action", required=True)
-    s = sub.add_parser("save", help="archive the finished cells of the studies below STUDIES into ARCHIVE")
-    s.add_argument("studies", type=Path)
-    s.add_argument("archive", type=Path)
-    r = sub.add_parser("restore", help="write the cells of ARCHIVE back below STUDIES as finished cells")
-    r.add_argument("archive", type=Path)
-    r.add_argument("studies", type=Path)
-    args = parser.parse_args(argv)
-    try:
-        if args.action == "save":
-            if not args.studies.is_dir():
-                raise UsageError(f"{args.studies} is not a folder of studies; give the folder 'troll tce study' wrote.")
-            outcome = save(args.studies, args.archive)
-        else:
-            if not args.archive.is_dir():
-                print(f"{args.archive} does not exist: no archive yet, nothing restored.")
-                return 0
-            outcome = restore(args.archive, args.studies)
-    except (UsageError, ValueError) as err:  # ValueError: a damaged config.json of a study or of the archive
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    verb = "saved" if args.action == "save" else "restored"
-    print(f"{verb} {len(outcome.done)} finished cell(s)")
-    for label, why in outcome.skipped.items():
-        if why != "not finished":
-            print(f"  {label}: {why}")
-    return 0
+    return archive.main(argv, prog="python -m troll.tce.archive", doc=__doc__, study_command="troll tce study",
+                        save=save, restore=restore)  # fmt: skip
 
 
 if __name__ == "__main__":
