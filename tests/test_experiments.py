@@ -112,3 +112,47 @@ def test_code_recipe_table_worked_by_hand(tmp_path, capsys):
     seeds = [{"run": f"s{k}", "accuracy": {0: 0.5, 24: 0.5 + g}} for k, g in enumerate((0.1, 0.2, 0.3))]
     table = script.gain_table(seeds)
     assert "| 3 | s0: +0.100, s1: +0.200, s2: +0.300 | 0.200 | [-0.048, +0.448] | 3 |" in table
+
+
+def test_code_results_tables_worked_by_hand(tmp_path, capsys):
+    """experiments/code_results.py on a study folder built by hand: troll and clip on seeds 0 and 1, evaluated at
+    steps 0, 6 and 12, and HumanEval results; every number below is worked out from these."""
+    import json
+
+    spec = importlib.util.spec_from_file_location("code_results", SCRIPT.parent / "code_results.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    curves = {("troll", 0): (0.5, 0.75, 0.75), ("troll", 1): (0.5, 0.5, 0.625),
+              ("clip", 0): (0.5, 0.625, 0.75), ("clip", 1): (0.5, 0.5, 0.5)}  # fmt: skip
+    (tmp_path / "recipe").mkdir()
+    (tmp_path / "recipe" / "config.json").write_text("{}")
+    for (loss, seed), accs in curves.items():
+        cell = tmp_path / "recipe" / loss / f"seed{seed}"
+        cell.mkdir(parents=True)
+        rows = [{"step": s, "heldout/accuracy": a} for s, a in zip((0, 6, 12), accs)] + [{"step": 12, "reward": 1.0}]
+        (cell / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (cell / "summary.json").write_text("{}")
+    unfinished = tmp_path / "recipe" / "troll" / "seed2"  # no summary: left out
+    unfinished.mkdir()
+    (unfinished / "metrics.jsonl").write_text(json.dumps({"step": 0, "heldout/accuracy": 0.0}) + "\n")
+    (tmp_path / "humaneval").mkdir()
+    for name, solved in {"base": 7, "troll-seed0": 10, "troll-seed1": 9, "clip-seed0": 11, "clip-seed1": 8}.items():
+        (tmp_path / "humaneval" / f"{name}.json").write_text(json.dumps({"n": 141, "pass_at_1": solved / 141}))
+    assert script.main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    # means over the two seeds: troll 0.5, 0.625, 0.6875; clip 0.5, 0.5625, 0.625
+    assert "| troll | 2 | 0.500 | 0.625 | 0.688 |" in out and "| clip | 2 | 0.500 | 0.562 | 0.625 |" in out
+    # gains 0.25 and 0.125: mean 0.1875, se 0.0625, t(0.975, 1) = 12.706: half-width 0.794
+    assert "| troll | 0: +0.250, 1: +0.125 | +0.188 | [-0.607, +0.982] | 2 |" in out
+    # clip gains 0.25 and 0: mean 0.125, se 0.125, half-width 1.588
+    assert "| clip | 0: +0.250, 1: +0.000 | +0.125 | [-1.463, +1.713] | 2 |" in out
+    # step 6: +0.125, 0; step 12: 0, +0.125 (mean 0.0625, se 0.0625)
+    assert "| 6 | 0: +0.125, 1: +0.000 | +0.062 | [-0.732, +0.857] | 2 |" in out
+    assert "| 12 | 0: +0.000, 1: +0.125 | +0.062 | [-0.732, +0.857] | 2 |" in out
+    # clip's final 0.75 on seed 0: troll has it at step 6; 0.5 on seed 1: troll has it at step 6 too
+    assert "| 0 | 0.750 | 12 | 6 |" in out and "| 1 | 0.500 | 12 | 6 |" in out
+    assert script.steps_to_reach({0: 0.5, 6: 0.5}, 0.75) is None
+    # HumanEval: 7 of 141 before; troll - clip (10 - 11, 9 - 8) / 141 = -0.00709, +0.00709: mean 0
+    lines = out.splitlines()
+    assert lines[lines.index("| model | n | greedy pass@1 | solved |") + 2] == "| base | 141 | 0.050 | 7 |"  # first
+    assert "| 0: -0.007, 1: +0.007 | +0.000 |" in out

@@ -1,0 +1,158 @@
+"""docs/results.md, "Code": TROLL against the paper's clip baseline at the code recipe, from `make code-results`.
+
+    python experiments/code_results.py studies/code-results
+
+Reads ``<folder>/recipe``, a ``troll study`` of the losses ``troll`` and ``clip`` on the same seeds, and the
+``troll eval-code --task humaneval`` results in ``<folder>/humaneval/`` (``base.json`` for the model before training,
+``<loss>-seed<k>.json`` after each run). Prints, as markdown:
+
+1. greedy held-out accuracy at each evaluated step, mean over seeds, per loss;
+2. each loss's gain over the base model (after - before) by seed, mean and 95% t-interval;
+3. troll - clip paired by seed at each evaluated step (matched steps) and at the end;
+4. training speed: per seed, the first evaluated step at which troll reaches clip's final accuracy on that seed;
+5. HumanEval pass@1 before and after each run, and troll - clip paired.
+
+Intervals: mean +- t(0.975, n - 1) x standard error over seeds (:mod:`troll.study.stats`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from troll.runs.files import read_jsonl
+from troll.study import stats
+
+LOSSES = ("troll", "clip")
+
+
+def accuracy_by_step(cell: Path) -> dict[int, float]:
+    """A cell's greedy held-out accuracy at each evaluated step (step 0: the base model)."""
+    rows = read_jsonl(cell / "metrics.jsonl") if (cell / "metrics.jsonl").is_file() else []
+    return {r["step"]: r["heldout/accuracy"] for r in rows if r.get("heldout/accuracy") is not None}
+
+
+def load(folder: Path) -> dict[str, dict[int, dict[int, float]]]:
+    """loss -> seed -> step -> accuracy, over the finished cells (those with a summary.json)."""
+    study = folder / "recipe"
+    out: dict[str, dict[int, dict[int, float]]] = {loss: {} for loss in LOSSES}
+    for loss in LOSSES:
+        for cell in sorted((study / loss).glob("seed*")):
+            if (cell / "summary.json").is_file():
+                out[loss][int(cell.name[len("seed") :])] = accuracy_by_step(cell)
+    return out
+
+
+def _interval(summary: dict) -> str:
+    m, se, n = summary["mean"], summary["se"], summary["n"]
+    if m is None:
+        return "- | - | 0"
+    if se is None:
+        return f"{m:+.3f} | - | {n}"
+    half = stats.t975(n - 1) * se
+    return f"{m:+.3f} | [{m - half:+.3f}, {m + half:+.3f}] | {n}"
+
+
+def curves_table(acc) -> str:
+    steps = sorted({s for loss in LOSSES for curve in acc[loss].values() for s in curve})
+    head = "| loss | seeds | " + " | ".join(f"step {s}" for s in steps) + " |\n"
+    head += "|---|---|" + "---|" * len(steps) + "\n"
+    lines = []
+    for loss in LOSSES:
+        cells = [loss, str(len(acc[loss]))]
+        for s in steps:
+            m = stats.mean([c[s] for c in acc[loss].values() if s in c])
+            cells.append("-" if m is None else f"{m:.3f}")
+        lines.append("| " + " | ".join(cells) + " |\n")
+    return head + "".join(lines)
+
+
+def gain(curve: dict[int, float]) -> float | None:
+    """Accuracy at the last evaluation minus at step 0 (None without both)."""
+    return curve[max(curve)] - curve[0] if 0 in curve and len(curve) > 1 else None
+
+
+def gains_table(acc) -> str:
+    head = "| loss | gain over the base model, by seed | mean | 95% interval | n |\n|---|---|---|---|---|\n"
+    lines = []
+    for loss in LOSSES:
+        gains = {seed: gain(curve) for seed, curve in sorted(acc[loss].items())}
+        per_seed = ", ".join(f"{s}: {g:+.3f}" for s, g in gains.items() if g is not None) or "-"
+        lines.append(f"| {loss} | {per_seed} | {_interval(stats.summarize(list(gains.values())))} |\n")
+    return head + "".join(lines)
+
+
+def paired_table(acc) -> str:
+    """troll - clip by seed at each step both evaluated, and at the end."""
+    troll, clip = acc["troll"], acc["clip"]
+    steps = sorted({s for c in troll.values() for s in c} & {s for c in clip.values() for s in c} - {0})
+    head = "| step | troll - clip, by seed | mean | 95% interval | n |\n|---|---|---|---|---|\n"
+    lines = []
+    for s in steps:
+        d = stats.paired({k: c.get(s) for k, c in troll.items()}, {k: c.get(s) for k, c in clip.items()})
+        per_seed = ", ".join(f"{k}: {v:+.3f}" for k, v in d["diffs"].items()) or "-"
+        lines.append(f"| {s} | {per_seed} | {_interval(d)} |\n")
+    return head + "".join(lines)
+
+
+def steps_to_reach(troll: dict[int, float], target: float) -> int | None:
+    """The first evaluated step after 0 at which ``troll`` is at least ``target`` (None when it never is)."""
+    return next((s for s in sorted(troll) if s > 0 and troll[s] >= target), None)
+
+
+def speed_table(acc) -> str:
+    head = "| seed | clip's final | its step | troll reaches it at step |\n|---|---|---|---|\n"
+    lines = []
+    for seed in sorted(set(acc["troll"]) & set(acc["clip"])):
+        clip = acc["clip"][seed]
+        final = max(clip)
+        reached = steps_to_reach(acc["troll"][seed], clip[final])
+        lines.append(f"| {seed} | {clip[final]:.3f} | {final} | {'not reached' if reached is None else reached} |\n")
+    return head + "".join(lines)
+
+
+def humaneval_table(folder: Path) -> str:
+    """pass@1 of each HumanEval result in ``folder`` (base first), and troll - clip paired by seed."""
+    results = {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
+    if not results:
+        return "No HumanEval results.\n"
+    head = "| model | n | greedy pass@1 | solved |\n|---|---|---|---|\n"
+    names = sorted(results, key=lambda name: (name != "base", name))
+    lines = [f"| {n} | {r['n']} | {r['pass_at_1']:.3f} | {round(r['pass_at_1'] * r['n'])} |\n" for n, r in
+             ((n, results[n]) for n in names)]  # fmt: skip
+    by = {loss: {} for loss in LOSSES}
+    for name, r in results.items():
+        loss, _, seed = name.rpartition("-seed")
+        if loss in by and seed.isdigit():
+            by[loss][int(seed)] = r["pass_at_1"]
+    d = stats.paired(by["troll"], by["clip"])
+    per_seed = ", ".join(f"{k}: {v:+.3f}" for k, v in d["diffs"].items()) or "-"
+    paired = "\n| troll - clip, by seed | mean | 95% interval | n |\n|---|---|---|---|\n"
+    return head + "".join(lines) + paired + f"| {per_seed} | {_interval(d)} |\n"
+
+
+def report(folder: Path) -> str:
+    acc = load(folder)
+    parts = [
+        "### Greedy held-out accuracy by step, mean over seeds\n\n" + curves_table(acc),
+        "### Gain over the base model (last evaluation - step 0)\n\n" + gains_table(acc),
+        "### TROLL - clip, paired by seed, at matched steps\n\n" + paired_table(acc),
+        "### Steps for TROLL to reach clip's final accuracy\n\n" + speed_table(acc),
+        "### HumanEval (greedy pass@1)\n\n" + humaneval_table(folder / "humaneval"),
+    ]
+    return "\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder", type=Path, help="the folder of make code-results (CODE_DIR)")
+    args = parser.parse_args(argv)
+    if not (args.folder / "recipe" / "config.json").is_file():
+        parser.error(f"{args.folder / 'recipe'} holds no study; run make code-results CODE_DIR={args.folder}")
+    print(report(args.folder))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
