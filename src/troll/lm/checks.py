@@ -8,6 +8,7 @@ from typing import Any
 
 from troll.categorical import defaults
 from troll.categorical.settings import check_tail, check_troll_settings
+from troll.lm.code_data import REWARD_WORDS
 from troll.lm.losses import BOUNDS, CLIP_LOSSES, LOSSES, TROLL_LOSSES, bound_name, check_bound_name
 from troll.runs.files import UsageError
 from troll.runs.numbers import check_choice, check_int, check_real, check_seed, is_int, is_real
@@ -19,7 +20,7 @@ RunOptions = Any
 __all__ = ["LIMITS", "MEASURE_KL", "check_batch_shape", "check_run", "check_used", "check_values"]
 
 MEASURE_KL = ("auto", "on", "off")
-CODE_REWARDS = ("fraction", "all")  # --code-reward: the share of tests passed, or all of them
+CODE_REWARDS = tuple(REWARD_WORDS)  # --code-reward: the share of tests passed, or all of them
 # How check_troll_settings names TROLL's settings in a message: as the flags of troll train.
 TROLL_FLAGS = {"kl_bound": "--kl-bound", "alpha": "--alpha", "top_k": "--top-k", "delta": "--delta"}
 

@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from troll.lm.code_data import CODE_COMPLETION_LENGTH
+from troll.lm import code_data
 
 MATH_COMPLETION_LENGTH = 16  # the reasoning_gym presets' answers are a few tokens
 HELDOUT = 128
@@ -43,7 +43,7 @@ CODE_DEFAULTS = TaskDefaults(
     steps=24,
     generations=8,
     temperature=0.7,
-    max_completion_length=CODE_COMPLETION_LENGTH,
+    max_completion_length=code_data.CODE_COMPLETION_LENGTH,
     heldout=HELDOUT,
     heldout_samples=4,
     code_reward="all",
@@ -54,11 +54,7 @@ def task_defaults(task: str) -> dict:
     """{option: value} of the options a task decides: :data:`CODE_DEFAULTS` for a code task (a JSONL file holds out
     a quarter of its lines, at most 128), :data:`MATH_DEFAULTS` otherwise. Reads a JSONL file's lines (a missing or
     bad file raises :class:`UsageError`)."""
-    from troll.lm import code_data
-
-    if not code_data.is_code_task(task):
-        return dataclasses.asdict(MATH_DEFAULTS)
-    out = dataclasses.asdict(CODE_DEFAULTS)
+    out = dataclasses.asdict(kind_defaults(task))
     if task.startswith(code_data.JSONL_PREFIX):
         out["heldout"] = code_data.jsonl_heldout(task, HELDOUT)
     return out
@@ -66,8 +62,6 @@ def task_defaults(task: str) -> dict:
 
 def task_label(task: str) -> str:
     """The task as a default folder name: ``jsonl:PATH`` becomes ``jsonl-<file stem>`` (no separators)."""
-    from troll.lm import code_data
-
     if isinstance(task, str) and task.startswith(code_data.JSONL_PREFIX):
         return "jsonl-" + Path(task[len(code_data.JSONL_PREFIX) :]).stem
     return task
@@ -76,8 +70,6 @@ def task_label(task: str) -> str:
 def kind_defaults(task: str) -> TaskDefaults:
     """The defaults of the task's kind: :data:`CODE_DEFAULTS` for a code task, :data:`MATH_DEFAULTS` otherwise
     (without reading a JSONL file's lines, which only the held-out share needs)."""
-    from troll.lm import code_data
-
     return CODE_DEFAULTS if code_data.is_code_task(task) else MATH_DEFAULTS
 
 
