@@ -133,42 +133,53 @@ map: $(VENV)/.installed
 	$(PY) experiments/stability_map.py $$d && exit $$status
 
 # docs/results.md, "Code": TROLL against the paper's clip baseline at the code recipe (the code tasks' defaults), 3
-# seeds each, 24 steps, 64 held-out items evaluated greedily every 6 steps, each run's model kept; then HumanEval
-# (greedy pass@1) of the base model and after each run, then the tables (experiments/code_results.py). By default
-# the target restores CODE_ARCHIVE (docs/data/code-results: the finished runs' numbers and HumanEval results) into
-# CODE_DIR and writes the tables from it in seconds, training nothing. CODE_TRAIN=1 also runs what the archive lacks
-# and saves each finished run and evaluation to the archive: a run is 40 to 60 minutes of a core and peaks at 12.4
-# GiB (so one at a time), a HumanEval evaluation 20 to 30 minutes (a restored run has no model: its evaluation comes
-# from the archive or not at all). A run interrupted resumes from its last checkpoint while CODE_DIR holds it.
+# seeds each, 24 steps, 64 held-out items evaluated greedily every 6 steps, each run's model kept; clip trained
+# without the string family (code_except_string, seed 0) and greedy pass@1 on 64 string items before and after;
+# HumanEval (greedy pass@1) of the base model and after each run; then the tables (experiments/code_results.py). By
+# default the target restores CODE_ARCHIVE (docs/data/code-results: the finished runs' numbers and the evaluations)
+# into CODE_DIR and writes the tables from it in seconds, training nothing. CODE_TRAIN=1 also runs what the archive
+# lacks and saves each finished run and evaluation to the archive: a run is 25 to 60 minutes of a core (by load) and
+# peaks at 12.4 GiB (so one at a time), a HumanEval evaluation 12 to 30 minutes (a restored run has no model: its
+# evaluations come from the archive or not at all). A run interrupted resumes from its last checkpoint while
+# CODE_DIR holds it.
 CODE_DIR ?= studies/code-results
 CODE_ARCHIVE ?= docs/data/code-results
 CODE_TRAIN ?= 0
 CODE_STUDY := $(VENV)/bin/troll study --task code --losses troll,clip --seeds 3 --jobs 1 --heldout 64 \
 	--heldout-samples 0 --eval-every 6 --keep-model
+CODE_FAMILY_STUDY := $(VENV)/bin/troll study --task code_except_string --losses clip --seeds 1 --jobs 1 --heldout 64 \
+	--heldout-samples 0 --eval-every 6 --keep-model
+CODE_FAMILY_EVAL := code_string --n 64 --seed 0
 code-results: $(VENV)/.installed
 	case "$(CODE_TRAIN)" in 0|1) ;; *) echo "CODE_TRAIN=$(CODE_TRAIN): give 0 (restore and report) or 1 (also train)" \
 		>&2; exit 2;; esac; \
 	d=$(CODE_DIR); a=$(CODE_ARCHIVE); status=0; \
 	$(PY) -m troll.lm.archive restore $$a $$d || exit 2; \
-	mkdir -p $$d/humaneval && { [ ! -d $$a/humaneval ] || cp -n $$a/humaneval/*.json $$d/humaneval/; }; \
+	keep() { mkdir -p $$2 && for f in $$1/*.json; do [ ! -e $$f ] || cp -n $$f $$2/; done; }; \
+	keep $$a/humaneval $$d/humaneval; keep $$a/heldout-family $$d/heldout-family; \
 	if [ "$(CODE_TRAIN)" = 1 ]; then \
 		r=; [ ! -e $$d/recipe/config.json ] || r=--resume; \
 		$(CODE_STUDY) --out $$d/recipe $$r || status=1; \
 		$(PY) -m troll.lm.archive save $$d $$a || status=1; \
-		he() { [ -e $$d/humaneval/$$1.json ] || $(VENV)/bin/troll eval-code --task humaneval --samples 0 \
-			$${2:+--model $$2} --out $$d/humaneval/$$1.json || status=1; }; \
-		he base; \
-		for m in $$d/recipe/*/seed*/model; do [ ! -d $$m ] || he $$(basename $$(dirname $$(dirname $$m)))-$$(basename \
-			$$(dirname $$m)) $$m; done; \
-		mkdir -p $$a/humaneval && cp -n $$d/humaneval/*.json $$a/humaneval/; \
+		$(CODE_FAMILY_STUDY) --out $$d/except-string $$( [ ! -e $$d/except-string/config.json ] || echo --resume ) \
+			|| status=1; \
+		$(PY) -m troll.lm.archive save $$d $$a || status=1; \
+		ev() { [ -e $$d/$$1.json ] || $(VENV)/bin/troll eval-code --task $$2 --samples 0 $${3:+--model $$3} \
+			--out $$d/$$1.json || status=1; }; \
+		ev humaneval/base humaneval; ev heldout-family/base "$(CODE_FAMILY_EVAL)"; \
+		for m in $$d/recipe/*/seed*/model; do [ ! -d $$m ] || ev humaneval/$$(basename $$(dirname $$(dirname \
+			$$m)))-$$(basename $$(dirname $$m)) humaneval $$m; done; \
+		m=$$d/except-string/clip/seed0/model; [ ! -d $$m ] || ev heldout-family/clip-seed0 "$(CODE_FAMILY_EVAL)" $$m; \
+		keep $$d/humaneval $$a/humaneval; keep $$d/heldout-family $$a/heldout-family; \
 	fi; \
 	$(PY) experiments/code_results.py $$d && exit $$status
 
 # docs/results.md's first code study (a negative result): TROLL against the paper's clip baseline on the generated code
-# task, on the fraction of tests passed (the reward of the code tasks when it ran), two cells side by side: 6 seeds with completions cut at 96 tokens into $(FRACTION_DIR), then 3 seeds at the code tasks' default of 160
-# into $(FRACTION_DIR)-160 (4 to 15 minutes a cell on the shared 2-core CPU, by its load), then the base model's greedy
-# pass@1 on HumanEval into $(FRACTION_DIR)-humaneval.json. FRACTION_DIR=studies/code-X continues there: each study resumes
-# with the same flags (finished cells kept) and a HumanEval result already written is kept.
+# task, on the fraction of tests passed (the reward of the code tasks when it ran), two cells side by side: 6 seeds
+# with completions cut at 96 tokens into $(FRACTION_DIR), then 3 seeds at 160 tokens into $(FRACTION_DIR)-160 (4 to
+# 15 minutes a cell on the shared 2-core CPU, by its load), then the base model's greedy pass@1 on HumanEval into
+# $(FRACTION_DIR)-humaneval.json. FRACTION_DIR=studies/code-X continues there: each study resumes with the same flags
+# (finished cells kept) and a HumanEval result already written is kept.
 FRACTION_DIR ?= studies/code-fraction-$(shell date +%Y%m%d-%H%M%S)
 FRACTION_STUDY := $(VENV)/bin/troll study --task code --losses troll,clip --jobs 2 --steps 6 --steps-per-rollout 2 \
 	--prompts-per-step 4 --generations 4 --temperature 0.7 --lr 4e-5 --heldout 32 --eval-every 0 \

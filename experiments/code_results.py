@@ -10,7 +10,10 @@ Reads ``<folder>/recipe``, a ``troll study`` of the losses ``troll`` and ``clip`
 2. each loss's gain over the base model (after - before) by seed, mean and 95% t-interval;
 3. troll - clip paired by seed at each evaluated step (matched steps) and at the end;
 4. training speed: per seed, the first evaluated step at which troll reaches clip's final accuracy on that seed;
-5. HumanEval pass@1 before and after each run, and troll - clip paired.
+5. HumanEval pass@1 before and after each run, and troll - clip paired;
+6. a family held out of training: ``<folder>/except-string``, a study of clip trained on the other four families,
+   its held-out accuracy (those four) before and after, and greedy pass@1 on string items
+   (``<folder>/heldout-family/base.json`` before, ``<loss>-seed<k>.json`` after).
 
 Intervals: mean +- t(0.975, n - 1) x standard error over seeds (:mod:`troll.study.stats`).
 """
@@ -112,15 +115,24 @@ def speed_table(acc) -> str:
     return head + "".join(lines)
 
 
-def humaneval_table(folder: Path) -> str:
-    """pass@1 of each HumanEval result in ``folder`` (base first), and troll - clip paired by seed."""
-    results = {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
-    if not results:
-        return "No HumanEval results.\n"
+def evals(folder: Path) -> dict[str, dict]:
+    """The ``troll eval-code`` results in ``folder`` by file stem."""
+    return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
+
+
+def pass_table(results: dict[str, dict]) -> str:
+    """Greedy pass@1 of each result, the base model's first."""
     head = "| model | n | greedy pass@1 | solved |\n|---|---|---|---|\n"
     names = sorted(results, key=lambda name: (name != "base", name))
-    lines = [f"| {n} | {r['n']} | {r['pass_at_1']:.3f} | {round(r['pass_at_1'] * r['n'])} |\n" for n, r in
-             ((n, results[n]) for n in names)]  # fmt: skip
+    return head + "".join(f"| {n} | {results[n]['n']} | {results[n]['pass_at_1']:.3f} | "
+                          f"{round(results[n]['pass_at_1'] * results[n]['n'])} |\n" for n in names)  # fmt: skip
+
+
+def humaneval_table(folder: Path) -> str:
+    """pass@1 of each HumanEval result in ``folder`` (base first), and troll - clip paired by seed."""
+    results = evals(folder)
+    if not results:
+        return "No HumanEval results.\n"
     by = {loss: {} for loss in LOSSES}
     for name, r in results.items():
         loss, _, seed = name.rpartition("-seed")
@@ -129,7 +141,24 @@ def humaneval_table(folder: Path) -> str:
     d = stats.paired(by["troll"], by["clip"])
     per_seed = ", ".join(f"{k}: {v:+.3f}" for k, v in d["diffs"].items()) or "-"
     paired = "\n| troll - clip, by seed | mean | 95% interval | n |\n|---|---|---|---|\n"
-    return head + "".join(lines) + paired + f"| {per_seed} | {_interval(d)} |\n"
+    return pass_table(results) + paired + f"| {per_seed} | {_interval(d)} |\n"
+
+
+def family_table(folder: Path) -> str:
+    """The run trained without the string family: its own held-out accuracy (the four families it trained on)
+    before and after, and pass@1 on string items before and after."""
+    runs = sorted((folder / "except-string").glob("*/seed*/summary.json"))
+    results = evals(folder / "heldout-family")
+    if not runs and not results:
+        return "No run without a family.\n"
+    head = "| run | held-out acc. (its four families), before -> after |\n|---|---|\n"
+    lines = []
+    for summary in runs:
+        curve = accuracy_by_step(summary.parent)
+        label = f"{summary.parent.parent.name}-{summary.parent.name}"
+        change = f"{curve[0]:.3f} -> {curve[max(curve)]:.3f}" if 0 in curve else "-"
+        lines.append(f"| {label} | {change} |\n")
+    return head + "".join(lines) + "\nString items, never trained on:\n\n" + pass_table(results)
 
 
 def report(folder: Path) -> str:
@@ -140,6 +169,7 @@ def report(folder: Path) -> str:
         "### TROLL - clip, paired by seed, at matched steps\n\n" + paired_table(acc),
         "### Steps for TROLL to reach clip's final accuracy\n\n" + speed_table(acc),
         "### HumanEval (greedy pass@1)\n\n" + humaneval_table(folder / "humaneval"),
+        "### A family held out of training (string)\n\n" + family_table(folder),
     ]
     return "\n".join(parts)
 

@@ -138,8 +138,18 @@ def test_code_results_tables_worked_by_hand(tmp_path, capsys):
     (tmp_path / "humaneval").mkdir()
     for name, solved in {"base": 7, "troll-seed0": 10, "troll-seed1": 9, "clip-seed0": 11, "clip-seed1": 8}.items():
         (tmp_path / "humaneval" / f"{name}.json").write_text(json.dumps({"n": 141, "pass_at_1": solved / 141}))
+    family = tmp_path / "except-string" / "clip" / "seed0"
+    family.mkdir(parents=True)
+    rows = [{"step": 0, "heldout/accuracy": 0.5}, {"step": 24, "heldout/accuracy": 0.75}]
+    (family / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (family / "summary.json").write_text("{}")
+    (tmp_path / "heldout-family").mkdir()
+    for name, solved in {"base": 16, "clip-seed0": 24}.items():
+        (tmp_path / "heldout-family" / f"{name}.json").write_text(json.dumps({"n": 64, "pass_at_1": solved / 64}))
     assert script.main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
+    assert "| clip-seed0 | 0.500 -> 0.750 |" in out  # the run without the family, on its own held-out items
+    assert "| base | 64 | 0.250 | 16 |" in out and "| clip-seed0 | 64 | 0.375 | 24 |" in out  # string items
     # means over the two seeds: troll 0.5, 0.625, 0.6875; clip 0.5, 0.5625, 0.625
     assert "| troll | 2 | 0.500 | 0.625 | 0.688 |" in out and "| clip | 2 | 0.500 | 0.562 | 0.625 |" in out
     # gains 0.25 and 0.125: mean 0.1875, se 0.0625, t(0.975, 1) = 12.706: half-width 0.794
