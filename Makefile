@@ -141,11 +141,12 @@ map: $(VENV)/.installed
 # lacks and saves each finished run and evaluation to the archive: a run is 25 to 60 minutes of a core (by load) and
 # peaks at 12.4 GiB (so one at a time), a HumanEval evaluation 12 to 30 minutes (a restored run has no model: its
 # evaluations come from the archive or not at all). A run interrupted resumes from its last checkpoint while
-# CODE_DIR holds it.
+# CODE_DIR holds it. CODE_SEEDS=6 CODE_TRAIN=1 adds seeds 3 to 5 to the archive's three.
 CODE_DIR ?= studies/code-results
 CODE_ARCHIVE ?= docs/data/code-results
 CODE_TRAIN ?= 0
-CODE_STUDY := $(VENV)/bin/troll study --task code --losses troll,clip --seeds 3 --jobs 1 --heldout 64 \
+CODE_SEEDS ?= 3
+CODE_STUDY := $(VENV)/bin/troll study --task code --losses troll,clip --seeds $(CODE_SEEDS) --jobs 1 --heldout 64 \
 	--heldout-samples 0 --eval-every 6 --keep-model
 CODE_FAMILY_STUDY := $(VENV)/bin/troll study --task code_except_string --losses clip --seeds 1 --jobs 1 --heldout 64 \
 	--heldout-samples 0 --eval-every 6 --keep-model
