@@ -159,8 +159,9 @@ def test_code_results_tables_worked_by_hand(tmp_path, capsys):
     # step 6: +0.125, 0; step 12: 0, +0.125 (mean 0.0625, se 0.0625)
     assert "| 6 | 0: +0.125, 1: +0.000 | +0.062 | [-0.732, +0.857] | 2 |" in out
     assert "| 12 | 0: +0.000, 1: +0.125 | +0.062 | [-0.732, +0.857] | 2 |" in out
-    # clip's final 0.75 on seed 0: troll has it at step 6; 0.5 on seed 1: troll has it at step 6 too
-    assert "| 0 | 0.750 | 12 | 6 |" in out and "| 1 | 0.500 | 12 | 6 |" in out
+    # clip's final 0.75 on seed 0: troll has it at step 6; 0.5 on seed 1: troll has it at step 6 too. Base + 0.1 =
+    # 0.6: on seed 0 both at step 6; on seed 1 troll at 12 (0.625), clip never
+    assert "| 0 | 0.750 | 12 | 6 | 6 | 6 |" in out and "| 1 | 0.500 | 12 | 6 | 12 | not reached |" in out
     assert script.steps_to_reach({0: 0.5, 6: 0.5}, 0.75) is None
     # HumanEval: 7 of 141 before; troll - clip (10 - 11, 9 - 8) / 141 = -0.00709, +0.00709: mean 0
     lines = out.splitlines()
