@@ -53,6 +53,7 @@ def _interval(summary: dict) -> str:
     m, se, n = summary["mean"], summary["se"], summary["n"]
     if m is None:
         return "- | - | 0"
+    m = round(m, 9) + 0.0  # a mean of differences that cancel prints +0.000, not -0.000
     if se is None:
         return f"{m:+.3f} | - | {n}"
     half = stats.t975(n - 1) * se

@@ -101,9 +101,16 @@ def test_bad_input(tmp_path, capsys):
 def test_the_committed_archive_matches_todays_options():
     """docs/ quotes the archived runs of docs/data/code-results: each must be a run today's code would make with the
     study's options (else a default changed since, and `make code-results CODE_TRAIN=1` reruns it)."""
+    root = Path(__file__).parents[2] / "docs" / "data" / "code-results"
+    studies = sorted(p.parent for p in root.glob("*/config.json"))
+    assert [s.name for s in studies] == ["except-string", "recipe"]
+    for study in studies:
+        check_cells(study)
+
+
+def check_cells(study: Path) -> None:
     from troll.study.archive import differs, read_cell
 
-    study = Path(__file__).parents[2] / "docs" / "data" / "code-results" / "recipe"
     wanted = archive.expected(json.loads((study / "config.json").read_text())["spec"], study)
     cells = sorted(study.rglob("seed*.json"))
     assert cells, f"no archived run below {study}"
@@ -113,3 +120,23 @@ def test_the_committed_archive_matches_todays_options():
                        frozenset(archive.RUNTIME)) is None, path  # fmt: skip
         assert summary["heldout_accuracy_after"] == rows[-1]["heldout/accuracy"], path
         assert summary["steps"] == max(r["step"] for r in rows) == config["options"]["steps"], path
+
+
+def test_docs_quote_make_code_results(tmp_path):
+    """docs/results.md, "Code", quotes `make code-results`: restored from docs/data/code-results, the report's table
+    rows all appear on that page, so a number there is one the archive gives."""
+    import importlib.util
+
+    repo = Path(__file__).parents[2]
+    assert archive.main(["restore", str(repo / "docs" / "data" / "code-results"), str(tmp_path)]) == 0
+    for e in ("humaneval", "heldout-family"):
+        (tmp_path / e).mkdir(exist_ok=True)
+        for path in (repo / "docs" / "data" / "code-results" / e).glob("*.json"):
+            (tmp_path / e / path.name).write_text(path.read_text())
+    spec = importlib.util.spec_from_file_location("code_results", repo / "experiments" / "code_results.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    page = (repo / "docs" / "results.md").read_text()
+    rows = [line for line in script.report(tmp_path).splitlines() if line.startswith("| ") and "---" not in line]
+    assert len(rows) > 20
+    assert [row for row in rows if row not in page] == []
