@@ -46,23 +46,18 @@ def study_of(folder: Path) -> Study:
     return Study(folder, engine, spec.grid, spec.to_json(), study_lib.plan(spec, folder))
 
 
-def save(root: Path, dest: Path) -> archive.Outcome:
-    return archive.save(root, dest, command=study_lib.COMMAND, keys=KEYS, expected=expected, runtime=RUNTIME)
-
-
-def restore(source: Path, root: Path, *, report: bool = True) -> archive.Outcome:
-    """Restore, then (``report``) write each restored study's study.json / study.md / study.png over its finished
-    cells."""
-    outcome = archive.restore(source, root, command=study_lib.COMMAND, run_command=RUN_COMMAND, expected=expected,
-                              runtime=RUNTIME)  # fmt: skip
-    if report:
-        archive.write_reports(root, study_lib.COMMAND, study_of)
-    return outcome
-
-
-def main(argv: list[str] | None = None) -> int:
-    return archive.main(argv, prog="python -m troll.lm.archive", doc=__doc__, study_command="troll study",
-                        save=save, restore=restore)  # fmt: skip
+ARCHIVE = archive.StudyArchive(
+    command=study_lib.COMMAND,
+    run_command=RUN_COMMAND,
+    keys=KEYS,
+    expected=expected,
+    runtime=RUNTIME,
+    study_of=study_of,
+    prog="python -m troll.lm.archive",
+    doc=__doc__,
+    study_command="troll study",
+)
+save, restore, main = ARCHIVE.save, ARCHIVE.restore, ARCHIVE.main
 
 
 if __name__ == "__main__":

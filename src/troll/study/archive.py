@@ -276,37 +276,62 @@ def write_reports(root: Path, command: str, study_of: Callable[[Path], Any]) -> 
             runs.release(folder)
 
 
-def main(argv: list[str] | None, *, prog: str, doc: str, study_command: str,
-         save: Callable[[Path, Path], Outcome], restore: Callable[[Path, Path], Outcome]) -> int:  # fmt: skip
-    """The command line of an application's archive (``python -m troll.tce.archive``, ``python -m
-    troll.lm.archive``): ``save STUDIES ARCHIVE`` or ``restore ARCHIVE STUDIES``; prints what was done and why a
-    cell was not; 2 on bad input."""
-    parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n")[0])
-    sub = parser.add_subparsers(dest="action", required=True)
-    s = sub.add_parser("save", help="archive the finished cells of the studies below STUDIES into ARCHIVE")
-    s.add_argument("studies", type=Path)
-    s.add_argument("archive", type=Path)
-    r = sub.add_parser("restore", help="write the cells of ARCHIVE back below STUDIES as finished cells")
-    r.add_argument("archive", type=Path)
-    r.add_argument("studies", type=Path)
-    args = parser.parse_args(argv)
-    try:
-        if args.action == "save":
-            if not args.studies.is_dir():
-                raise UsageError(f"{args.studies} is not a folder of studies; give the folder '{study_command}' "
-                                 "wrote.")  # fmt: skip
-            outcome = save(args.studies, args.archive)
-        else:
-            if not args.archive.is_dir():
-                print(f"{args.archive} does not exist: no archive yet, nothing restored.")
-                return 0
-            outcome = restore(args.archive, args.studies)
-    except (UsageError, ValueError) as err:  # ValueError: a damaged config.json of a study or of the archive
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    verb = "saved" if args.action == "save" else "restored"
-    print(f"{verb} {len(outcome.done)} finished cell(s)")
-    for label, why in outcome.skipped.items():
-        if why != "not finished":
-            print(f"  {label}: {why}")
-    return 0
+@dataclass(frozen=True)
+class StudyArchive:
+    """One application's archive of its studies (``troll study``, ``troll tce study``) and its command line
+    (``python -m troll.lm.archive``, ``python -m troll.tce.archive``): what :func:`save` and :func:`restore` need,
+    given once."""
+
+    command: str  # the study command's name in config.json
+    run_command: str  # the cells' command
+    keys: tuple[str, ...]  # the metrics keys kept per row
+    expected: Callable[[dict, Path], dict[str, dict]]  # spec, study folder -> each cell's config today
+    runtime: tuple[str, ...]  # config keys that say how a run executed, not what it computed
+    study_of: Callable[[Path], Any]  # a study folder -> its troll.study.Study, for the report
+    prog: str  # the module's command line, for --help
+    doc: str  # the module's docstring; its first line is --help's description
+    study_command: str  # the study command as a user types it, for error messages
+
+    def save(self, root: Path, dest: Path) -> Outcome:
+        return save(root, dest, command=self.command, keys=self.keys, expected=self.expected, runtime=self.runtime)
+
+    def restore(self, source: Path, root: Path) -> Outcome:
+        """Restore (:func:`restore`), then write each restored study's study.json / study.md / study.png over its
+        finished cells, as a study writes them while it runs, so its numbers read without running a cell."""
+        outcome = restore(source, root, command=self.command, run_command=self.run_command, expected=self.expected,
+                          runtime=self.runtime)  # fmt: skip
+        write_reports(root, self.command, self.study_of)
+        return outcome
+
+    def main(self, argv: list[str] | None = None) -> int:
+        """``save STUDIES ARCHIVE`` or ``restore ARCHIVE STUDIES``; prints what was done and why a cell was not;
+        2 on bad input."""
+        parser = argparse.ArgumentParser(prog=self.prog, description=self.doc.split("\n")[0])
+        sub = parser.add_subparsers(dest="action", required=True)
+        s = sub.add_parser("save", help="archive the finished cells of the studies below STUDIES into ARCHIVE")
+        s.add_argument("studies", type=Path)
+        s.add_argument("archive", type=Path)
+        r = sub.add_parser("restore", help="write the cells of ARCHIVE back below STUDIES as finished cells")
+        r.add_argument("archive", type=Path)
+        r.add_argument("studies", type=Path)
+        args = parser.parse_args(argv)
+        try:
+            if args.action == "save":
+                if not args.studies.is_dir():
+                    raise UsageError(f"{args.studies} is not a folder of studies; give the folder "
+                                     f"'{self.study_command}' wrote.")  # fmt: skip
+                outcome = self.save(args.studies, args.archive)
+            else:
+                if not args.archive.is_dir():
+                    print(f"{args.archive} does not exist: no archive yet, nothing restored.")
+                    return 0
+                outcome = self.restore(args.archive, args.studies)
+        except (UsageError, ValueError) as err:  # ValueError: a damaged config.json of a study or of the archive
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        verb = "saved" if args.action == "save" else "restored"
+        print(f"{verb} {len(outcome.done)} finished cell(s)")
+        for label, why in outcome.skipped.items():
+            if why != "not finished":
+                print(f"  {label}: {why}")
+        return 0

@@ -42,24 +42,18 @@ def study_of(folder: Path) -> Study:
     return Study(folder, study_lib.frontend(spec), spec.grid, spec.to_json(), study_lib.plan(spec, folder))
 
 
-def save(root: Path, dest: Path) -> archive.Outcome:
-    return archive.save(root, dest, command=study_lib.COMMAND, keys=KEYS, expected=expected, runtime=RESUMABLE_FIELDS)
-
-
-def restore(source: Path, root: Path, *, report: bool = True) -> archive.Outcome:
-    """Restore, then (``report``) write each restored study's study.json / study.md / study.png over its finished
-    cells, as a study writes them while it runs: ``python -m troll.tce.results`` reads the archive's numbers
-    without running a cell."""
-    outcome = archive.restore(source, root, command=study_lib.COMMAND, run_command=study_lib.RUN_COMMAND,
-                              expected=expected, runtime=RESUMABLE_FIELDS)  # fmt: skip
-    if report:
-        archive.write_reports(root, study_lib.COMMAND, study_of)
-    return outcome
-
-
-def main(argv: list[str] | None = None) -> int:
-    return archive.main(argv, prog="python -m troll.tce.archive", doc=__doc__, study_command="troll tce study",
-                        save=save, restore=restore)  # fmt: skip
+ARCHIVE = archive.StudyArchive(
+    command=study_lib.COMMAND,
+    run_command=study_lib.RUN_COMMAND,
+    keys=KEYS,
+    expected=expected,
+    runtime=RESUMABLE_FIELDS,
+    study_of=study_of,
+    prog="python -m troll.tce.archive",
+    doc=__doc__,
+    study_command="troll tce study",
+)
+save, restore, main = ARCHIVE.save, ARCHIVE.restore, ARCHIVE.main
 
 
 if __name__ == "__main__":
