@@ -51,3 +51,19 @@ def test_train_runs_and_records_the_task_defaults(tmp_path, tiny_model_dir):
     assert (saved["temperature"], saved["heldout_samples"]) == (1.0, 0)  # chain_sum: the math defaults
     with pytest.raises(UsageError, match="--overwrite"):  # a finished run is not replaced unasked
         troll.lm.train(options, save_model=False)
+
+
+def test_a_kl_penalty_to_the_starting_model_reaches_trl(tmp_path, tiny_model_dir):
+    """``beta > 0`` with clip: TRL loads a second copy of the starting model from the run's model folder and logs the
+    KL to it at every step, exactly 0 here (the random tiny model earns no reward, so its weights stay the starting
+    ones). Without beta TRL loads no copy and logs no such KL."""
+    kl = {}
+    for beta in (0.5, 0.0):
+        out = tmp_path / f"run-{beta}"
+        options = troll.lm.RunOptions(model=str(tiny_model_dir), loss="clip", beta=beta, steps=2, lr=0.05,
+                                      max_completion_length=4, heldout=2, eval_every=0, out=str(out))  # fmt: skip
+        troll.lm.train(options, save_model=False)
+        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        kl[beta] = [row["kl"] for row in rows if "kl" in row]
+        assert json.loads((out / "config.json").read_text())["options"]["beta"] == beta
+    assert kl == {0.5: [0.0, 0.0], 0.0: []}

@@ -111,12 +111,12 @@ def test_the_committed_archive_matches_todays_options():
 def check_cells(study: Path) -> None:
     from troll.study.archive import differs, read_cell
 
-    wanted = archive.expected(json.loads((study / "config.json").read_text())["spec"], study)
+    wanted = archive.expected(archive.upgrade(json.loads((study / "config.json").read_text()))["spec"], study)
     cells = sorted(study.rglob("seed*.json"))
     assert cells, f"no archived run below {study}"
     for path in cells:
         config, summary, rows = read_cell(path)
-        assert differs(config, wanted[path.relative_to(study).as_posix()[: -len(".json")]],
+        assert differs(archive.upgrade(config), wanted[path.relative_to(study).as_posix()[: -len(".json")]],
                        frozenset(archive.RUNTIME)) is None, path  # fmt: skip
         assert summary["heldout_accuracy_after"] == rows[-1]["heldout/accuracy"], path
         assert summary["steps"] == max(r["step"] for r in rows) == config["options"]["steps"], path
@@ -129,6 +129,10 @@ def test_docs_quote_make_code_results(tmp_path):
 
     repo = Path(__file__).parents[2]
     assert archive.main(["restore", str(repo / "docs" / "data" / "code-results"), str(tmp_path)]) == 0
+    # the archive's runs predate --beta: they restore as the runs without a KL penalty they were
+    restored = sorted(tmp_path.glob("*/*/seed*/config.json"))
+    assert len(restored) == 7
+    assert {json.loads(p.read_text())["options"]["beta"] for p in restored} == {0.0}
     for e in ("humaneval", "heldout-family"):
         (tmp_path / e).mkdir(exist_ok=True)
         for path in (repo / "docs" / "data" / "code-results" / e).glob("*.json"):

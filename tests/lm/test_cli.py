@@ -313,7 +313,8 @@ def test_compare_end_to_end(tmp_path, capsys, tiny_model_dir):
     [
         # the TROLL paper's GRPO clip baseline: token-mean (TRL's dapo), clip 0.2, dual clip 10 (TRL's delta)
         (["--loss", "clip"], dict(loss_type="dapo", importance_sampling_level="token", epsilon=0.2, epsilon_high=0.2,
-                                  delta=10.0, troll_measure_kl=True)),
+                                  delta=10.0, troll_measure_kl=True, beta=0.0)),
+        (["--loss", "clip", "--beta", "0.04"], dict(loss_type="dapo", epsilon=0.2, beta=0.04)),
         (["--loss", "clip", "--clip-eps-high", "0.28", "--dual-clip", "0"],
          dict(loss_type="dapo", epsilon=0.2, epsilon_high=0.28, delta=None)),
         # its GSPO baseline: the sequence-level ratio with TRL's dapo (token-mean) normalisation
@@ -419,7 +420,7 @@ def test_resume_with_damaged_config(tmp_path, capsys, config, message):
 
 
 # Every flag of train / compare / study with values it must refuse (exit 2, nothing written).
-ZERO_OK = {"--alpha", "--delta", "--eval-every", "--save-every", "--seed", "--dual-clip", "--heldout-samples"}
+ZERO_OK = {"--alpha", "--delta", "--eval-every", "--save-every", "--seed", "--dual-clip", "--heldout-samples", "--beta"}
 
 
 def _bad_values(flag: str, kind: type) -> list[str]:

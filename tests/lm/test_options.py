@@ -74,3 +74,35 @@ def test_shared_options_check_each_value_and_leave_the_loss_to_each_run():
     with pytest.raises(UsageError, match="--dual-clip 1.1 must exceed 1 \\+ the upper clip range"):
         for_loss(RunOptions(loss=None, dual_clip=1.1), "clip")
     assert study.StudySpec(RunOptions(steps=2), ["troll"], [0]).base.loss is None  # a base never has a loss
+
+
+def test_the_kl_penalty_to_the_starting_model_is_for_the_losses_other_than_troll():
+    """``--beta``: TRL's weight of the KL penalty to the starting model, 0 by default (a config.json written before the
+    option existed reads as 0, what those runs used). Refused for a TROLL loss and when no loss of a comparison takes
+    it; a comparison's TROLL arm runs without it, its clip arm with it; the model card says which."""
+    from troll.lm.card import optimisation_section
+    from troll.lm.checks import check_used
+    from troll.lm.options import for_loss
+
+    assert RunOptions().beta == 0.0
+    old = {k: v for k, v in RunOptions(loss="clip").to_json().items() if k != "beta"}
+    assert RunOptions.from_json(old).beta == 0.0
+    assert RunOptions(loss="clip", beta=0.04).beta == 0.04
+    with pytest.raises(UsageError, match="--beta 0.04: troll takes no KL penalty .* Drop --beta or pick another"):
+        RunOptions(loss="troll", beta=0.04)
+    for bad in (-0.1, float("nan"), float("inf")):
+        with pytest.raises(UsageError, match="--beta must be a finite number from 0"):
+            RunOptions(loss="clip", beta=bad)
+    shared = RunOptions(loss=None, beta=0.04)
+    assert (for_loss(shared, "troll").beta, for_loss(shared, "clip").beta, for_loss(shared, "grpo").beta) == (
+        0.0, 0.04, 0.04)  # fmt: skip
+    check_used(shared, ["troll", "clip"])
+    with pytest.raises(UsageError, match="--beta concerns the losses other than TROLL's, and --losses has none"):
+        check_used(shared, ["troll", "troll_seq"])
+
+    class Facts:
+        optimizer = "adamw"
+
+    with_kl = optimisation_section(RunOptions(loss="clip", beta=0.04).resolved(), Facts())
+    assert "a KL penalty to the starting model, weight beta = 0.04" in with_kl
+    assert "no reference-model KL (beta = 0)" in optimisation_section(RunOptions(loss="clip").resolved(), Facts())

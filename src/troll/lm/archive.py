@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from troll.lm import study as study_lib
-from troll.lm.options import RESUMABLE_FIELDS
+from troll.lm.options import ADDED_OPTIONS, RESUMABLE_FIELDS
 from troll.study import Study, archive
 
 RUN_COMMAND = "train"
@@ -40,6 +40,17 @@ def expected(spec_json: dict, folder: Path) -> dict[str, dict]:
     }
 
 
+def upgrade(config: dict) -> dict:
+    """A run's or study's config.json with the options added since it was written (:data:`ADDED_OPTIONS`) at the
+    value it ran with."""
+    config = dict(config)
+    if isinstance(config.get("options"), dict):
+        config["options"] = ADDED_OPTIONS | config["options"]
+    if isinstance(config.get("spec"), dict) and isinstance(config["spec"].get("base"), dict):
+        config["spec"] = {**config["spec"], "base": ADDED_OPTIONS | config["spec"]["base"]}
+    return config
+
+
 def study_of(folder: Path) -> Study:
     spec = study_lib.load_spec(folder)
     engine = study_lib.frontend(threads=spec.base.threads)
@@ -56,6 +67,7 @@ ARCHIVE = archive.StudyArchive(
     prog="python -m troll.lm.archive",
     doc=__doc__,
     study_command="troll study",
+    upgrade=upgrade,
 )
 save, restore, main = ARCHIVE.save, ARCHIVE.restore, ARCHIVE.main
 

@@ -98,8 +98,14 @@ def optimisation_section(opts: RunOptions, facts: RunFacts) -> str:
         f"- rollout batches of {opts.prompts_per_step} prompts x {opts.generations} samples (temperature "
         f"{opts.temperature:g}, at most {opts.max_completion_length} completion tokens), each split into "
         f"{opts.steps_per_rollout} optimiser steps of {opts.batch_size} completions;\n"
-        f"- no reference-model KL (beta = 0); float32 on CPU; seed {opts.seed}.\n"
+        f"- {_reference_kl(opts)}; float32 on CPU; seed {opts.seed}.\n"
     )
+
+
+def _reference_kl(opts: RunOptions) -> str:
+    if not opts.beta:
+        return "no reference-model KL (beta = 0)"
+    return f"a KL penalty to the starting model, weight beta = {opts.beta:g} (TRL's k3 estimate per token)"
 
 
 def heldout_section(opts: RunOptions, facts: RunFacts) -> str:

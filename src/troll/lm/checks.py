@@ -137,6 +137,11 @@ def _check_loss_options(opts: RunOptions) -> None:
             f"--dual-clip must be 0 (none) or a finite number > 1 + the upper clip range (TRL's delta; the paper: "
             f"10), got {opts.dual_clip}."
         )
+    if not (_is_number(opts.beta) and 0 <= opts.beta <= LIMITS["beta"]):
+        raise UsageError(
+            f"--beta must be a finite number from 0 (no KL penalty, the default) to {LIMITS['beta']:g}, the weight of "
+            f"the KL penalty to the starting model (DeepSeek's GRPO used 0.04), got {opts.beta}."
+        )
     _check_applies(opts)
 
 
@@ -156,6 +161,11 @@ def _check_applies(opts: RunOptions) -> None:
         raise UsageError(
             f"{' and '.join(clip_given)}: only the clip losses ({', '.join(CLIP_LOSSES)}) clip their ratio that way, "
             f"{opts.loss} does not. Drop {' and '.join(clip_given)} or pick a clip loss."
+        )
+    if opts.beta and opts.loss in TROLL_LOSSES:
+        raise UsageError(
+            f"--beta {opts.beta:g}: {opts.loss} takes no KL penalty to the starting model; its trust region bounds "
+            "each step instead. Drop --beta or pick another loss (e.g. --loss clip)."
         )
     if opts.loss in CLIP_LOSSES and opts.dual_clip:
         high = opts.bound if opts.clip_eps_high is None else opts.clip_eps_high
@@ -182,13 +192,19 @@ def check_used(opts: RunOptions, losses: list[str], swept: str | None = None) ->
                 f"{flag} concerns the {family} losses ({', '.join(users)}), and --losses has none: "
                 f"{','.join(losses)}. Drop {flag} or add such a loss."
             )
+    if (opts.beta or swept == "beta") and not set(losses) - set(TROLL_LOSSES):
+        raise UsageError(
+            f"--beta concerns the losses other than TROLL's, and --losses has none: {','.join(losses)}. Drop --beta "
+            "or add such a loss (e.g. clip)."
+        )
 
 
 _is_number = is_real
 _is_int = is_int
 # Upper limits of the numeric flags (beyond them a step overflows, or the sizes cannot be allocated on one machine).
 LIMITS = {"lr": 1.0, "steps": 10**9, "heldout": 10**6, "prompts_per_step": 10**5, "max_completion_length": 10**6,
-          "steps_per_rollout": 10**5, "threads": 1024, "temperature": 1e6, "heldout_samples": 1024}  # fmt: skip
+          "steps_per_rollout": 10**5, "threads": 1024, "temperature": 1e6, "heldout_samples": 1024,
+          "beta": 1e6}  # fmt: skip
 
 
 def _check_positive(**values: float) -> None:

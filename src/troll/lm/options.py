@@ -84,6 +84,9 @@ DEFAULT_MODEL = "smollm2"  # SmolLM2-135M-Instruct, from the GGUF in the llm-smo
 DEFAULT_TASK = "chain_sum"  # one-digit sums: the default model gets about a third right before training
 # The options a resumed run may change (they do not change what was already trained), besides its folder.
 RESUMABLE_FIELDS = ("steps", "eval_every", "save_every", "threads")
+# Options added after runs were saved, with the value every run before them had: a config.json without one reads as
+# this (RunOptions.from_json fills it in as the field's default; the archive's comparisons, troll.lm.archive, too).
+ADDED_OPTIONS = {"beta": 0.0}
 
 
 def _flag(default, text: str):
@@ -147,6 +150,14 @@ class RunOptions:
         None,
         "clip losses: dual clip c > 1 + the upper clip range, capping the loss of a negative-advantage token at -c A "
         "(TRL's delta); 0: none (default: 10 for clip, none for the others)",
+    )
+    # A KL penalty to the reference (starting) model, TRL's beta: the losses other than TROLL's only (TROLL bounds each
+    # step by its trust region instead); 0, the default, as the TROLL paper and DAPO.
+    beta: float = _flag(
+        0.0,
+        "losses other than TROLL's: weight of the KL penalty to the starting model (TRL's beta; its k3 estimate per "
+        "token, added to the loss; a second copy of the model scores each batch); the TROLL arms of a comparison or "
+        "study run without it; 0: none, as the TROLL paper (default: {default})",
     )
     # The KL(pi || pi_old) a non-TROLL loss reaches, over TROLL's sparse support (troll_measure_kl): "auto" measures
     # it when a rollout batch feeds several optimiser steps; the TROLL losses always log it.
@@ -326,6 +337,8 @@ def for_loss(shared: RunOptions, loss: str, *, own: dict | None = None, **change
         drop["agg"] = None
     if loss not in CLIP_LOSSES:
         drop.update(clip_eps_high=None, dual_clip=None)
+    if loss in TROLL_LOSSES:
+        drop["beta"] = 0.0
     values = {f.name: getattr(shared, f.name) for f in dataclasses.fields(RunOptions)}
     return RunOptions(**(values | changes | {"loss": loss} | drop | (own or {})))
 

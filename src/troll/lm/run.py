@@ -16,7 +16,8 @@ RNG states, optimiser and data order, so on CPU with one thread a resumed run en
 metrics as an uninterrupted one (tests/lm/test_run_faults.py).
 
 Departures from a full-scale setup, all for a 2-core CPU: a 135M model, short completions, a few optimiser steps,
-no reference-model KL (beta = 0, as the TROLL paper and DAPO), a constant learning rate.
+no reference-model KL by default (beta = 0, as the TROLL paper and DAPO; --beta for the other losses), a
+constant learning rate.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def build_config(opts: RunOptions, config_cls):
         max_steps=opts.steps,
         learning_rate=opts.lr,
         lr_scheduler_type="constant",
-        beta=0.0,
+        beta=opts.beta,
         logging_steps=1,
         save_strategy="steps" if opts.save_every else "no",
         save_steps=opts.save_every or 1,

@@ -262,7 +262,7 @@ def troll_minus_baselines(losses: list[str]) -> list[tuple[str, str]]:
 
 
 def _same_setting(a: str, b: str) -> bool:
-    own = (*options.BOUNDS, "agg", "clip_eps_high", "dual_clip")
+    own = (*options.BOUNDS, "agg", "clip_eps_high", "dual_clip", "beta")
     return {k: v for k, v in split_arm(a)[1].items() if k not in own} == {
         k: v for k, v in split_arm(b)[1].items() if k not in own
     }

@@ -103,6 +103,7 @@ def save(
     keys: Iterable[str],
     expected: Callable[[dict, Path], dict[str, dict]],
     runtime: Iterable[str] = (),
+    upgrade: Callable[[dict], dict] = lambda config: config,
 ) -> Outcome:
     """Archive every finished cell of every study of ``command`` below ``root`` into ``archive``.
 
@@ -116,20 +117,21 @@ def save(
     root, archive, keys, runtime, outcome = Path(root), Path(archive), tuple(keys), frozenset(runtime), Outcome()
     for study in studies(root, command):
         rel = study.relative_to(root)
-        here = json.loads((study / CONFIG_FILE).read_text())
+        here = upgrade(json.loads((study / CONFIG_FILE).read_text()))
         archived = archive / rel / CONFIG_FILE
-        if archived.is_file() and not _holds(here.get("spec"), json.loads(archived.read_text()).get("spec"), runtime):
+        old = upgrade(json.loads(archived.read_text())) if archived.is_file() else None
+        if old is not None and not _holds(here.get("spec"), old.get("spec"), runtime):
             outcome.skipped[rel.as_posix()] = f"its grid is not the archive's or grown from it; {archived} kept"
             continue
         wanted = expected(here["spec"], study)
-        if not (archived.is_file() and _same_but_argv(here, json.loads(archived.read_text()))):
+        if not (old is not None and _same_but_argv(here, old)):
             _write_text(archived, (study / CONFIG_FILE).read_text())
         for cell in read_manifest(study).runs:
             folder, label = study / cell, (rel / cell).as_posix()
             if not (folder / SUMMARY_FILE).is_file():
                 outcome.skipped[label] = "not finished"
                 continue
-            config = json.loads((folder / CONFIG_FILE).read_text())
+            config = upgrade(json.loads((folder / CONFIG_FILE).read_text()))
             why = differs(config, wanted.get(cell), runtime)
             if why:
                 outcome.skipped[label] = why + ": not saved"
@@ -149,6 +151,7 @@ def restore(
     run_command: str,
     expected: Callable[[dict, Path], dict[str, dict]],
     runtime: Iterable[str] = (),
+    upgrade: Callable[[dict], dict] = lambda config: config,
 ) -> Outcome:
     """Write the archived cells back below ``root`` as finished run folders, for a study resumed there.
 
@@ -163,13 +166,13 @@ def restore(
     plans = []
     for config_path in sorted(archive.rglob(CONFIG_FILE)):
         rel = config_path.parent.relative_to(archive)
-        saved = json.loads(config_path.read_text())
+        saved = upgrade(json.loads(config_path.read_text()))
         if saved.get("command") != command:
             continue
         study = root / rel
         if (study / CONFIG_FILE).is_file():
             runs.check_folder(study, command, resume=True, overwrite=False, what="study")
-            here = json.loads((study / CONFIG_FILE).read_text()).get("spec")
+            here = upgrade(json.loads((study / CONFIG_FILE).read_text())).get("spec")
             if not _holds(here, saved["spec"], runtime):
                 raise UsageError(f"{study} holds a study of another grid than the archive's {config_path}; move "
                                  "one of them away, or restore into another folder.")  # fmt: skip
@@ -185,7 +188,7 @@ def restore(
             for path in cells:
                 cell = path.relative_to(archive / rel).as_posix()[: -len(CELL_SUFFIX)]
                 label = (rel / cell).as_posix()
-                why = _restore_cell(path, study, cell, command, run_command, wanted.get(cell), runtime)
+                why = _restore_cell(path, study, cell, command, run_command, wanted.get(cell), runtime, upgrade)
                 if why:
                     outcome.skipped[label] = why
                 else:
@@ -227,7 +230,14 @@ def _holds(here, saved, runtime: frozenset = frozenset()) -> bool:
 
 
 def _restore_cell(
-    path: Path, study: Path, cell: str, command: str, run_command: str, wanted: dict | None, runtime: frozenset
+    path: Path,
+    study: Path,
+    cell: str,
+    command: str,
+    run_command: str,
+    wanted: dict | None,
+    runtime: frozenset,
+    upgrade: Callable[[dict], dict],
 ) -> str | None:
     """Restore one archived cell into ``study / cell``; None when done, else why not."""
     folder = study / cell
@@ -237,6 +247,7 @@ def _restore_cell(
         config, summary, rows = read_cell(path)
     except ValueError as err:
         return str(err)
+    config = upgrade(config)
     why = differs(config, wanted, runtime)
     if why:
         return why + ": the study reruns it"
@@ -291,15 +302,19 @@ class StudyArchive:
     prog: str  # the module's command line, for --help
     doc: str  # the module's docstring; its first line is --help's description
     study_command: str  # the study command as a user types it, for error messages
+    # A config.json written before a setting existed -> the same config with that setting at the value those runs
+    # had (so that an archive outlives the addition of an option whose default reproduces the older runs)
+    upgrade: Callable[[dict], dict] = lambda config: config
 
     def save(self, root: Path, dest: Path) -> Outcome:
-        return save(root, dest, command=self.command, keys=self.keys, expected=self.expected, runtime=self.runtime)
+        return save(root, dest, command=self.command, keys=self.keys, expected=self.expected, runtime=self.runtime,
+                    upgrade=self.upgrade)  # fmt: skip
 
     def restore(self, source: Path, root: Path) -> Outcome:
         """Restore (:func:`restore`), then write each restored study's study.json / study.md / study.png over its
         finished cells, as a study writes them while it runs, so its numbers read without running a cell."""
         outcome = restore(source, root, command=self.command, run_command=self.run_command, expected=self.expected,
-                          runtime=self.runtime)  # fmt: skip
+                          runtime=self.runtime, upgrade=self.upgrade)  # fmt: skip
         write_reports(root, self.command, self.study_of)
         return outcome
 
