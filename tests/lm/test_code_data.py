@@ -159,6 +159,7 @@ def test_eval_code_pass_rates_from_known_completions(monkeypatch):
     from troll.lm import code_eval, code_tasks, evaluate
 
     rows = code_tasks.items("code_affine", seed=3, size=2)
+    rows[1] = {**rows[1], "tests": {**rows[1]["tests"], "entry_point": "other"}}  # a second function asked for
     right = "```python\n" + _reference(rows[0]) + "```"
     wrong = "```python\ndef nothing():\n    pass\n```"
 
@@ -175,6 +176,9 @@ def test_eval_code_pass_rates_from_known_completions(monkeypatch):
     # pass@1 = mean(2/4, 0/4); pass@4 = mean(1 - C(2,4)/C(4,4), 0) = mean(1, 0)
     assert result.sampled == {"pass@1": 0.25, "pass@4": 0.5}
     assert (result.cut, result.prose_first) == (0.0, 0.0)  # both greedy answers open with their fence
+    name = rows[0]["tests"]["entry_point"]
+    assert result.by_function == {name: {"pass_at_1": 1.0, "n": 1, "family": "affine"},
+                                  "other": {"pass_at_1": 0.0, "n": 1, "family": "affine"}}  # fmt: skip
 
 
 def _reference(row: dict) -> str:

@@ -342,9 +342,9 @@ EVAL_CODE_DOC = (
     "pass@k of a model on a code task: HumanEval (--task humaneval: the problems whose tests convert to "
     "call-style cases), the held-out items of a generated task (code, code_<family>), or a JSONL file "
     "(jsonl:PATH). Prints one JSON object: pass_at_1 (greedy), sampled (the unbiased pass@1 and pass@4 of --samples "
-    "completions an item at --temperature), reward (mean fraction of tests passed, greedy), per family, and the "
-    "HumanEval problems left out by reason. A bar on stderr shows the items done, the pass rate so far and the time "
-    "left."
+    "completions an item at --temperature), reward (mean fraction of tests passed, greedy), greedy pass@1 per family "
+    "and per function asked for (generated tasks), and the HumanEval problems left out by reason. A bar on stderr "
+    "shows the items done, the pass rate so far and the time left."
 )
 
 
