@@ -134,7 +134,8 @@ map: $(VENV)/.installed
 
 # docs/results.md, "Code": TROLL against the paper's clip baseline at the code recipe (the code tasks' defaults), 3
 # seeds each, 24 steps, 64 held-out items evaluated greedily every 6 steps, each run's model kept; clip trained
-# without the string family (code_except_string, seed 0) and greedy pass@1 on 64 string items before and after;
+# without the string family (code_except_string, seed 0) and pass@1 on 64 string items before and after (greedy,
+# and sampled 4 times an item at 0.7);
 # HumanEval (greedy pass@1) of the base model and after each run; then the tables (experiments/code_results.py). By
 # default the target restores CODE_ARCHIVE (docs/data/code-results: the finished runs' numbers and the evaluations)
 # into CODE_DIR and writes the tables from it in seconds, training nothing. CODE_TRAIN=1 also runs what the archive
@@ -150,7 +151,8 @@ CODE_STUDY := $(VENV)/bin/troll study --task code --losses troll,clip --seeds $(
 	--heldout-samples 0 --eval-every 6 --keep-model
 CODE_FAMILY_STUDY := $(VENV)/bin/troll study --task code_except_string --losses clip --seeds 1 --jobs 1 --heldout 64 \
 	--heldout-samples 0 --eval-every 6 --keep-model
-CODE_FAMILY_EVAL := code_string --n 64 --seed 0
+# greedy pass@1 and, from 4 samples an item at the training temperature, the unbiased pass@1 and pass@4
+CODE_FAMILY_EVAL := code_string --n 64 --seed 0 --samples 4 --temperature 0.7
 code-results: $(VENV)/.installed
 	case "$(CODE_TRAIN)" in 0|1) ;; *) echo "CODE_TRAIN=$(CODE_TRAIN): give 0 (restore and report) or 1 (also train)" \
 		>&2; exit 2;; esac; \
@@ -165,11 +167,11 @@ code-results: $(VENV)/.installed
 		$(CODE_FAMILY_STUDY) --out $$d/except-string $$( [ ! -e $$d/except-string/config.json ] || echo --resume ) \
 			|| status=1; \
 		$(PY) -m troll.lm.archive save $$d $$a || status=1; \
-		ev() { [ -e $$d/$$1.json ] || $(VENV)/bin/troll eval-code --task $$2 --samples 0 $${3:+--model $$3} \
+		ev() { [ -e $$d/$$1.json ] || $(VENV)/bin/troll eval-code --task $$2 $${3:+--model $$3} \
 			--out $$d/$$1.json || status=1; }; \
-		ev humaneval/base humaneval; ev heldout-family/base "$(CODE_FAMILY_EVAL)"; \
+		ev humaneval/base "humaneval --samples 0"; ev heldout-family/base "$(CODE_FAMILY_EVAL)"; \
 		for m in $$d/recipe/*/seed*/model; do [ ! -d $$m ] || ev humaneval/$$(basename $$(dirname $$(dirname \
-			$$m)))-$$(basename $$(dirname $$m)) humaneval $$m; done; \
+			$$m)))-$$(basename $$(dirname $$m)) "humaneval --samples 0" $$m; done; \
 		m=$$d/except-string/clip/seed0/model; [ ! -d $$m ] || ev heldout-family/clip-seed0 "$(CODE_FAMILY_EVAL)" $$m; \
 		keep $$d/humaneval $$a/humaneval; keep $$d/heldout-family $$a/heldout-family; \
 	fi; \

@@ -169,7 +169,38 @@ def family_table(folder: Path) -> str:
         label = f"{summary.parent.parent.name}-{summary.parent.name}"
         change = f"{curve[0]:.3f} -> {curve[max(curve)]:.3f}" if 0 in curve else "-"
         lines.append(f"| {label} | {change} |\n")
-    return head + "".join(lines) + "\nString items, never trained on:\n\n" + pass_table(results)
+    return (head + "".join(lines) + "\nString items, never trained on:\n\n" + family_pass_table(results)
+            + "\nBy the function asked for (items solved greedily of those asking for it):\n\n"
+            + function_table(results))  # fmt: skip
+
+
+def family_pass_table(results: dict[str, dict]) -> str:
+    """Greedy pass@1 and, where sampled, the unbiased pass@1 and pass@4 of each result, the base model's first."""
+    head = "| model | n | greedy pass@1 | solved | sampled pass@1 | sampled pass@4 |\n|---|---|---|---|---|---|\n"
+    names = sorted(results, key=lambda name: (name != "base", name))
+    lines = []
+    for name in names:
+        r, sampled = results[name], results[name].get("sampled") or {}
+        at = [f"{sampled[k]:.3f} (T {r['temperature']:g})" if k in sampled else "-" for k in ("pass@1", "pass@4")]
+        lines.append(f"| {name} | {r['n']} | {r['pass_at_1']:.3f} | {round(r['pass_at_1'] * r['n'])} | "
+                     f"{at[0]} | {at[1]} |\n")  # fmt: skip
+    return head + "".join(lines)
+
+
+def function_table(results: dict[str, dict]) -> str:
+    """Each function the items ask for: how many items ask for it, and how many each model solved greedily."""
+    names = sorted(results, key=lambda name: (name != "base", name))
+    functions = sorted({f for r in results.values() for f in r.get("by_function", {})})
+    if not functions:
+        return "No per-function results (evaluated before troll eval-code reported them).\n"
+    head = "| function | items | " + " | ".join(names) + " |\n|---|---|" + "---|" * len(names) + "\n"
+    lines = []
+    for f in functions:
+        cells = [results[n].get("by_function", {}).get(f) for n in names]
+        items = next(c["n"] for c in cells if c)
+        solved = [str(round(c["pass_at_1"] * c["n"])) if c else "-" for c in cells]
+        lines.append(f"| `{f}` | {items} | " + " | ".join(solved) + " |\n")
+    return head + "".join(lines)
 
 
 def report(folder: Path) -> str:
