@@ -147,6 +147,8 @@ def test_code_results_tables_worked_by_hand(tmp_path, capsys):
     by_function = {"base": {"prefix": 0.5, "repeat_text": 0.0}, "clip-seed0": {"prefix": 0.25, "repeat_text": 1.0}}
     for name, solved in {"base": 16, "clip-seed0": 24}.items():
         functions = {f: {"pass_at_1": p, "n": 8, "family": "string"} for f, p in by_function[name].items()}
+        if name == "base":
+            functions["prefix"]["sampled"] = {"pass@1": 0.375, "pass@4": 0.75}
         result = {"n": 64, "pass_at_1": solved / 64, "by_function": functions}
         if name == "base":
             result |= {"sampled": {"pass@1": 0.125, "pass@4": 0.375}, "temperature": 0.7}
@@ -157,7 +159,7 @@ def test_code_results_tables_worked_by_hand(tmp_path, capsys):
     assert "| base | 64 | 0.250 | 16 | 0.125 (T 0.7) | 0.375 (T 0.7) |" in out  # string items
     assert "| clip-seed0 | 64 | 0.375 | 24 | - | - |" in out
     # by function, 8 items each: prefix 4 -> 2 solved, repeat_text 0 -> 8
-    assert "| `prefix` | 8 | 4 | 2 |" in out and "| `repeat_text` | 8 | 0 | 8 |" in out
+    assert "| `prefix` | 8 | 4 / 0.38 | 2 |" in out and "| `repeat_text` | 8 | 0 | 8 |" in out
     # means over the two seeds: troll 0.5, 0.625, 0.6875; clip 0.5, 0.5625, 0.625
     assert "| troll | 2 | 0.500 | 0.625 | 0.688 |" in out and "| clip | 2 | 0.500 | 0.562 | 0.625 |" in out
     # gains 0.25 and 0.125: mean 0.1875, se 0.0625, t(0.975, 1) = 12.706: half-width 0.794

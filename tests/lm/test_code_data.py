@@ -177,8 +177,10 @@ def test_eval_code_pass_rates_from_known_completions(monkeypatch):
     assert result.sampled == {"pass@1": 0.25, "pass@4": 0.5}
     assert (result.cut, result.prose_first) == (0.0, 0.0)  # both greedy answers open with their fence
     name = rows[0]["tests"]["entry_point"]
-    assert result.by_function == {name: {"pass_at_1": 1.0, "n": 1, "family": "affine"},
-                                  "other": {"pass_at_1": 0.0, "n": 1, "family": "affine"}}  # fmt: skip
+    assert result.by_function == {
+        name: {"pass_at_1": 1.0, "n": 1, "family": "affine", "sampled": {"pass@1": 0.5, "pass@4": 1.0}},
+        "other": {"pass_at_1": 0.0, "n": 1, "family": "affine", "sampled": {"pass@1": 0.0, "pass@4": 0.0}},
+    }
 
 
 def _reference(row: dict) -> str:

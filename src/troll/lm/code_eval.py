@@ -26,9 +26,9 @@ class CodeEval:
     reward: float
     unscored: int  # items the sandbox failed to run, counted as failures
     by_family: dict[str, dict] = field(default_factory=dict)  # generated tasks: pass@1 and n per family
-    # generated tasks: pass@1, n and family per function asked for (its name: `prefix`, `linear`, ...). A family's
-    # items repeat a few functions with other constants and tests (code_string's 64 held-out items ask for 6), so a
-    # family's pass@1 moves by whole functions, not by independent items.
+    # generated tasks: greedy pass@1, n and family per function asked for (its name: `prefix`, `linear`, ...), and
+    # with samples their pass@1 and pass@4 ("sampled"). A family's items repeat a few functions with other constants
+    # and tests (code_string's 64 held-out items ask for 6), so its greedy pass@1 moves by whole functions.
     by_function: dict[str, dict] = field(default_factory=dict)
     skipped: dict[str, int] = field(default_factory=dict)  # HumanEval: problems not converted, by reason
     samples: list[dict] = field(default_factory=list)
@@ -94,6 +94,12 @@ def evaluate(model, tokenizer, task: str, *, n: int | None, seed: int, max_new_t
     result.cut, result.prose_first = sum(cut) / len(rows), sum(map(prose_first, completions)) / len(rows)
     if samples:
         result.sampled, result.temperature, result.samples_per_item = mean_pass_at_k(rights), temperature, samples
+        by_function = defaultdict(list)
+        for r, right in zip(rows, rights):
+            if "family" in r:
+                by_function[r["tests"]["entry_point"]].append(right)
+        for name, items in by_function.items():
+            result.by_function[name]["sampled"] = mean_pass_at_k(items)
     return result
 
 
