@@ -177,3 +177,30 @@ def test_code_results_tables_worked_by_hand(tmp_path, capsys):
     lines = out.splitlines()
     assert lines[lines.index("| model | n | greedy pass@1 | solved |") + 2] == "| base | 141 | 0.050 | 7 |"  # first
     assert "| 0: -0.007, 1: +0.007 | +0.000 |" in out
+
+
+def test_code_family_table_worked_by_hand(tmp_path, capsys):
+    """experiments/code_family.py on a run built by hand: held-out accuracy at steps 0 and 6, the left-out family's
+    evaluations before training and at step 6, by function."""
+    import json
+
+    spec = importlib.util.spec_from_file_location("code_family", SCRIPT.parent / "code_family.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    run = tmp_path / "r1"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"options": {"task": "code_except_string", "beta": 0.5}}))
+    rows = [{"step": 0, "heldout/accuracy": 0.5}, {"step": 3, "reward": 1.0}, {"step": 6, "heldout/accuracy": 0.625}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    def result(solved: dict) -> dict:
+        by = {f: {"pass_at_1": s / 4, "n": 4, "family": "string"} for f, s in solved.items()}
+        return {"n": 8, "pass_at_1": sum(solved.values()) / 8, "by_function": by}
+
+    (tmp_path / "base-string.json").write_text(json.dumps(result({"prefix": 3, "repeat_text": 4})))
+    (run / "string-step6.json").write_text(json.dumps(result({"prefix": 0, "repeat_text": 4})))
+    assert script.main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| r1 | 0.5 | 0 | 0.500 | string | 0.875 | 3/4 | 4/4 |" in out
+    assert "| r1 | 0.5 | 6 | 0.625 | string | 0.500 | 0/4 | 4/4 |" in out
+    assert "| `prefix` | `repeat_text` |" in out
