@@ -204,3 +204,15 @@ def test_code_family_table_worked_by_hand(tmp_path, capsys):
     assert "| r1 | 0.5 | 0 | 0.500 | string | 0.875 | 3/4 | 4/4 |" in out
     assert "| r1 | 0.5 | 6 | 0.625 | string | 0.500 | 0/4 | 4/4 |" in out
     assert "| `prefix` | `repeat_text` |" in out
+
+
+def test_docs_quote_the_code_family_table():
+    """docs/code.md, "A family held out of training", quotes experiments/code_family.py on docs/data/code-family."""
+    spec = importlib.util.spec_from_file_location("code_family", SCRIPT.parent / "code_family.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    repo = SCRIPT.parent.parent
+    rows = [line for line in script.table(repo / "docs" / "data" / "code-family").splitlines() if line.startswith("|")]
+    page = (repo / "docs" / "code.md").read_text()
+    assert len(rows) > 10
+    assert [row for row in rows if row not in page] == []
