@@ -131,12 +131,20 @@ def evals(folder: Path) -> dict[str, dict]:
     return {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
 
 
+def base_first(results: dict[str, dict]) -> list[str]:
+    """The names of ``results``, the base model's first, then the others in order."""
+    return sorted(results, key=lambda name: (name != "base", name))
+
+
+def _greedy(name: str, result: dict) -> str:
+    """A table row's first cells: the model, n, greedy pass@1 and the items solved."""
+    return f"| {name} | {result['n']} | {result['pass_at_1']:.3f} | {round(result['pass_at_1'] * result['n'])} |"
+
+
 def pass_table(results: dict[str, dict]) -> str:
     """Greedy pass@1 of each result, the base model's first."""
     head = "| model | n | greedy pass@1 | solved |\n|---|---|---|---|\n"
-    names = sorted(results, key=lambda name: (name != "base", name))
-    return head + "".join(f"| {n} | {results[n]['n']} | {results[n]['pass_at_1']:.3f} | "
-                          f"{round(results[n]['pass_at_1'] * results[n]['n'])} |\n" for n in names)  # fmt: skip
+    return head + "".join(_greedy(name, results[name]) + "\n" for name in base_first(results))
 
 
 def humaneval_table(folder: Path) -> str:
@@ -178,20 +186,18 @@ def family_table(folder: Path) -> str:
 def family_pass_table(results: dict[str, dict]) -> str:
     """Greedy pass@1 and, where sampled, the unbiased pass@1 and pass@4 of each result, the base model's first."""
     head = "| model | n | greedy pass@1 | solved | sampled pass@1 | sampled pass@4 |\n|---|---|---|---|---|---|\n"
-    names = sorted(results, key=lambda name: (name != "base", name))
     lines = []
-    for name in names:
+    for name in base_first(results):
         r, sampled = results[name], results[name].get("sampled") or {}
         at = [f"{sampled[k]:.3f} (T {r['temperature']:g})" if k in sampled else "-" for k in ("pass@1", "pass@4")]
-        lines.append(f"| {name} | {r['n']} | {r['pass_at_1']:.3f} | {round(r['pass_at_1'] * r['n'])} | "
-                     f"{at[0]} | {at[1]} |\n")  # fmt: skip
+        lines.append(f"{_greedy(name, r)} {at[0]} | {at[1]} |\n")
     return head + "".join(lines)
 
 
 def function_table(results: dict[str, dict]) -> str:
     """Each function the items ask for: how many items ask for it, how many each model solved greedily, and where
     sampled, its sampled pass@1 on them."""
-    names = sorted(results, key=lambda name: (name != "base", name))
+    names = base_first(results)
     functions = sorted({f for r in results.values() for f in r.get("by_function", {})})
     if not functions:
         return "No per-function results (evaluated before troll eval-code reported them).\n"

@@ -94,12 +94,8 @@ def evaluate(model, tokenizer, task: str, *, n: int | None, seed: int, max_new_t
     result.cut, result.prose_first = sum(cut) / len(rows), sum(map(prose_first, completions)) / len(rows)
     if samples:
         result.sampled, result.temperature, result.samples_per_item = mean_pass_at_k(rights), temperature, samples
-        by_function = defaultdict(list)
-        for r, right in zip(rows, rights):
-            if "family" in r:
-                by_function[r["tests"]["entry_point"]].append(right)
-        for name, items in by_function.items():
-            result.by_function[name]["sampled"] = mean_pass_at_k(items)
+        for name, items in by_function(rows, rights).items():
+            result.by_function[name]["sampled"] = mean_pass_at_k([right for _, right in items])
     return result
 
 
@@ -128,6 +124,15 @@ def score_rows(task: str, rows: list[dict], completions: list[str], skipped: dic
     return summarise(task, rows, completions, raw, skipped, keep=keep)
 
 
+def by_function(rows: list[dict], values: list) -> dict[str, list[tuple[dict, object]]]:
+    """The (row, value) pairs of the generated items (those with a family), by the function each asks for."""
+    groups = defaultdict(list)
+    for row, value in zip(rows, values):
+        if "family" in row:
+            groups[row["tests"]["entry_point"]].append((row, value))
+    return groups
+
+
 def summarise(task: str, rows: list[dict], completions: list[str], raw: list[float | None], skipped: dict, *,
               keep: int = 3) -> CodeEval:  # fmt: skip
     """The greedy result of scored items: pass@1 overall, by family and by function, the mean reward, the first
@@ -137,14 +142,12 @@ def summarise(task: str, rows: list[dict], completions: list[str], raw: list[flo
     for r, s in zip(rows, scores):
         families[r.get("family", task)].append(s == 1.0)
     by_family = {f: {"pass_at_1": sum(v) / len(v), "n": len(v)} for f, v in sorted(families.items())}
-    functions = defaultdict(list)
-    for r, s in zip(rows, scores):
-        if "family" in r:
-            functions[(r["family"], r["tests"]["entry_point"])].append(s == 1.0)
-    by_function = {name: {"pass_at_1": sum(v) / len(v), "n": len(v), "family": family}
-                   for (family, name), v in sorted(functions.items())}  # fmt: skip
+    functions = {}
+    for name, items in sorted(by_function(rows, scores).items()):
+        right = sum(s == 1.0 for _, s in items)
+        functions[name] = {"pass_at_1": right / len(items), "n": len(items), "family": items[0][0]["family"]}
     samples = [{"question": r["question"], "completion": c, "reward": s}
                for r, c, s in list(zip(rows, completions, scores))[:keep]]  # fmt: skip
     n_rows = len(rows)
     return CodeEval(task, n_rows, sum(s == 1.0 for s in scores) / n_rows, sum(scores) / n_rows, raw.count(None),
-                    by_family, by_function, skipped, samples)  # fmt: skip
+                    by_family, functions, skipped, samples)  # fmt: skip
