@@ -186,6 +186,30 @@ def test_a_noisy_neighbour_does_not_starve_a_run(sandbox):
     assert scores[1].reward == 1.0, scores[1]
 
 
+HEAVY = """
+import time
+def f(a, b):
+    start = time.process_time()
+    while time.process_time() - start < 0.75:
+        pass
+    return a + b
+"""
+SPIN = "def f(a, b):\n    while True:\n        pass"
+
+
+def test_correct_programs_get_their_time_beside_runs_that_take_the_cpu(sandbox):
+    """Four slots on the two CPUs of the test machines: three functions that each need 0.75 s of CPU and one that
+    spins share them, so each gets about half a core and takes well over its 1 s test in wall time; the three
+    still pass (a test's time leaves out what its run lacked of a CPU), the spinning one still fails, within its
+    run's wall limit."""
+    start = time.monotonic()
+    scores = score_completions([fenced(HEAVY + " " * i) for i in range(3)] + [fenced(SPIN)],
+                               [adds(timeout=1.0, n=1)] * 4, sandbox=sandbox, slots=4)  # fmt: skip
+    took = time.monotonic() - start
+    assert [s.reward for s in scores] == [1.0, 1.0, 1.0, 0.0], scores
+    assert scores[3].status == "timeout" and took < 6.0, (scores[3], took)
+
+
 def test_a_hostile_completion_costs_at_most_one_test_s_time():
     """Timers switched off on the first of 10 tests: the parent ends the run at that test's time and a grace,
     not at 10 tests' time; a slow honest program stops at the per-completion budget."""

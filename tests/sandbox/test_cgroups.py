@@ -28,7 +28,10 @@ def test_a_run_s_cgroup_has_its_limits_holds_its_processes_and_goes():
         assert int(open(pids).read()) == 18  # 10 and the sandbox's own 8
         out = subprocess.run(wrap(["/bin/cat", "/proc/self/cgroup"], group), capture_output=True, text=True, env={})
         assert out.returncode == 0, out.stderr
-        assert sum(f"troll-test.{os.getpid()}" in line for line in out.stdout.splitlines()) == len(group.dirs)
+        hierarchies = len(set(group.dirs.values()))  # cpu and cpuacct may be one
+        assert sum(f"troll-test.{os.getpid()}" in line for line in out.stdout.splitlines()) == hierarchies
+        cpu, waits = group.usage()  # this machine's v1 has cpuacct: the run's CPU time is counted
+        assert cpu > 0 and waits == {}  # cat has ended: no process of the run is left
     finally:
         group.remove()
     assert not any(os.path.exists(path) for path in group.dirs.values())
@@ -55,6 +58,10 @@ def test_the_v2_path_on_a_stand_in_hierarchy(tmp_path, monkeypatch):
     assert (path / "memory.max").read_text() == str(200 << 20) and (path / "pids.max").read_text() == "18"
     (path / "cpu.weight").write_text("100")  # the kernel's files of a child with the cpu controller
     (path / "memory.current").write_text(str(3 << 20))
+    (path / "cgroup.procs").write_text(f"{os.getpid()}\n")
+    (path / "cpu.stat").write_text("usage_usec 1500\nuser_usec 1000\nsystem_usec 500\n")
+    cpu, waits = group.usage()  # the CPU time from cpu.stat, the waits of this process from /proc
+    assert cpu == 1_500_000 and os.getpid() in waits and all(w >= 0 for w in waits.values())
     (path / "cgroup.procs").write_text("")
     assert group.memory_bytes() == 3 << 20
     assert group.cap_memory(25 << 20) and (path / "memory.max").read_text() == str(25 << 20)
@@ -74,3 +81,36 @@ def test_the_v2_path_on_a_stand_in_hierarchy(tmp_path, monkeypatch):
     monkeypatch.setattr(cgroups.os, "rmdir", rmdir)
     group.remove()
     assert removed == [(str(path), "1")] and not path.exists()  # killed through cgroup.kill, then removed
+
+
+def test_cpu_and_cpuacct_in_one_v1_hierarchy(tmp_path, monkeypatch):
+    """Where v1 mounts cpu and cpuacct together (the usual "cpu,cpuacct"), a run gets one directory there, entered
+    once, and its CPU time comes from cpuacct.usage."""
+    from troll.sandbox import cgroups
+
+    mounts = {name: (str(tmp_path / name), "/") for name in ("memory", "pids")}
+    mounts["cpu"] = mounts["cpuacct"] = (str(tmp_path / "cpu,cpuacct"), "/")
+    for point, _ in mounts.values():
+        os.makedirs(point, exist_ok=True)
+    monkeypatch.setattr(cgroups, "_mounts", lambda: (mounts, None))
+    monkeypatch.setattr(cgroups, "_own", lambda: {})
+    monkeypatch.setattr(cgroups.os, "geteuid", lambda: 0)
+    setup = detect()
+    assert setup.mode == "cgroup-v1" and setup.parents["cpu"] == setup.parents["cpuacct"]
+    group = RunCgroup(setup, "troll-sandbox.4243", Limits())
+    shared = tmp_path / "cpu,cpuacct" / "troll-sandbox.4243"
+    assert group.dirs["cpu"] == group.dirs["cpuacct"] == str(shared) and len(group.procs_files) == 3
+    for path in group.procs_files:
+        open(path, "w").close()
+    (shared / "cpuacct.usage").write_text("123456789\n")
+    assert group.usage() == (123456789, {})
+    real_rmdir = os.rmdir
+
+    def rmdir(path):  # plain directories stand for cgroups here: their files go first
+        for name in os.listdir(path):
+            os.unlink(os.path.join(path, name))
+        real_rmdir(path)
+
+    monkeypatch.setattr(cgroups.os, "rmdir", rmdir)
+    group.remove()
+    assert not shared.exists() and not any(os.path.exists(path) for path in group.dirs.values())

@@ -162,20 +162,83 @@ def test_a_flood_of_result_lines_costs_the_scorer_little(monkeypatch):
 
 def test_the_parent_s_clock_over_the_reports():
     """Test i starts when test i - 1's report arrives; a call-style report later than the test's time fails it and
-    ends the run; the run is stopped GRACE after a test without a report is over its time."""
-    grace = scoring.GRACE
+    ends the run, and so does a test without a report once it is over its time; a stdio report may come SLACK
+    later (the harness reaps the program first); after the last report the harness has GRACE to say it is done."""
+    slack, grace = scoring.SLACK, scoring.GRACE
     suite = TestSuite("call", [TestCase([1], 1), TestCase([2], 2)], "f", timeout=1.0)
     clock = scoring.CaseClock("call", 2, 1.0)
     clock.feed(b'{"ready": 1}\n', 10.0)
-    assert clock.deadline() == 10.0 + 1.0 + grace  # the module's load
+    assert clock.deadline() == 10.0 + 1.0  # the module's load
     clock.feed(b'{"loaded": 1}\n{"case": 0, "val', 10.1)
-    assert clock.deadline() == 10.1 + 1.0 + grace
+    assert clock.deadline() == 10.1 + 1.0
     clock.feed(b'ue": 1}\n', 10.5)
-    assert clock.deadline() == 10.5 + 1.0 + grace and clock.over == math.inf
+    assert clock.deadline() == 10.5 + 1.0 and clock.over == math.inf
     clock.feed(b'{"case": 1, "value": 2}\n', 11.6)  # 1.1 s after its start: over its time
     assert clock.deadline() == 11.6
     result = RunResult(b"", b"", -9, True, False, 1.6)
     assert scoring._judge(result, clock, suite, suite.cases) == Score(1, 2, 0.5, False, "timeout")
     stdio = scoring.CaseClock("stdio", 2, 1.0)
     stdio.feed(b'{"ready": 1}\n', 0.0)
-    assert not stdio.late(0, 1.0 + grace) and stdio.late(0, 1.01 + grace)  # the harness's own time-keeping
+    assert stdio.deadline() == 1.0 + slack
+    assert not stdio.late(0, 1.0 + slack) and stdio.late(0, 1.01 + slack)
+    stdio.feed(b'{"case": 0, "stdout": "", "timeout": false, "truncated": false}\n', 0.5)
+    stdio.feed(b'{"case": 1, "stdout": "", "timeout": false, "truncated": false}\n', 0.7)
+    assert stdio.deadline() == 0.7 + grace
+
+
+class _Cgroup:
+    """A run's cgroup whose ``usage()`` is ``reading``: (CPU ns, pid -> ns waited for a CPU)."""
+
+    def __init__(self):
+        self.reading = (0, {})
+
+    def usage(self):
+        return self.reading
+
+
+def test_a_test_s_time_leaves_out_what_the_run_lacked_of_a_cpu():
+    """Credit in a look = min(the longest wait of a process for a CPU, the part of the interval the run did not
+    fill with a core's CPU time); the deadline and the lateness of a report move by it; a run using a full core
+    or more (its own processes waiting for each other) gets none; a run that gave its slot back gets none."""
+    ms = 1_000_000
+    suite = TestSuite("call", [TestCase([1], 1), TestCase([2], 2)], "f", timeout=1.0)
+    cgroup, clock = _Cgroup(), scoring.CaseClock("call", 2, 1.0)
+    clock.attach(cgroup)
+    assert clock.poll == scoring.POLL
+    clock.feed(b'{"ready": 1}\n{"loaded": 1}\n', 10.0)  # test 0 starts at 10.0
+    clock.tick(10.0)  # the first look
+    cgroup.reading = (50 * ms, {7: 400 * ms})
+    clock.tick(10.0 + scoring.POLL / 2)  # too soon for another look
+    cgroup.reading = (100 * ms, {7: 400 * ms})
+    clock.tick(10.5)  # 0.5 s, 0.1 s of CPU: lacked 0.4, waited 0.4
+    assert clock.credit[0] == pytest.approx(0.4) and clock.deadline() == pytest.approx(11.0 + 0.4)
+    cgroup.reading = (600 * ms, {7: 400 * ms})
+    clock.tick(11.0)  # a full core: nothing lacked
+    cgroup.reading = (620 * ms, {7: 550 * ms, 8: 300 * ms})
+    clock.tick(11.2)  # waited 0.3 (a new process), lacked 0.18
+    assert clock.credit[0] == pytest.approx(0.58)
+    cgroup.reading = (900 * ms, {7: 550 * ms})
+    clock.feed(b'{"case": 0, "value": 1}\n', 11.5)  # 1.5 s of wall, 0.92 s of time: in time
+    assert not clock.late(0, 11.5) and clock.over == math.inf
+    cgroup.reading = (1900 * ms, {7: 950 * ms, 9: 500 * ms})
+    clock.tick(12.0)  # two cores' worth in 0.5 s: its own processes waited for each other
+    assert clock.credit.get(1, 0.0) == 0.0 and clock.deadline() == 11.5 + 1.0
+    clock.feed(b'{"case": 1, "value": 2}\n{"done": 1}\n', 12.6)  # 1.1 s: over its time
+    result = RunResult(b"", b"", 0, False, False, 2.6)
+    assert scoring._judge(result, clock, suite, suite.cases) == Score(1, 2, 0.5, False, "timeout")
+
+    class Idle:  # a run that gave its slot back
+        slot = type("Slot", (), {"held": False})()
+
+        def tick(self, now):
+            pass
+
+        def attach(self, cgroup):
+            pass
+
+    cgroup, clock = _Cgroup(), scoring.CaseClock("stdio", 1, 1.0, idle=Idle())
+    clock.attach(cgroup)
+    clock.feed(b'{"ready": 1}\n', 0.0)
+    cgroup.reading = (0, {5: 900 * ms})
+    clock.tick(1.0)
+    assert clock.credit == {} and clock.poll == math.inf and clock.deadline() == 1.0 + scoring.SLACK

@@ -5,8 +5,9 @@ The modes (:func:`detect`, the ``mode`` of a :class:`~troll.sandbox.BubblewrapSa
 
 - ``cgroup-v2``: the unified hierarchy with the memory and pids controllers, where this process's own cgroup lets
   it make children with them (delegated, e.g. systemd's ``Delegate=yes``), or as root under the hierarchy's root;
-- ``cgroup-v1``: as root, the v1 ``memory`` and ``pids`` hierarchies (and ``cpu`` where mounted), each run a child
-  of this process's own cgroup in each (so a run stays inside the limits of whoever started the scorer);
+- ``cgroup-v1``: as root, the v1 ``memory`` and ``pids`` hierarchies (and ``cpu`` and ``cpuacct`` where mounted),
+  each run a child of this process's own cgroup in each (so a run stays inside the limits of whoever started the
+  scorer);
 - ``rlimits``: no cgroup can be made (e.g. an unprivileged container without delegation); a run is bounded by its
   per-process limits only, and the seccomp filter refuses the shared memory they do not count.
 
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 
 from troll.sandbox.backend import Limits, SandboxError
 
-V1 = ("memory", "pids", "cpu")  # the controllers used; cpu only where mounted
+V1 = ("memory", "pids", "cpu", "cpuacct")  # the controllers used; cpu and cpuacct only where mounted
 WRAPPER = 'n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 125; shift; n=$((n - 1)); done; exec "$@"'
 PREFIX = "troll-sandbox."  # a root run's cgroup is PREFIX + its uid
 EXTRA_PROCESSES = 8  # pids the cgroup allows besides Limits.processes: the wrapper, bwrap and its init, setpriv
@@ -90,7 +91,7 @@ def _probe(parents: dict[str, str]) -> None:
     """Make and remove a child in each parent: raises OSError where that is not allowed."""
     made = []
     try:
-        for parent in parents.values():
+        for parent in dict.fromkeys(parents.values()):
             path = os.path.join(parent, f"troll-probe.{os.getpid()}")
             os.mkdir(path)
             made.append(path)
@@ -151,7 +152,7 @@ class RunCgroup:
     def __init__(self, setup: Setup, name: str, limits: Limits):
         self.v2 = setup.mode == "cgroup-v2"
         self.dirs = {key: os.path.join(parent, name) for key, parent in setup.parents.items()}
-        for path in self.dirs.values():
+        for path in dict.fromkeys(self.dirs.values()):  # once each: cpu and cpuacct are often one hierarchy
             if os.path.isdir(path):  # left by a scorer that died holding the same uid: end it first
                 _empty(path, self.v2, time.monotonic() + 5.0)
                 os.rmdir(path)
@@ -189,6 +190,30 @@ class RunCgroup:
             except (OSError, IndexError, ValueError):
                 ticks[int(pid)] = -1  # gone since the list was read: a change
         return ticks
+
+    def usage(self) -> tuple[int, dict[int, int]] | None:
+        """(CPU time of the run so far in ns, every process it ever had included; pid -> the ns the main thread of
+        each live process has waited, runnable, for a CPU), or None where the cgroup does not count the run's CPU
+        time (v1 without a cpuacct hierarchy) or it could not be read. The waits come from
+        ``/proc/<pid>/schedstat``; a process without one (a kernel without schedstats) is left out."""
+        try:
+            if self.v2:
+                stat = _read(os.path.join(self.dirs[""], "cpu.stat")).split()
+                cpu = 1000 * int(stat[stat.index("usage_usec") + 1])
+            elif "cpuacct" in self.dirs:
+                cpu = int(_read(os.path.join(self.dirs["cpuacct"], "cpuacct.usage")))
+            else:
+                return None
+            pids = _read(self.procs_files[0]).split()
+        except (OSError, ValueError, IndexError):
+            return None
+        waits = {}
+        for pid in pids:
+            try:
+                waits[int(pid)] = int(_read(f"/proc/{pid}/schedstat").split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # gone since the list was read
+        return cpu, waits
 
     def memory_bytes(self) -> int:
         """The memory the run holds now (the memory controller's usage)."""
@@ -234,16 +259,17 @@ class RunCgroup:
 
     @property
     def procs_files(self) -> list[str]:
-        return [os.path.join(path, "cgroup.procs") for path in self.dirs.values()]
+        return [os.path.join(path, "cgroup.procs") for path in dict.fromkeys(self.dirs.values())]
 
     def remove(self, timeout: float = 10.0) -> None:
         """Kill every process in the cgroup, wait until it is empty, and remove it; :class:`SandboxError` if it does
         not empty within ``timeout`` seconds (its uid must then not be reused)."""
         deadline = time.monotonic() + timeout
-        for path in self.dirs.values():
+        paths = list(dict.fromkeys(self.dirs.values()))
+        for path in paths:
             if os.path.isdir(path):
                 _empty(path, self.v2, deadline)
-        for path in self.dirs.values():
+        for path in paths:
             while True:
                 try:
                     os.rmdir(path)
@@ -279,7 +305,7 @@ def left_behind(setup: Setup) -> dict[int, list[str]]:
     """The cgroups named after a uid (``troll-sandbox.<uid>``) under this process's parents: uid -> directories.
     A scorer that was killed leaves its runs' cgroups (empty: the runs die with it) behind."""
     found: dict[int, list[str]] = {}
-    for parent in setup.parents.values():
+    for parent in dict.fromkeys(setup.parents.values()):
         try:
             names = os.listdir(parent)
         except OSError:

@@ -25,7 +25,8 @@ from troll.sandbox.slots import IDLE_RUNS, POLL, IdleWatch, Slots
 KINDS = ("call", "stdio")
 HARNESS = (Path(__file__).parent / "_harness.py").read_text()
 STARTUP = 2.0  # seconds of wall time a run gets for starting the sandbox and the interpreter, besides the tests
-GRACE = 0.25  # seconds past a test's time before the parent ends the run (the harness's own time-keeping, reports)
+GRACE = 0.25  # seconds the harness has after the last test to report that it is done; in the run's wall limit
+SLACK = 0.05  # seconds past a stdio test's time its report may arrive: the harness reaps the program, then reports
 BUDGET = 6.0  # default seconds of wall time one completion's run may take in all, startup included
 OUTPUT = 1 << 20  # default bytes of stdout per stdio test, or of one return value
 MAX_OUTPUT = 16 << 20
@@ -251,7 +252,9 @@ def run_tests(
         "program": program,
         "entry_point": suite.entry_point,
         "n": len(cases),
-        "timeout": suite.timeout,
+        # the harness's own timers: a courtesy where the parent's clock watches the run (a test's time may then be
+        # longer than its timeout by what the run lacked of a CPU), the only per-test clock where it cannot
+        "timeout": limits.wall if _takes_watch(type(sandbox)) else suite.timeout,
         "output": suite.output,
         "rlimits": limits.rlimits(),
     }
@@ -282,15 +285,28 @@ def run_tests(
 
 class CaseClock(Watch):
     """The parent's clock over a run's reports. Test i starts when the report of test i - 1 first arrives (test 0:
-    when the call-style module has loaded, or the stdio harness is ready); the run is ended ``GRACE`` seconds after
-    the earliest test without a report is over its time, or as soon as a test is reported over its time (a
-    call-style report later than the test's time after its start counts so, and fails): the tests after the first
-    one over its time fail. The harness writes "ready", one line per test and at most two more; only the
-    first 2n + 8 lines are read, so flooding the channel with short lines costs this process nothing. With ``idle``,
-    the run gives its slot back once idle (:class:`troll.sandbox.slots.IdleWatch`)."""
+    when the call-style module has loaded, or the stdio harness is ready; a call-style module's load is timed from
+    ready like a test).
+
+    A test's time is its wall time less the time the run lacked a CPU that others held: in each look at the run (at
+    most every :data:`~troll.sandbox.slots.POLL` seconds) the credit is the longest any of its processes waited,
+    runnable, for a CPU since the last look, at most the part of that interval the run did not fill with a core's
+    worth of CPU time, and only while the run holds its slot. So a correct program gets its time whatever else
+    holds the CPU (other runs, the scorer, the host), and no program gets more than a test's time of CPU (a
+    single-core equivalent: parallel programs without contention are timed by the wall clock). Credit earned in
+    the last look's interval may go to the next test (at most POLL seconds of it). The credit needs a cgroup that
+    counts the run's CPU time; without one a test's time is its wall time.
+
+    A report later than its test's time (stdio: and :data:`SLACK`) fails the test and ends the run, and so does
+    the earliest test without a report once it is over that time: the tests after the first one over its time
+    fail; after the last report the harness has ``GRACE`` seconds to say it is done. The harness writes "ready",
+    one line per test and at most two more; only the first 2n + 8 lines are read, so flooding the channel with
+    short lines costs this process nothing. With ``idle``, the run gives its slot back once idle
+    (:class:`troll.sandbox.slots.IdleWatch`)."""
 
     def __init__(self, kind: str, n: int, timeout: float, idle: IdleWatch | None = None):
         self.kind, self.n, self.timeout = kind, n, timeout
+        self.allowed = timeout + (SLACK if kind == "stdio" else 0.0)  # a test's time before its report is late
         self.idle = idle
         self.poll = POLL if idle is not None else math.inf
         self.buf, self.lines = bytearray(), 0
@@ -299,6 +315,10 @@ class CaseClock(Watch):
         self.items: list[tuple[dict, float]] = []
         self.first: dict[int, float] = {}  # test -> when its first report arrived
         self.over = math.inf  # when a test was reported over its time
+        self.cgroup = None
+        self.last: tuple[float, int, dict[int, int]] | None = None  # the last look: (when, CPU ns, waits)
+        self.credit: dict[int, float] = {}  # phase (-1: the module's load, i: test i) -> seconds of credit
+        self.spent: dict[int, float] = {}  # phase -> its time when its report (test i) or "loaded" (-1) arrived
 
     def feed(self, data: bytes, now: float) -> None:
         limit = 2 * self.n + 8
@@ -320,10 +340,13 @@ class CaseClock(Watch):
             item = _parse(raw)
             if item is None:
                 continue
-            if item.get("loaded") == 1 and self.loaded is None:
+            if item.get("loaded") == 1 and self.loaded is None and self.kind == "call":
                 self.loaded = now
+                self.spent[-1] = now - self.ready - self.credit.get(-1, 0.0)
             case = item.get("case")
             if type(case) is int and 0 <= case < self.n:
+                if case not in self.first and self.start(case) is not None:
+                    self.spent[case] = now - self.start(case) - self.credit.get(case, 0.0)
                 self.first.setdefault(case, now)
                 if item.get("timeout") is True or item.get("error") == "timeout" or self.late(case, now):
                     self.over = min(self.over, now)  # the first test over its time ends the run
@@ -332,12 +355,44 @@ class CaseClock(Watch):
     def attach(self, cgroup) -> None:
         if self.idle is not None:
             self.idle.attach(cgroup)
+        if cgroup is not None and cgroup.usage() is not None:
+            self.cgroup, self.poll = cgroup, POLL
 
     def tick(self, now: float) -> None:
         if self.idle is not None:
             self.idle.tick(now)
             if not self.idle.slot.held:
-                self.poll = math.inf  # nothing more to watch for
+                self.poll = math.inf  # no more credit, nothing more to watch for
+                return
+        if self.last is None or now - self.last[0] >= POLL:
+            self.look(now)
+
+    def look(self, now: float) -> None:
+        """Credit the running phase with what the run lacked of a CPU since the last look (class docstring)."""
+        if self.cgroup is None or self.ready is None or (self.idle is not None and not self.idle.slot.held):
+            return  # a run that gave its slot back gets no more credit
+        usage = self.cgroup.usage()
+        if usage is None:
+            return
+        cpu, waits = usage
+        if self.last is not None:
+            then, cpu_then, waits_then = self.last
+            interval = now - then
+            waited = max((w - waits_then.get(t, 0) for t, w in waits.items()), default=0) / 1e9
+            lacked = interval - (cpu - cpu_then) / 1e9
+            phase = self.phase()
+            if phase is not None and min(waited, lacked) > 0:
+                self.credit[phase] = self.credit.get(phase, 0.0) + min(waited, lacked)
+        self.last = (now, cpu, waits)
+
+    def phase(self) -> int | None:
+        """The phase running now: -1 while a call-style module loads, else the earliest test without a report
+        (None before ready and after the last report)."""
+        if self.ready is None:
+            return None
+        if self.kind == "call" and self.loaded is None:
+            return -1
+        return next((i for i in range(self.n) if i not in self.first), None)
 
     def start(self, i: int) -> float | None:
         """When test ``i`` started (None: not yet)."""
@@ -351,16 +406,24 @@ class CaseClock(Watch):
         if self.ready is None:
             return math.inf  # the run's wall clock covers the start
         if self.kind == "call" and self.loaded is None:
-            return self.ready + self.timeout + GRACE
+            return self.ready + self.timeout + self.credit.get(-1, 0.0)
         k = next((i for i in range(self.n) if i not in self.first), self.n)
         if k == self.n:
             return self.first[self.n - 1] + GRACE  # for "done"
-        return self.start(k) + self.timeout + GRACE
+        return self.start(k) + self.allowed + self.credit.get(k, 0.0)
 
     def late(self, i: int, arrived: float) -> bool:
-        """Whether a report of test ``i`` arriving at ``arrived`` came after the test's time."""
+        """Whether the report of test ``i`` arriving at ``arrived`` came after the test's time (its wall time less
+        its credit)."""
         start = self.start(i)
-        return start is None or arrived - start > self.timeout + (GRACE if self.kind == "stdio" else 0.0)
+        if start is None:
+            return True
+        spent = self.spent.get(i, arrived - start - self.credit.get(i, 0.0))
+        return spent > self.allowed
+
+    def load_over(self) -> bool:
+        """Whether a call-style module's load took more than a test's time."""
+        return self.kind == "call" and self.loaded is not None and self.spent.get(-1, 0.0) > self.timeout
 
 
 def _parse(raw: bytes) -> dict | None:
@@ -391,7 +454,7 @@ def _judge(result, clock: CaseClock, suite: TestSuite, cases: tuple[TestCase, ..
             reports.setdefault(case, []).append((item, arrived))
     if suite.kind == "call" and clock.loaded is None:
         reports = {}  # the module never finished loading: the run's end says why
-    elif suite.kind == "call" and clock.loaded - clock.ready > suite.timeout:
+    elif clock.load_over():
         flags.add("case_timeout")  # the module itself ran over a test's time: no test counts
         reports = {}
     passed = 0
