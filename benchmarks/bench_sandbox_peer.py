@@ -5,14 +5,19 @@ The batch: B distinct correct stdin/stdout programs (a + b, T tests each, APPS f
 The hostile mix replaces every fourth one with a program that fights the clock (ignores SIGALRM and sleeps,
 swallows the timer's exception, spins): the kind of program both scorers are meant to survive without a sandbox,
 so it is safe to run under ``prime_code``, which runs programs on the host (a fork bomb or shared-memory hog would
-not be). troll scores with ``score_completions`` (bubblewrap, ``--slots`` runs at once, 1 s per test, the default
+not be). The heavy mix puts, where the hostile mix has its spinning programs, a correct program that computes for
+0.7 s of CPU on its first test (the one whose b is 0) and then answers (the others stay honest): until then it
+cannot be told from the spinning one, so what a scorer spends on the heavy batch while scoring every program 1.0 is
+less than it must spend on the hostile one if it is not to fail correct programs that need most of a test's time.
+troll scores with ``score_completions`` (bubblewrap, ``--slots`` runs at once, 1 s per test, the default
 budget); ``prime_code.compute_score`` (verl 0.9.1, ``continuous=True`` as verl's ``default_compute_score``
 calls it: 5 s for all tests, then 10 s per test on a failure, a process per check) runs in verl's own
 environment (``.venv-verl``) in a subprocess, ``--workers`` completions at once in a process pool, as verl's
 ``PrimeRewardManager`` does, and times itself there (its interpreter's start and imports excluded). Each scorer
 scores each batch ``--repeats`` times after one warm-up, taking turns (``prime_code`` the hostile batch once: it
 takes minutes); the table gives the median seconds, completions per second, the ratio to the scorer's honest
-batch, the mean reward of the correct programs and the 1-minute load average.
+batch, the mean reward of the correct programs (of the last repeat), how many of them scored below 1.0 (the most in one
+repeat) and the 1-minute load average.
 
     python benchmarks/bench_sandbox_peer.py             # B = 16, T = 10, troll at 2 and 4 slots, 3 repeats
     python benchmarks/bench_sandbox_peer.py --quick     # B = 8, 1 repeat
@@ -44,6 +49,10 @@ HOSTILE = [
     "# hostile {i}\nimport time\ntry:\n    time.sleep(100)\nexcept BaseException:\n    time.sleep(100)",
     "# hostile {i}\nwhile True:\n    pass",
 ]
+HEAVY = (
+    "# heavy {i}\nimport time\na, b = map(int, input().split())\nif b == 0:\n"
+    "    start = time.process_time()\n    while time.process_time() - start < 0.7:\n        pass\nprint(a + b)"
+)
 PRIME = """
 import json, sys, time
 from concurrent.futures import ProcessPoolExecutor
@@ -61,12 +70,15 @@ with ProcessPoolExecutor(max_workers=job["workers"]) as pool:
 """
 
 
-def batch(size: int, tests: int, hostile: bool) -> tuple[list[str], list[str], list[bool]]:
-    """(completions, tests as APPS JSON, which are correct): ``size`` programs, every fourth hostile if asked."""
+def batch(size: int, tests: int, mix: str) -> tuple[list[str], list[str], list[bool]]:
+    """(completions, tests as APPS JSON, which are correct): ``size`` programs; in the "hostile" mix every fourth
+    is hostile, in the "heavy" mix those that spin there are correct ones that need 0.7 s of CPU on their first test."""
     completions, apps, correct = [], [], []
     for i in range(size):
-        bad = hostile and i % 4 == 3
-        code = HOSTILE[(i // 4) % len(HOSTILE)] if bad else CORRECT
+        kind = (i // 4) % len(HOSTILE) if i % 4 == 3 else None
+        bad = mix == "hostile" and kind is not None
+        heavy = mix == "heavy" and kind == len(HOSTILE) - 1
+        code = HOSTILE[kind] if bad else HEAVY if heavy else CORRECT
         completions.append(f"```python\n{code.format(i=i)}\n```")
         pairs = [(f"{i + j} {j}\n", f"{i + 2 * j}\n") for j in range(tests)]
         apps.append(json.dumps({"inputs": [p[0] for p in pairs], "outputs": [p[1] for p in pairs]}))
@@ -112,17 +124,18 @@ def main() -> None:
         for slots in args.slots
     }
     scorers[f"verl prime_code ({args.workers} processes)"] = lambda c, t: prime(c, t, args.workers)
-    times, rewards, loads = {}, {}, {}
+    times, rewards, below, loads = {}, {}, {}, {}
     for round_ in range(args.repeats + 1):  # round 0 warms up
-        for mix in ("honest", "hostile quarter"):
-            completions, apps, correct = batch(args.batch, args.tests, mix != "honest")
+        for mix in ("honest", "hostile quarter", "heavy quarter"):
+            completions, apps, correct = batch(args.batch, args.tests, mix.split()[0])
             for name, score in scorers.items():
-                if name.startswith("verl") and mix != "honest" and (round_ != 1 or args.skip_peer_hostile):
+                if name.startswith("verl") and mix == "hostile quarter" and (round_ != 1 or args.skip_peer_hostile):
                     continue  # minutes a batch: scored once
                 seconds, got = score(completions, apps)
                 if round_:
                     times.setdefault((name, mix), []).append(seconds)
                     rewards[(name, mix)] = statistics.mean(r for r, ok in zip(got, correct) if ok)
+                    below[(name, mix)] = max(below.get((name, mix), 0), sum(r < 1 for r, ok in zip(got, correct) if ok))
                     loads[(name, mix)] = os.getloadavg()[0]
                     assert all(r == 0.0 for r, ok in zip(got, correct) if not ok), (name, got)
     table = []
@@ -137,6 +150,7 @@ def main() -> None:
                 "completions_per_s": round(args.batch / median, 1),
                 "vs_honest": round(median / honest, 2),
                 "correct_reward": round(rewards[(name, mix)], 3),
+                "correct_below_1": below[(name, mix)],  # the most in one repeat
                 "load_1min": round(loads[(name, mix)], 2),
             }
         )
