@@ -194,20 +194,41 @@ def f(a, b):
         pass
     return a + b
 """
+THREADED = """
+import threading, time
+def f(a, b):
+    def work():
+        start = time.process_time()
+        while time.process_time() - start < 0.75:
+            pass
+    worker = threading.Thread(target=work)
+    worker.start()
+    worker.join()
+    return a + b
+"""
 SPIN = "def f(a, b):\n    while True:\n        pass"
 
 
 def test_correct_programs_get_their_time_beside_runs_that_take_the_cpu(sandbox):
-    """Four slots on the two CPUs of the test machines: three functions that each need 0.75 s of CPU and one that
-    spins share them, so each gets about half a core and takes well over its 1 s test in wall time; the three
-    still pass (a test's time leaves out what its run lacked of a CPU), the spinning one still fails, within its
-    run's wall limit."""
+    """Four slots on the two CPUs of the test machines: three functions that each need 0.75 s of CPU (one in a
+    thread of its own) and one that spins share them, so each gets about half a core and takes well over its 1 s
+    test in wall time; the three still pass (a test's time leaves out what its run lacked of a CPU), the spinning
+    one still fails, within its run's wall limit."""
     start = time.monotonic()
-    scores = score_completions([fenced(HEAVY + " " * i) for i in range(3)] + [fenced(SPIN)],
+    scores = score_completions([fenced(HEAVY), fenced(HEAVY + " "), fenced(THREADED), fenced(SPIN)],
                                [adds(timeout=1.0, n=1)] * 4, sandbox=sandbox, slots=4)  # fmt: skip
     took = time.monotonic() - start
     assert [s.reward for s in scores] == [1.0, 1.0, 1.0, 0.0], scores
     assert scores[3].status == "timeout" and took < 6.0, (scores[3], took)
+
+
+def test_a_stdio_program_s_compilation_is_not_its_first_test_s_time(sandbox):
+    """A program whose source takes a while to compile (a long literal) and whose first test needs most of its
+    time: the compilation is timed as the program's load, not as part of the test."""
+    table = "TABLE = [" + ", ".join(str(i) for i in range(150_000)) + "]\n"
+    work = "import time\nstart = time.process_time()\nwhile time.process_time() - start < 0.8:\n    pass\n"
+    score = score_completions([fenced(table + work + SUM)], [sums(timeout=1.0, n=1)], sandbox=sandbox)[0]
+    assert score.reward == 1.0, score
 
 
 def test_a_hostile_completion_costs_at_most_one_test_s_time():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 
 from troll.sandbox import Limits
 from troll.sandbox.cgroups import RunCgroup, _join, detect, wrap
@@ -31,7 +32,7 @@ def test_a_run_s_cgroup_has_its_limits_holds_its_processes_and_goes():
         hierarchies = len(set(group.dirs.values()))  # cpu and cpuacct may be one
         assert sum(f"troll-test.{os.getpid()}" in line for line in out.stdout.splitlines()) == hierarchies
         cpu, waits = group.usage()  # this machine's v1 has cpuacct: the run's CPU time is counted
-        assert cpu > 0 and waits == {}  # cat has ended: no process of the run is left
+        assert cpu > 0 and waits == {}  # cat has ended: no thread of the run is left
     finally:
         group.remove()
     assert not any(os.path.exists(path) for path in group.dirs.values())
@@ -58,9 +59,9 @@ def test_the_v2_path_on_a_stand_in_hierarchy(tmp_path, monkeypatch):
     assert (path / "memory.max").read_text() == str(200 << 20) and (path / "pids.max").read_text() == "18"
     (path / "cpu.weight").write_text("100")  # the kernel's files of a child with the cpu controller
     (path / "memory.current").write_text(str(3 << 20))
-    (path / "cgroup.procs").write_text(f"{os.getpid()}\n")
+    (path / "cgroup.threads").write_text(f"{os.getpid()}\n{threading.get_native_id()}\n")
     (path / "cpu.stat").write_text("usage_usec 1500\nuser_usec 1000\nsystem_usec 500\n")
-    cpu, waits = group.usage()  # the CPU time from cpu.stat, the waits of this process from /proc
+    cpu, waits = group.usage()  # the CPU time from cpu.stat, the waits of the threads from /proc
     assert cpu == 1_500_000 and os.getpid() in waits and all(w >= 0 for w in waits.values())
     (path / "cgroup.procs").write_text("")
     assert group.memory_bytes() == 3 << 20
@@ -102,6 +103,7 @@ def test_cpu_and_cpuacct_in_one_v1_hierarchy(tmp_path, monkeypatch):
     assert group.dirs["cpu"] == group.dirs["cpuacct"] == str(shared) and len(group.procs_files) == 3
     for path in group.procs_files:
         open(path, "w").close()
+    (shared / "tasks").write_text("")
     (shared / "cpuacct.usage").write_text("123456789\n")
     assert group.usage() == (123456789, {})
     real_rmdir = os.rmdir

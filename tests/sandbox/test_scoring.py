@@ -160,6 +160,35 @@ def test_a_flood_of_result_lines_costs_the_scorer_little(monkeypatch):
     assert judged(honest + b'{"done": 1}\n', suite) == Score(3, 3, 1.0, True, "ok")
 
 
+def test_a_line_too_long_to_be_a_report_is_dropped_unread(monkeypatch):
+    """A program that writes a huge line on the result channel (call style can reach it) costs the scorer neither
+    the parsing nor the memory: the line is dropped as it arrives, and the reports after it still count."""
+    suite = TestSuite("call", [TestCase([1], 1)], "f")
+    clock = scoring.CaseClock("call", 1, 1.0, line_max=1000)
+    calls = []
+    loads = scoring.json.loads
+    monkeypatch.setattr(scoring.json, "loads", lambda *a, **k: calls.append(1) or loads(*a, **k))
+    clock.feed(b'{"ready": 1}\n{"loaded": 1}\n{"x": [', 0.0)
+    for _ in range(100):
+        clock.feed(b"0," * 50_000, 0.0)
+        assert len(clock.buf) <= 1000 + 100_000
+    clock.feed(b'0]}\n{"case": 0, "value": 1}\n{"done": 1}\n', 0.1)
+    assert len(calls) == 3 and not clock.buf  # loaded, the case, done
+    result = RunResult(b"", b"", 0, False, False, 0.1)
+    assert scoring._judge(result, clock, suite, suite.cases) == Score(1, 1, 1.0, True, "ok")
+
+
+def test_a_report_without_a_start_is_late_now_and_when_judged():
+    """A forged report of test 1 in the same read as test 0's: it has no start when it arrives, so it is late then
+    and stays late when the run is judged (test 1 fails), whatever test 0's report set afterwards."""
+    suite = TestSuite("call", [TestCase([1], 1), TestCase([2], 2)], "f", timeout=1.0)
+    clock = scoring.CaseClock("call", 2, 1.0)
+    clock.feed(b'{"ready": 1}\n{"loaded": 1}\n{"case": 1, "value": 2}\n{"case": 0, "value": 1}\n', 0.5)
+    assert clock.late(1, 0.5) and clock.over == 0.5
+    result = RunResult(b"", b"", -9, True, False, 0.5)
+    assert scoring._judge(result, clock, suite, suite.cases) == Score(1, 2, 0.5, False, "timeout")
+
+
 def test_the_parent_s_clock_over_the_reports():
     """Test i starts when test i - 1's report arrives; a call-style report later than the test's time fails it and
     ends the run, and so does a test without a report once it is over its time; a stdio report may come SLACK
@@ -179,6 +208,8 @@ def test_the_parent_s_clock_over_the_reports():
     assert scoring._judge(result, clock, suite, suite.cases) == Score(1, 2, 0.5, False, "timeout")
     stdio = scoring.CaseClock("stdio", 2, 1.0)
     stdio.feed(b'{"ready": 1}\n', 0.0)
+    assert stdio.deadline() == 1.0  # the program's compilation
+    stdio.feed(b'{"loaded": 1}\n', 0.0)
     assert stdio.deadline() == 1.0 + slack
     assert not stdio.late(0, 1.0 + slack) and stdio.late(0, 1.01 + slack)
     stdio.feed(b'{"case": 0, "stdout": "", "timeout": false, "truncated": false}\n', 0.5)
@@ -187,7 +218,7 @@ def test_the_parent_s_clock_over_the_reports():
 
 
 class _Cgroup:
-    """A run's cgroup whose ``usage()`` is ``reading``: (CPU ns, pid -> ns waited for a CPU)."""
+    """A run's cgroup whose ``usage()`` is ``reading``: (CPU ns, thread id -> ns waited for a CPU)."""
 
     def __init__(self):
         self.reading = (0, {})
@@ -197,9 +228,10 @@ class _Cgroup:
 
 
 def test_a_test_s_time_leaves_out_what_the_run_lacked_of_a_cpu():
-    """Credit in a look = min(the longest wait of a process for a CPU, the part of the interval the run did not
-    fill with a core's CPU time); the deadline and the lateness of a report move by it; a run using a full core
-    or more (its own processes waiting for each other) gets none; a run that gave its slot back gets none."""
+    """A test's credit = min(the sum over looks of the longest wait of a thread for a CPU, the sum of the parts of
+    the looks' intervals the run did not fill with a core's CPU time); the deadline and the lateness of a report
+    move by it; a run filling a core or more (its own threads waiting for each other) gets none; a run that gave
+    its slot back gets none."""
     ms = 1_000_000
     suite = TestSuite("call", [TestCase([1], 1), TestCase([2], 2)], "f", timeout=1.0)
     cgroup, clock = _Cgroup(), scoring.CaseClock("call", 2, 1.0)
@@ -211,19 +243,21 @@ def test_a_test_s_time_leaves_out_what_the_run_lacked_of_a_cpu():
     clock.tick(10.0 + scoring.POLL / 2)  # too soon for another look
     cgroup.reading = (100 * ms, {7: 400 * ms})
     clock.tick(10.5)  # 0.5 s, 0.1 s of CPU: lacked 0.4, waited 0.4
-    assert clock.credit[0] == pytest.approx(0.4) and clock.deadline() == pytest.approx(11.0 + 0.4)
+    assert clock.credit(0) == pytest.approx(0.4) and clock.deadline() == pytest.approx(11.0 + 0.4)
     cgroup.reading = (600 * ms, {7: 400 * ms})
     clock.tick(11.0)  # a full core: nothing lacked
     cgroup.reading = (620 * ms, {7: 550 * ms, 8: 300 * ms})
-    clock.tick(11.2)  # waited 0.3 (a new process), lacked 0.18
-    assert clock.credit[0] == pytest.approx(0.58)
+    clock.tick(11.2)  # waited 0.3 (a new thread), lacked 0.18: sums 0.7 and 0.58
+    assert clock.credit(0) == pytest.approx(0.58)
     cgroup.reading = (900 * ms, {7: 550 * ms})
     clock.feed(b'{"case": 0, "value": 1}\n', 11.5)  # 1.5 s of wall, 0.92 s of time: in time
     assert not clock.late(0, 11.5) and clock.over == math.inf
     cgroup.reading = (1900 * ms, {7: 950 * ms, 9: 500 * ms})
-    clock.tick(12.0)  # two cores' worth in 0.5 s: its own processes waited for each other
-    assert clock.credit.get(1, 0.0) == 0.0 and clock.deadline() == 11.5 + 1.0
-    clock.feed(b'{"case": 1, "value": 2}\n{"done": 1}\n', 12.6)  # 1.1 s: over its time
+    clock.tick(12.0)  # 1.28 s of CPU in 0.8 s: its own threads waited for each other, nothing lacked
+    assert clock.credit(1) == 0.0 and clock.deadline() == 11.5 + 1.0
+    cgroup.reading = (2500 * ms, {7: 950 * ms, 9: 500 * ms})
+    clock.feed(b'{"case": 1, "value": 2}\n{"done": 1}\n', 12.6)  # 1.1 s, a fresh look: still no credit, late
+    assert clock.last[0] == 12.6 and clock.credit(1) == 0.0
     result = RunResult(b"", b"", 0, False, False, 2.6)
     assert scoring._judge(result, clock, suite, suite.cases) == Score(1, 2, 0.5, False, "timeout")
 
@@ -238,7 +272,7 @@ def test_a_test_s_time_leaves_out_what_the_run_lacked_of_a_cpu():
 
     cgroup, clock = _Cgroup(), scoring.CaseClock("stdio", 1, 1.0, idle=Idle())
     clock.attach(cgroup)
-    clock.feed(b'{"ready": 1}\n', 0.0)
+    clock.feed(b'{"ready": 1}\n{"loaded": 1}\n', 0.0)
     cgroup.reading = (0, {5: 900 * ms})
     clock.tick(1.0)
-    assert clock.credit == {} and clock.poll == math.inf and clock.deadline() == 1.0 + scoring.SLACK
+    assert clock.credit(0) == 0.0 and clock.poll == math.inf and clock.deadline() == 1.0 + scoring.SLACK

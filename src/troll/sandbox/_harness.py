@@ -15,11 +15,12 @@ or stop the reports (its tests then fail).
   limit), and the return value is written by a strict serialiser that takes only exact builtin types
   (``type(x) is int`` and so on; a dict subclass as the dict it holds), so an object with an always-true
   ``__eq__`` is no value at all.
-- ``stdio``: the harness makes itself non-dumpable (its program's processes, of the same uid, can then neither
-  open its ``/proc`` files nor trace it; the seccomp filter refuses ptrace and pidfds too), and each test forks a
-  child, which runs the program as ``__main__`` with a pipe on stdin fed the test's input by the harness (nothing
-  is written to the run's files) and a pipe on stdout; the harness reads at most ``output`` bytes of it within
-  the per-test timeout, then kills the child's process group and reports the output.
+- ``stdio``: the program is compiled once (reported as ``{"loaded": 1}``); the harness makes itself non-dumpable
+  (its program's processes, of the same uid, can then neither open its ``/proc`` files nor trace it; the seccomp
+  filter refuses ptrace and pidfds too), and each test forks a child, which runs the program as ``__main__`` with
+  a pipe on stdin fed the test's input by the harness (nothing is written to the run's files) and a pipe on
+  stdout; the harness reads at most ``output`` bytes of it within its timer (the parent's clock decides which
+  tests count), then kills the child's process group and reports the output.
 """
 
 import json
@@ -62,6 +63,7 @@ def main(os=os, write=os.write, fork=os.fork, killpg=os.killpg, waitpid=os.waitp
         os.close(job_in.fd)
         run_calls(job, code, report, quote)
     else:
+        report('{"loaded": 1}')  # compiled: the first test's time starts here
         run_stdio(job, job_in, code, report, quote, out, fork, killpg, waitpid, _exit, os)
     report('{"done": 1}')
     _exit(0)

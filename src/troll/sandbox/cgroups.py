@@ -192,27 +192,29 @@ class RunCgroup:
         return ticks
 
     def usage(self) -> tuple[int, dict[int, int]] | None:
-        """(CPU time of the run so far in ns, every process it ever had included; pid -> the ns the main thread of
-        each live process has waited, runnable, for a CPU), or None where the cgroup does not count the run's CPU
-        time (v1 without a cpuacct hierarchy) or it could not be read. The waits come from
-        ``/proc/<pid>/schedstat``; a process without one (a kernel without schedstats) is left out."""
+        """(CPU time of the run so far in ns, every process it ever had included; thread id -> the ns each live
+        thread has waited, runnable, for a CPU), or None where the cgroup does not count the run's CPU time (v1
+        without a cpuacct hierarchy) or it could not be read. The threads are the cgroup's (v1 ``tasks``, v2
+        ``cgroup.threads``), their waits from ``/proc/<tid>/schedstat``; a thread without one (gone, or a kernel
+        without schedstats) is left out."""
         try:
             if self.v2:
                 stat = _read(os.path.join(self.dirs[""], "cpu.stat")).split()
                 cpu = 1000 * int(stat[stat.index("usage_usec") + 1])
+                tids = _read(os.path.join(self.dirs[""], "cgroup.threads")).split()
             elif "cpuacct" in self.dirs:
                 cpu = int(_read(os.path.join(self.dirs["cpuacct"], "cpuacct.usage")))
+                tids = _read(os.path.join(self.dirs["cpuacct"], "tasks")).split()
             else:
                 return None
-            pids = _read(self.procs_files[0]).split()
         except (OSError, ValueError, IndexError):
             return None
         waits = {}
-        for pid in pids:
+        for tid in tids:
             try:
-                waits[int(pid)] = int(_read(f"/proc/{pid}/schedstat").split()[1])
+                waits[int(tid)] = int(_read(f"/proc/{tid}/schedstat").split()[1])
             except (OSError, IndexError, ValueError):
-                continue  # gone since the list was read
+                continue
         return cpu, waits
 
     def memory_bytes(self) -> int:

@@ -268,7 +268,7 @@ def run_tests(
             job += [str(len(data)).encode(), b"\n", data]
     slot = slots.take() if slots is not None else None
     idle = IdleWatch(slot, limits.run_memory) if slot is not None else None
-    clock = CaseClock(suite.kind, len(cases), suite.timeout, idle=idle)
+    clock = CaseClock(suite.kind, len(cases), suite.timeout, idle=idle, line_max=6 * suite.output + 256)
     try:
         if _takes_watch(type(sandbox)):
             result = sandbox.run(HARNESS, b"".join(job), limits, watch=clock)
@@ -285,31 +285,34 @@ def run_tests(
 
 class CaseClock(Watch):
     """The parent's clock over a run's reports. Test i starts when the report of test i - 1 first arrives (test 0:
-    when the call-style module has loaded, or the stdio harness is ready; a call-style module's load is timed from
-    ready like a test).
+    when the program has loaded: a call-style module has run, a stdio program has compiled; the load is timed from
+    ready like a test, and a load over a test's time fails every test).
 
-    A test's time is its wall time less the time the run lacked a CPU that others held: in each look at the run (at
-    most every :data:`~troll.sandbox.slots.POLL` seconds) the credit is the longest any of its processes waited,
-    runnable, for a CPU since the last look, at most the part of that interval the run did not fill with a core's
-    worth of CPU time, and only while the run holds its slot. So a correct program gets its time whatever else
-    holds the CPU (other runs, the scorer, the host), and no program gets more than a test's time of CPU (a
-    single-core equivalent: parallel programs without contention are timed by the wall clock). Credit earned in
-    the last look's interval may go to the next test (at most POLL seconds of it). The credit needs a cgroup that
-    counts the run's CPU time; without one a test's time is its wall time.
+    A test's time is its wall time less the time the run lacked a CPU that others held: at most every
+    :data:`~troll.sandbox.slots.POLL` seconds (and at a deadline or a report that would otherwise be late) the
+    parent adds to the running test the longest any of the run's threads waited, runnable, for a CPU since the last
+    look, and the part of that interval the run did not fill with a core's worth of CPU time, while the run holds
+    its slot; the test's credit is the smaller of the two sums. So a correct program gets its time whatever else
+    holds the CPU (other runs, the scorer, the host), and no test's time is less than the CPU time the run used in
+    it (a single core's worth: parallel programs without contention are timed by the wall clock). A program that
+    makes its own threads wait and also sleeps can turn some of its sleep into credit, never more than it waited;
+    the run's wall limit still bounds it. Credit from the last interval of a test may go to the next one. The
+    credit needs a cgroup that counts the run's CPU time; without one a test's time is its wall time.
 
     A report later than its test's time (stdio: and :data:`SLACK`) fails the test and ends the run, and so does
     the earliest test without a report once it is over that time: the tests after the first one over its time
     fail; after the last report the harness has ``GRACE`` seconds to say it is done. The harness writes "ready",
-    one line per test and at most two more; only the first 2n + 8 lines are read, so flooding the channel with
-    short lines costs this process nothing. With ``idle``, the run gives its slot back once idle
-    (:class:`troll.sandbox.slots.IdleWatch`)."""
+    one line per test and at most two more; only the first 2n + 8 lines are read, and lines longer than
+    ``line_max`` (no report is) are dropped unread, so flooding the channel costs this process little. With
+    ``idle``, the run gives its slot back once idle (:class:`troll.sandbox.slots.IdleWatch`)."""
 
-    def __init__(self, kind: str, n: int, timeout: float, idle: IdleWatch | None = None):
+    def __init__(self, kind: str, n: int, timeout: float, idle: IdleWatch | None = None, line_max: float = math.inf):
         self.kind, self.n, self.timeout = kind, n, timeout
         self.allowed = timeout + (SLACK if kind == "stdio" else 0.0)  # a test's time before its report is late
         self.idle = idle
         self.poll = POLL if idle is not None else math.inf
-        self.buf, self.lines = bytearray(), 0
+        self.line_max = line_max  # longer lines are no report of the harness: dropped unread
+        self.buf, self.lines, self.skip = bytearray(), 0, False
         self.ready: float | None = None
         self.loaded: float | None = None
         self.items: list[tuple[dict, float]] = []
@@ -317,19 +320,27 @@ class CaseClock(Watch):
         self.over = math.inf  # when a test was reported over its time
         self.cgroup = None
         self.last: tuple[float, int, dict[int, int]] | None = None  # the last look: (when, CPU ns, waits)
-        self.credit: dict[int, float] = {}  # phase (-1: the module's load, i: test i) -> seconds of credit
+        self.waited: dict[int, float] = {}  # phase (-1: the load, i: test i) -> seconds its run waited for a CPU
+        self.lacked: dict[int, float] = {}  # phase -> seconds of its looks' intervals not filled with CPU time
         self.spent: dict[int, float] = {}  # phase -> its time when its report (test i) or "loaded" (-1) arrived
+
+    def credit(self, phase: int) -> float:
+        """Seconds the phase's time leaves out (class docstring)."""
+        return max(0.0, min(self.waited.get(phase, 0.0), self.lacked.get(phase, 0.0)))
 
     def feed(self, data: bytes, now: float) -> None:
         limit = 2 * self.n + 8
         if self.lines >= limit:
             return
+        if self.skip:  # the rest of a line too long to be a report
+            cut = data.find(b"\n")
+            if cut < 0:
+                return
+            data, self.skip, self.lines = data[cut + 1 :], False, self.lines + 1
         self.buf += data
-        if b"\n" not in data:  # the rest of a long line: no need to look through all of it again
-            return
         while self.lines < limit and b"\n" in self.buf:
             end = self.buf.index(b"\n")
-            raw = bytes(self.buf[:end])
+            raw = bytes(self.buf[:end]) if end <= self.line_max else b""
             del self.buf[: end + 1]
             self.lines += 1
             if self.lines == 1:
@@ -340,17 +351,27 @@ class CaseClock(Watch):
             item = _parse(raw)
             if item is None:
                 continue
-            if item.get("loaded") == 1 and self.loaded is None and self.kind == "call":
+            if item.get("loaded") == 1 and self.loaded is None:
+                self.spent[-1] = self._spent(-1, self.ready, now)
                 self.loaded = now
-                self.spent[-1] = now - self.ready - self.credit.get(-1, 0.0)
             case = item.get("case")
             if type(case) is int and 0 <= case < self.n:
-                if case not in self.first and self.start(case) is not None:
-                    self.spent[case] = now - self.start(case) - self.credit.get(case, 0.0)
+                if case not in self.first:
+                    start = self.start(case)
+                    self.spent[case] = math.inf if start is None else self._spent(case, start, now)
                 self.first.setdefault(case, now)
                 if item.get("timeout") is True or item.get("error") == "timeout" or self.late(case, now):
                     self.over = min(self.over, now)  # the first test over its time ends the run
             self.items.append((item, now))
+        if len(self.buf) > self.line_max:  # no report is this long: the rest of the line is dropped as it comes
+            self.buf.clear()
+            self.skip = True
+
+    def _spent(self, phase: int, start: float, now: float) -> float:
+        """The phase's time at ``now``; a fresh look first when without it the phase would be over its time."""
+        if now - start - self.credit(phase) > (self.timeout if phase < 0 else self.allowed):
+            self.look(now)
+        return now - start - self.credit(phase)
 
     def attach(self, cgroup) -> None:
         if self.idle is not None:
@@ -364,33 +385,31 @@ class CaseClock(Watch):
             if not self.idle.slot.held:
                 self.poll = math.inf  # no more credit, nothing more to watch for
                 return
-        if self.last is None or now - self.last[0] >= POLL:
-            self.look(now)
+        if self.last is None or now - self.last[0] >= POLL or now >= self.deadline():
+            self.look(now)  # also before the run is ended at its deadline: the credit may move it
 
     def look(self, now: float) -> None:
-        """Credit the running phase with what the run lacked of a CPU since the last look (class docstring)."""
+        """Add to the running phase's waits and lacks since the last look (class docstring)."""
         if self.cgroup is None or self.ready is None or (self.idle is not None and not self.idle.slot.held):
             return  # a run that gave its slot back gets no more credit
         usage = self.cgroup.usage()
         if usage is None:
             return
         cpu, waits = usage
-        if self.last is not None:
+        phase = self.phase()
+        if self.last is not None and phase is not None:
             then, cpu_then, waits_then = self.last
-            interval = now - then
             waited = max((w - waits_then.get(t, 0) for t, w in waits.items()), default=0) / 1e9
-            lacked = interval - (cpu - cpu_then) / 1e9
-            phase = self.phase()
-            if phase is not None and min(waited, lacked) > 0:
-                self.credit[phase] = self.credit.get(phase, 0.0) + min(waited, lacked)
+            self.waited[phase] = self.waited.get(phase, 0.0) + max(0.0, waited)
+            self.lacked[phase] = self.lacked.get(phase, 0.0) + max(0.0, now - then - (cpu - cpu_then) / 1e9)
         self.last = (now, cpu, waits)
 
     def phase(self) -> int | None:
-        """The phase running now: -1 while a call-style module loads, else the earliest test without a report
-        (None before ready and after the last report)."""
+        """The phase running now: -1 while the program loads (a call-style module runs, a stdio program
+        compiles), else the earliest test without a report (None before ready and after the last report)."""
         if self.ready is None:
             return None
-        if self.kind == "call" and self.loaded is None:
+        if self.loaded is None:
             return -1
         return next((i for i in range(self.n) if i not in self.first), None)
 
@@ -398,19 +417,19 @@ class CaseClock(Watch):
         """When test ``i`` started (None: not yet)."""
         if i > 0:
             return self.first.get(i - 1)
-        return self.loaded if self.kind == "call" else self.ready
+        return self.loaded
 
     def deadline(self) -> float:
         if self.over < math.inf:
             return self.over
         if self.ready is None:
             return math.inf  # the run's wall clock covers the start
-        if self.kind == "call" and self.loaded is None:
-            return self.ready + self.timeout + self.credit.get(-1, 0.0)
+        if self.loaded is None:
+            return self.ready + self.timeout + self.credit(-1)
         k = next((i for i in range(self.n) if i not in self.first), self.n)
         if k == self.n:
             return self.first[self.n - 1] + GRACE  # for "done"
-        return self.start(k) + self.allowed + self.credit.get(k, 0.0)
+        return self.start(k) + self.allowed + self.credit(k)
 
     def late(self, i: int, arrived: float) -> bool:
         """Whether the report of test ``i`` arriving at ``arrived`` came after the test's time (its wall time less
@@ -418,12 +437,13 @@ class CaseClock(Watch):
         start = self.start(i)
         if start is None:
             return True
-        spent = self.spent.get(i, arrived - start - self.credit.get(i, 0.0))
+        spent = self.spent.get(i, arrived - start - self.credit(i))
         return spent > self.allowed
 
     def load_over(self) -> bool:
-        """Whether a call-style module's load took more than a test's time."""
-        return self.kind == "call" and self.loaded is not None and self.spent.get(-1, 0.0) > self.timeout
+        """Whether the program's load (a call-style module's run, a stdio program's compilation) took more than a
+        test's time."""
+        return self.loaded is not None and self.spent.get(-1, 0.0) > self.timeout
 
 
 def _parse(raw: bytes) -> dict | None:
@@ -452,8 +472,8 @@ def _judge(result, clock: CaseClock, suite: TestSuite, cases: tuple[TestCase, ..
         case = item.get("case")
         if type(case) is int and 0 <= case < len(cases):
             reports.setdefault(case, []).append((item, arrived))
-    if suite.kind == "call" and clock.loaded is None:
-        reports = {}  # the module never finished loading: the run's end says why
+    if clock.loaded is None:
+        reports = {}  # the program never finished loading: the run's end says why
     elif clock.load_over():
         flags.add("case_timeout")  # the module itself ran over a test's time: no test counts
         reports = {}
