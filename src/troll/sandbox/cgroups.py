@@ -152,7 +152,8 @@ class RunCgroup:
     def __init__(self, setup: Setup, name: str, limits: Limits):
         self.v2 = setup.mode == "cgroup-v2"
         self.dirs = {key: os.path.join(parent, name) for key, parent in setup.parents.items()}
-        for path in dict.fromkeys(self.dirs.values()):  # once each: cpu and cpuacct are often one hierarchy
+        self.paths = list(dict.fromkeys(self.dirs.values()))  # each directory once: cpu and cpuacct are often one
+        for path in self.paths:
             if os.path.isdir(path):  # left by a scorer that died holding the same uid: end it first
                 _empty(path, self.v2, time.monotonic() + 5.0)
                 os.rmdir(path)
@@ -261,17 +262,16 @@ class RunCgroup:
 
     @property
     def procs_files(self) -> list[str]:
-        return [os.path.join(path, "cgroup.procs") for path in dict.fromkeys(self.dirs.values())]
+        return [os.path.join(path, "cgroup.procs") for path in self.paths]
 
     def remove(self, timeout: float = 10.0) -> None:
         """Kill every process in the cgroup, wait until it is empty, and remove it; :class:`SandboxError` if it does
         not empty within ``timeout`` seconds (its uid must then not be reused)."""
         deadline = time.monotonic() + timeout
-        paths = list(dict.fromkeys(self.dirs.values()))
-        for path in paths:
+        for path in self.paths:
             if os.path.isdir(path):
                 _empty(path, self.v2, deadline)
-        for path in paths:
+        for path in self.paths:
             while True:
                 try:
                     os.rmdir(path)

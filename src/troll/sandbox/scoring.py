@@ -167,12 +167,18 @@ class Score:
         return cls(passed, total, passed / total, passed == total, status)
 
 
+def report_bytes(suite: TestSuite) -> int:
+    """The longest line the harness writes for one test: its output (stdout, or a return value) JSON-escaped, at
+    most 6 bytes a byte, and the rest of the line."""
+    return 6 * suite.output + 256
+
+
 def limits_for(suite: TestSuite, n: int, budget: float = BUDGET) -> Limits:
     """The limits of one run of ``n`` tests: wall = the smaller of ``budget`` and STARTUP + (n + 1) * timeout +
     GRACE (the module's load counts as a test's time), CPU per process the same rounded up (RLIMIT_CPU), room on
     the result channel for every test's output JSON-escaped, the other limits at :class:`Limits`' defaults."""
     wall = min(budget, STARTUP + (n + 1) * suite.timeout + GRACE)
-    return Limits(wall=wall, cpu=math.ceil(wall) + 1, output=max(1 << 20, n * (6 * suite.output + 256) + 4096))
+    return Limits(wall=wall, cpu=math.ceil(wall) + 1, output=max(1 << 20, n * report_bytes(suite) + 4096))
 
 
 def score_completions(
@@ -247,6 +253,7 @@ def run_tests(
     failed (it raised, or the harness never reported ready)."""
     cases = suite.cases[:max_tests]
     limits = limits_for(suite, len(cases), budget)
+    watched = _takes_watch(type(sandbox))
     header = {
         "kind": suite.kind,
         "program": program,
@@ -254,7 +261,7 @@ def run_tests(
         "n": len(cases),
         # the harness's own timers: a courtesy where the parent's clock watches the run (a test's time may then be
         # longer than its timeout by what the run lacked of a CPU), the only per-test clock where it cannot
-        "timeout": limits.wall if _takes_watch(type(sandbox)) else suite.timeout,
+        "timeout": limits.wall if watched else suite.timeout,
         "output": suite.output,
         "rlimits": limits.rlimits(),
     }
@@ -268,9 +275,9 @@ def run_tests(
             job += [str(len(data)).encode(), b"\n", data]
     slot = slots.take() if slots is not None else None
     idle = IdleWatch(slot, limits.run_memory) if slot is not None else None
-    clock = CaseClock(suite.kind, len(cases), suite.timeout, idle=idle, line_max=6 * suite.output + 256)
+    clock = CaseClock(suite.kind, len(cases), suite.timeout, idle=idle, line_max=report_bytes(suite))
     try:
-        if _takes_watch(type(sandbox)):
+        if watched:
             result = sandbox.run(HARNESS, b"".join(job), limits, watch=clock)
         else:  # a backend without a watch: the reports are timed as they come back, all at once
             result = sandbox.run(HARNESS, b"".join(job), limits)
@@ -308,7 +315,6 @@ class CaseClock(Watch):
 
     def __init__(self, kind: str, n: int, timeout: float, idle: IdleWatch | None = None, line_max: float = math.inf):
         self.kind, self.n, self.timeout = kind, n, timeout
-        self.allowed = timeout + (SLACK if kind == "stdio" else 0.0)  # a test's time before its report is late
         self.idle = idle
         self.poll = POLL if idle is not None else math.inf
         self.line_max = line_max  # longer lines are no report of the harness: dropped unread
@@ -352,13 +358,12 @@ class CaseClock(Watch):
             if item is None:
                 continue
             if item.get("loaded") == 1 and self.loaded is None:
-                self.spent[-1] = self._spent(-1, self.ready, now)
+                self.spent[-1] = self._spent(-1, now)
                 self.loaded = now
             case = item.get("case")
             if type(case) is int and 0 <= case < self.n:
                 if case not in self.first:
-                    start = self.start(case)
-                    self.spent[case] = math.inf if start is None else self._spent(case, start, now)
+                    self.spent[case] = math.inf if self.start(case) is None else self._spent(case, now)
                 self.first.setdefault(case, now)
                 if item.get("timeout") is True or item.get("error") == "timeout" or self.late(case, now):
                     self.over = min(self.over, now)  # the first test over its time ends the run
@@ -367,11 +372,15 @@ class CaseClock(Watch):
             self.buf.clear()
             self.skip = True
 
-    def _spent(self, phase: int, start: float, now: float) -> float:
+    def _spent(self, phase: int, now: float) -> float:
         """The phase's time at ``now``; a fresh look first when without it the phase would be over its time."""
-        if now - start - self.credit(phase) > (self.timeout if phase < 0 else self.allowed):
+        if now - self.start(phase) - self.credit(phase) > self.limit(phase):
             self.look(now)
-        return now - start - self.credit(phase)
+        return now - self.start(phase) - self.credit(phase)
+
+    def limit(self, phase: int) -> float:
+        """The time the phase has: the load a test's time, a test that and, in stdio, SLACK for its report."""
+        return self.timeout + (SLACK if self.kind == "stdio" and phase >= 0 else 0.0)
 
     def attach(self, cgroup) -> None:
         if self.idle is not None:
@@ -414,22 +423,20 @@ class CaseClock(Watch):
         return next((i for i in range(self.n) if i not in self.first), None)
 
     def start(self, i: int) -> float | None:
-        """When test ``i`` started (None: not yet)."""
+        """When phase ``i`` started (test ``i``, or -1 the load; None: not yet)."""
         if i > 0:
             return self.first.get(i - 1)
-        return self.loaded
+        return self.loaded if i == 0 else self.ready
 
     def deadline(self) -> float:
         if self.over < math.inf:
             return self.over
         if self.ready is None:
             return math.inf  # the run's wall clock covers the start
-        if self.loaded is None:
-            return self.ready + self.timeout + self.credit(-1)
-        k = next((i for i in range(self.n) if i not in self.first), self.n)
-        if k == self.n:
+        phase = self.phase()
+        if phase is None:
             return self.first[self.n - 1] + GRACE  # for "done"
-        return self.start(k) + self.allowed + self.credit(k)
+        return self.start(phase) + self.limit(phase) + self.credit(phase)
 
     def late(self, i: int, arrived: float) -> bool:
         """Whether the report of test ``i`` arriving at ``arrived`` came after the test's time (its wall time less
@@ -438,12 +445,12 @@ class CaseClock(Watch):
         if start is None:
             return True
         spent = self.spent.get(i, arrived - start - self.credit(i))
-        return spent > self.allowed
+        return spent > self.limit(i)
 
     def load_over(self) -> bool:
         """Whether the program's load (a call-style module's run, a stdio program's compilation) took more than a
         test's time."""
-        return self.loaded is not None and self.spent.get(-1, 0.0) > self.timeout
+        return self.loaded is not None and self.spent.get(-1, 0.0) > self.limit(-1)
 
 
 def _parse(raw: bytes) -> dict | None:
