@@ -1,7 +1,8 @@
 """The tables of docs/code.md, "Training on code: what moves held-out accuracy": one row per `troll train` run on a
 code task, its settings and its greedy held-out accuracy at each evaluation; with ``--gain``, the runs' changes of
-held-out accuracy (one run a seed of one setting) with their mean and 95% t-interval; and one row per `troll
-eval-code` result (greedy pass@1 beside the sampled pass@1 and pass@4, and the format measures).
+held-out accuracy (one run a seed of one setting) with their mean and 95% t-interval; the runs' learning signal
+(rollout reward, groups without signal, entropy, tokens clipped); and one row per `troll eval-code` result (greedy
+pass@1 beside the sampled pass@1 and pass@4, and the format measures).
 
     python experiments/code_recipe.py RUN_FOLDER... [--gain] [--evals EVAL_JSON...]
 
@@ -54,7 +55,18 @@ def run_row(folder: Path) -> dict:
         "rollout_cut": [r["completions/clipped_ratio"] for r in rows if "completions/clipped_ratio" in r],
         "cut": last.get("heldout/cut"),
         "prose_first": last.get("heldout/prose_first"),
+        # the learning signal: the first rollout's reward and the mean over all, the share of groups whose samples
+        # all scored the same (GRPO's advantage is 0 for them), the policy's entropy, the share of tokens clipped
+        "reward_first": rewards[0] if rewards else None,
+        "reward_mean": _mean(rewards),
+        "no_signal": _mean([r["frac_reward_zero_std"] for r in rows if "frac_reward_zero_std" in r]),
+        "entropy": _mean([r["entropy"] for r in rows if "entropy" in r]),
+        "clipped": _mean([r["clip_ratio/region_mean"] for r in rows if "clip_ratio/region_mean" in r]),
     }
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
 def _f(value, digits: int = 3) -> str:
@@ -75,6 +87,17 @@ def runs_table(rows: list[dict]) -> str:
                  r["steps"], curve, "-" if gained is None else f"{gained:+.3f}", _f(r["reward_last_quarter"]),
                  f"{r['length'][0]:.0f} -> {r['length'][-1]:.0f}" if r["length"] else "-",
                  _f(sum(r["rollout_cut"]) / len(r["rollout_cut"]) if r["rollout_cut"] else None)]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |\n")
+    return head + "".join(lines)
+
+
+def signal_table(rows: list[dict]) -> str:
+    head = "| run | reward, first rollout / mean | groups without signal, mean | entropy, mean | "
+    head += "tokens clipped, mean |\n|---|---|---|---|---|\n"
+    lines = []
+    for r in rows:
+        cells = [r["run"], f"{_f(r['reward_first'])} / {_f(r['reward_mean'])}", _f(r["no_signal"]),
+                 _f(r["entropy"]), _f(r["clipped"], 4)]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |\n")
     return head + "".join(lines)
 
@@ -119,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.runs:
         rows = [run_row(folder) for folder in args.runs]
         print(runs_table(rows))
+        print(signal_table(rows))
         if args.gain:
             print(gain_table(rows))
     if args.evals:

@@ -91,8 +91,10 @@ def test_code_recipe_table_worked_by_hand(tmp_path, capsys):
                "steps_per_rollout": 2, "heldout": 64, "steps": 8}  # fmt: skip
     (run / "config.json").write_text(json.dumps({"options": options}))
     rows = [{"step": 0, "heldout/accuracy": 0.5},
-            *({"step": s, "reward": s / 10, "completions/mean_length": 60 + s, "completions/clipped_ratio": s % 2 / 2}
+            *({"step": s, "reward": s / 10, "completions/mean_length": 60 + s, "completions/clipped_ratio": s % 2 / 2,
+               "entropy": 0.2 * s, "clip_ratio/region_mean": 0.001 * s}
               for s in range(1, 5)),
+            {"step": 1, "frac_reward_zero_std": 0.25}, {"step": 3, "frac_reward_zero_std": 0.5},
             {"step": 4, "heldout/accuracy": 0.375, "heldout/cut": 0.25, "heldout/prose_first": 0.5}]  # fmt: skip
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     result = tmp_path / "base.json"
@@ -105,6 +107,9 @@ def test_code_recipe_table_worked_by_hand(tmp_path, capsys):
         "| r1 | clip | fraction | 1e-05 | 0.7 | 4 x 4 | 2 | 64 | 4/8 | 0: 0.500, 4: 0.375 | -0.125 | 0.400 | "
         "61 -> 64 | 0.250 |" in out
     )
+    # rewards 0.1 first, mean 0.25; groups without signal 0.25 and 0.5: 0.375; entropy mean 0.2 * 2.5 = 0.5;
+    # clipped mean 0.001 * 2.5
+    assert "| r1 | 0.100 / 0.250 | 0.375 | 0.500 | 0.0025 |" in out
     assert "| base | smollm2 | 64 | 0.500 | 0.250 | 0.600 | 0.7 | 0.000 | 0.125 |" in out
     assert script.run_row(run)["cut"] == 0.25 and script.run_row(run)["prose_first"] == 0.5
     # three seeds gaining 0.1, 0.2, 0.3: mean 0.2, standard error sqrt(0.01 / 3) = 0.057735, t(0.975, 2) = 4.3027:
