@@ -201,6 +201,19 @@ def test_swept_grid_and_failed_cell(tmp_path, fake, monkeypatch):
     assert "Cells without a result" in (out / "study.md").read_text()
 
 
+def test_the_plot_title_says_when_its_curves_are_over_part_of_the_grid(tmp_path, fake, monkeypatch):
+    """The curves average the finished cells only: a grid with cells lacking a result says how many it has."""
+    import troll.study.plot as plot_lib
+
+    titles = []
+    monkeypatch.setattr(plot_lib, "plot_study", lambda *args, title="", **kwargs: titles.append(title))
+    _run(_study(fake, tmp_path / "all", Grid(["base", "tce"], [0])))
+    assert titles and "cells finished" not in titles[-1]
+    monkeypatch.setenv("FAKE_FAIL", "broken")
+    _run(_study(fake, tmp_path / "part", Grid(["base", "broken", "tce"], [0, 1])))
+    assert titles[-1].endswith(", 4 of 6 cells finished")
+
+
 # ---------------------------------------------------------------- folders and resume
 
 
