@@ -49,7 +49,7 @@ def run_row(folder: Path) -> dict:
         **{k: options.get(k) for k in SETTINGS},
         "steps": f"{max((r['step'] for r in rows), default=0)}/{options.get('steps')}",
         "accuracy": {r["step"]: r["heldout/accuracy"] for r in evals},
-        "reward_last_quarter": sum(tail) / len(tail) if tail else None,
+        "reward_last_quarter": stats.mean(tail),
         # the rollouts' completions: mean length (tokens) at the first and last rollout, share cut at the limit
         "length": [r["completions/mean_length"] for r in rows if "completions/mean_length" in r],
         "rollout_cut": [r["completions/clipped_ratio"] for r in rows if "completions/clipped_ratio" in r],
@@ -58,15 +58,11 @@ def run_row(folder: Path) -> dict:
         # the learning signal: the first rollout's reward and the mean over all, the share of groups whose samples
         # all scored the same (GRPO's advantage is 0 for them), the policy's entropy, the share of tokens clipped
         "reward_first": rewards[0] if rewards else None,
-        "reward_mean": _mean(rewards),
-        "no_signal": _mean([r["frac_reward_zero_std"] for r in rows if "frac_reward_zero_std" in r]),
-        "entropy": _mean([r["entropy"] for r in rows if "entropy" in r]),
-        "clipped": _mean([r["clip_ratio/region_mean"] for r in rows if "clip_ratio/region_mean" in r]),
+        "reward_mean": stats.mean(rewards),
+        "no_signal": stats.mean([r["frac_reward_zero_std"] for r in rows if "frac_reward_zero_std" in r]),
+        "entropy": stats.mean([r["entropy"] for r in rows if "entropy" in r]),
+        "clipped": stats.mean([r["clip_ratio/region_mean"] for r in rows if "clip_ratio/region_mean" in r]),
     }
-
-
-def _mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
 
 
 def _f(value, digits: int = 3) -> str:
@@ -86,7 +82,7 @@ def runs_table(rows: list[dict]) -> str:
                  f"{r['prompts_per_step']} x {r['generations']}", str(r["steps_per_rollout"]), str(r["heldout"]),
                  r["steps"], curve, "-" if gained is None else f"{gained:+.3f}", _f(r["reward_last_quarter"]),
                  f"{r['length'][0]:.0f} -> {r['length'][-1]:.0f}" if r["length"] else "-",
-                 _f(sum(r["rollout_cut"]) / len(r["rollout_cut"]) if r["rollout_cut"] else None)]  # fmt: skip
+                 _f(stats.mean(r["rollout_cut"]))]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |\n")
     return head + "".join(lines)
 

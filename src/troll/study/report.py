@@ -118,7 +118,7 @@ def write(study: Study, status: dict[str, str], *, plot: bool = True) -> dict:
         from troll.study.plot import plot_study
 
         title = study.frontend.title(study.grid, study.cells)
-        done = sum(cell["summary"] is not None for cell in data["cells"])
+        done = sum(cell["metrics"] is not None for cell in data["cells"])  # as study.md's "without a result"
         if done < len(data["cells"]):  # the curves are over the finished cells, not the whole grid
             title += f", {done} of {len(data['cells'])} cells finished"
         plot_study(data, study.out / PLOT_FILE, study.frontend, study.grid, title=title)
