@@ -4,6 +4,7 @@ test styles scored in the real sandbox (hand-computed fractions), the first-10 c
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 from sandbox_helpers import Recording, fenced
@@ -17,6 +18,7 @@ from troll.sandbox import (
     Score,
     TestCase,
     TestSuite,
+    cgroups,
     extract_program,
     score_completions,
     scoring,
@@ -235,6 +237,7 @@ def test_a_test_s_time_leaves_out_what_the_run_lacked_of_a_cpu():
     ms = 1_000_000
     suite = TestSuite("call", [TestCase([1], 1), TestCase([2], 2)], "f", timeout=1.0)
     cgroup, clock = _Cgroup(), scoring.CaseClock("call", 2, 1.0)
+    clock.stolen = dict  # a host that steals nothing
     clock.attach(cgroup)
     assert clock.poll == scoring.POLL
     clock.feed(b'{"ready": 1}\n{"loaded": 1}\n', 10.0)  # test 0 starts at 10.0
@@ -271,8 +274,40 @@ def test_a_test_s_time_leaves_out_what_the_run_lacked_of_a_cpu():
             pass
 
     cgroup, clock = _Cgroup(), scoring.CaseClock("stdio", 1, 1.0, idle=Idle())
+    clock.stolen = dict
     clock.attach(cgroup)
     clock.feed(b'{"ready": 1}\n{"loaded": 1}\n', 0.0)
     cgroup.reading = (0, {5: 900 * ms})
     clock.tick(1.0)
     assert clock.credit(0) == 0.0 and clock.poll == math.inf and clock.deadline() == 1.0 + scoring.SLACK
+
+
+def test_the_time_a_host_steals_from_its_cpus_counts_as_a_wait():
+    """On a virtual machine the host may take a CPU from a run that has work (steal time): the run lacks that time
+    without waiting in the run queue, so each look adds to the wait the most stolen from any one CPU since the
+    last look (by /proc/stat's steal), still capped by what the run lacked; a CPU first seen counts from then."""
+    ms = 1_000_000
+    cgroup, clock = _Cgroup(), scoring.CaseClock("call", 1, 1.0)
+    steal = {"cpu0": 5_000 * ms, "cpu1": 7_000 * ms}
+    clock.stolen = lambda: dict(steal)
+    clock.attach(cgroup)
+    clock.feed(b'{"ready": 1}\n{"loaded": 1}\n', 0.0)
+    clock.tick(0.0)
+    cgroup.reading, steal["cpu0"], steal["cpu1"] = (700 * ms, {7: 100 * ms}), 5_300 * ms, 7_050 * ms
+    clock.tick(1.0)  # 0.3 s lacked of a core, 0.1 s queued + 0.3 s stolen from cpu0: credit 0.3
+    assert clock.credit(0) == pytest.approx(0.3) and clock.deadline() == pytest.approx(1.3)
+    cgroup.reading, steal["cpu0"], steal["cpu2"] = (800 * ms, {7: 100 * ms}), 5_700 * ms, 9_000 * ms
+    clock.tick(1.2)  # lacked 0.1 more; 0.4 s stolen from cpu0, cpu2 new: credit 0.4 = the lack
+    assert clock.credit(0) == pytest.approx(0.4) and clock.waited[0] == pytest.approx(0.8)
+    clock.feed(b'{"case": 0, "value": 1}\n', 1.35)  # 1.35 s of wall, 0.95 s of time: in time
+    assert not clock.late(0, 1.35)
+
+
+def test_steal_time_is_read_per_cpu_from_proc_stat(monkeypatch):
+    """steal is the eighth number of each cpuN line of /proc/stat, in clock ticks; the machine's own file parses."""
+    text = "cpu  1 2 3 4 5 6 7 90 0 0\ncpu0 1 2 3 4 5 6 7 40 0 0\ncpu1 1 2 3 4 5 6 7 50 0 0\nintr 12 3\n"
+    tick = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+    real = cgroups.stolen()
+    assert real and all(cpu.startswith("cpu") and ns >= 0 for cpu, ns in real.items()), real
+    monkeypatch.setattr(cgroups, "_read", lambda path: text if path == "/proc/stat" else "")
+    assert cgroups.stolen() == {"cpu0": 40 * tick, "cpu1": 50 * tick}

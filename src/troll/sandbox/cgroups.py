@@ -82,6 +82,23 @@ def _read(path: str) -> str:
         return f.read()
 
 
+def stolen() -> dict[str, int]:
+    """CPU name -> the ns the host has taken from this machine's CPU while it had work (``steal`` in
+    ``/proc/stat``; a virtual machine's CPU stolen by its hypervisor): time a run on that CPU lacked that is neither
+    its CPU time nor a wait in the run queue. Empty where ``/proc/stat`` cannot be read."""
+    ns = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+    try:
+        lines = _read("/proc/stat").splitlines()
+    except OSError:
+        return {}
+    steal = {}
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 8 and fields[0].startswith("cpu") and fields[0] != "cpu":
+            steal[fields[0]] = int(fields[8]) * ns
+    return steal
+
+
 def _write(path: str, text: str) -> None:
     with open(path, "w") as f:
         f.write(text)

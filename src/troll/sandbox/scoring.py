@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from troll.sandbox import cgroups
 from troll.sandbox.backend import Limits, Sandbox, SandboxError, Watch
 from troll.sandbox.slots import IDLE_RUNS, POLL, IdleWatch, Slots
 
@@ -298,13 +299,15 @@ class CaseClock(Watch):
     A test's time is its wall time less the time the run lacked a CPU that others held: at most every
     :data:`~troll.sandbox.slots.POLL` seconds (and at a deadline or a report that would otherwise be late) the
     parent adds to the running test the longest any of the run's threads waited, runnable, for a CPU since the last
-    look, and the part of that interval the run did not fill with a core's worth of CPU time, while the run holds
-    its slot; the test's credit is the smaller of the two sums. So a correct program gets its time whatever else
-    holds the CPU (other runs, the scorer, the host), and no test's time is less than the CPU time the run used in
-    it (a single core's worth: parallel programs without contention are timed by the wall clock). A program that
-    makes its own threads wait and also sleeps can turn some of its sleep into credit, never more than it waited;
-    the run's wall limit still bounds it. Credit from the last interval of a test may go to the next one. The
-    credit needs a cgroup that counts the run's CPU time; without one a test's time is its wall time.
+    look (and the most the host took from any one CPU of the machine in that time, its steal time: a virtual
+    machine's run lacks it without waiting), and the part of that interval the run did not fill with a core's worth
+    of CPU time, while the run holds its slot; the test's credit is the smaller of the two sums. So a correct
+    program gets its time whatever else holds the CPU (other runs, the scorer, the host), and no test's time is
+    less than the CPU time the run used in it (a single core's worth: parallel programs without contention are
+    timed by the wall clock). A program that makes its own threads wait and also sleeps can turn some of its sleep
+    into credit, never more than it waited; the run's wall limit still bounds it. Credit from the last interval of
+    a test may go to the next one. The credit needs a cgroup that counts the run's CPU time; without one a test's
+    time is its wall time.
 
     A report later than its test's time (stdio: and :data:`SLACK`) fails the test and ends the run, and so does
     the earliest test without a report once it is over that time: the tests after the first one over its time
@@ -325,10 +328,12 @@ class CaseClock(Watch):
         self.first: dict[int, float] = {}  # test -> when its first report arrived
         self.over = math.inf  # when a test was reported over its time
         self.cgroup = None
-        self.last: tuple[float, int, dict[int, int]] | None = None  # the last look: (when, CPU ns, waits)
+        self.last: tuple[float, int, dict[int, int], dict[str, int]] | None = None  # when, CPU ns, waits, steal
         self.waited: dict[int, float] = {}  # phase (-1: the load, i: test i) -> seconds its run waited for a CPU
         self.lacked: dict[int, float] = {}  # phase -> seconds of its looks' intervals not filled with CPU time
         self.spent: dict[int, float] = {}  # phase -> its time when its report (test i) or "loaded" (-1) arrived
+
+    stolen = staticmethod(cgroups.stolen)  # CPU -> ns its host has taken from it (the host's steal time)
 
     def credit(self, phase: int) -> float:
         """Seconds the phase's time leaves out (class docstring)."""
@@ -405,13 +410,15 @@ class CaseClock(Watch):
         if usage is None:
             return
         cpu, waits = usage
+        steal = self.stolen()
         phase = self.phase()
         if self.last is not None and phase is not None:
-            then, cpu_then, waits_then = self.last
-            waited = max((w - waits_then.get(t, 0) for t, w in waits.items()), default=0) / 1e9
-            self.waited[phase] = self.waited.get(phase, 0.0) + max(0.0, waited)
+            then, cpu_then, waits_then, steal_then = self.last
+            waited = max((w - waits_then.get(t, 0) for t, w in waits.items()), default=0)
+            waited += max((s - steal_then.get(c, s) for c, s in steal.items()), default=0)
+            self.waited[phase] = self.waited.get(phase, 0.0) + max(0.0, waited / 1e9)
             self.lacked[phase] = self.lacked.get(phase, 0.0) + max(0.0, now - then - (cpu - cpu_then) / 1e9)
-        self.last = (now, cpu, waits)
+        self.last = (now, cpu, waits, steal)
 
     def phase(self) -> int | None:
         """The phase running now: -1 while the program loads (a call-style module runs, a stdio program
