@@ -285,7 +285,8 @@ def test_a_test_s_time_leaves_out_what_the_run_lacked_of_a_cpu():
 def test_the_time_a_host_steals_from_its_cpus_counts_as_a_wait():
     """On a virtual machine the host may take a CPU from a run that has work (steal time): the run lacks that time
     without waiting in the run queue, so each look adds to the wait the most stolen from any one CPU since the
-    last look (by /proc/stat's steal), still capped by what the run lacked; a CPU first seen counts from then."""
+    last look (by /proc/stat's steal), at most the CPU time the run used then (a sleeping run is not stolen from),
+    still capped by what the run lacked; a CPU first seen counts from then."""
     ms = 1_000_000
     cgroup, clock = _Cgroup(), scoring.CaseClock("call", 1, 1.0)
     steal = {"cpu0": 5_000 * ms, "cpu1": 7_000 * ms}
@@ -297,10 +298,13 @@ def test_the_time_a_host_steals_from_its_cpus_counts_as_a_wait():
     clock.tick(1.0)  # 0.3 s lacked of a core, 0.1 s queued + 0.3 s stolen from cpu0: credit 0.3
     assert clock.credit(0) == pytest.approx(0.3) and clock.deadline() == pytest.approx(1.3)
     cgroup.reading, steal["cpu0"], steal["cpu2"] = (800 * ms, {7: 100 * ms}), 5_700 * ms, 9_000 * ms
-    clock.tick(1.2)  # lacked 0.1 more; 0.4 s stolen from cpu0, cpu2 new: credit 0.4 = the lack
-    assert clock.credit(0) == pytest.approx(0.4) and clock.waited[0] == pytest.approx(0.8)
-    clock.feed(b'{"case": 0, "value": 1}\n', 1.35)  # 1.35 s of wall, 0.95 s of time: in time
-    assert not clock.late(0, 1.35)
+    clock.tick(1.2)  # lacked 0.1 more; 0.4 s stolen from cpu0 (cpu2 new) but 0.1 s run: credit 0.4 = the lack
+    assert clock.credit(0) == pytest.approx(0.4) and clock.waited[0] == pytest.approx(0.5)
+    steal["cpu0"] = 6_500 * ms
+    clock.tick(2.0)  # asleep: 0.8 s lacked, 0.8 s stolen while it used no CPU: nothing more
+    assert clock.waited[0] == pytest.approx(0.5) and clock.credit(0) == pytest.approx(0.5)
+    clock.feed(b'{"case": 0, "value": 1}\n', 2.0)  # 2.0 s of wall, 1.5 s of time: late
+    assert clock.late(0, 2.0)
 
 
 def test_steal_time_is_read_per_cpu_from_proc_stat(monkeypatch):

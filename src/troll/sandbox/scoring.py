@@ -299,9 +299,10 @@ class CaseClock(Watch):
     A test's time is its wall time less the time the run lacked a CPU that others held: at most every
     :data:`~troll.sandbox.slots.POLL` seconds (and at a deadline or a report that would otherwise be late) the
     parent adds to the running test the longest any of the run's threads waited, runnable, for a CPU since the last
-    look (and the most the host took from any one CPU of the machine in that time, its steal time: a virtual
-    machine's run lacks it without waiting), and the part of that interval the run did not fill with a core's worth
-    of CPU time, while the run holds its slot; the test's credit is the smaller of the two sums. So a correct
+    look (and the most the host took from any one CPU of the machine in that time, its steal time, at most the CPU
+    time the run used then: a virtual machine's run lacks it without waiting), and the part of that interval the
+    run did not fill with a core's worth of CPU time, while the run holds its slot; the test's credit is the
+    smaller of the two sums. So a correct
     program gets its time whatever else holds the CPU (other runs, the scorer, the host), and no test's time is
     less than the CPU time the run used in it (a single core's worth: parallel programs without contention are
     timed by the wall clock). A program that makes its own threads wait and also sleeps can turn some of its sleep
@@ -415,7 +416,8 @@ class CaseClock(Watch):
         if self.last is not None and phase is not None:
             then, cpu_then, waits_then, steal_then = self.last
             waited = max((w - waits_then.get(t, 0) for t, w in waits.items()), default=0)
-            waited += max((s - steal_then.get(c, s) for c, s in steal.items()), default=0)
+            stolen = max((s - steal_then.get(c, s) for c, s in steal.items()), default=0)
+            waited += min(stolen, cpu - cpu_then)  # a run is stolen from only while it runs
             self.waited[phase] = self.waited.get(phase, 0.0) + max(0.0, waited / 1e9)
             self.lacked[phase] = self.lacked.get(phase, 0.0) + max(0.0, now - then - (cpu - cpu_then) / 1e9)
         self.last = (now, cpu, waits, steal)
