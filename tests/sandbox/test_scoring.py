@@ -284,9 +284,10 @@ def test_a_test_s_time_leaves_out_what_the_run_lacked_of_a_cpu():
 
 def test_the_time_a_host_steals_from_its_cpus_counts_as_a_wait():
     """On a virtual machine the host may take a CPU from a run that has work (steal time): the run lacks that time
-    without waiting in the run queue, so each look adds to the wait the most stolen from any one CPU since the
-    last look (by /proc/stat's steal), at most the CPU time the run used then (a sleeping run is not stolen from),
-    still capped by what the run lacked; a CPU first seen counts from then."""
+    without waiting in the run queue, so each look adds to the wait the run's share of the most stolen from one
+    CPU since the last look (by /proc/stat's steal): stolen x the run's CPU time / the time that CPU ran (a
+    sleeping run loses nothing), still capped by what the run lacked; a CPU first seen counts from then, and a
+    count that went down (renumbered CPUs) counts as nothing."""
     ms = 1_000_000
     cgroup, clock = _Cgroup(), scoring.CaseClock("call", 1, 1.0)
     steal = {"cpu0": 5_000 * ms, "cpu1": 7_000 * ms}
@@ -294,22 +295,26 @@ def test_the_time_a_host_steals_from_its_cpus_counts_as_a_wait():
     clock.attach(cgroup)
     clock.feed(b'{"ready": 1}\n{"loaded": 1}\n', 0.0)
     clock.tick(0.0)
-    cgroup.reading, steal["cpu0"], steal["cpu1"] = (700 * ms, {7: 100 * ms}), 5_300 * ms, 7_050 * ms
-    clock.tick(1.0)  # 0.3 s lacked of a core, 0.1 s queued + 0.3 s stolen from cpu0: credit 0.3
-    assert clock.credit(0) == pytest.approx(0.3) and clock.deadline() == pytest.approx(1.3)
-    cgroup.reading, steal["cpu0"], steal["cpu2"] = (800 * ms, {7: 100 * ms}), 5_700 * ms, 9_000 * ms
-    clock.tick(1.2)  # lacked 0.1 more; 0.4 s stolen from cpu0 (cpu2 new) but 0.1 s run: credit 0.4 = the lack
-    assert clock.credit(0) == pytest.approx(0.4) and clock.waited[0] == pytest.approx(0.5)
-    steal["cpu0"] = 6_500 * ms
-    clock.tick(2.0)  # asleep: 0.8 s lacked, 0.8 s stolen while it used no CPU: nothing more
-    assert clock.waited[0] == pytest.approx(0.5) and clock.credit(0) == pytest.approx(0.5)
-    clock.feed(b'{"case": 0, "value": 1}\n', 2.0)  # 2.0 s of wall, 1.5 s of time: late
-    assert clock.late(0, 2.0)
+    cgroup.reading, steal["cpu0"], steal["cpu1"] = (600 * ms, {7: 100 * ms}), 5_200 * ms, 7_050 * ms
+    clock.tick(1.0)  # 0.4 s lacked; 0.1 s queued + 0.2 stolen from cpu0 x 0.6 s run / 0.8 s it ran: 0.25 in all
+    assert clock.credit(0) == pytest.approx(0.25) and clock.deadline() == pytest.approx(1.25)
+    cgroup.reading, steal["cpu0"], steal["cpu2"] = (700 * ms, {7: 100 * ms}), 5_300 * ms, 9_000 * ms
+    clock.tick(1.2)  # lacked 0.1 more; 0.1 s stolen x 0.1 s run / 0.1 s: 0.1 more (cpu2 is new)
+    assert clock.waited[0] == pytest.approx(0.35) and clock.credit(0) == pytest.approx(0.35)
+    steal["cpu0"] = 5_700 * ms
+    clock.tick(2.0)  # asleep: 0.8 s lacked, 0.4 s stolen while it used no CPU: no more wait
+    assert clock.waited[0] == pytest.approx(0.35) and clock.lacked[0] == pytest.approx(1.3)
+    cgroup.reading, steal["cpu0"] = (800 * ms, {7: 100 * ms}), 1_000 * ms
+    clock.tick(2.2)  # the count went down: nothing
+    assert clock.waited[0] == pytest.approx(0.35)
+    clock.feed(b'{"case": 0, "value": 1}\n', 2.2)  # 2.2 s of wall, 1.85 s of time: late
+    assert clock.late(0, 2.2)
 
 
 def test_steal_time_is_read_per_cpu_from_proc_stat(monkeypatch):
     """steal is the eighth number of each cpuN line of /proc/stat, in clock ticks; the machine's own file parses."""
-    text = "cpu  1 2 3 4 5 6 7 90 0 0\ncpu0 1 2 3 4 5 6 7 40 0 0\ncpu1 1 2 3 4 5 6 7 50 0 0\nintr 12 3\n"
+    text = "cpu  1 2 3 4 5 6 7 90 0 0\ncpu0 1 2 3 4 5 6 7 40 0 0\ncpu1 1 2 3 4 5 6 7 50 0 0\ncpu2 1 2\n"
+    text += "cpu3 1 2 3 4 5 6 7 x 0 0\nintr 12 3\n"  # short and unreadable lines are left out
     tick = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
     real = cgroups.stolen()
     assert real and all(cpu.startswith("cpu") and ns >= 0 for cpu, ns in real.items()), real

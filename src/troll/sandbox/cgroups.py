@@ -85,7 +85,9 @@ def _read(path: str) -> str:
 def stolen() -> dict[str, int]:
     """CPU name -> the ns the host has taken from this machine's CPU while it had work (``steal`` in
     ``/proc/stat``; a virtual machine's CPU stolen by its hypervisor): time a run on that CPU lacked that is neither
-    its CPU time nor a wait in the run queue. Empty where ``/proc/stat`` cannot be read."""
+    its CPU time nor a wait in the run queue, where the kernel accounts it apart (paravirtual steal accounting;
+    without it stolen time counts as CPU time). Empty where ``/proc/stat`` cannot be read; a line that does not
+    parse is left out."""
     ns = 1_000_000_000 // os.sysconf("SC_CLK_TCK")
     try:
         lines = _read("/proc/stat").splitlines()
@@ -94,7 +96,7 @@ def stolen() -> dict[str, int]:
     steal = {}
     for line in lines:
         fields = line.split()
-        if len(fields) > 8 and fields[0].startswith("cpu") and fields[0] != "cpu":
+        if len(fields) > 8 and fields[0].startswith("cpu") and fields[0] != "cpu" and fields[8].isdigit():
             steal[fields[0]] = int(fields[8]) * ns
     return steal
 

@@ -297,18 +297,17 @@ class CaseClock(Watch):
     ready like a test, and a load over a test's time fails every test).
 
     A test's time is its wall time less the time the run lacked a CPU that others held: at most every
-    :data:`~troll.sandbox.slots.POLL` seconds (and at a deadline or a report that would otherwise be late) the
-    parent adds to the running test the longest any of the run's threads waited, runnable, for a CPU since the last
-    look (and the most the host took from any one CPU of the machine in that time, its steal time, at most the CPU
-    time the run used then: a virtual machine's run lacks it without waiting), and the part of that interval the
-    run did not fill with a core's worth of CPU time, while the run holds its slot; the test's credit is the
-    smaller of the two sums. So a correct
-    program gets its time whatever else holds the CPU (other runs, the scorer, the host), and no test's time is
-    less than the CPU time the run used in it (a single core's worth: parallel programs without contention are
-    timed by the wall clock). A program that makes its own threads wait and also sleeps can turn some of its sleep
-    into credit, never more than it waited; the run's wall limit still bounds it. Credit from the last interval of
-    a test may go to the next one. The credit needs a cgroup that counts the run's CPU time; without one a test's
-    time is its wall time.
+    :data:`~troll.sandbox.slots.POLL` seconds (and at a deadline or a report that would otherwise be late) the parent
+    adds to the running test the longest any of the run's threads waited, runnable, for a CPU since the last look (and,
+    on a virtual machine whose host steals CPU time, the run's share of the most stolen from one CPU: stolen x its CPU
+    time / the time that CPU ran; the run lacks it without waiting), and the part of that interval the run did not fill
+    with a core's worth of CPU time, while the run holds its slot; the test's credit is the smaller of the two sums. So
+    a correct program gets its time whatever else holds the CPU (other runs, the scorer, the host), and no test's time
+    is less than the CPU time the run used in it (a single core's worth: parallel programs without contention are timed
+    by the wall clock). A program that makes its own threads wait and also sleeps can turn some of its sleep into
+    credit, never more than it waited (or was stolen from); the run's wall limit still bounds it. Credit from the last
+    interval of a test may go to the next one. The credit needs a cgroup that counts the run's CPU time; without one a
+    test's time is its wall time.
 
     A report later than its test's time (stdio: and :data:`SLACK`) fails the test and ends the run, and so does
     the earliest test without a report once it is over that time: the tests after the first one over its time
@@ -416,8 +415,11 @@ class CaseClock(Watch):
         if self.last is not None and phase is not None:
             then, cpu_then, waits_then, steal_then = self.last
             waited = max((w - waits_then.get(t, 0) for t, w in waits.items()), default=0)
-            stolen = max((s - steal_then.get(c, s) for c, s in steal.items()), default=0)
-            waited += min(stolen, cpu - cpu_then)  # a run is stolen from only while it runs
+            # the host takes a CPU while it has work: of the time the most stolen CPU was stolen, the run's share
+            # is its CPU time over the time that CPU ran (a sleeping run loses nothing)
+            stolen = max(0, max((s - steal_then.get(c, s) for c, s in steal.items()), default=0))
+            ran = max(1.0, (now - then) * 1e9 - stolen)
+            waited += min(stolen, (cpu - cpu_then) * stolen / ran)
             self.waited[phase] = self.waited.get(phase, 0.0) + max(0.0, waited / 1e9)
             self.lacked[phase] = self.lacked.get(phase, 0.0) + max(0.0, now - then - (cpu - cpu_then) / 1e9)
         self.last = (now, cpu, waits, steal)
