@@ -147,7 +147,7 @@ map: $(VENV)/.installed
 # lacks and saves each finished run and evaluation to the archive: a run is 25 to 60 minutes of a core (by load) and
 # peaks at 12.4 GiB (so one at a time), a HumanEval evaluation 12 to 30 minutes (a restored run has no model: its
 # evaluations come from the archive or not at all). A run interrupted resumes from its last checkpoint while
-# CODE_DIR holds it. The archive holds seeds 0 to 4 of both losses; CODE_TRAIN=1 trains seed 5 (and what else lacks).
+# CODE_DIR holds it. The archive holds the study's 6 seeds of both losses; CODE_TRAIN=1 trains what else it lacks.
 CODE_DIR ?= studies/code-results
 CODE_ARCHIVE ?= docs/data/code-results
 CODE_TRAIN ?= 0

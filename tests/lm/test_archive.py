@@ -131,7 +131,7 @@ def test_docs_quote_make_code_results(tmp_path):
     assert archive.main(["restore", str(repo / "docs" / "data" / "code-results"), str(tmp_path)]) == 0
     # the archive's first runs predate --beta: they restore as the runs without a KL penalty they were
     restored = sorted(tmp_path.glob("*/*/seed*/config.json"))
-    assert len(restored) == 11  # 5 seeds of each loss, 1 run without the string family
+    assert len(restored) == 13  # 6 seeds of each loss, 1 run without the string family
     assert {json.loads(p.read_text())["options"]["beta"] for p in restored} == {0.0}
     for e in ("humaneval", "heldout-family"):
         (tmp_path / e).mkdir(exist_ok=True)
